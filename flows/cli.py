@@ -1,0 +1,98 @@
+"""The ``e31`` command line.
+
+    e31 validate SPEC [--set FIELD=VALUE ...]   check a spec, print a summary
+    e31 schema                                  JSON Schema of the spec to stdout
+    e31 compile SPEC [--set ...]                print the plan run_job would execute
+    e31 run SPEC [--set ...]                    run the job here, print where the output went
+
+Exit codes: 0 completed (or valid), 3 partial, 1 failed, 2 invalid spec or
+usage.  Errors are printed without a traceback.  Prefect is imported only by
+``run``, so validating is quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specs import JobSpec, SpecError, json_schema, load_spec, mask_url
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_PARTIAL = 0, 1, 2, 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="e31", description="E31: declare a batch job, run it as a Prefect flow.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text in (
+        ("validate", "check a job spec and print a summary"),
+        ("compile", "print the plan the job's flow executes"),
+        ("run", "run the job on this machine and return its output"),
+    ):
+        cmd = sub.add_parser(name, help=text, description=text)
+        cmd.add_argument("spec", help="job spec file (.yaml, .yml or .json)")
+        cmd.add_argument(
+            "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+            help="override a field by dotted path, e.g. --set request.limit=20s --set output.url=/tmp/out",
+        )
+    sub.add_parser("schema", help="print the JSON Schema of job specs", description="print the JSON Schema of job specs")
+    return parser
+
+
+def _summary(spec: JobSpec) -> str:
+    req = spec.request
+    what = spec.work.entrypoint or " ".join(spec.work.command or [])
+    limit = req.limit or req.duration
+    return (
+        f"valid: {spec.name} ({spec.work.kind}: {what}); {len(spec.data)} input(s); "
+        f"{req.gpus} gpu, {req.cpus} cpu, limit {limit}; output {spec.output.kind} -> {mask_url(spec.output.url)}"
+    )
+
+
+def _run(spec: JobSpec, spec_path: str) -> int:
+    from flows.job import JobFailed, run_job
+    from flows.placement import PlacementError
+    from tasks.stage import StageError
+
+    try:
+        manifest = run_job(spec, code_dir=str(Path(spec_path).resolve().parent))
+    except JobFailed as exc:
+        print(f"e31: {exc}", file=sys.stderr)
+        print(f"failed: output and latest checkpoint returned to {mask_url(spec.output.url)}", file=sys.stderr)
+        return EXIT_FAILED
+    except (StageError, PlacementError) as exc:
+        print(f"e31: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{manifest['status']} ({manifest['reason']}): {spec.name} -> {mask_url(spec.output.url)}")
+    for f in manifest["files"]:
+        print(f"  {f['path']}  {f['bytes']} bytes  sha256 {f['sha256'][:16]}")
+    if manifest.get("checkpoint"):
+        print(f"  checkpoint step {manifest['step']}: {manifest['checkpoint']}")
+    return EXIT_OK if manifest["status"] == "completed" else EXIT_PARTIAL
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``e31`` console script; returns the exit code."""
+    args = _parser().parse_args(argv)
+    if args.command == "schema":
+        print(json.dumps(json_schema(), indent=2))
+        return EXIT_OK
+    try:
+        spec = load_spec(args.spec, overrides=args.overrides)
+    except SpecError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_INVALID
+    if args.command == "validate":
+        print(_summary(spec))
+        return EXIT_OK
+    if args.command == "compile":
+        from flows.compile import compile_plan, describe
+
+        print(describe(compile_plan(spec)))
+        return EXIT_OK
+    return _run(spec, args.spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Compile a job spec into the plan ``run_job`` executes: a pure function.
+
+The plan names the inputs to stage, the per-job scratch folders, the stop
+rule, the checkpoint policy and the return target.  ``e31 compile SPEC``
+prints it (:func:`describe`).  Nothing here touches Prefect, the network or
+the disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from specs import DataInput, JobSpec, mask_url
+
+RETURN_RESERVE_FLOOR_S = 30.0  # seconds kept free before a deadline for the return step
+
+
+class Plan(BaseModel):
+    """What ``run_job`` executes, derived only from the spec and settings.
+
+    Times are seconds; ``deadline`` is timezone-aware.  ``scratch`` is the
+    job's compute-local folder holding ``data/``, ``output/``,
+    ``checkpoints/`` and ``run/``.
+    """
+
+    job: str
+    spec_sha256: str
+    work_sha256: str
+    inputs: list[DataInput]
+    scratch: str
+    limit_s: float
+    grace_s: float
+    deadline: datetime | None
+    return_reserve_s: float
+    device: str
+    gpus: int
+    cpus: int
+    memory: int | None
+    checkpoint_url: str
+    checkpoint_keep: int
+    checkpoint_every_s: float | None
+    checkpoint_every_steps: int | None
+    output_url: str
+    output_files: list[str]
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.scratch) / "data"
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.scratch) / "output"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.scratch) / "checkpoints"
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.scratch) / "run"
+
+    def stop_at(self, run_start: float) -> tuple[float, str]:
+        """Hard stop as Unix seconds for a run starting at ``run_start``, and
+        its reason: the earlier of ``run_start + limit`` (``time_limit``) and
+        ``deadline - return reserve`` (``deadline``)."""
+        stop, reason = run_start + self.limit_s, "time_limit"
+        if self.deadline is not None:
+            by_deadline = self.deadline.timestamp() - self.return_reserve_s
+            if by_deadline < stop:
+                stop, reason = by_deadline, "deadline"
+        return stop, reason
+
+
+def default_scratch_root() -> Path:
+    """``$E31_SCRATCH``, else ``$XDG_CACHE_HOME/e31/scratch``, else
+    ``~/.cache/e31/scratch``."""
+    if os.environ.get("E31_SCRATCH"):
+        return Path(os.environ["E31_SCRATCH"]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "e31" / "scratch"
+
+
+def spec_sha256(spec: JobSpec) -> str:
+    """sha256 of the spec's canonical JSON (sorted keys): identifies a spec."""
+    text = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def work_sha256(spec: JobSpec) -> str:
+    """sha256 of what determines the computation (``work`` and ``data``):
+    checkpoints are resumed only by a run with the same work hash, so a
+    changed limit or destination resumes, a changed ``params`` starts fresh."""
+    text = json.dumps(spec.model_dump(mode="json", include={"work", "data"}), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def compile_plan(spec: JobSpec, scratch_root: Path | None = None) -> Plan:
+    """Turn a validated :class:`specs.JobSpec` into a :class:`Plan`.
+
+    The time limit is ``request.limit``, or ``request.duration`` for a job that
+    gives only its expected duration.  The default durable checkpoint
+    location is ``<output.url>/checkpoints/``.
+    """
+    req, out = spec.request, spec.output
+    limit = req.limit or req.duration
+    root = Path(scratch_root) if scratch_root else default_scratch_root()
+    policy = out.checkpoint
+    return Plan(
+        job=spec.name,
+        spec_sha256=spec_sha256(spec),
+        work_sha256=work_sha256(spec),
+        inputs=list(spec.data),
+        scratch=str(root / spec.name),
+        limit_s=limit.total_seconds(),
+        grace_s=min(req.grace.total_seconds(), limit.total_seconds()),
+        deadline=req.deadline,
+        return_reserve_s=RETURN_RESERVE_FLOOR_S,
+        device="cuda" if req.gpus > 0 else "cpu",
+        gpus=req.gpus,
+        cpus=req.cpus,
+        memory=req.memory,
+        checkpoint_url=policy.url or out.url.rstrip("/") + "/checkpoints",
+        checkpoint_keep=policy.keep,
+        checkpoint_every_s=policy.every.total_seconds() if policy.every else None,
+        checkpoint_every_steps=policy.every_steps,
+        output_url=out.url,
+        output_files=list(out.files),
+    )
+
+
+def describe(plan: Plan, now: datetime | None = None) -> str:
+    """Human-readable plan for ``e31 compile`` (URLs masked)."""
+    now = now or datetime.now(timezone.utc)
+    start = now.timestamp()
+    stop, reason = plan.stop_at(start)
+    lines = [
+        f"job {plan.job} (spec sha256 {plan.spec_sha256[:12]})",
+        f"  stage ({len(plan.inputs)} input{'s' if len(plan.inputs) != 1 else ''}) into {plan.data_dir}",
+        *[f"    {i.name}: {mask_url(i.url)}" + (f" (sha256 {i.sha256[:12]}...)" if i.sha256 else "") for i in plan.inputs],
+        f"  run on {plan.device}: {plan.cpus} cpu, {plan.gpus} gpu; scratch {plan.scratch}",
+        f"    stop after {_secs(stop - start)} ({reason}); warning {_secs(plan.grace_s)} before the hard stop",
+    ]
+    if plan.deadline is not None:
+        lines.append(f"    deadline {plan.deadline.isoformat()} (return reserve {_secs(plan.return_reserve_s)})")
+    every = f"every {plan.checkpoint_every_steps} steps" if plan.checkpoint_every_steps else (
+        f"every {_secs(plan.checkpoint_every_s)}" if plan.checkpoint_every_s else "when the work asks"
+    )
+    lines += [
+        f"  checkpoint {every}, keep {plan.checkpoint_keep}, durable at {mask_url(plan.checkpoint_url)}",
+        f"  return {', '.join(plan.output_files)} (+ manifest.json) to {mask_url(plan.output_url)}",
+    ]
+    return "\n".join(lines)
+
+
+def _secs(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.2f}h"

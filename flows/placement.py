@@ -1,0 +1,67 @@
+"""Admission against this machine: refuse a request no node here can hold.
+
+The default pool is this machine, detected: CPUs from ``os.cpu_count()``,
+memory from ``sysconf`` (bytes), GPUs from ``CUDA_VISIBLE_DEVICES`` when set,
+else the lines of ``nvidia-smi -L`` (0 when it is absent).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from flows.compile import Plan
+
+GIB = 1024**3
+
+
+class PlacementError(RuntimeError):
+    """The request is larger than every node of the pool."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node's capacity: ``gpus``, ``cpus`` and ``memory`` in bytes."""
+
+    name: str
+    gpus: int
+    cpus: int
+    memory: int
+
+
+def detect_gpus() -> int:
+    """Number of GPUs this process may use (see module docstring)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def this_node() -> Node:
+    """This machine as a :class:`Node`."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Node(name=os.uname().nodename, gpus=detect_gpus(), cpus=os.cpu_count() or 1, memory=memory)
+
+
+def check_fits(plan: Plan, node: Node | None = None) -> Node:
+    """Raise :class:`PlacementError` naming each resource the request asks
+    more of than ``node`` (default: this machine) has; returns the node."""
+    node = node or this_node()
+    short = []
+    if plan.gpus > node.gpus:
+        short.append(f"request.gpus: {plan.gpus} requested, {node.name} has {node.gpus}")
+    if plan.cpus > node.cpus:
+        short.append(f"request.cpus: {plan.cpus} requested, {node.name} has {node.cpus}")
+    if plan.memory and plan.memory > node.memory:
+        short.append(f"request.memory: {plan.memory / GIB:.1f} GiB requested, {node.name} has {node.memory / GIB:.1f} GiB")
+    if short:
+        raise PlacementError("request does not fit this machine:\n  " + "\n  ".join(short))
+    return node

@@ -1,0 +1,57 @@
+"""Decide, before staging, whether a job resumes or starts fresh, and lay
+out its scratch folder.
+
+- A verified local checkpoint of the same work (``work_sha256``) resumes.
+- Else, durable checkpoints at the checkpoint URL while the destination has
+  no ``completed`` manifest (a run that died with its machine) are fetched
+  back and resumed from.
+- Else the run is fresh: local output and checkpoints are cleared, and
+  stale durable checkpoints of an earlier completed run are removed.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from flows.compile import Plan
+from tasks import storage
+from tasks.checkpoint import latest_durable
+from tasks.checkpoints import latest_valid, step_dir_name
+from tasks.deliver import existing_manifest
+
+WORK_HASH_FILE = "work.sha256"
+
+
+def prepare_scratch(plan: Plan) -> int | None:
+    """Create the scratch folders and return the step the run resumes from
+    (None: fresh start)."""
+    for folder in (plan.data_dir, plan.output_dir, plan.checkpoint_dir, plan.run_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+    hash_file = plan.run_dir / WORK_HASH_FILE
+    same_work = hash_file.is_file() and hash_file.read_text().strip() == plan.work_sha256
+    if not same_work:
+        _clear(plan.output_dir, plan.checkpoint_dir)
+    hash_file.write_text(plan.work_sha256)
+    local = latest_valid(plan.checkpoint_dir)
+    if local is not None:
+        return local.step
+    previous = existing_manifest(plan.output_url)
+    durable = latest_durable(plan.checkpoint_url)
+    if durable is not None and (previous is None or previous.get("status") != "completed"):
+        target = plan.checkpoint_dir / step_dir_name(durable.step)
+        storage.get(durable.url, target)
+        if latest_valid(plan.checkpoint_dir) is not None:
+            return durable.step
+        shutil.rmtree(target, ignore_errors=True)
+    _clear(plan.output_dir, plan.checkpoint_dir)
+    if durable is not None:
+        storage.remove(plan.checkpoint_url)
+    return None
+
+
+def _clear(*folders: Path) -> None:
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True, exist_ok=True)
+

@@ -1,0 +1,90 @@
+"""The ``checkpoint`` task: make a locally committed checkpoint durable.
+
+Uploads the files of ``step-<N>/`` with fsspec to ``<durable>/step-<N>/``,
+marker last, reads each file back to verify its sha256, then keeps only the
+newest ``keep`` durable checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect import task
+
+from specs import mask_url
+from tasks import storage
+from tasks.checkpoints import MARKER, parse_step, step_dir_name, verify
+
+
+@dataclass(frozen=True)
+class DurableCheckpoint:
+    """A verified checkpoint on durable storage: its ``step``, ``url`` and
+    total size in ``bytes``."""
+
+    step: int
+    url: str
+    bytes: int
+
+
+class CheckpointVerifyError(RuntimeError):
+    """A file read back from durable storage did not match its sha256."""
+
+
+def upload(local_dir: Path, durable_root: str, keep: int) -> DurableCheckpoint:
+    """Upload one committed local checkpoint folder and prune old ones.
+
+    Returns the :class:`DurableCheckpoint`.  Raises
+    :class:`CheckpointVerifyError` when the read-back hash differs, and
+    ``ValueError`` when ``local_dir`` is not a whole committed checkpoint.
+    """
+    marker = verify(local_dir)
+    if marker is None:
+        raise ValueError(f"{local_dir} is not a committed checkpoint (marker missing or hashes differ)")
+    step = parse_step(local_dir.name)
+    target = storage.join(durable_root, step_dir_name(step))
+    total = 0
+    for name, meta in marker["files"].items():
+        url = storage.join(target, name)
+        storage.put_file(local_dir / name, url)
+        size, digest = storage.sha256_url(url)
+        if size != meta["bytes"] or digest != meta["sha256"]:
+            raise CheckpointVerifyError(f"{mask_url(url)}: read back {size} bytes sha256 {digest}, expected {meta['sha256']}")
+        total += size
+    storage.write_bytes(storage.join(target, MARKER), json.dumps(marker, indent=1, sort_keys=True).encode())
+    prune(durable_root, keep)
+    return DurableCheckpoint(step=step, url=target, bytes=total)
+
+
+def prune(durable_root: str, keep: int) -> list[int]:
+    """Delete durable ``step-<N>`` folders older than the newest ``keep``
+    committed ones; returns the deleted steps."""
+    steps = sorted(s for s in (parse_step(n) for n in storage.list_dirs(durable_root)) if s is not None)
+    committed = [s for s in steps if storage.exists(storage.join(durable_root, step_dir_name(s), MARKER))]
+    if len(committed) <= keep:
+        return []
+    cutoff = committed[-keep]
+    doomed = [s for s in steps if s < cutoff]
+    for s in doomed:
+        storage.remove(storage.join(durable_root, step_dir_name(s)))
+    return doomed
+
+
+def latest_durable(durable_root: str) -> DurableCheckpoint | None:
+    """The newest durable checkpoint whose marker is present, or None."""
+    steps = sorted((s for s in (parse_step(n) for n in storage.list_dirs(durable_root)) if s is not None), reverse=True)
+    for s in steps:
+        url = storage.join(durable_root, step_dir_name(s))
+        try:
+            marker = json.loads(storage.read_bytes(storage.join(url, MARKER)))
+        except (FileNotFoundError, ValueError):
+            continue
+        return DurableCheckpoint(step=s, url=url, bytes=sum(m["bytes"] for m in marker["files"].values()))
+    return None
+
+
+@task(name="checkpoint", retries=2, retry_delay_seconds=[1, 5])
+def checkpoint_task(local_dir: Path, durable_root: str, keep: int) -> DurableCheckpoint:
+    """Prefect task wrapper of :func:`upload` (retried twice on error)."""
+    return upload(Path(local_dir), durable_root, keep)

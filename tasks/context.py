@@ -1,0 +1,184 @@
+"""The work's side of a run: the context object a Python entrypoint receives.
+
+The supervisor (``tasks.run``) writes a :class:`ChildConfig` to a JSON file
+and starts ``python -m tasks.child CONFIG``; the child builds a
+:class:`WorkContext` from it and calls the entrypoint with it.  A ``command``
+gets the same information through ``E31_*`` environment variables
+(:func:`command_environment`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks import checkpoints
+
+
+@dataclass
+class ChildConfig:
+    """Everything the child process needs, serialisable to JSON.
+
+    Paths are local and absolute.  ``checkpoint_every_s`` is in seconds.
+    """
+
+    entrypoint: str | None
+    command: list[str] | None
+    params: dict[str, Any]
+    data: dict[str, str]
+    output_dir: str
+    checkpoint_dir: str
+    progress_file: str
+    device: str
+    cpus: int
+    gpus: int
+    code_dirs: list[str] = field(default_factory=list)
+    checkpoint_every_s: float | None = None
+    checkpoint_every_steps: int | None = None
+
+    def write(self, path: Path) -> None:
+        """Write this config as JSON to ``path``."""
+        path.write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def read(cls, path: Path) -> "ChildConfig":
+        """Read a config written by :meth:`write`."""
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def command_environment(cfg: ChildConfig) -> dict[str, str]:
+    """The ``E31_*`` variables (and thread/device variables) a child gets.
+
+    ``E31_DATA_<NAME>`` per input (name upper-cased, ``-`` and ``.`` as
+    ``_``), ``E31_OUTPUT_DIR``, ``E31_CHECKPOINT_DIR``, ``E31_RESUME_DIR``
+    (newest valid checkpoint folder, empty when none), ``E31_PROGRESS_FILE``,
+    ``E31_DEVICE``, ``E31_PARAMS`` (JSON), ``OMP_NUM_THREADS`` and
+    ``MKL_NUM_THREADS`` (= cpus) and ``CUDA_VISIBLE_DEVICES`` (``0..gpus-1``,
+    empty for a CPU job, so a CPU job never touches a GPU).
+    """
+    env = {
+        "E31_OUTPUT_DIR": cfg.output_dir,
+        "E31_CHECKPOINT_DIR": cfg.checkpoint_dir,
+        "E31_PROGRESS_FILE": cfg.progress_file,
+        "E31_DEVICE": cfg.device,
+        "E31_PARAMS": json.dumps(cfg.params),
+        "OMP_NUM_THREADS": str(cfg.cpus),
+        "MKL_NUM_THREADS": str(cfg.cpus),
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(cfg.gpus)),
+    }
+    latest = checkpoints.latest_valid(Path(cfg.checkpoint_dir))
+    env["E31_RESUME_DIR"] = str(latest.path) if latest else ""
+    for name, path in cfg.data.items():
+        env["E31_DATA_" + name.upper().replace("-", "_").replace(".", "_")] = path
+    return env
+
+
+class WorkContext:
+    """What a Python entrypoint ``def train(ctx): ...`` receives.
+
+    Attributes: ``data`` (input name -> local path of the staged copy),
+    ``output_dir`` (``Path`` where output files go), ``params`` (the spec's
+    ``work.params``), ``device`` (``"cuda"`` when GPUs were granted, else
+    ``"cpu"``), ``cpus`` (threads to use).
+    """
+
+    def __init__(self, cfg: ChildConfig):
+        self._cfg = cfg
+        self.data: dict[str, Path] = {k: Path(v) for k, v in cfg.data.items()}
+        self.output_dir = Path(cfg.output_dir)
+        self.params: dict[str, Any] = dict(cfg.params)
+        self.device: str = cfg.device
+        self.cpus: int = cfg.cpus
+        self._checkpoint_dir = Path(cfg.checkpoint_dir)
+        self._stop = False
+        self._last_checkpoint_time = time.monotonic()
+        self._last_checkpoint_step: int | None = None
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def local(
+        cls,
+        data: dict[str, str | Path],
+        output_dir: str | Path,
+        params: dict[str, Any] | None = None,
+        checkpoint_dir: str | Path | None = None,
+        device: str = "cpu",
+        cpus: int = 1,
+    ) -> "WorkContext":
+        """A context for calling a work function as plain Python, without a
+        queue (to try work locally, in tests, and as the benchmark baseline).
+        Checkpoints go to ``checkpoint_dir`` (default ``<output_dir>/.checkpoints``)."""
+        output_dir = Path(output_dir)
+        ckpt = Path(checkpoint_dir) if checkpoint_dir else output_dir / ".checkpoints"
+        cfg = ChildConfig(
+            entrypoint=None, command=None, params=dict(params or {}),
+            data={k: str(v) for k, v in data.items()}, output_dir=str(output_dir),
+            checkpoint_dir=str(ckpt), progress_file=str(ckpt.parent / ".progress.json"),
+            device=device, cpus=cpus, gpus=1 if device.startswith("cuda") else 0,
+        )
+        return cls(cfg)
+
+    # -- stopping -------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        """Turn SIGTERM (the supervisor's stop warning) into ``should_stop``."""
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+
+    def _on_stop_signal(self, signum: int, frame: Any) -> None:
+        self._stop = True
+
+    @property
+    def should_stop(self) -> bool:
+        """True once the supervisor warned that the run must end (time limit,
+        deadline, cancellation, preemption): save a checkpoint and return."""
+        return self._stop
+
+    # -- checkpoints ----------------------------------------------------
+    def restore(self) -> tuple[Any, int] | None:
+        """``(state, step)`` of the newest verified checkpoint, or None on a
+        fresh start.  Loaded with ``torch.load(weights_only=True)``; raises
+        ``CheckpointError`` for a state that would need arbitrary classes."""
+        latest = checkpoints.latest_valid(self._checkpoint_dir)
+        if latest is None:
+            return None
+        state = checkpoints.load_state(latest.path / checkpoints.STATE_FILE)
+        self._last_checkpoint_step = latest.step
+        return state, latest.step
+
+    def checkpoint(self, state: dict[str, Any], step: int) -> None:
+        """Commit ``state`` (tensors and plain values) as the checkpoint of
+        ``step`` atomically; the supervisor uploads it while work continues.
+        Raises ``CheckpointError`` for a state not loadable with
+        ``weights_only=True``."""
+        checkpoints.save_state(self._checkpoint_dir, state, step)
+        self._last_checkpoint_time = time.monotonic()
+        self._last_checkpoint_step = int(step)
+
+    def checkpoint_due(self, step: int) -> bool:
+        """True when the spec's checkpoint policy (``every_steps`` or ``every``
+        seconds since the last checkpoint) asks for a checkpoint at ``step``,
+        or when the run must stop."""
+        if self._stop:
+            return True
+        every_steps = self._cfg.checkpoint_every_steps
+        if every_steps:
+            return step % every_steps == 0
+        every_s = self._cfg.checkpoint_every_s
+        if every_s:
+            return time.monotonic() - self._last_checkpoint_time >= every_s
+        return False
+
+    # -- progress -------------------------------------------------------
+    def progress(self, done: float, total: float | None = None, **metrics: float) -> None:
+        """Report progress (``done`` of ``total`` units, e.g. epochs) and
+        optional scalar metrics; shown in the CLI and the Prefect UI."""
+        record = {"done": done, "total": total, "metrics": metrics, "time": time.time()}
+        path = Path(self._cfg.progress_file)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)

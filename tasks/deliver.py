@@ -1,0 +1,113 @@
+"""The ``return`` task: copy the output to ``output.url``, manifest last.
+
+Every file the work wrote under its output folder is uploaded with fsspec,
+read back and checked (bytes and sha256), then ``manifest.json`` is written;
+its presence at the destination means the upload is whole.  A completed
+manifest of the same run is never rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_table_artifact
+
+from specs import mask_url
+from tasks import storage
+from tasks.manifest import build_manifest, verdict
+from tasks.run import RunOutcome
+
+MANIFEST = "manifest.json"
+
+
+class ReturnVerifyError(RuntimeError):
+    """A returned file read back with a different size or sha256."""
+
+
+@dataclass
+class ReturnRequest:
+    """Inputs of the return step.  ``staging_s`` in seconds."""
+
+    job: str
+    run_id: str | None
+    output_dir: str
+    output_url: str
+    declared: list[str]
+    outcome: RunOutcome
+    staging_s: float
+    gpus: int
+    cpus: int
+    spec_sha256: str
+
+
+def existing_manifest(output_url: str) -> dict[str, Any] | None:
+    """The manifest now at ``output_url``, or None when absent or unreadable."""
+    try:
+        return json.loads(storage.read_bytes(storage.join(output_url, MANIFEST)))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def deliver(req: ReturnRequest) -> dict[str, Any]:
+    """Upload the output and write the manifest; returns the manifest dict.
+
+    Raises :class:`ReturnVerifyError` when a file reads back wrong (the
+    manifest is then not written, so the destination does not look whole).
+    """
+    started = time.monotonic()
+    previous = existing_manifest(req.output_url)
+    if previous and previous.get("run_id") == req.run_id and previous.get("status") == "completed":
+        return previous  # never downgrade a completed run
+    out = req.outcome
+    root = Path(req.output_dir)
+    files = []
+    for path in storage.walk_files(root):
+        rel = path.relative_to(root).as_posix()
+        if rel == MANIFEST:
+            continue
+        url = storage.join(req.output_url, rel)
+        storage.put_file(path, url)
+        size, digest = storage.sha256_url(url)
+        local_size, local_digest = path.stat().st_size, storage.sha256_file(path)
+        if (size, digest) != (local_size, local_digest):
+            raise ReturnVerifyError(f"{mask_url(url)}: read back {size} bytes sha256 {digest}, wrote {local_size} bytes {local_digest}")
+        files.append({"path": rel, "bytes": size, "sha256": digest})
+    present = {f["path"] for f in files}
+    v = verdict(out.reason, out.exit_code, req.declared, present, out.message)
+    manifest = build_manifest(
+        job=req.job,
+        run_id=req.run_id,
+        verdict=v,
+        exit_code=out.exit_code,
+        step=out.checkpoint.step if out.checkpoint else None,
+        files=files,
+        checkpoint=mask_url(out.checkpoint.url) if out.checkpoint else None,
+        timings={"staging_s": req.staging_s, "run_s": out.run_s, "return_s": time.monotonic() - started},
+        gpus=req.gpus,
+        cpus=req.cpus,
+        spec_sha256=req.spec_sha256,
+        finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        stderr_tail=out.stderr_tail,
+    )
+    storage.write_bytes(storage.join(req.output_url, MANIFEST), json.dumps(manifest, indent=2).encode())
+    return manifest
+
+
+@task(name="return")
+def return_task(req: ReturnRequest) -> dict[str, Any]:
+    """Prefect task wrapper of :func:`deliver`; adds a table artifact of the
+    returned files and the job's status."""
+    manifest = deliver(req)
+    rows = [dict(f, status=manifest["status"]) for f in manifest["files"]] or [{"path": "(none)", "bytes": 0, "sha256": "", "status": manifest["status"]}]
+    create_table_artifact(
+        rows,
+        key="manifest",
+        description=f"{manifest['job']}: {manifest['status']} ({manifest['reason']}) -> {mask_url(req.output_url)}",
+    )
+    return manifest

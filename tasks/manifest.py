@@ -1,0 +1,80 @@
+"""The job's verdict and ``manifest.json`` (DESIGN.md §2): pure functions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+STATUSES = ("completed", "partial", "failed")
+REASONS = ("finished", "time_limit", "deadline", "cancelled", "signal", "crashed", "error")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``status`` (completed | partial | failed), ``reason`` and a message."""
+
+    status: str
+    reason: str
+    message: str = ""
+
+
+def verdict(reason: str, exit_code: int | None, declared: list[str], present: set[str], message: str = "") -> Verdict:
+    """Decide the job's status from how the run ended.
+
+    - ``finished`` (exit 0, no stop asked) with every declared file present:
+      ``completed``; with files missing: ``failed``/``error`` naming them.
+    - ``error`` (non-zero exit or crash of the work): ``failed``.
+    - any stop (time limit, deadline, cancel, signal, crashed): ``partial``.
+    """
+    if reason == "finished":
+        missing = [f for f in declared if f not in present]
+        if missing:
+            return Verdict("failed", "error", "work finished without writing the declared output files: " + ", ".join(missing))
+        return Verdict("completed", "finished", message)
+    if reason == "error":
+        return Verdict("failed", "error", message or f"work exited with code {exit_code}")
+    return Verdict("partial", reason, message)
+
+
+def build_manifest(
+    *,
+    job: str,
+    run_id: str | None,
+    verdict: Verdict,
+    exit_code: int | None,
+    step: int | None,
+    files: list[dict[str, Any]],
+    checkpoint: str | None,
+    timings: dict[str, float],
+    gpus: int,
+    cpus: int,
+    spec_sha256: str,
+    finished_at: str,
+    stderr_tail: str = "",
+) -> dict[str, Any]:
+    """The manifest as a JSON-ready dict.
+
+    ``files``: ``[{"path", "bytes", "sha256"}]`` relative to the output URL.
+    ``timings`` in seconds (``staging_s``, ``run_s``, ``return_s``).  The
+    meter bills allocated resources from run start to release, as batch
+    schedulers do: ``gpu_seconds = gpus * run_s``, ``cpu_seconds = cpus * run_s``.
+    """
+    run_s = float(timings.get("run_s", 0.0))
+    manifest: dict[str, Any] = {
+        "job": job,
+        "run_id": run_id,
+        "status": verdict.status,
+        "reason": verdict.reason,
+        "message": verdict.message,
+        "exit_code": exit_code,
+        "step": step,
+        "files": files,
+        "checkpoint": checkpoint,
+        "timings": {k: round(float(v), 3) for k, v in timings.items()},
+        "meter": {"gpu_seconds": round(gpus * run_s, 3), "cpu_seconds": round(cpus * run_s, 3)},
+        "spec_sha256": spec_sha256,
+        "finished_at": finished_at,
+    }
+    if verdict.status == "failed" and stderr_tail:
+        manifest["stderr_tail"] = stderr_tail
+    return manifest

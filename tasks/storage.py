@@ -1,0 +1,221 @@
+"""All fsspec access of E31 goes through this module.
+
+Inputs, checkpoints and outputs move between "any storage" (local paths,
+``file://``, ``s3://``, ``memory://``, ``http(s)://`` ...) through fsspec's
+filesystem for the URL's protocol.  Local files on compute-local disk are
+written atomically (temporary name, fsync, ``os.replace``).
+
+URLs given to this module may carry credentials; callers show them only via
+:func:`specs.mask_url`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import fsspec
+from fsspec.core import url_to_fs
+
+CHUNK = 4 * 1024 * 1024  # bytes read per hashing step
+
+
+def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """Return ``(filesystem, path)`` for an fsspec URL or local path.
+
+    Raises whatever fsspec raises for an unknown protocol (``ValueError``)
+    or a missing optional backend (``ImportError``).
+    """
+    return url_to_fs(url)
+
+
+def join(url: str, *parts: str) -> str:
+    """Join POSIX path parts onto ``url`` keeping its protocol, e.g.
+    ``join("s3://b/out/", "model.pt") == "s3://b/out/model.pt"``."""
+    base = url.rstrip("/")
+    return "/".join([base, *[p.strip("/") for p in parts if p]])
+
+
+def is_local(url: str) -> bool:
+    """True when ``url`` names the local filesystem (a path or ``file://``)."""
+    fs, _ = filesystem(url)
+    return "file" in _protocols(fs)
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    proto = fs.protocol
+    return (proto,) if isinstance(proto, str) else tuple(proto)
+
+
+def fingerprint(url: str) -> dict[str, Any]:
+    """Identity of the object at ``url`` for the staging cache.
+
+    Returns ``{"size": bytes, "version": etag-or-mtime, "type": "file"|"directory"}``;
+    for a folder, size is the sum of its files and version a digest of the
+    listing.  Raises ``FileNotFoundError`` when nothing is at ``url``.
+    """
+    fs, path = filesystem(url)
+    info = fs.info(path)
+    if info.get("type") == "directory":
+        listing = fs.find(path, detail=True)
+        digest = hashlib.sha256()
+        total = 0
+        for name in sorted(listing):
+            entry = listing[name]
+            total += int(entry.get("size") or 0)
+            digest.update(f"{name}\0{entry.get('size')}\0{_version(entry)}\n".encode())
+        return {"size": total, "version": digest.hexdigest(), "type": "directory"}
+    return {"size": int(info.get("size") or 0), "version": _version(info), "type": "file"}
+
+
+def _version(info: dict[str, Any]) -> str:
+    """ETag when the store has one, else the modification time, as a string."""
+    for key in ("ETag", "etag", "md5", "mtime", "LastModified", "last_modified", "created"):
+        if info.get(key) is not None:
+            return str(info[key]).strip('"')
+    return ""
+
+
+def get(url: str, local_path: Path) -> Path:
+    """Copy the file or folder at ``url`` to ``local_path`` (compute-local).
+
+    A file lands at exactly ``local_path``; a folder's contents land inside
+    ``local_path`` (never nested a second time).  The copy is made under a
+    temporary sibling name and renamed into place, so a failed transfer
+    leaves nothing that looks complete.  Returns ``local_path``.
+    """
+    fs, path = filesystem(url)
+    local_path = Path(local_path)
+    local_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = local_path.with_name(f".{local_path.name}.part-{uuid.uuid4().hex[:8]}")
+    try:
+        if fs.isdir(path):
+            fs.get(path.rstrip("/") + "/", str(tmp) + "/", recursive=True)
+        else:
+            fs.get_file(path, str(tmp))
+            _fsync(tmp)
+        _remove(local_path)
+        os.replace(tmp, local_path)
+    finally:
+        _remove(tmp)
+    return local_path
+
+
+def put_file(local_path: Path, url: str) -> None:
+    """Upload one local file to ``url`` (parents created), atomically on local
+    destinations (temporary name then rename)."""
+    fs, path = filesystem(url)
+    parent = posixpath.dirname(path)
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    if "file" in _protocols(fs):
+        tmp = f"{path}.part-{uuid.uuid4().hex[:8]}"
+        try:
+            fs.put_file(str(local_path), tmp)
+            _fsync(Path(tmp))
+            os.replace(tmp, path)
+        finally:
+            _remove(Path(tmp))
+    else:
+        fs.put_file(str(local_path), path)
+
+
+def write_bytes(url: str, data: bytes) -> None:
+    """Write ``data`` to ``url`` whole (local: temporary file, fsync, rename)."""
+    fs, path = filesystem(url)
+    parent = posixpath.dirname(path)
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    if "file" in _protocols(fs):
+        tmp = Path(f"{path}.part-{uuid.uuid4().hex[:8]}")
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        finally:
+            _remove(tmp)
+    else:
+        fs.pipe_file(path, data)
+
+
+def read_bytes(url: str) -> bytes:
+    """Read the whole object at ``url``; ``FileNotFoundError`` when absent."""
+    fs, path = filesystem(url)
+    return fs.cat_file(path)
+
+
+def exists(url: str) -> bool:
+    """True when an object or folder is at ``url``."""
+    fs, path = filesystem(url)
+    return fs.exists(path)
+
+
+def list_dirs(url: str) -> list[str]:
+    """Names of the immediate sub-folders of ``url`` ([] when it does not exist)."""
+    fs, path = filesystem(url)
+    try:
+        entries = fs.ls(path, detail=True)
+    except FileNotFoundError:
+        return []
+    return sorted(posixpath.basename(e["name"].rstrip("/")) for e in entries if e.get("type") == "directory")
+
+
+def remove(url: str) -> None:
+    """Delete the file or folder at ``url`` (recursively); absent is fine."""
+    fs, path = filesystem(url)
+    try:
+        fs.rm(path, recursive=True)
+    except FileNotFoundError:
+        pass
+
+
+def sha256_url(url: str) -> tuple[int, str]:
+    """Stream the object at ``url`` and return ``(bytes, sha256 hex)``."""
+    fs, path = filesystem(url)
+    digest = hashlib.sha256()
+    size = 0
+    with fs.open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 hex digest of a local file, read in 4 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def walk_files(root: Path) -> Iterator[Path]:
+    """Every regular file under ``root`` in sorted order, skipping temporary
+    ``.part-`` files left by interrupted writes."""
+    for path in sorted(Path(root).rglob("*")):
+        if path.is_file() and ".part-" not in path.name:
+            yield path
+
+
+def _fsync(path: Path) -> None:
+    if path.is_file():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink(missing_ok=True)

@@ -1,0 +1,106 @@
+"""Test session set-up: quiet Prefect settings, one real Prefect server.
+
+The Prefect settings must be in the environment before anything imports
+prefect, so they are set when this file is imported.  The server itself
+(``prefect server start``, SQLite, 127.0.0.1) starts only when a test asks for
+the ``prefect_api`` fixture, once per session (~10-25 s), and is stopped at
+the end.  Subprocesses (``e31 run``) inherit ``PREFECT_API_URL``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "specs" / "examples" / "digits-nightly-retrain.yaml"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="e31-tests-"))
+_PORT = _free_port()
+_QUIET = {
+    "PREFECT_HOME": str(_SESSION_DIR / "prefect-home"),
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "PREFECT_API_URL": f"http://127.0.0.1:{_PORT}/api",
+    "PREFECT_SERVER_UI_API_URL": f"http://127.0.0.1:{_PORT}/api",
+    "PREFECT_UI_ENABLED": "false",
+}
+os.environ.update(_QUIET)
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """A real ``prefect server start`` on 127.0.0.1 for the whole session;
+    yields its API URL."""
+    log = open(_SESSION_DIR / "prefect-server.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(_PORT)],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = os.environ["PREFECT_API_URL"]
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise RuntimeError(f"prefect server did not start; see {_SESSION_DIR / 'prefect-server.log'}")
+        time.sleep(0.5)
+    yield url
+    if "prefect" in sys.modules:  # send buffered run logs before the server goes
+        from prefect.logging.handlers import APILogHandler
+
+        APILogHandler.flush()
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    log.close()
+
+
+@pytest.fixture
+def scratch(tmp_path, monkeypatch):
+    """A fresh ``E31_SCRATCH`` for the test (jobs resume from scratch state)."""
+    root = tmp_path / "scratch"
+    monkeypatch.setenv("E31_SCRATCH", str(root))
+    return root
+
+
+@pytest.fixture
+def e31():
+    """Run the installed ``e31`` console script: ``e31("validate", path)``
+    returns the ``CompletedProcess`` (text stdout/stderr, cwd = repository)."""
+
+    def run(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+        exe = Path(sys.executable).with_name("e31")
+        return subprocess.run(
+            [str(exe), *args], capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, **(env or {})}, cwd=REPO,
+        )
+
+    return run

@@ -1,0 +1,106 @@
+"""The checkpoint format: atomic commit, marker last, torn and tampered
+checkpoints ignored, weights_only enforced."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import pytest
+import torch
+
+from tasks.checkpoints import (
+    MARKER,
+    STATE_FILE,
+    CheckpointError,
+    committed,
+    latest_valid,
+    load_state,
+    save_state,
+    verify,
+)
+from tasks.context import WorkContext
+
+
+def test_save_commits_folder_with_marker_hashes(tmp_path):
+    ckpt = save_state(tmp_path, {"w": torch.arange(4.0), "epoch": 3}, step=3)
+    assert ckpt.path == tmp_path / "step-3" and ckpt.step == 3
+    assert sorted(p.name for p in ckpt.path.iterdir()) == [MARKER, STATE_FILE]
+    marker = json.loads((ckpt.path / MARKER).read_text())
+    data = (ckpt.path / STATE_FILE).read_bytes()
+    import hashlib
+
+    assert marker == {"step": 3, "files": {STATE_FILE: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}}
+    state = load_state(ckpt.path / STATE_FILE)
+    assert state["epoch"] == 3 and torch.equal(state["w"], torch.arange(4.0))
+    # no temporary folders left behind
+    assert [p.name for p in tmp_path.iterdir()] == ["step-3"]
+
+
+def test_folder_without_marker_is_not_a_checkpoint(tmp_path):
+    save_state(tmp_path, {"x": 1}, step=1)
+    save_state(tmp_path, {"x": 2}, step=2)
+    (tmp_path / "step-2" / MARKER).unlink()  # as if killed before the marker was written
+    assert [c.step for c in committed(tmp_path)] == [1]
+    assert latest_valid(tmp_path).step == 1
+
+
+def test_tampered_checkpoint_falls_back_to_previous(tmp_path):
+    save_state(tmp_path, {"x": 1}, step=1)
+    save_state(tmp_path, {"x": 2}, step=2)
+    with open(tmp_path / "step-2" / STATE_FILE, "r+b") as fh:
+        fh.seek(10)
+        fh.write(b"\x00\x01\x02")
+    assert verify(tmp_path / "step-2") is None
+    assert latest_valid(tmp_path).step == 1
+
+
+def test_truncated_checkpoint_is_ignored(tmp_path):
+    save_state(tmp_path, {"x": torch.zeros(100)}, step=5)
+    path = tmp_path / "step-5" / STATE_FILE
+    os.truncate(path, path.stat().st_size // 2)
+    assert latest_valid(tmp_path) is None
+
+
+def test_empty_marker_from_a_command_is_accepted(tmp_path):
+    folder = tmp_path / "step-7"
+    folder.mkdir()
+    (folder / "weights.bin").write_bytes(b"abc")
+    (folder / MARKER).write_text("")
+    marker = verify(folder)
+    assert marker["step"] == 7
+    assert marker["files"]["weights.bin"]["bytes"] == 3
+
+
+class Opaque:
+    def __init__(self):
+        self.v = 1
+
+
+def test_state_needing_arbitrary_classes_is_refused(tmp_path):
+    with pytest.raises(CheckpointError) as err:
+        save_state(tmp_path, {"obj": Opaque()}, step=1)
+    text = str(err.value)
+    assert text.startswith("checkpoint state holds values that torch.load(weights_only=True) cannot read:")
+    assert "Fix: checkpoint tensors and plain values only" in text
+    assert committed(tmp_path) == []  # nothing committed
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_plain_containers_round_trip(tmp_path):
+    state = {"od": collections.OrderedDict(a=torch.ones(2)), "lst": [1, 2.5, "x"], "t": (1, 2)}
+    save_state(tmp_path, state, step=4)
+    back = load_state(tmp_path / "step-4" / STATE_FILE)
+    assert back["lst"] == [1, 2.5, "x"] and back["t"] == (1, 2) and torch.equal(back["od"]["a"], torch.ones(2))
+
+
+def test_context_restore_and_checkpoint_due(tmp_path):
+    ctx = WorkContext.local({}, tmp_path / "out", checkpoint_dir=tmp_path / "ck")
+    assert ctx.restore() is None
+    ctx.checkpoint({"step": torch.tensor(9)}, step=9)
+    state, step = ctx.restore()
+    assert step == 9 and int(state["step"]) == 9
+    assert ctx.checkpoint_due(9) is False  # no policy: only when the work decides
+    ctx._cfg.checkpoint_every_steps = 3
+    assert [ctx.checkpoint_due(s) for s in (1, 2, 3, 6, 7)] == [False, False, True, True, False]
