@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from pathlib import Path
 
@@ -51,11 +53,18 @@ def _summary(spec: JobSpec) -> str:
 
 
 def _run(spec: JobSpec, spec_path: str) -> int:
+    # A temporary local Prefect API started for this run has no use for telemetry,
+    # and its first write of it races the database on a fresh PREFECT_HOME.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.compile import compile_plan
     from flows.job import JobFailed, run_job
-    from flows.placement import PlacementError
+    from flows.placement import PlacementError, check_fits
     from tasks.stage import StageError
 
+    expected = (JobFailed, StageError, PlacementError)
+    _hide_tracebacks_on_console(expected)
     try:
+        check_fits(compile_plan(spec))  # refuse before a flow run exists
         manifest = run_job(spec, code_dir=str(Path(spec_path).resolve().parent))
     except JobFailed as exc:
         print(f"e31: {exc}", file=sys.stderr)
@@ -70,6 +79,30 @@ def _run(spec: JobSpec, spec_path: str) -> int:
     if manifest.get("checkpoint"):
         print(f"  checkpoint step {manifest['step']}: {manifest['checkpoint']}")
     return EXIT_OK if manifest["status"] == "completed" else EXIT_PARTIAL
+
+
+class _QuietFormatter(logging.Formatter):
+    """Wraps the console handler's formatter: a log record carrying one of
+    E31's own errors (already explained in one line) is shown without its
+    traceback.  Other handlers (the Prefect API's log) keep the traceback."""
+
+    def __init__(self, inner: logging.Formatter, quiet: tuple[type[BaseException], ...]):
+        super().__init__()
+        self.inner, self.quiet = inner, quiet
+
+    def format(self, record: logging.LogRecord) -> str:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, self.quiet):
+            record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
+        return self.inner.format(record)
+
+
+def _hide_tracebacks_on_console(quiet: tuple[type[BaseException], ...]) -> None:
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler) and not isinstance(handler.formatter, _QuietFormatter):
+            handler.setFormatter(_QuietFormatter(handler.formatter or logging.Formatter(), quiet))
 
 
 def main(argv: list[str] | None = None) -> int:

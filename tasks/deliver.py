@@ -99,7 +99,7 @@ def deliver(req: ReturnRequest) -> dict[str, Any]:
     return manifest
 
 
-@task(name="return")
+@task(name="return", task_run_name="return")
 def return_task(req: ReturnRequest) -> dict[str, Any]:
     """Prefect task wrapper of :func:`deliver`; adds a table artifact of the
     returned files and the job's status."""

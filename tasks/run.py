@@ -165,7 +165,7 @@ class _Uploader:
         return self.done[-1] if self.done else latest_durable(self.settings.checkpoint_url)
 
 
-@task(name="run")
+@task(name="run", task_run_name="run")
 def run_task(settings: RunSettings) -> RunOutcome:
     """Run the work to the end or to its stop; see the module docstring.
     Returns a :class:`RunOutcome`; never raises for the work's own failure."""
@@ -180,6 +180,7 @@ def supervise(settings: RunSettings) -> RunOutcome:
     config_path = run_dir / "child.json"
     settings.child.write(config_path)
     stdout_path, stderr_path = run_dir / "stdout.log", run_dir / "stderr.log"
+    Path(settings.child.progress_file).unlink(missing_ok=True)  # no stale progress from an earlier run
     env = {**os.environ, **command_environment(settings.child)}
     env["PYTHONPATH"] = os.pathsep.join([*settings.child.code_dirs, env.get("PYTHONPATH", "")]).strip(os.pathsep)
 
@@ -189,7 +190,7 @@ def supervise(settings: RunSettings) -> RunOutcome:
     cancel = CancelWatcher(settings.flow_run_id)
     restore = _install_signal_handlers(stop)
     started = time.time()
-    with open(stdout_path, "ab") as out, open(stderr_path, "ab") as err:
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
         proc = subprocess.Popen(
             _child_command(settings, config_path),
             cwd=settings.child.output_dir,

@@ -1,0 +1,106 @@
+"""The ``e31`` command line: exact output and exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "specs" / "examples" / "digits-nightly-retrain.yaml"
+EXAMPLES = REPO / "specs" / "examples"
+
+
+def test_validate_example(e31):
+    result = e31("validate", str(EXAMPLE))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        "valid: digits-nightly-retrain (training: examples.digits:train); 1 input(s); 0 gpu, 1 cpu, "
+        f"limit 0:10:00; output model -> {EXAMPLES}/results/digits-nightly-retrain/\n"
+    )
+
+
+def test_validate_bad_spec_lists_every_problem(e31, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "name: nightly\nwork: {kind: training, entrypoint: 'a:b'}\n"
+        "data:\n  - {name: d, urll: x}\n"
+        "request: {gpus: -1, limit: 1h}\n"
+        "output: {kind: model, url: /tmp/o, files: [m.pt]}\n"
+    )
+    result = e31("validate", str(bad))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"invalid job spec {bad} (2 problems)\n"
+        "  request.gpus: must be >= 0 (got -1)\n"
+        "  data[0].urll: unknown field; did you mean 'url'?\n"
+    )
+
+
+def test_yaml_syntax_error_gives_line_and_column(e31, tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("name: x\nwork: {kind: training\n")
+    result = e31("validate", str(bad))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[0] == f"invalid job spec {bad} (1 problem)"
+    assert result.stderr.splitlines()[1].startswith(f"  {bad}:3:1: YAML syntax error:")
+
+
+def test_schema_validates_the_example(e31):
+    result = e31("schema")
+    assert result.returncode == 0
+    schema = json.loads(result.stdout)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert set(schema["required"]) >= {"name", "work", "request", "output"}
+    jsonschema.validate(yaml.safe_load(EXAMPLE.read_text()), schema)
+
+
+def test_compile_prints_the_plan_with_overrides(e31, tmp_path):
+    result = e31(
+        "compile", str(EXAMPLE), "--set", "request.limit=20s", "--set", f"output.url={tmp_path}/out",
+        env={"E31_SCRATCH": str(tmp_path / "scratch")},
+    )
+    assert result.returncode == 0, result.stderr
+    scratch = tmp_path / "scratch" / "digits-nightly-retrain"
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("job digits-nightly-retrain (spec sha256 ")
+    assert lines[1:] == [
+        f"  stage (1 input) into {scratch}/data",
+        f"    digits: {EXAMPLES}/data/digits.csv.gz (sha256 09f66e6debde...)",
+        f"  run on cpu: 1 cpu, 0 gpu; scratch {scratch}",
+        "    stop after 20s (time_limit); warning 10s before the hard stop",
+        f"  checkpoint every 1 steps, keep 3, durable at {tmp_path}/out/checkpoints",
+        f"  return model.pt, metrics.json (+ manifest.json) to {tmp_path}/out",
+    ]
+
+
+def test_bad_override_is_an_invalid_spec(e31):
+    result = e31("compile", str(EXAMPLE), "--set", "request.limit=soon")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[0] == f"invalid job spec {EXAMPLE} (1 problem)"
+    assert result.stderr.splitlines()[1].startswith("  request.limit: ")
+    assert "(got 'soon')" in result.stderr
+
+
+def test_run_missing_input_fails_cleanly(e31, prefect_api, tmp_path):
+    result = e31(
+        "run", str(EXAMPLE), "--set", f"data[0].url={tmp_path}/nope.csv.gz", "--set", f"output.url={tmp_path}/out",
+        env={"E31_SCRATCH": str(tmp_path / "scratch")},
+    )
+    assert result.returncode == 1
+    assert f"e31: data 'digits': {tmp_path}/nope.csv.gz: not found" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()  # nothing ran, nothing returned
+
+
+def test_run_refuses_a_request_larger_than_this_machine(e31, prefect_api, tmp_path):
+    result = e31(
+        "run", str(EXAMPLE), "--set", "request.gpus=8", "--set", f"output.url={tmp_path}/out",
+        env={"E31_SCRATCH": str(tmp_path / "scratch"), "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert result.returncode == 1
+    assert "e31: request does not fit this machine:\n  request.gpus: 8 requested," in result.stderr
+    assert "Traceback" not in result.stderr
