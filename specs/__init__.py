@@ -1,0 +1,29 @@
+"""E31 job specs: the contract a job declares (work, data, request, output).
+
+Imports only the standard library, pydantic and yaml, so a spec can be
+validated anywhere. See DESIGN.md section 1.
+"""
+
+from .errors import Problem, SpecError
+from .loader import load_spec, parse_spec
+from .models import CheckpointPolicy, DataInput, JobSpec, OutputSpec, RequestSpec, WorkSpec
+from .schema import json_schema
+from .units import parse_duration, parse_memory
+from .urls import mask_url
+
+__all__ = [
+    "CheckpointPolicy",
+    "DataInput",
+    "JobSpec",
+    "OutputSpec",
+    "Problem",
+    "RequestSpec",
+    "SpecError",
+    "WorkSpec",
+    "json_schema",
+    "load_spec",
+    "mask_url",
+    "parse_duration",
+    "parse_memory",
+    "parse_spec",
+]

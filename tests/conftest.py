@@ -70,10 +70,11 @@ def prefect_api():
             raise RuntimeError(f"prefect server did not start; see {_SESSION_DIR / 'prefect-server.log'}")
         time.sleep(0.5)
     yield url
-    if "prefect" in sys.modules:  # send buffered run logs before the server goes
-        from prefect.logging.handlers import APILogHandler
+    import logging
 
-        APILogHandler.flush()
+    for name in ("prefect.flow_runs", "prefect.task_runs"):  # send buffered run logs before the server goes
+        for handler in logging.getLogger(name).handlers:
+            handler.flush()
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=15)

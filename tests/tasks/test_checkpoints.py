@@ -104,3 +104,30 @@ def test_context_restore_and_checkpoint_due(tmp_path):
     assert ctx.checkpoint_due(9) is False  # no policy: only when the work decides
     ctx._cfg.checkpoint_every_steps = 3
     assert [ctx.checkpoint_due(s) for s in (1, 2, 3, 6, 7)] == [False, False, True, True, False]
+
+
+def test_upload_verifies_and_keeps_newest(tmp_path):
+    from tasks.checkpoint import latest_durable, upload
+
+    local, durable = tmp_path / "local", tmp_path / "durable"
+    for step in range(1, 6):
+        ckpt = save_state(local, {"step": step, "w": torch.full((3,), float(step))}, step=step)
+        record = upload(ckpt.path, str(durable), keep=3)
+        assert record.step == step and record.url == str(durable / f"step-{step}")
+        assert record.bytes == (ckpt.path / STATE_FILE).stat().st_size
+    assert sorted(p.name for p in durable.iterdir()) == ["step-3", "step-4", "step-5"]
+    for step in (3, 4, 5):
+        assert (durable / f"step-{step}" / MARKER).read_bytes() == (local / f"step-{step}" / MARKER).read_bytes()
+        assert verify(durable / f"step-{step}") is not None
+    assert latest_durable(str(durable)).step == 5
+    assert load_state(durable / "step-5" / STATE_FILE)["step"] == 5
+
+
+def test_upload_refuses_a_torn_checkpoint(tmp_path):
+    from tasks.checkpoint import upload
+
+    ckpt = save_state(tmp_path / "local", {"x": 1}, step=2)
+    (ckpt.path / MARKER).unlink()
+    with pytest.raises(ValueError, match="is not a committed checkpoint"):
+        upload(ckpt.path, str(tmp_path / "durable"), keep=3)
+    assert not (tmp_path / "durable").exists()

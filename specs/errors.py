@@ -1,0 +1,81 @@
+"""SpecError and Problem: how an invalid job spec is reported."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["DOCUMENT", "Problem", "SpecError", "format_loc", "short_repr"]
+
+#: Path used for a problem about the whole document (or the file itself).
+DOCUMENT = "(spec)"
+
+_MAX_REPR = 60
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a spec.
+
+    Attributes:
+        path: where: dotted field path with ``[i]`` list indexes
+            (``data[0].url``), ``(spec)`` for the whole document,
+            ``FILE:LINE:COLUMN`` for a syntax error, ``--set ...`` for a
+            malformed override.
+        message: what was expected, ``(got X)`` and a fix where there is one.
+    """
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class SpecError(ValueError):
+    """An invalid job spec; lists every problem found at once.
+
+    ``str(err)`` is a header line ``invalid job spec SOURCE (N problems)``
+    followed by one indented ``path: message`` line per problem.
+
+    Attributes:
+        source: the file path as given, or a label such as ``<spec>``.
+        problems: the problems, in report order (never empty).
+    """
+
+    def __init__(self, source: str, problems: Iterable[Problem]) -> None:
+        self.source = str(source)
+        self.problems: list[Problem] = list(problems)
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        count = len(self.problems)
+        noun = "problem" if count == 1 else "problems"
+        lines = [f"invalid job spec {self.source} ({count} {noun})"]
+        lines.extend(f"  {problem}" for problem in self.problems)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self._render()
+
+    def __reduce__(self):  # keeps the error picklable across processes
+        return (type(self), (self.source, self.problems))
+
+
+def short_repr(value: object, limit: int = _MAX_REPR) -> str:
+    """repr() of a value, cut to about ``limit`` characters with ``...``."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return text[: limit - 3] + "..."
+
+
+def format_loc(loc: Sequence[str | int]) -> str:
+    """Render a location tuple as a path: ``("data", 0, "url")`` -> ``data[0].url``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int) and not isinstance(part, bool):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or DOCUMENT

@@ -1,0 +1,236 @@
+"""Field types of the spec models: durations, memory, names, paths; each with E31 messages."""
+
+from __future__ import annotations
+
+import keyword
+import posixpath
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, WithJsonSchema
+
+from .base import spec_error
+from .units import (
+    DURATION_EXAMPLES,
+    DURATION_PATTERN,
+    MEMORY_EXAMPLES,
+    MEMORY_PATTERN,
+    parse_duration,
+    parse_memory,
+)
+
+__all__ = [
+    "Deadline", "Duration", "FileName", "Grace", "InputName", "JobName", "Memory", "NonEmpty",
+    "Sha256", "check_deadline", "check_entrypoint", "file_key", "input_key", "SAFE_NAME",
+]
+
+SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_SAFE = re.compile(SAFE_NAME)
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+
+_DURATION_SCHEMA = {
+    "anyOf": [
+        {"type": "string", "pattern": DURATION_PATTERN},
+        {"type": "number", "minimum": 0},
+    ],
+}
+
+
+def _duration(value: Any, *, allow_zero: bool) -> timedelta:
+    try:
+        result = parse_duration(value)
+    except ValueError as exc:
+        if "negative" in str(exc):
+            raise spec_error("must not be negative") from None
+        hint = str(exc) if not str(exc).startswith("expected") and "(got" not in str(exc) else None
+        raise spec_error(f"must be a duration such as {DURATION_EXAMPLES}", fix=hint) from None
+    if not allow_zero and result <= timedelta(0):
+        raise spec_error("must be longer than 0 seconds")
+    return result
+
+
+#: A duration > 0, in any form :func:`specs.units.parse_duration` accepts.
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(lambda v: _duration(v, allow_zero=False)),
+    WithJsonSchema(_DURATION_SCHEMA),
+]
+
+#: A duration >= 0.
+Grace = Annotated[
+    timedelta,
+    BeforeValidator(lambda v: _duration(v, allow_zero=True)),
+    WithJsonSchema(_DURATION_SCHEMA),
+]
+
+
+def _memory(value: Any) -> int:
+    try:
+        result = parse_memory(value)
+    except ValueError as exc:
+        if "negative" in str(exc):
+            raise spec_error("must not be negative") from None
+        hint = str(exc) if str(exc).startswith("unknown") else None
+        raise spec_error(f"must be a memory size such as {MEMORY_EXAMPLES}", fix=hint) from None
+    if result <= 0:
+        raise spec_error("must be more than 0 bytes")
+    return result
+
+
+#: Memory in BYTES; strings such as 4GiB or 512MB are accepted.
+Memory = Annotated[
+    int,
+    BeforeValidator(_memory),
+    WithJsonSchema({
+        "anyOf": [
+            {"type": "string", "pattern": MEMORY_PATTERN},
+            {"type": "integer", "minimum": 1},
+        ],
+    }),
+]
+
+
+def _nonempty(value: Any) -> Any:
+    if isinstance(value, str) and not value.strip():
+        raise spec_error("must be a non-empty URL or path")
+    return value
+
+
+#: A non-empty string (URLs and paths).
+NonEmpty = Annotated[str, AfterValidator(_nonempty), WithJsonSchema({"type": "string", "minLength": 1})]
+
+
+def _job_name(value: str) -> str:
+    if not (1 <= len(value) <= 63 and _SAFE.match(value)):
+        raise spec_error(
+            "must be 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            fix="it names the run and its folder, e.g. digits-nightly-retrain",
+        )
+    return value
+
+
+#: A job name safe as a folder and Prefect run name.
+JobName = Annotated[
+    str,
+    AfterValidator(_job_name),
+    WithJsonSchema({"type": "string", "pattern": SAFE_NAME, "minLength": 1, "maxLength": 63}),
+]
+
+
+def _input_name(value: str) -> str:
+    if not (len(value) <= 255 and _SAFE.match(value)) or value in (".", ".."):
+        raise spec_error(
+            "must be letters, digits, '.', '_' or '-', starting with a letter or digit",
+            fix="it names the input's folder, e.g. digits",
+        )
+    return value
+
+
+#: A data input name safe as a folder name.
+InputName = Annotated[
+    str,
+    AfterValidator(_input_name),
+    WithJsonSchema({"type": "string", "pattern": SAFE_NAME, "minLength": 1, "maxLength": 255}),
+]
+
+
+def _sha256(value: str) -> str:
+    if not _SHA256.fullmatch(value):
+        raise spec_error("must be 64 hexadecimal characters", fix="compute it with: sha256sum FILE")
+    return value.lower()
+
+
+#: A SHA-256 digest, normalised to lower case.
+Sha256 = Annotated[
+    str, AfterValidator(_sha256), WithJsonSchema({"type": "string", "pattern": "^[0-9a-fA-F]{64}$"})
+]
+
+
+def _file_name(value: str) -> str:
+    fix = "write it relative to the output folder, e.g. model.pt or plots/loss.png"
+    if not value.strip():
+        raise spec_error("must be a non-empty relative path", fix=fix)
+    if value.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", value):
+        raise spec_error("must be a relative path inside the output, not absolute", fix=fix)
+    if ".." in re.split(r"[/\\]", value):
+        raise spec_error("must stay inside the output: '..' is not allowed", fix=fix)
+    if "\\" in value:
+        raise spec_error("must use '/' as the separator (a POSIX path)", fix=fix)
+    return value
+
+
+#: A relative POSIX path of an output file, inside the output folder.
+FileName = Annotated[str, AfterValidator(_file_name), WithJsonSchema({"type": "string", "minLength": 1})]
+
+
+def file_key(value: object) -> str | None:
+    """Normalised form of a valid output file path, to find duplicates (``./a`` == ``a``).
+
+    None for a value that is not a valid file path (it gets its own problem).
+    """
+    if not isinstance(value, str):
+        return None
+    try:
+        _file_name(value)
+    except ValueError:
+        return None
+    return posixpath.normpath(value)
+
+
+def input_key(value: object) -> str | None:
+    """A data input name as validated (numbers become strings), or None if it is not valid."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        return None
+    try:
+        return _input_name(value)
+    except ValueError:
+        return None
+
+
+def check_entrypoint(value: str) -> str:
+    """Check ``module:function`` with dotted Python identifiers on both sides."""
+    module, sep, function = value.partition(":")
+    ok = bool(sep) and all(
+        part.isidentifier() and not keyword.iskeyword(part)
+        for side in (module, function)
+        for part in side.split(".")
+    )
+    if not ok:
+        fix = "e.g. examples.digits:train"
+        if "/" in value or value.endswith(".py") or ".py:" in value:
+            fix = "use the module's import name, not a file path, e.g. examples.digits:train"
+        raise spec_error("must be 'module:function' with dotted Python names on both sides", fix=fix)
+    return value
+
+
+def _deadline_schema() -> dict:
+    return {
+        "type": "string",
+        "format": "date-time",
+        "pattern": r"(?:[Zz]|[+-]\d\d:?\d\d)$",
+    }
+
+
+def check_deadline(value: datetime) -> datetime:
+    """Require a timezone and a deadline still in the future."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise spec_error(
+            "must include a timezone; a deadline without one is not guessed",
+            fix=f"add an offset, e.g. {value.replace(tzinfo=None).isoformat()}+00:00",
+            got=repr(value.isoformat()),
+        )
+    now = datetime.now(timezone.utc)
+    if value <= now:
+        raise spec_error(
+            "must be in the future; this deadline has already passed",
+            fix="set a later finish-by time, or drop the deadline",
+            got=repr(value.isoformat()),
+        )
+    return value
+
+
+#: An aware datetime in the future.
+Deadline = Annotated[datetime, AfterValidator(check_deadline), WithJsonSchema(_deadline_schema())]

@@ -1,0 +1,151 @@
+"""Turn pydantic validation errors into Problems with friendly messages."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from .base import SPEC_ERROR
+from .errors import Problem, format_loc, short_repr
+from .models import CheckpointPolicy, DataInput, JobSpec, OutputSpec, RequestSpec, WorkSpec
+
+__all__ = ["NO_OUTPUT", "problems_from"]
+
+# Model found at a location, with list indexes dropped.
+_MODELS: dict[tuple, type[BaseModel]] = {
+    (): JobSpec,
+    ("work",): WorkSpec,
+    ("data",): DataInput,
+    ("request",): RequestSpec,
+    ("output",): OutputSpec,
+    ("output", "checkpoint"): CheckpointPolicy,
+}
+
+#: Message for a spec without an output.
+NO_OUTPUT = (
+    "required: a job with no output has no end and is refused; add an output section, e.g. "
+    "output: {kind: results, url: results/NAME/, files: [metrics.json]}, listing the files "
+    "whose existence marks the job complete"
+)
+
+# What to add for a missing field (keyed by location without list indexes).
+_ADD = {
+    ("name",): "add e.g. name: digits-nightly-retrain",
+    ("work",): "add e.g. work: {kind: training, entrypoint: module:function}",
+    ("request",): "add e.g. request: {cpus: 1, limit: 30m}",
+    ("work", "kind"): "add kind: training, inference, processing or simulation",
+    ("data", "name"): "add e.g. name: digits",
+    ("data", "url"): "add the input's URL or path, e.g. url: data/digits.csv.gz",
+    ("output", "kind"): "add kind: model, results, files or report",
+    ("output", "url"): "add the destination, e.g. url: results/NAME/",
+    ("output", "files"): "add the files that mark the job complete, e.g. files: [metrics.json]",
+}
+
+_MAPPING_OF = {
+    (): "spec_version, name, work, data, request, output",
+    ("work",): "kind and entrypoint or command",
+    ("data",): "name and url",
+    ("request",): "gpus, cpus, memory, duration, limit",
+    ("output",): "kind, url and files",
+    ("output", "checkpoint"): "every or every_steps, and keep",
+}
+
+
+def _shape(loc: tuple) -> tuple:
+    return tuple(part for part in loc if not isinstance(part, int))
+
+
+def _suggestion(loc: tuple) -> str | None:
+    """The field an unknown key at ``loc`` was probably meant to be."""
+    model = _MODELS.get(_shape(loc[:-1]))
+    if model is None:
+        return None
+    match = difflib.get_close_matches(str(loc[-1]).lower(), list(model.model_fields), n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def _unknown_field(loc: tuple) -> str:
+    suggestion = _suggestion(loc)
+    if suggestion:
+        return f"unknown field; did you mean {suggestion!r}?"
+    model = _MODELS.get(_shape(loc[:-1]))
+    if model is None:
+        return "unknown field"
+    return f"unknown field; allowed fields: {', '.join(model.model_fields)}"
+
+
+def _expected(err: dict[str, Any]) -> tuple[str, str | None]:
+    """(what was expected, fix or None) for a pydantic error."""
+    kind, ctx, shape = err["type"], err.get("ctx") or {}, _shape(err["loc"])
+    if kind == SPEC_ERROR:
+        return ctx["msg"], ctx.get("fix")
+    simple = {
+        "greater_than_equal": f"must be >= {ctx.get('ge')}",
+        "greater_than": f"must be > {ctx.get('gt')}",
+        "less_than_equal": f"must be <= {ctx.get('le')}",
+        "less_than": f"must be < {ctx.get('lt')}",
+        "int_type": "must be a whole number",
+        "int_parsing": "must be a whole number",
+        "int_from_float": "must be a whole number",
+        "string_type": "must be a string",
+        "list_type": "must be a list",
+        "bool_type": "must be true or false",
+        "too_short": f"must have at least {ctx.get('min_length')} item(s)",
+        "datetime_type": "must be a date-time with a timezone, e.g. 2026-11-30T06:00:00+00:00",
+        "datetime_parsing": "must be a date-time with a timezone, e.g. 2026-11-30T06:00:00+00:00",
+        "datetime_from_date_parsing": "must be a date-time with a timezone, e.g. 2026-11-30T06:00:00+00:00",
+    }
+    if kind in simple:
+        return simple[kind], None
+    if kind == "literal_error":
+        expected = str(ctx.get("expected", ""))
+        return (f"must be one of {expected}" if " or " in expected else f"must be {expected}"), None
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        fields = _MAPPING_OF.get(shape)
+        return (f"must be a mapping of {fields}" if fields else "must be a mapping"), None
+    message = err["msg"]
+    return message[:1].lower() + message[1:], None
+
+
+def _problem(err: dict[str, Any]) -> Problem:
+    loc, kind = tuple(err["loc"]), err["type"]
+    path = format_loc(loc)
+    if loc == ("output",) and (kind == "missing" or err.get("input") is None):
+        return Problem(path, NO_OUTPUT)
+    if kind == "missing":
+        fix = _ADD.get(_shape(loc))
+        return Problem(path, "required field is missing" + (f"; {fix}" if fix else ""))
+    if kind == "extra_forbidden":
+        return Problem(path, _unknown_field(loc))
+    expected, fix = _expected(err)
+    ctx = err.get("ctx") or {}
+    got = ctx["got"] if "got" in ctx else short_repr(err.get("input"))
+    return Problem(path, f"{expected} (got {got})" + (f"; {fix}" if fix else ""))
+
+
+def problems_from(exc: ValidationError) -> list[Problem]:
+    """Friendly problems for every error in ``exc``: values first, then unknown fields.
+
+    A missing field is not reported when a misspelt key nearby is (the
+    did-you-mean line says it).
+
+    Within each group the order is pydantic's (document field order); exact
+    duplicates are dropped.
+    """
+    errors = exc.errors(include_url=False)
+    # "urll: did you mean 'url'?" already covers "url: required field is missing".
+    misspelt = {
+        (*err["loc"][:-1], suggestion)
+        for err in errors
+        if err["type"] == "extra_forbidden" and (suggestion := _suggestion(tuple(err["loc"])))
+    }
+    problems: list[Problem] = []
+    for err in errors:
+        if err["type"] == "missing" and tuple(err["loc"]) in misspelt:
+            continue
+        problem = _problem(err)
+        if problem not in problems:
+            problems.append(problem)
+    return sorted(problems, key=lambda p: p.message.startswith("unknown field"))

@@ -1,0 +1,93 @@
+"""URL helpers: masking credentials for logs, and resolving relative local paths."""
+
+from __future__ import annotations
+
+import os
+import re
+from urllib.parse import unquote
+
+__all__ = ["SECRET_QUERY_KEYS", "has_protocol", "mask_url", "resolve_path"]
+
+#: Query parameters whose values are masked (compared case-insensitively).
+SECRET_QUERY_KEYS = frozenset({
+    "x-amz-signature", "x-amz-credential", "x-amz-security-token",
+    "x-goog-signature", "x-goog-credential",
+    "sig", "signature", "token", "access_token", "refresh_token", "id_token",
+    "key", "api_key", "apikey", "secret", "client_secret", "password", "passwd", "pwd",
+})
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_CHAIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*::")
+_MASK = "***"
+
+
+def _mask_userinfo(url: str) -> str:
+    match = _SCHEME.match(url)
+    if not match:
+        return url
+    head, rest = url[: match.end()], url[match.end():]
+    at = rest.find("@")
+    if at < 0:
+        return url
+    before = rest[:at]
+    authority = before.split("/", 1)[0]
+    if "/" in before:
+        # "host:8080/path/@x" is a path containing "@"; "KEY:SEC/RET@bucket" is a secret with "/".
+        user, colon, port = authority.partition(":")
+        if not colon or port.isdigit() or not user:
+            return url
+    return head + _MASK + rest[at:]
+
+
+def _mask_query(url: str) -> str:
+    base, qmark, rest = url.partition("?")
+    if not qmark:
+        return url
+    query, hash_, fragment = rest.partition("#")
+    parts = []
+    for item in query.split("&"):
+        key, eq, _value = item.partition("=")
+        if eq and unquote(key).strip().lower() in SECRET_QUERY_KEYS:
+            item = f"{key}={_MASK}"
+        parts.append(item)
+    return base + qmark + "&".join(parts) + hash_ + fragment
+
+
+def mask_url(url: str) -> str:
+    """Mask credentials in a URL before it is logged or shown.
+
+    User info becomes ``***`` (``s3://KEY:SECRET@bucket/x`` ->
+    ``s3://***@bucket/x``) and secret-looking query values become ``***``
+    (``X-Amz-Signature``, ``X-Amz-Credential``, ``sig``, ``signature``,
+    ``token``, ``access_token``, ``key``, ``secret``, ``password`` and a few
+    more, case-insensitive). Each part of an fsspec ``a::b`` chain is masked.
+    Plain paths are returned unchanged. Never raises for a string.
+    """
+    if not isinstance(url, str):
+        return url
+    return "::".join(_mask_query(_mask_userinfo(part)) for part in url.split("::"))
+
+
+def has_protocol(url: str) -> bool:
+    """True for URLs with a protocol: ``scheme://...`` or an fsspec chain ``proto::...``."""
+    return bool(_SCHEME.match(url) or _CHAIN.match(url))
+
+
+def resolve_path(url: str, base_dir: str | os.PathLike[str] | None) -> str:
+    """Make a local relative path absolute against ``base_dir``; expand ``~``.
+
+    URLs with a protocol and absolute paths are returned as given; a trailing
+    slash is kept. With ``base_dir`` None, relative paths are returned as
+    given (after ``~`` expansion).
+    """
+    if not isinstance(url, str) or not url.strip() or has_protocol(url):
+        return url
+    path = os.path.expanduser(url) if url.startswith("~") else url
+    if os.path.isabs(path):
+        return path
+    if base_dir is None:
+        return path
+    resolved = os.path.abspath(os.path.join(os.fspath(base_dir), path))
+    if url.endswith(("/", os.sep)) and not resolved.endswith(os.sep):
+        resolved += os.sep
+    return resolved

@@ -1,0 +1,159 @@
+"""A YAML loader without the YAML 1.1 traps, and duplicate-key detection.
+
+Implicit typing follows the YAML 1.2 core schema: booleans are only
+``true/True/TRUE/false/False/FALSE``; null is ``null/Null/NULL/~`` or empty;
+integers are decimal, ``0x..`` or ``0o..``; floats are decimal with optional
+exponent, ``.inf`` and ``.nan``. There are no base-60 numbers (``4:00:00``
+stays a string), no ``yes/no/on/off`` booleans (``NO`` stays a string) and no
+implicit timestamps (dates stay strings for pydantic to parse).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from .errors import Problem, format_loc
+
+__all__ = ["SpecLoader", "YamlSyntaxError", "load_yaml", "parse_yaml_value"]
+
+
+class SpecLoader(yaml.SafeLoader):
+    """yaml.SafeLoader with YAML 1.2 core-schema implicit resolution."""
+
+    yaml_implicit_resolvers: dict = {}  # start empty; filled below
+
+
+SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool",
+    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"),
+)
+SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:null",
+    re.compile(r"^(?:~|null|Null|NULL|)$"),
+    ["~", "n", "N", ""],
+)
+SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+    list("-+0123456789"),
+)
+SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+.0123456789"),
+)
+SpecLoader.add_implicit_resolver("tag:yaml.org,2002:merge", re.compile(r"^(?:<<)$"), ["<"])
+
+
+def _construct_int(loader: SpecLoader, node: yaml.ScalarNode) -> int:
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    sign = -1 if text.startswith("-") else 1
+    digits = text.lstrip("+-")
+    if digits.startswith(("0x", "0X")):
+        return sign * int(digits[2:], 16)
+    if digits.startswith(("0o", "0O")):
+        return sign * int(digits[2:], 8)
+    return sign * int(digits, 10)  # "010" is ten, not octal eight
+
+
+SpecLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
+class YamlSyntaxError(Exception):
+    """YAML text that cannot be parsed; ``problem`` is ready to report."""
+
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(str(problem))
+        self.problem = problem
+
+
+def _syntax_problem(exc: yaml.YAMLError, text: str, source: str) -> Problem:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    reason = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc)
+    if mark is not None:
+        line, column = mark.line + 1, mark.column + 1
+    else:  # ReaderError: only a character position
+        position = getattr(exc, "position", 0) or 0
+        line = text.count("\n", 0, position) + 1
+        column = position - (text.rfind("\n", 0, position) + 1) + 1
+    return Problem(f"{source}:{line}:{column}", f"YAML syntax error: {reason}")
+
+
+def _duplicate_keys(node: yaml.Node | None) -> list[Problem]:
+    problems: list[Problem] = []
+    seen_nodes: set[int] = set()
+
+    def walk(current: yaml.Node | None, loc: tuple) -> None:
+        if current is None or id(current) in seen_nodes:
+            return
+        seen_nodes.add(id(current))
+        if isinstance(current, yaml.MappingNode):
+            first_line: dict[Any, tuple[int, int]] = {}
+            for key_node, value_node in current.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    walk(value_node, loc)
+                    continue
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+                here = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                if key is not None and key in first_line:
+                    (line, column), (line2, column2) = first_line[key], here
+                    where = (f"line {line}, columns {column} and {column2}" if line == line2
+                             else f"lines {line} and {line2}")
+                    problems.append(Problem(
+                        format_loc((*loc, key)), f"duplicate key (got it twice, at {where}); keep one"
+                    ))
+                elif key is not None:
+                    first_line[key] = here
+                walk(value_node, (*loc, key) if key is not None else loc)
+        elif isinstance(current, yaml.SequenceNode):
+            for index, item in enumerate(current.value):
+                walk(item, (*loc, index))
+
+    walk(node, ())
+    return problems
+
+
+def load_yaml(text: str, source: str) -> tuple[Any, list[Problem]]:
+    """Parse one YAML document with :class:`SpecLoader`.
+
+    Returns ``(data, problems)`` where problems lists duplicate keys (the
+    last value wins in ``data`` so validation can continue).
+
+    Raises:
+        YamlSyntaxError: the text is not valid YAML (or holds several
+            documents); its problem path is ``SOURCE:LINE:COLUMN``, 1-based.
+    """
+    loader = SpecLoader(text)
+    try:
+        node = loader.get_single_node()
+        problems = _duplicate_keys(node)
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as exc:
+        raise YamlSyntaxError(_syntax_problem(exc, text, source)) from None
+    except RecursionError:
+        raise YamlSyntaxError(Problem(source, "YAML syntax error: nested too deeply")) from None
+    except (ValueError, TypeError, OverflowError) as exc:  # e.g. an unhashable key
+        raise YamlSyntaxError(Problem(source, f"YAML syntax error: {exc}")) from None
+    finally:
+        loader.dispose()
+    return data, problems
+
+
+def parse_yaml_value(text: str) -> Any:
+    """Parse an override VALUE as a YAML scalar or flow value (``20s``, ``3``, ``[a, b]``).
+
+    Raises:
+        ValueError: the text is not valid YAML.
+    """
+    try:
+        data, _ = load_yaml(text, "value")
+    except YamlSyntaxError as exc:
+        raise ValueError(exc.problem.message.removeprefix("YAML syntax error: ")) from None
+    return data

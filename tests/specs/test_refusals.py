@@ -1,0 +1,339 @@
+"""Bad specs: each asserts the exact full text of the SpecError."""
+
+from __future__ import annotations
+
+import pytest
+
+from specs import Problem, SpecError, parse_spec
+
+LIVE = (
+    "such work does not belong on a batch queue and should run on local infrastructure "
+    "(a service host or the machine itself); E31 accepts batch work that runs to an end "
+    "with a declared output: kind training, inference, processing or simulation"
+)
+DURATION = "must be a duration such as 90s, 10m, 4h, 1d, 1h30m, 04:00:00 or PT4H, or a number of seconds"
+FILES_FIX = "write it relative to the output folder, e.g. model.pt or plots/loss.png"
+NO_OUTPUT = (
+    "output: required: a job with no output has no end and is refused; add an output section, "
+    "e.g. output: {kind: results, url: results/NAME/, files: [metrics.json]}, listing the files "
+    "whose existence marks the job complete"
+)
+
+BASE = {
+    "name": "name: job",
+    "work": "work: {kind: training, entrypoint: pkg.mod:main}",
+    "data": None,
+    "request": "request: {limit: 30m}",
+    "output": "output: {kind: results, url: /out/job/, files: [metrics.json]}",
+}
+
+
+def doc(**sections: str | None) -> str:
+    """A valid spec with some top-level sections replaced (None drops one)."""
+    merged = {**BASE, **sections}
+    return "\n".join(text for text in merged.values() if text) + "\n"
+
+
+def live(path: str, what: str, got: str) -> str:
+    return f"{path}: live work is refused: {what} (got {got}); {LIVE}"
+
+
+CASES = [
+    # --- the four declarations and their rules ---
+    ("no-output", doc(output=None), [NO_OUTPUT]),
+    ("null-output", doc(output="output: null"), [NO_OUTPUT]),
+    ("neither-duration-nor-limit", doc(request="request: {gpus: 1}"), [
+        "request: at least one of 'duration' (expected run time) or 'limit' (hard stop) is required "
+        "(got neither); add e.g. limit: 30m",
+    ]),
+    ("no-request", doc(request=None), [
+        "request: required field is missing; add e.g. request: {cpus: 1, limit: 30m}",
+    ]),
+    ("duration-over-limit", doc(request="request: {duration: 1h, limit: 30m}"), [
+        "request.duration: must be <= limit (got duration 1h > limit 30m); raise limit or lower duration",
+    ]),
+    ("naive-deadline", doc(request="request: {limit: 1h, deadline: 2099-11-30T06:00:00}"), [
+        "request.deadline: must include a timezone; a deadline without one is not guessed "
+        "(got '2099-11-30T06:00:00'); add an offset, e.g. 2099-11-30T06:00:00+00:00",
+    ]),
+    ("past-deadline", doc(request="request: {limit: 1h, deadline: 2020-01-01T00:00:00+00:00}"), [
+        "request.deadline: must be in the future; this deadline has already passed "
+        "(got '2020-01-01T00:00:00+00:00'); set a later finish-by time, or drop the deadline",
+    ]),
+    ("unparseable-deadline", doc(request="request: {limit: 1h, deadline: tomorrow}"), [
+        "request.deadline: must be a date-time with a timezone, e.g. 2026-11-30T06:00:00+00:00 (got 'tomorrow')",
+    ]),
+    ("bad-memory", doc(request="request: {limit: 1h, memory: 4 gigs}"), [
+        "request.memory: must be a memory size such as 512MB, 1.5GB, 4GiB or a number of bytes "
+        "(got '4 gigs'); unknown memory unit 'gigs'; use B, kB, MB, GB, TB or KiB, MiB, GiB, TiB",
+    ]),
+    ("zero-memory", doc(request="request: {limit: 1h, memory: 0GB}"), [
+        "request.memory: must be more than 0 bytes (got '0GB')",
+    ]),
+    ("bad-duration", doc(request="request: {duration: soon}"), [
+        f"request.duration: {DURATION} (got 'soon')",
+    ]),
+    ("zero-limit", doc(request="request: {limit: 0s}"), [
+        "request.limit: must be longer than 0 seconds (got '0s')",
+    ]),
+    ("months-limit", doc(request="request: {limit: P1M}"), [
+        f"request.limit: {DURATION} (got 'P1M'); months have no fixed length; use days, e.g. P30D",
+    ]),
+    ("negative-gpus", doc(request="request: {gpus: -1, limit: 1h}"), [
+        "request.gpus: must be >= 0 (got -1)",
+    ]),
+    ("zero-cpus-and-negative-retries", doc(request="request: {cpus: 0, retries: -1, limit: 1h}"), [
+        "request.cpus: must be >= 1 (got 0)",
+        "request.retries: must be >= 0 (got -1)",
+    ]),
+    ("fractional-gpus", doc(request="request: {gpus: 0.5, limit: 1h}"), [
+        "request.gpus: must be a whole number (got 0.5)",
+    ]),
+    ("both-entrypoint-and-command", doc(work="work: {kind: training, entrypoint: m:f, command: [python, x.py]}"), [
+        "work: exactly one of 'entrypoint' or 'command' is required (got both); "
+        "keep entrypoint for a Python callable or command for a program, not both",
+    ]),
+    ("neither-entrypoint-nor-command", doc(work="work: {kind: training}"), [
+        "work: exactly one of 'entrypoint' or 'command' is required (got neither); "
+        "add entrypoint: module:function for a Python callable, or command: [program, arg, ...]",
+    ]),
+    ("entrypoint-without-function", doc(work="work: {kind: training, entrypoint: examples.digits}"), [
+        "work.entrypoint: must be 'module:function' with dotted Python names on both sides "
+        "(got 'examples.digits'); e.g. examples.digits:train",
+    ]),
+    ("entrypoint-file-path", doc(work="work: {kind: training, entrypoint: 'examples/digits.py:train'}"), [
+        "work.entrypoint: must be 'module:function' with dotted Python names on both sides "
+        "(got 'examples/digits.py:train'); use the module's import name, not a file path, "
+        "e.g. examples.digits:train",
+    ]),
+    ("command-as-string", doc(work="work: {kind: processing, command: python run.py}"), [
+        "work.command: must be a list of program and arguments (got 'python run.py'); "
+        "write it as a list, e.g. [python, run.py]",
+    ]),
+    ("empty-command", doc(work="work: {kind: processing, command: []}"), [
+        "work.command: must be a non-empty list of program and arguments (got []); e.g. [python, train.py]",
+    ]),
+    ("unknown-work-kind", doc(work="work: {kind: batch, entrypoint: m:f}"), [
+        "work.kind: must be one of 'training', 'inference', 'processing' or 'simulation' (got 'batch')",
+    ]),
+    ("spec-version-2", "spec_version: 2\n" + doc(), [
+        "spec_version: must be 1 (got 2)",
+    ]),
+    ("unsafe-job-name", doc(name="name: nightly retrain/v2"), [
+        "name: must be 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit "
+        "(got 'nightly retrain/v2'); it names the run and its folder, e.g. digits-nightly-retrain",
+    ]),
+    ("long-job-name", doc(name="name: " + "a" * 64), [
+        "name: must be 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit "
+        f"(got '{'a' * 56}...); it names the run and its folder, e.g. digits-nightly-retrain",
+    ]),
+    ("duplicate-data-names", doc(data="data: [{name: digits, url: a.csv}, {name: digits, url: b.csv}]"), [
+        "data[1].name: duplicate input name; data[0] already uses it (got 'digits'); give each input its own name",
+    ]),
+    ("unsafe-data-name", doc(data="data: [{name: ../up, url: a.csv}, {name: '..', url: b.csv}]"), [
+        "data[0].name: must be letters, digits, '.', '_' or '-', starting with a letter or digit "
+        "(got '../up'); it names the input's folder, e.g. digits",
+        "data[1].name: must be letters, digits, '.', '_' or '-', starting with a letter or digit "
+        "(got '..'); it names the input's folder, e.g. digits",
+    ]),
+    ("empty-data-url", doc(data="data: [{name: digits, url: ''}]"), [
+        "data[0].url: must be a non-empty URL or path (got '')",
+    ]),
+    ("bad-sha256", doc(data="data: [{name: digits, url: a.csv, sha256: 9f2c}]"), [
+        "data[0].sha256: must be 64 hexadecimal characters (got '9f2c'); compute it with: sha256sum FILE",
+    ]),
+    ("data-not-a-list", doc(data="data: {name: digits, url: a.csv}"), [
+        "data: must be a list (got {'name': 'digits', 'url': 'a.csv'})",
+    ]),
+    ("absolute-output-files", doc(output="output: {kind: model, url: /o/, files: [/etc/x, 'C:\\x', '\\\\srv\\x']}"), [
+        f"output.files[0]: must be a relative path inside the output, not absolute (got '/etc/x'); {FILES_FIX}",
+        f"output.files[1]: must be a relative path inside the output, not absolute (got 'C:\\\\x'); {FILES_FIX}",
+        f"output.files[2]: must be a relative path inside the output, not absolute (got '\\\\\\\\srv\\\\x'); {FILES_FIX}",
+    ]),
+    ("dotdot-output-files", doc(output="output: {kind: model, url: /o/, files: [../x, a/../../x, '..\\x', '']}"), [
+        f"output.files[0]: must stay inside the output: '..' is not allowed (got '../x'); {FILES_FIX}",
+        f"output.files[1]: must stay inside the output: '..' is not allowed (got 'a/../../x'); {FILES_FIX}",
+        f"output.files[2]: must stay inside the output: '..' is not allowed (got '..\\\\x'); {FILES_FIX}",
+        f"output.files[3]: must be a non-empty relative path (got ''); {FILES_FIX}",
+    ]),
+    ("empty-output-files", doc(output="output: {kind: model, url: /o/, files: []}"), [
+        "output.files: must list at least one file (got []); list the files whose existence marks "
+        "the job complete, e.g. [model.pt, metrics.json]",
+    ]),
+    ("duplicate-output-files", doc(output="output: {kind: model, url: /o/, files: [model.pt, ./model.pt]}"), [
+        "output.files[1]: duplicate of files[0] (got './model.pt'); list each file once",
+    ]),
+    ("output-missing-fields", doc(output="output: {kind: dataset}"), [
+        "output.kind: must be one of 'model', 'results', 'files' or 'report' (got 'dataset')",
+        "output.url: required field is missing; add the destination, e.g. url: results/NAME/",
+        "output.files: required field is missing; add the files that mark the job complete, "
+        "e.g. files: [metrics.json]",
+    ]),
+    ("both-every-and-every-steps",
+     doc(output="output: {kind: model, url: /o/, files: [m.pt], checkpoint: {every: 2m, every_steps: 100}}"), [
+        "output.checkpoint: set 'every' (a duration) or 'every_steps' (a step count), not both (got both); keep one",
+    ]),
+    ("bad-checkpoint-counts",
+     doc(output="output: {kind: model, url: /o/, files: [m.pt], checkpoint: {every_steps: 0, keep: 0}}"), [
+        "output.checkpoint.every_steps: must be >= 1 (got 0)",
+        "output.checkpoint.keep: must be >= 1 (got 0)",
+    ]),
+    # --- unknown fields, with and without a close match, at several depths ---
+    ("misspelt-top-level", doc(name="nmae: job"), [
+        "nmae: unknown field; did you mean 'name'?",
+    ]),
+    ("unknown-top-level", doc() + "owner: me\n", [
+        "owner: unknown field; allowed fields: spec_version, name, work, data, request, output",
+    ]),
+    ("misspelt-request", doc(request="request: {limt: 1h}"), [
+        "request: at least one of 'duration' (expected run time) or 'limit' (hard stop) is required "
+        "(got neither); add e.g. limit: 30m",
+        "request.limt: unknown field; did you mean 'limit'?",
+    ]),
+    ("unknown-request", doc(request="request: {limit: 1h, colour: blue}"), [
+        "request.colour: unknown field; allowed fields: gpus, cpus, memory, duration, limit, deadline, grace, retries",
+    ]),
+    ("misspelt-checkpoint",
+     doc(output="output: {kind: model, url: /o/, files: [m.pt], checkpoint: {every_step: 10}}"), [
+        "output.checkpoint.every_step: unknown field; did you mean 'every_steps'?",
+    ]),
+    ("unknown-data-field", doc(data="data: [{name: d, url: a.csv, mirror: b.csv}]"), [
+        "data[0].mirror: unknown field; allowed fields: name, url, sha256",
+    ]),
+    # --- live work ---
+    *[
+        (f"live-kind-{kind}", doc(work=f"work: {{kind: {kind}, entrypoint: m:f}}"),
+         [live("work.kind", what, repr(kind))])
+        for kind, what in [
+            ("service", "a service"), ("server", "a server"), ("daemon", "a daemon"),
+            ("interactive", "interactive work"), ("control-loop", "a control loop"),
+            ("control_loop", "a control loop"), ("stream", "a stream"), ("streaming", "streaming"),
+            ("realtime", "real-time work"), ("real-time", "real-time work"), ("live", "live work"),
+            ("notebook", "a notebook"), ("Service", "a service"),
+        ]
+    ],
+    ("live-port", doc(work="work: {kind: inference, entrypoint: m:f, port: 8080}"), [
+        live("work.port", "a port to expose", "port: 8080"),
+    ]),
+    ("live-ports-in-request", doc(request="request: {limit: 1h, ports: [80, 443]}"), [
+        live("request.ports", "ports to expose", "ports: [80, 443]"),
+    ]),
+    ("live-latency", doc(request="request: {limit: 1h, latency: 50ms}"), [
+        live("request.latency", "a latency requirement", "latency: '50ms'"),
+    ]),
+    ("live-interactive-key", doc(work="work: {kind: processing, entrypoint: m:f, interactive: true}"), [
+        live("work.interactive", "an interactive session", "interactive: True"),
+    ]),
+    ("live-expose", doc(work="work: {kind: inference, entrypoint: m:f, expose: /predict}"), [
+        live("work.expose", "an endpoint to expose", "expose: '/predict'"),
+    ]),
+    ("live-port-in-params", doc(work="work: {kind: inference, entrypoint: m:f, params: {http: {port: 80}}}"), [
+        live("work.params.http.port", "a port to expose", "port: 80"),
+    ]),
+    # --- documents ---
+    ("yaml-syntax-error", "name: job\nwork: {kind: training\nrequest: {limit: 1h}\n", [
+        "job.yaml:3:8: YAML syntax error: expected ',' or '}', but got ':'",
+    ]),
+    ("yaml-bad-indent", "name: job\n  work: x\n", [
+        "job.yaml:2:7: YAML syntax error: mapping values are not allowed here",
+    ]),
+    ("two-documents", doc() + "---\nname: other\n", [
+        "job.yaml:5:1: YAML syntax error: but found another document",
+    ]),
+    ("list-document", "- name: job\n", [
+        "(spec): the document must be a mapping of spec_version, name, work, data, request, output "
+        "(got [{'name': 'job'}])",
+    ]),
+    ("scalar-document", "just text\n", [
+        "(spec): the document must be a mapping of spec_version, name, work, data, request, output "
+        "(got 'just text')",
+    ]),
+    ("empty-document", "# nothing here\n", [
+        "(spec): the document must be a mapping of spec_version, name, work, data, request, output "
+        "(got an empty document)",
+    ]),
+    ("duplicate-key", doc(request="request:\n  limit: 1h\n  gpus: 1\n  limit: 2h"), [
+        "request.limit: duplicate key (got it twice, at lines 4 and 6); keep one",
+    ]),
+    ("duplicate-key-in-flow", doc(name="name: a\nname: b", request="request: {limit: 1h, limit: 2h}"), [
+        "name: duplicate key (got it twice, at lines 1 and 2); keep one",
+        "request.limit: duplicate key (got it twice, at line 4, columns 11 and 22); keep one",
+    ]),
+    # --- many problems at once, in several models ---
+    ("many-problems",
+     "name: bad name\n"
+     "work: {kind: service, command: [serve], port: 8080}\n"
+     "data: [{name: d, urll: a.csv}]\n"
+     "request: {gpus: -1, memory: lots, duration: 2h, limit: 1h}\n"
+     "output: {kind: model, url: /o/, files: [/abs]}\n"
+     "extra: 1\n", [
+        "name: must be 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit "
+        "(got 'bad name'); it names the run and its folder, e.g. digits-nightly-retrain",
+        live("work.kind", "a service", "'service'"),
+        live("work.port", "a port to expose", "port: 8080"),
+        "request.gpus: must be >= 0 (got -1)",
+        "request.memory: must be a memory size such as 512MB, 1.5GB, 4GiB or a number of bytes (got 'lots')",
+        "request.duration: must be <= limit (got duration 2h > limit 1h); raise limit or lower duration",
+        f"output.files[0]: must be a relative path inside the output, not absolute (got '/abs'); {FILES_FIX}",
+        "data[0].urll: unknown field; did you mean 'url'?",
+        "extra: unknown field; allowed fields: spec_version, name, work, data, request, output",
+    ]),
+]
+
+
+@pytest.mark.parametrize(("text", "lines"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_spec_reports_exact_problems(text, lines):
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, source="job.yaml")
+    count = len(lines)
+    expected = "\n".join([f"invalid job spec job.yaml ({count} problem{'s' if count != 1 else ''})"]
+                         + [f"  {line}" for line in lines])
+    assert str(info.value) == expected
+    assert info.value.source == "job.yaml"
+    assert [str(p) for p in info.value.problems] == lines
+
+
+def test_case_table_is_large_enough():
+    assert len(CASES) >= 30
+    assert len({c[0] for c in CASES}) == len(CASES)
+
+
+def test_design_example_exactly():
+    text = (
+        "name: digits-nightly-retrain\n"
+        "work: {kind: training, entrypoint: examples.digits:train}\n"
+        "data:\n  - name: digits\n    urll: data/digits.csv.gz\n"
+        "request: {gpus: -1, limit: 10m}\n"
+        "output: {kind: model, url: /o/, files: [model.pt]}\n"
+    )
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, source="specs/examples/retrain.yaml")
+    assert str(info.value) == (
+        "invalid job spec specs/examples/retrain.yaml (2 problems)\n"
+        "  request.gpus: must be >= 0 (got -1)\n"
+        "  data[0].urll: unknown field; did you mean 'url'?"
+    )
+    assert info.value.problems == [
+        Problem("request.gpus", "must be >= 0 (got -1)"),
+        Problem("data[0].urll", "unknown field; did you mean 'url'?"),
+    ]
+
+
+def test_spec_error_is_a_value_error_and_pickles():
+    import pickle
+
+    err = SpecError("a.yaml", [Problem("(spec)", "x")])
+    assert isinstance(err, ValueError)
+    assert str(err) == "invalid job spec a.yaml (1 problem)\n  (spec): x"
+    again = pickle.loads(pickle.dumps(err))
+    assert str(again) == str(err) and again.problems == err.problems
+
+
+def test_long_values_are_cut_in_got():
+    text = doc(data="data: [{name: d, url: a.csv, sha256: " + "z" * 100 + "}]")
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, source="job.yaml")
+    assert info.value.problems == [Problem(
+        "data[0].sha256",
+        f"must be 64 hexadecimal characters (got '{'z' * 56}...); compute it with: sha256sum FILE",
+    )]
