@@ -15,6 +15,7 @@ values (dicts, lists, numbers, strings).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -78,10 +79,11 @@ def describe_files(folder: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def write_marker(folder: Path, step: int) -> dict[str, Any]:
-    """Hash the files of ``folder`` and write its ``COMMITTED`` marker
-    atomically; returns the marker's content."""
-    marker = {"step": int(step), "files": describe_files(folder)}
+def write_marker(folder: Path, step: int, files: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Write the ``COMMITTED`` marker of ``folder`` atomically, with ``files``
+    (``{name: {"bytes", "sha256"}}``; hashed from disk when None); returns
+    the marker's content."""
+    marker = {"step": int(step), "files": files if files is not None else describe_files(folder)}
     tmp = folder / f".{MARKER}.{uuid.uuid4().hex[:8]}"
     tmp.write_text(json.dumps(marker, indent=1, sort_keys=True))
     _fsync_file(tmp)
@@ -93,41 +95,87 @@ def write_marker(folder: Path, step: int) -> dict[str, Any]:
 def save_state(root: Path, state: dict[str, Any], step: int) -> LocalCheckpoint:
     """Atomically commit ``state`` as the checkpoint for ``step`` under ``root``.
 
-    ``state`` must hold tensors and plain values only; anything that
-    ``torch.load(weights_only=True)`` could not read back is refused with
-    :class:`CheckpointError` before a file is written.  An existing
-    checkpoint of the same step is replaced.
+    ``state`` must hold tensors and plain values only (see :func:`snapshot`);
+    anything else is refused with :class:`CheckpointError` before a file is
+    written.  The state file is hashed while it is written (no second read).
+    An existing checkpoint of the same step is replaced.
     """
     import torch
 
+    snapshot(state, copy=False)  # refuse what weights_only loading could not read
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         target = tmp / STATE_FILE
-        torch.save(state, target)
-        _fsync_file(target)
-        _check_loadable(target)
+        with open(target, "wb") as raw:
+            sink = _HashingWriter(raw)
+            torch.save(state, sink)
+            raw.flush()
+            os.fsync(raw.fileno())
         final = root / step_dir_name(step)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(root)
-        write_marker(final, step)
+        write_marker(final, step, {STATE_FILE: {"bytes": sink.size, "sha256": sink.digest.hexdigest()}})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return LocalCheckpoint(final, int(step))
 
 
-def _check_loadable(path: Path) -> None:
-    try:
-        load_state(path)
-    except CheckpointError as exc:
-        raise CheckpointError(
-            f"checkpoint state holds values that torch.load(weights_only=True) cannot read: {exc}. "
-            "Fix: checkpoint tensors and plain values only (e.g. model.state_dict(), "
-            "optimizer.state_dict(), numbers, lists, dicts), not whole objects."
-        ) from None
+class _HashingWriter:
+    """A write-only file wrapper that counts and sha256-hashes what passes."""
+
+    def __init__(self, raw):
+        self.raw, self.size, self.digest = raw, 0, hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.raw.write(data)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+
+
+def snapshot(state: Any, copy: bool = True, path: str = "state") -> Any:
+    """Check that ``state`` holds only what ``torch.load(weights_only=True)``
+    reads -- tensors, numbers, strings, bytes, None, ``torch.Size``, dtypes,
+    devices, and dicts/lists/tuples/sets of those -- and, with ``copy``,
+    return a copy whose tensors are detached CPU clones (safe to write in the
+    background while training changes the originals).
+
+    Raises :class:`CheckpointError` naming the first offending entry, e.g.
+    ``state['obj']: a Opaque is not a tensor or plain value``.
+    """
+    import collections
+
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True) if copy else state
+    if isinstance(state, (*_PLAIN, torch.Size, torch.dtype, torch.device)):
+        return state
+    if isinstance(state, dict) and type(state) in (dict, collections.OrderedDict):
+        items = {}
+        for key, value in state.items():
+            if not isinstance(key, (*_PLAIN,)):
+                raise CheckpointError(f"{path}: key {key!r} is a {type(key).__name__}; use str or int keys")
+            items[key] = snapshot(value, copy, f"{path}[{key!r}]")
+        return type(state)(items) if copy else state
+    if type(state) in (list, tuple, set):
+        values = [snapshot(v, copy, f"{path}[{i}]") for i, v in enumerate(state)]
+        return type(state)(values) if copy else state
+    raise CheckpointError(
+        f"{path}: a {type(state).__module__}.{type(state).__qualname__} is not a tensor or plain value, "
+        "so torch.load(weights_only=True) could not read it back. Fix: checkpoint tensors and plain values "
+        "only (e.g. model.state_dict(), optimizer.state_dict(), numbers, lists, dicts; numpy arrays via "
+        "torch.from_numpy), not whole objects."
+    )
 
 
 def load_state(path: Path) -> Any:

@@ -14,6 +14,7 @@ import os
 import signal
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,8 @@ class WorkContext:
         self._stop = False
         self._last_checkpoint_time = time.monotonic()
         self._last_checkpoint_step: int | None = None
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
         self.output_dir.mkdir(parents=True, exist_ok=True)
 
     @classmethod
@@ -143,6 +146,7 @@ class WorkContext:
         """``(state, step)`` of the newest verified checkpoint, or None on a
         fresh start.  Loaded with ``torch.load(weights_only=True)``; raises
         ``CheckpointError`` for a state that would need arbitrary classes."""
+        self.flush()
         latest = checkpoints.latest_valid(self._checkpoint_dir)
         if latest is None:
             return None
@@ -150,14 +154,69 @@ class WorkContext:
         self._last_checkpoint_step = latest.step
         return state, latest.step
 
-    def checkpoint(self, state: dict[str, Any], step: int) -> None:
+    def checkpoint(self, state: dict[str, Any], step: int, wait: bool = False) -> None:
         """Commit ``state`` (tensors and plain values) as the checkpoint of
-        ``step`` atomically; the supervisor uploads it while work continues.
-        Raises ``CheckpointError`` for a state not loadable with
-        ``weights_only=True``."""
-        checkpoints.save_state(self._checkpoint_dir, state, step)
+        ``step``.  The state is copied (tensors to CPU) at once and written
+        atomically by a background thread while the work continues; the
+        supervisor then uploads it.  One write is in flight at a time: a
+        second call first waits for the previous write.  ``wait=True`` returns
+        only once this checkpoint is committed.  Raises ``CheckpointError`` for
+        a state not loadable with ``weights_only=True`` (or an earlier write's
+        error)."""
+        copy = checkpoints.snapshot(state)
+        self.flush()
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="e31-checkpoint")
+        self._pending = self._writer.submit(checkpoints.save_state, self._checkpoint_dir, copy, int(step))
         self._last_checkpoint_time = time.monotonic()
         self._last_checkpoint_step = int(step)
+        if wait:
+            self.flush()
+
+    def flush(self) -> None:
+        """Wait until the last checkpoint handed to :meth:`checkpoint` is
+        committed; re-raises its write error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    @staticmethod
+    def rng_state() -> dict[str, Any]:
+        """The random number generators' states (Python, NumPy when
+        installed, torch CPU and CUDA) as tensors and plain values, to put in
+        a checkpoint so a resumed run draws the same numbers."""
+        import random
+
+        import torch
+
+        state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        try:
+            import numpy as np
+
+            kind, keys, pos, has_gauss, cached = np.random.get_state()
+            state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
+        except ImportError:
+            pass
+        return state
+
+    @staticmethod
+    def set_rng_state(state: dict[str, Any]) -> None:
+        """Restore the generators from :meth:`rng_state`'s result."""
+        import random
+
+        import torch
+
+        random.setstate(tuple(state["python"][:1]) + (tuple(state["python"][1]),) + tuple(state["python"][2:]))
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+        if "numpy" in state:
+            import numpy as np
+
+            kind, keys, pos, has_gauss, cached = state["numpy"]
+            np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
 
     def checkpoint_due(self, step: int) -> bool:
         """True when the spec's checkpoint policy (``every_steps`` or ``every``

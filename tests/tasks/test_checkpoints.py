@@ -81,9 +81,12 @@ class Opaque:
 def test_state_needing_arbitrary_classes_is_refused(tmp_path):
     with pytest.raises(CheckpointError) as err:
         save_state(tmp_path, {"obj": Opaque()}, step=1)
-    text = str(err.value)
-    assert text.startswith("checkpoint state holds values that torch.load(weights_only=True) cannot read:")
-    assert "Fix: checkpoint tensors and plain values only" in text
+    assert str(err.value) == (
+        "state['obj']: a tests.tasks.test_checkpoints.Opaque is not a tensor or plain value, so "
+        "torch.load(weights_only=True) could not read it back. Fix: checkpoint tensors and plain values only "
+        "(e.g. model.state_dict(), optimizer.state_dict(), numbers, lists, dicts; numpy arrays via "
+        "torch.from_numpy), not whole objects."
+    )
     assert committed(tmp_path) == []  # nothing committed
     assert [p.name for p in tmp_path.iterdir()] == []
 
@@ -131,3 +134,29 @@ def test_upload_refuses_a_torn_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="is not a committed checkpoint"):
         upload(ckpt.path, str(tmp_path / "durable"), keep=3)
     assert not (tmp_path / "durable").exists()
+
+
+def test_context_checkpoint_is_a_snapshot_written_in_background(tmp_path):
+    ctx = WorkContext.local({}, tmp_path / "out", checkpoint_dir=tmp_path / "ck")
+    weights = torch.zeros(1000)
+    ctx.checkpoint({"w": weights}, step=1)
+    weights += 5  # training goes on and changes the tensor while the write may be in flight
+    ctx.flush()
+    state, step = ctx.restore()
+    assert step == 1 and torch.equal(state["w"], torch.zeros(1000))
+    with pytest.raises(CheckpointError, match=r"^state\['bad'\]\[1\]: a builtins.object is not"):
+        ctx.checkpoint({"bad": [1, object()]}, step=2)
+    assert [c.step for c in committed(tmp_path / "ck")] == [1]
+
+
+def test_rng_state_round_trips_through_a_checkpoint(tmp_path):
+    import random
+
+    import numpy as np
+
+    ctx = WorkContext.local({}, tmp_path / "out", checkpoint_dir=tmp_path / "ck")
+    ctx.checkpoint({"rng": ctx.rng_state()}, step=1, wait=True)
+    expected = (random.random(), float(np.random.rand()), torch.rand(3).tolist())
+    state, _ = ctx.restore()
+    ctx.set_rng_state(state["rng"])
+    assert (random.random(), float(np.random.rand()), torch.rand(3).tolist()) == expected
