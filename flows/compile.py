@@ -18,7 +18,8 @@ from pydantic import BaseModel
 
 from specs import DataInput, JobSpec, mask_url
 
-RETURN_RESERVE_FLOOR_S = 30.0  # seconds kept free before a deadline for the return step
+RETURN_RESERVE_FLOOR_S = 30.0  # seconds kept free before a deadline for the return step (floor;
+# $E31_RETURN_RESERVE_S overrides it; the run task raises it for large outputs at 50 MiB/s)
 
 
 class Plan(BaseModel):
@@ -120,7 +121,7 @@ def compile_plan(spec: JobSpec, scratch_root: Path | None = None) -> Plan:
         limit_s=limit.total_seconds(),
         grace_s=min(req.grace.total_seconds(), limit.total_seconds()),
         deadline=req.deadline,
-        return_reserve_s=RETURN_RESERVE_FLOOR_S,
+        return_reserve_s=float(os.environ.get("E31_RETURN_RESERVE_S", RETURN_RESERVE_FLOOR_S)),
         device="cuda" if req.gpus > 0 else "cpu",
         gpus=req.gpus,
         cpus=req.cpus,

@@ -19,10 +19,12 @@ from prefect.runtime import flow_run
 
 from flows.compile import Plan, compile_plan
 from flows.placement import check_fits
-from flows.resume import prepare_scratch
+from flows.resume import end_attempt, prepare_scratch
 from specs import JobSpec
+from tasks.checkpoint import latest_durable
 from tasks.context import ChildConfig
-from tasks.deliver import ReturnRequest, return_task
+from tasks.deliver import ReturnTarget, return_task
+from tasks.outcome import ChildLost, RunOutcome
 from tasks.run import RunSettings, run_task
 from tasks.stage import stage_task
 
@@ -70,39 +72,26 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     """
     plan = compile_plan(spec)
     check_fits(plan)
-    prepare_scratch(plan)
+    resume = prepare_scratch(plan)
+    run_id = str(flow_run.id) if flow_run.id else None
     started = time.monotonic()
     futures = [stage_task.with_options(task_run_name=f"stage-{item.name}").submit(item, str(plan.data_dir)) for item in plan.inputs]
     staged = {s.name: s.path for s in (f.result() for f in futures)}
-    staging_s = time.monotonic() - started
-
-    stop_at, stop_reason = plan.stop_at(time.time())
-    settings = RunSettings(
-        job=plan.job,
-        child=_child_config(spec, plan, staged, code_dir),
-        run_dir=str(plan.run_dir),
-        checkpoint_url=plan.checkpoint_url,
-        keep=plan.checkpoint_keep,
-        grace_s=plan.grace_s,
-        stop_at=stop_at,
-        stop_reason=stop_reason,
-        flow_run_id=str(flow_run.id) if flow_run.id else None,
+    target = ReturnTarget(
+        job=plan.job, run_id=run_id, output_dir=str(plan.output_dir), output_url=plan.output_url,
+        declared=plan.output_files, gpus=plan.gpus, cpus=plan.cpus, spec_sha256=plan.spec_sha256,
+        staging_s=time.monotonic() - started,
     )
-    outcome = run_task(settings)
-    manifest = return_task(
-        ReturnRequest(
-            job=plan.job,
-            run_id=settings.flow_run_id,
-            output_dir=str(plan.output_dir),
-            output_url=plan.output_url,
-            declared=plan.output_files,
-            outcome=outcome,
-            staging_s=staging_s,
-            gpus=plan.gpus,
-            cpus=plan.cpus,
-            spec_sha256=plan.spec_sha256,
-        )
-    )
+    now = time.time()
+    stop_at, stop_reason = plan.stop_at(now)
+    if resume.crashed and stop_at - plan.grace_s <= now:
+        # An earlier attempt died with its process and this one has no time left to run.
+        outcome = RunOutcome(reason="crashed", exit_code=None, run_s=0.0, checkpoint=latest_durable(plan.checkpoint_url),
+                             message=f"an earlier attempt was lost and the job can no longer run ({stop_reason} passed)")
+    else:
+        outcome = _run(spec, plan, staged, code_dir, target, now)
+    manifest = outcome.manifest or return_task(target, outcome)
+    end_attempt(plan)
     if manifest["status"] == "completed":
         # Delivered and verified: the next run of this job starts fresh.
         shutil.rmtree(plan.output_dir, ignore_errors=True)
@@ -110,3 +99,27 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     if manifest["status"] == "failed":
         raise JobFailed(manifest)
     return manifest
+
+
+def _run(spec: JobSpec, plan: Plan, staged: dict[str, str], code_dir: str | None, target: ReturnTarget, now: float) -> RunOutcome:
+    """The run task with the spec's retries; a lost child that is not retried
+    any more fails the job (with its exit code and the latest checkpoint)."""
+    settings = RunSettings(
+        job=plan.job,
+        child=_child_config(spec, plan, staged, code_dir),
+        run_dir=str(plan.run_dir),
+        checkpoint_url=plan.checkpoint_url,
+        keep=plan.checkpoint_keep,
+        grace_s=plan.grace_s,
+        limit_at=now + plan.limit_s,
+        deadline_at=plan.deadline.timestamp() if plan.deadline else None,
+        reserve_floor_s=plan.return_reserve_s,
+        target=target,
+        flow_run_id=target.run_id,
+    )
+    state = run_task.with_options(retries=spec.request.retries, retry_delay_seconds=1)(settings, return_state=True)
+    try:
+        return state.result()
+    except ChildLost as lost:
+        lost.outcome.reason = "error"
+        return lost.outcome

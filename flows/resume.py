@@ -11,7 +11,11 @@ out its scratch folder.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from flows.compile import Plan
@@ -21,13 +25,42 @@ from tasks.checkpoints import latest_valid, step_dir_name
 from tasks.deliver import existing_manifest
 
 WORK_HASH_FILE = "work.sha256"
+ATTEMPT_FILE = "attempt.json"
 
 
-def prepare_scratch(plan: Plan) -> int | None:
-    """Create the scratch folders and return the step the run resumes from
-    (None: fresh start)."""
+@dataclass(frozen=True)
+class Resume:
+    """``step`` the run resumes from (None: fresh start); ``crashed``: the
+    previous attempt of this job never ended (its process was killed)."""
+
+    step: int | None
+    crashed: bool
+
+
+def prepare_scratch(plan: Plan) -> Resume:
+    """Create the scratch folders, record this attempt, and decide where the
+    run starts (see the module docstring)."""
     for folder in (plan.data_dir, plan.output_dir, plan.checkpoint_dir, plan.run_dir):
         folder.mkdir(parents=True, exist_ok=True)
+    attempt = plan.run_dir / ATTEMPT_FILE
+    crashed = _read_state(attempt) == "running"
+    attempt.write_text(json.dumps({"state": "running", "pid": os.getpid(), "started": time.time()}))
+    return Resume(_resume_step(plan), crashed)
+
+
+def end_attempt(plan: Plan) -> None:
+    """Record that this attempt ended (whatever its status)."""
+    (plan.run_dir / ATTEMPT_FILE).write_text(json.dumps({"state": "ended", "ended": time.time()}))
+
+
+def _read_state(path: Path) -> str | None:
+    try:
+        return json.loads(path.read_text()).get("state")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _resume_step(plan: Plan) -> int | None:
     hash_file = plan.run_dir / WORK_HASH_FILE
     same_work = hash_file.is_file() and hash_file.read_text().strip() == plan.work_sha256
     if not same_work:

@@ -25,11 +25,12 @@ class CancelWatcher:
         self._next = 0.0
         self._seen = False
 
-    def cancelled(self) -> bool:
+    def cancelled(self, force: bool = False) -> bool:
+        """True once a cancel was seen; ``force`` reads the API now."""
         if self._seen or self.flow_run_id is None:
             return self._seen
         now = time.monotonic()
-        if now < self._next:
+        if now < self._next and not force:
             return False
         self._next = now + POLL_EVERY_S
         try:

@@ -21,7 +21,7 @@ from prefect.artifacts import create_table_artifact
 from specs import mask_url
 from tasks import storage
 from tasks.manifest import build_manifest, verdict
-from tasks.run import RunOutcome
+from tasks.outcome import RunOutcome
 
 MANIFEST = "manifest.json"
 
@@ -31,19 +31,18 @@ class ReturnVerifyError(RuntimeError):
 
 
 @dataclass
-class ReturnRequest:
-    """Inputs of the return step.  ``staging_s`` in seconds."""
+class ReturnTarget:
+    """Where and what the return step delivers.  ``staging_s`` in seconds."""
 
     job: str
     run_id: str | None
     output_dir: str
     output_url: str
     declared: list[str]
-    outcome: RunOutcome
-    staging_s: float
     gpus: int
     cpus: int
     spec_sha256: str
+    staging_s: float = 0.0
 
 
 def existing_manifest(output_url: str) -> dict[str, Any] | None:
@@ -54,7 +53,7 @@ def existing_manifest(output_url: str) -> dict[str, Any] | None:
         return None
 
 
-def deliver(req: ReturnRequest) -> dict[str, Any]:
+def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
     """Upload the output and write the manifest; returns the manifest dict.
 
     Raises :class:`ReturnVerifyError` when a file reads back wrong (the
@@ -64,7 +63,6 @@ def deliver(req: ReturnRequest) -> dict[str, Any]:
     previous = existing_manifest(req.output_url)
     if previous and previous.get("run_id") == req.run_id and previous.get("status") == "completed":
         return previous  # never downgrade a completed run
-    out = req.outcome
     root = Path(req.output_dir)
     files = []
     for path in storage.walk_files(root):
@@ -100,10 +98,10 @@ def deliver(req: ReturnRequest) -> dict[str, Any]:
 
 
 @task(name="return", task_run_name="return")
-def return_task(req: ReturnRequest) -> dict[str, Any]:
+def return_task(req: ReturnTarget, outcome: RunOutcome) -> dict[str, Any]:
     """Prefect task wrapper of :func:`deliver`; adds a table artifact of the
     returned files and the job's status."""
-    manifest = deliver(req)
+    manifest = deliver(req, outcome)
     rows = [dict(f, status=manifest["status"]) for f in manifest["files"]] or [{"path": "(none)", "bytes": 0, "sha256": "", "status": manifest["status"]}]
     create_table_artifact(
         rows,

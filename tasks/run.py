@@ -1,36 +1,42 @@
 """The ``run`` task: run the work in a supervised child process.
 
 The supervisor owns the clock and the signals (DESIGN.md §2, "Why a child
-process"): it starts the child in its own process group, uploads each new
-committed checkpoint through the ``checkpoint`` task while the child keeps
-working, shows progress, and stops the child at the stop time -- SIGTERM
+process"): it starts the child in its own process group, has each new
+committed checkpoint made durable while the child keeps working, shows
+progress, and stops the child at the stop time -- SIGTERM
 (``ctx.should_stop``) ``grace`` seconds before the hard stop, then SIGKILL.
 A cancel of the flow run (polled from the Prefect API) or SIGTERM/SIGINT to
-the flow's own process starts the same stop early.  The task returns a
-:class:`RunOutcome` instead of raising, so the return step always runs.
+the flow's own process starts the same stop early.
+
+The task returns a :class:`~tasks.outcome.RunOutcome` instead of raising, so
+the return step always runs; after a cancel it returns the output itself,
+because Prefect starts no new task in a cancelling flow run.  A child lost
+to a SIGKILL that E31 did not send raises :class:`~tasks.outcome.ChildLost`,
+which Prefect retries (``request.retries``) from the newest checkpoint.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import task
 
-from tasks.checkpoint import DurableCheckpoint, checkpoint_task, latest_durable
-from tasks.checkpoints import committed
-from tasks.context import ChildConfig, command_environment
-from tasks.progress import ProgressReporter
 from tasks.cancel import CancelWatcher
+from tasks.context import ChildConfig, command_environment
+from tasks.deliver import ReturnTarget, deliver
+from tasks.outcome import ChildLost, RunOutcome
+from tasks.progress import ProgressReporter
+from tasks.uploader import Uploader
 
 POLL_S = 0.2  # seconds between supervisor checks
+RESERVE_EVERY_S = 2.0  # seconds between re-estimates of the deadline's return reserve
 STDERR_TAIL_LINES = 20
 
 
@@ -38,11 +44,12 @@ STDERR_TAIL_LINES = 20
 class RunSettings:
     """What the run task needs (built by ``flows.compile``).
 
-    ``stop_at`` is the hard stop as a Unix time in seconds (None: no stop
-    time), ``stop_reason`` the reason recorded when it is reached
-    (``time_limit`` or ``deadline``), ``grace_s`` the seconds between the
-    SIGTERM warning and SIGKILL.  ``run_dir`` holds logs and the progress
-    file; ``checkpoint_url`` is the durable checkpoint root.
+    ``limit_at``: the hard stop from the time limit, Unix seconds.
+    ``deadline_at``: the deadline, Unix seconds (None: none); the run stops
+    at ``deadline_at`` minus the return reserve, ``max(reserve_floor_s,
+    bytes to return / return_rate)`` re-estimated while it runs (bytes/s).
+    ``grace_s``: seconds between the SIGTERM warning and SIGKILL.
+    ``run_dir`` holds logs and the progress file.
     """
 
     job: str
@@ -51,29 +58,12 @@ class RunSettings:
     checkpoint_url: str
     keep: int
     grace_s: float
-    stop_at: float | None = None
-    stop_reason: str = "time_limit"
+    limit_at: float
+    target: ReturnTarget
+    deadline_at: float | None = None
+    reserve_floor_s: float = 30.0
+    return_rate: float = 50 * 1024**2
     flow_run_id: str | None = None
-
-
-@dataclass
-class RunOutcome:
-    """How the run ended.
-
-    ``reason``: ``finished`` | ``time_limit`` | ``deadline`` | ``cancelled`` |
-    ``signal`` | ``error``.  ``exit_code`` is the child's (negative: killed
-    by that signal).  ``checkpoint`` is the newest durable checkpoint.
-    ``run_s`` is the wall time in seconds from child start to exit.
-    """
-
-    reason: str
-    exit_code: int | None
-    run_s: float
-    checkpoint: DurableCheckpoint | None = None
-    killed: bool = False
-    message: str = ""
-    stderr_tail: str = ""
-    uploads: list[DurableCheckpoint] = field(default_factory=list)
 
 
 class _Stop:
@@ -82,16 +72,54 @@ class _Stop:
     def __init__(self) -> None:
         self.reason: str | None = None
         self.warned_at: float | None = None
+        self.hard_at: float | None = None
 
     def request(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
 
 
-def _child_command(settings: RunSettings, config_path: Path) -> list[str]:
-    if settings.child.command:
-        return list(settings.child.command)
-    return [sys.executable, "-m", "tasks.child", str(config_path)]
+class _Clock:
+    """The stop time: the time limit, or the deadline less the return reserve."""
+
+    def __init__(self, settings: RunSettings):
+        self.s = settings
+        self._next = 0.0
+        self.stop_at, self.reason = settings.limit_at, "time_limit"
+
+    def update(self, now: float) -> None:
+        if self.s.deadline_at is None or now < self._next:
+            return
+        self._next = now + RESERVE_EVERY_S
+        pending = _folder_bytes(Path(self.s.child.output_dir)) + _folder_bytes(Path(self.s.child.checkpoint_dir))
+        by_deadline = self.s.deadline_at - max(self.s.reserve_floor_s, pending / self.s.return_rate)
+        self.stop_at, self.reason = (
+            (by_deadline, "deadline") if by_deadline < self.s.limit_at else (self.s.limit_at, "time_limit")
+        )
+
+
+def _folder_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            try:
+                total += os.stat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGKILL it when the supervisor
+    dies (``prctl(PR_SET_PDEATHSIG)``), so a killed flow leaves no orphan
+    training on.  The signal follows the creating thread, hence main thread
+    only.  A no-op where prctl is missing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -109,72 +137,29 @@ def _tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-class _Uploader:
-    """Uploads the newest committed local checkpoint, one at a time, through
-    the ``checkpoint`` task; intermediate ones are skipped when the store is
-    slower than the work."""
-
-    def __init__(self, settings: RunSettings):
-        self.settings = settings
-        self.root = Path(settings.child.checkpoint_dir)
-        self.done: list[DurableCheckpoint] = []
-        self.failures: list[str] = []
-        self._future = None
-        self._submitted: set[int] = set()
-
-    def poll(self) -> None:
-        if self._future is not None:
-            if not self._future.state.is_final():
-                return
-            self._collect()
-        newest = committed(self.root)
-        if newest and newest[-1].step not in self._submitted:
-            ckpt = newest[-1]
-            self._submitted.add(ckpt.step)
-            self._future = checkpoint_task.with_options(task_run_name=f"checkpoint-step-{ckpt.step}").submit(
-                ckpt.path, self.settings.checkpoint_url, self.settings.keep
-            )
-
-    def _collect(self) -> None:
-        try:
-            self.done.append(self._future.result())
-        except Exception as exc:  # upload failed after retries: keep going, report it
-            self.failures.append(str(exc))
-        self._future = None
-        self._prune_local()
-
-    def _prune_local(self) -> None:
-        if not self.done:
-            return
-        uploaded = self.done[-1].step
-        local = [c for c in committed(self.root) if c.step <= uploaded]
-        for ckpt in local[: max(0, len(local) - self.settings.keep)]:
-            shutil.rmtree(ckpt.path, ignore_errors=True)
-
-    def finish(self) -> DurableCheckpoint | None:
-        """Upload whatever is newest now and wait for it; return the newest
-        durable checkpoint."""
-        self.poll()
-        if self._future is not None:
-            self._future.wait()
-            self._collect()
-        self.poll()
-        if self._future is not None:
-            self._future.wait()
-            self._collect()
-        return self.done[-1] if self.done else latest_durable(self.settings.checkpoint_url)
+def _lost_retry(task, task_run, state) -> bool:
+    """Retry only a lost child; never the work's own failure or a bad spec."""
+    try:
+        state.result()
+    except ChildLost:
+        return True
+    except BaseException:
+        return False
+    return False
 
 
-@task(name="run", task_run_name="run")
+@task(name="run", task_run_name="run", retry_condition_fn=_lost_retry)
 def run_task(settings: RunSettings) -> RunOutcome:
     """Run the work to the end or to its stop; see the module docstring.
-    Returns a :class:`RunOutcome`; never raises for the work's own failure."""
-    return supervise(settings)
+    Returns a :class:`RunOutcome`; raises :class:`ChildLost` for a lost child."""
+    outcome = supervise(settings)
+    if outcome.reason == "crashed":
+        raise ChildLost(outcome)
+    return outcome
 
 
 def supervise(settings: RunSettings) -> RunOutcome:
-    """The supervisor loop behind :func:`run_task` (callable without Prefect
-    for the parts that do not upload)."""
+    """The supervisor loop behind :func:`run_task`."""
     run_dir = Path(settings.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "child.json"
@@ -183,37 +168,36 @@ def supervise(settings: RunSettings) -> RunOutcome:
     Path(settings.child.progress_file).unlink(missing_ok=True)  # no stale progress from an earlier run
     env = {**os.environ, **command_environment(settings.child)}
     env["PYTHONPATH"] = os.pathsep.join([*settings.child.code_dirs, env.get("PYTHONPATH", "")]).strip(os.pathsep)
+    command = list(settings.child.command or [sys.executable, "-m", "tasks.child", str(config_path)])
 
-    stop = _Stop()
-    uploader = _Uploader(settings)
+    stop, clock = _Stop(), _Clock(settings)
+    uploader = Uploader(Path(settings.child.checkpoint_dir), settings.checkpoint_url, settings.keep)
     progress = ProgressReporter(settings.job, Path(settings.child.progress_file))
     cancel = CancelWatcher(settings.flow_run_id)
     restore = _install_signal_handlers(stop)
     started = time.time()
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
         proc = subprocess.Popen(
-            _child_command(settings, config_path),
-            cwd=settings.child.output_dir,
-            env=env,
-            stdout=out,
-            stderr=err,
+            command, cwd=settings.child.output_dir, env=env, stdout=out, stderr=err,
             start_new_session=True,  # its own process group: signals reach the whole tree
+            preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
         )
     killed = False
     try:
         while proc.poll() is None:
             now = time.time()
-            if settings.stop_at is not None and now >= settings.stop_at - settings.grace_s:
-                stop.request(settings.stop_reason)
+            clock.update(now)
+            if now >= clock.stop_at - settings.grace_s:
+                stop.request(clock.reason)
             if cancel.cancelled():
                 stop.request("cancelled")
             if stop.reason and stop.warned_at is None:
+                if stop.reason == "signal" and cancel.cancelled(force=True):
+                    stop.reason = "cancelled"  # a worker's SIGTERM after a cancel
                 stop.warned_at = now
+                stop.hard_at = min(clock.stop_at, now + settings.grace_s) if stop.reason in ("time_limit", "deadline") else now + settings.grace_s
                 _signal_group(proc, signal.SIGTERM)
-            hard = settings.stop_at if stop.reason in ("time_limit", "deadline") else None
-            if stop.warned_at is not None:
-                hard = min(hard or float("inf"), stop.warned_at + settings.grace_s)
-            if hard is not None and now >= hard:
+            if stop.hard_at is not None and now >= stop.hard_at:
                 _signal_group(proc, signal.SIGKILL)
                 killed = True
                 proc.wait()
@@ -229,27 +213,28 @@ def supervise(settings: RunSettings) -> RunOutcome:
     run_s = time.time() - started
     _signal_group(proc, signal.SIGKILL)  # leftovers of the child's process group
     progress.poll(final=True)
-    latest = uploader.finish()
-    code = proc.returncode
-    tail = _tail(stderr_path)
+    cancelled = stop.reason == "cancelled"
+    latest = uploader.finish(inline=cancelled)
+    outcome = _outcome(proc.returncode, stop, killed, run_s, _tail(stderr_path))
+    outcome.checkpoint, outcome.uploads = latest, uploader.done
+    if uploader.failures:
+        outcome.message = "; ".join(filter(None, [outcome.message, "checkpoint upload failed: " + uploader.failures[-1]]))
+    if cancelled:
+        outcome.manifest = deliver(settings.target, outcome)
+    return outcome
+
+
+def _outcome(code: int, stop: _Stop, killed: bool, run_s: float, tail: str) -> RunOutcome:
     if stop.reason:
-        reason, message = stop.reason, f"stopped early ({stop.reason})" + ("; killed after the grace period" if killed else "")
+        reason = stop.reason
+        message = f"stopped early ({reason})" + ("; killed after the grace period" if killed else "")
     elif code == 0:
         reason, message = "finished", ""
+    elif code == -signal.SIGKILL:
+        reason, message = "crashed", "work process killed by SIGKILL (out of memory, or killed outside E31)"
     else:
         reason, message = "error", f"work exited with code {code}"
-    if uploader.failures:
-        message = "; ".join(filter(None, [message, "checkpoint upload failed: " + uploader.failures[-1]]))
-    return RunOutcome(
-        reason=reason,
-        exit_code=code,
-        run_s=run_s,
-        checkpoint=latest,
-        killed=killed,
-        message=message,
-        stderr_tail=tail,
-        uploads=uploader.done,
-    )
+    return RunOutcome(reason=reason, exit_code=code, run_s=run_s, killed=killed, message=message, stderr_tail=tail)
 
 
 def _install_signal_handlers(stop: _Stop):

@@ -1,0 +1,42 @@
+"""How a run ended: shared by the run and return tasks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.checkpoint import DurableCheckpoint
+
+
+@dataclass
+class RunOutcome:
+    """How the run ended.
+
+    ``reason``: ``finished`` | ``time_limit`` | ``deadline`` | ``cancelled`` |
+    ``signal`` | ``crashed`` | ``error``.  ``exit_code`` is the child's
+    (negative: killed by that signal).  ``checkpoint`` is the newest durable
+    checkpoint.  ``run_s`` is the wall time in seconds from child start to
+    exit.  ``manifest`` is set when the run task already returned the output
+    itself (after a cancel, when Prefect starts no new task).
+    """
+
+    reason: str
+    exit_code: int | None
+    run_s: float
+    checkpoint: DurableCheckpoint | None = None
+    killed: bool = False
+    message: str = ""
+    stderr_tail: str = ""
+    uploads: list[DurableCheckpoint] = field(default_factory=list)
+    manifest: dict[str, Any] | None = None
+
+
+class ChildLost(RuntimeError):
+    """The child was killed by SIGKILL that E31 did not send (the OOM killer,
+    an operator, a lost node): the run may be retried from the newest
+    checkpoint.  ``outcome`` describes the lost attempt."""
+
+    def __init__(self, outcome: RunOutcome):
+        self.outcome = outcome
+        super().__init__(f"work process lost (exit code {outcome.exit_code}); last durable checkpoint: "
+                         f"{outcome.checkpoint.step if outcome.checkpoint else 'none'}")

@@ -1,0 +1,79 @@
+"""Make the work's local checkpoints durable while it keeps working.
+
+The supervisor calls :meth:`Uploader.poll` in its loop: the newest committed
+local checkpoint is handed to the ``checkpoint`` task (one upload in flight;
+intermediate checkpoints are skipped when the store is slower than the
+work, since only the newest is needed to resume).  Once a cancel is seen,
+Prefect starts no new task in the flow run, so :meth:`finish` can upload
+inline instead.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tasks.checkpoint import DurableCheckpoint, checkpoint_task, latest_durable, upload
+from tasks.checkpoints import committed
+
+
+class Uploader:
+    """Uploads checkpoints from ``local_root`` to ``durable_root`` keeping
+    ``keep`` of them on both sides."""
+
+    def __init__(self, local_root: Path, durable_root: str, keep: int):
+        self.root, self.durable_root, self.keep = Path(local_root), durable_root, keep
+        self.done: list[DurableCheckpoint] = []
+        self.failures: list[str] = []
+        self._future = None
+        self._submitted: set[int] = set()
+
+    def poll(self) -> None:
+        """Collect a finished upload and start the next one (as a task)."""
+        if self._future is not None:
+            if not self._future.state.is_final():
+                return
+            self._collect()
+        newest = committed(self.root)
+        if newest and newest[-1].step not in self._submitted:
+            ckpt = newest[-1]
+            self._submitted.add(ckpt.step)
+            self._future = checkpoint_task.with_options(task_run_name=f"checkpoint-step-{ckpt.step}").submit(
+                ckpt.path, self.durable_root, self.keep
+            )
+
+    def _collect(self) -> None:
+        try:
+            self._record(self._future.result())
+        except Exception as exc:  # upload failed after its retries: keep going, report it
+            self.failures.append(str(exc))
+        self._future = None
+
+    def _record(self, done: DurableCheckpoint) -> None:
+        self.done.append(done)
+        local = [c for c in committed(self.root) if c.step <= done.step]
+        for ckpt in local[: max(0, len(local) - self.keep)]:
+            shutil.rmtree(ckpt.path, ignore_errors=True)
+
+    def finish(self, inline: bool = False) -> DurableCheckpoint | None:
+        """Wait for the upload in flight, upload the newest local checkpoint
+        if it is not durable yet (``inline``: without starting a task), and
+        return the newest durable checkpoint."""
+        if self._future is not None:
+            self._future.wait()
+            self._collect()
+        newest = committed(self.root)
+        if newest and newest[-1].step not in self._submitted:
+            ckpt = newest[-1]
+            self._submitted.add(ckpt.step)
+            try:
+                if inline:
+                    self._record(upload(ckpt.path, self.durable_root, self.keep))
+                else:
+                    future = checkpoint_task.with_options(task_run_name=f"checkpoint-step-{ckpt.step}").submit(
+                        ckpt.path, self.durable_root, self.keep
+                    )
+                    self._record(future.result())
+            except Exception as exc:
+                self.failures.append(str(exc))
+        return self.done[-1] if self.done else latest_durable(self.durable_root)
