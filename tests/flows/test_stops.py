@@ -1,0 +1,204 @@
+"""Every way a run can end early returns the latest result (issue: time
+limit, deadline, signals, crashes, kills, retries).  Real child processes,
+real signals, the real Prefect engine against a real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from flows.job import JobFailed, run_job
+from specs import parse_spec
+from tasks.checkpoints import MARKER, STATE_FILE, load_state
+
+HERE = Path(__file__).resolve().parent
+
+
+def _spec(tmp_path: Path, name: str, limit: str = "60s", grace: str = "2s", **params) -> dict:
+    return {
+        "name": name,
+        "work": {"kind": "simulation", "entrypoint": "stopwork:steps", "params": params},
+        "request": {"limit": limit, "grace": grace},
+        "output": {"kind": "results", "url": str(tmp_path / "out"), "files": ["done.txt"]},
+    }
+
+
+def _durable_steps(out: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*") if (p / MARKER).is_file())
+
+
+def _assert_returned_checkpoint(out: Path, manifest: dict) -> None:
+    """The manifest's checkpoint is the newest durable one and holds its step."""
+    steps = _durable_steps(out)
+    assert steps and manifest["step"] == steps[-1]
+    assert manifest["checkpoint"] == str(out / "checkpoints" / f"step-{steps[-1]}")
+    state = load_state(out / "checkpoints" / f"step-{steps[-1]}" / STATE_FILE)
+    assert int(state["step"]) == manifest["step"]
+    assert torch.equal(state["w"], torch.full((256,), float(manifest["step"])))
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie still answers kill(0); it is gone once reaped or defunct
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().split()[2] == "Z"
+
+
+def test_time_limit_warns_then_returns_the_final_checkpoint(prefect_api, scratch, tmp_path):
+    spec = parse_spec(_spec(tmp_path, "limit-coop", limit="6s", grace="2s", every=5, step_s=0.1))
+    manifest = run_job(spec, code_dir=str(HERE))
+    assert (manifest["status"], manifest["reason"]) == ("partial", "time_limit")
+    assert manifest["message"] == "stopped early (time_limit)"  # saved and returned within the grace period
+    # checkpoints every 5 steps, plus the one the work saved when warned: that one came back
+    assert manifest["step"] == int((tmp_path / "out" / "stopped_at.txt").read_text())
+    _assert_returned_checkpoint(tmp_path / "out", manifest)
+    assert 4.0 <= manifest["timings"]["run_s"] <= 6.5
+    assert [f["path"] for f in manifest["files"]] == ["pid.txt", "resumed_from.txt", "stopped_at.txt"]
+
+
+@pytest.mark.parametrize("how", ["ignore_stop", "block_after"])
+def test_time_limit_kills_work_that_ignores_the_warning(prefect_api, scratch, tmp_path, how):
+    params = {"ignore_stop": True, "n": 3, "step_s": 0.1} if how == "ignore_stop" else {"block_after": 3, "step_s": 0.1}
+    if how == "ignore_stop":
+        params.update(n=10_000)  # keeps stepping, never looks at should_stop
+    spec = parse_spec(_spec(tmp_path, f"limit-{how.replace('_', '-')}", limit="6s", grace="2s", **params))
+    manifest = run_job(spec, code_dir=str(HERE))
+    assert (manifest["status"], manifest["reason"]) == ("partial", "time_limit")
+    assert manifest["message"] == "stopped early (time_limit); killed after the grace period"
+    assert manifest["exit_code"] == -signal.SIGKILL
+    _assert_returned_checkpoint(tmp_path / "out", manifest)
+    if how == "block_after":
+        assert manifest["step"] == 3  # blocked in time.sleep(3600) after step 3, stopped on time anyway
+    assert 5.5 <= manifest["timings"]["run_s"] <= 7.0
+    assert _pid_gone(int((tmp_path / "out" / "pid.txt").read_text()))
+
+
+def test_deadline_stops_before_it_with_the_return_reserve(prefect_api, scratch, tmp_path, monkeypatch):
+    monkeypatch.setenv("E31_RETURN_RESERVE_S", "3")
+    deadline = datetime.now(timezone.utc) + timedelta(seconds=16)
+    raw = _spec(tmp_path, "deadline", limit="10m", grace="2s", step_s=0.1)
+    raw["request"]["deadline"] = deadline.isoformat()
+    manifest = run_job(parse_spec(raw), code_dir=str(HERE))
+    assert (manifest["status"], manifest["reason"]) == ("partial", "deadline")
+    _assert_returned_checkpoint(tmp_path / "out", manifest)
+    arrived = datetime.fromtimestamp((tmp_path / "out" / "manifest.json").stat().st_mtime, timezone.utc)
+    assert deadline - timedelta(seconds=6) <= arrived <= deadline - timedelta(seconds=2)
+
+
+@pytest.mark.parametrize("crash, code", [("exit", 1), ("segfault", -signal.SIGSEGV), ("raise", 1)])
+def test_crashed_work_fails_with_exit_code_and_returns_checkpoint(prefect_api, scratch, tmp_path, crash, code):
+    spec = parse_spec(_spec(tmp_path, f"crash-{crash}", crash_after=3, crash=crash, step_s=0.05))
+    with pytest.raises(JobFailed) as err:
+        run_job(spec, code_dir=str(HERE))
+    manifest = err.value.manifest
+    assert (manifest["status"], manifest["reason"], manifest["exit_code"]) == ("failed", "error", code)
+    assert manifest["message"] == f"work exited with code {code}"
+    assert manifest["step"] == 3
+    _assert_returned_checkpoint(tmp_path / "out", manifest)
+    if crash == "raise":
+        assert manifest["stderr_tail"].endswith("RuntimeError: work raised on purpose")
+
+
+def test_out_of_memory_kill_without_retries_fails_with_checkpoint(prefect_api, scratch, tmp_path):
+    spec = parse_spec(_spec(tmp_path, "oom", crash_after=3, crash="sigkill", step_s=0.05))
+    with pytest.raises(JobFailed) as err:
+        run_job(spec, code_dir=str(HERE))
+    manifest = err.value.manifest
+    assert (manifest["status"], manifest["reason"], manifest["exit_code"]) == ("failed", "error", -signal.SIGKILL)
+    assert manifest["message"] == "work process killed by SIGKILL (out of memory, or killed outside E31)"
+    _assert_returned_checkpoint(tmp_path / "out", manifest)
+    assert manifest["step"] == 3
+
+
+def test_lost_process_is_retried_and_resumes_from_newest_checkpoint(prefect_api, scratch, tmp_path):
+    raw = _spec(tmp_path, "retried", crash_after=4, crash="sigkill", step_s=0.05, n=8)
+    raw["request"]["retries"] = 1
+    manifest = run_job(parse_spec(raw), code_dir=str(HERE))
+    assert (manifest["status"], manifest["reason"], manifest["step"]) == ("completed", "finished", 8)
+    assert (tmp_path / "out" / "resumed_from.txt").read_text() == "4"
+
+
+def test_work_exception_is_not_retried(prefect_api, scratch, tmp_path):
+    raw = _spec(tmp_path, "not-retried", crash_after=2, crash="raise", step_s=0.05, n=5)
+    raw["request"]["retries"] = 2
+    with pytest.raises(JobFailed):
+        run_job(parse_spec(raw), code_dir=str(HERE))
+    assert (tmp_path / "out" / "resumed_from.txt").read_text() == "0"  # ran once, from scratch
+
+
+def _start_cli(tmp_path: Path, spec: dict, *extra: str) -> subprocess.Popen:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    shutil_e31 = str(Path(sys.executable).with_name("e31"))
+    return subprocess.Popen(
+        [shutil_e31, "run", str(path), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(HERE)},
+    )
+
+
+def _wait_for(predicate, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_the_flow_process_returns_partial(prefect_api, scratch, tmp_path, sig):
+    out = tmp_path / "out"
+    proc = _start_cli(tmp_path, _spec(tmp_path, f"signal-{sig.name.lower()}", step_s=0.1))
+    _wait_for(lambda: len(_durable_steps(out)) >= 1)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 3, stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["status"], manifest["reason"]) == ("partial", "signal")
+    _assert_returned_checkpoint(out, manifest)
+    assert f"partial (signal): signal-{sig.name.lower()} -> {out}" in stdout
+    assert "Traceback" not in stderr
+    assert _pid_gone(int((out / "pid.txt").read_text()))
+
+
+def test_killed_flow_process_resumes_on_the_next_attempt(prefect_api, scratch, tmp_path):
+    out = tmp_path / "out"
+    raw = _spec(tmp_path, "flow-killed", step_s=0.1, n=40)
+    proc = _start_cli(tmp_path, raw)
+    _wait_for(lambda: len(_durable_steps(out)) >= 1 and max(_durable_steps(out)) >= 3)
+    proc.kill()  # SIGKILL: no code of the flow process runs
+    proc.communicate(timeout=30)
+    child = int((out / "pid.txt").read_text()) if (out / "pid.txt").exists() else None
+    _wait_for(lambda: child is None or _pid_gone(child), timeout=10)  # the child died with its supervisor
+    assert not (out / "manifest.json").exists()
+    newest = max(_durable_steps(out))
+
+    # An attempt that can no longer run returns the newest checkpoint as partial, reason crashed.
+    too_late = _start_cli(tmp_path, raw, "--set", "request.limit=1s", "--set", "request.grace=1s")
+    stdout, stderr = too_late.communicate(timeout=120)
+    assert too_late.returncode == 3, stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["status"], manifest["reason"]) == ("partial", "crashed")
+    assert manifest["step"] >= newest
+    _assert_returned_checkpoint(out, manifest)
+
+    # The next attempt with time to run resumes from the newest valid checkpoint and completes.
+    again = _start_cli(tmp_path, raw)
+    stdout, stderr = again.communicate(timeout=120)
+    assert again.returncode == 0, stderr
+    resumed = int((tmp_path / "out" / "resumed_from.txt").read_text())
+    assert resumed >= newest
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["status"], manifest["step"]) == ("completed", 40)
