@@ -1,0 +1,79 @@
+"""Cancelling a job through the Prefect API while it runs from a deployment
+on a real Prefect server, picked up by a real process worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from flows.job import run_job
+from tests.flows.test_stops import _assert_returned_checkpoint, _durable_steps, _pid_gone, _spec, _wait_for
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+PREFECT = [sys.executable, "-m", "prefect"]
+
+
+@pytest.fixture
+def process_worker(prefect_api, tmp_path):
+    """A work pool of type process and one worker polling it every second."""
+    pool = f"e31-cancel-{uuid.uuid4().hex[:6]}"
+    subprocess.run([*PREFECT, "work-pool", "create", pool, "--type", "process"], check=True, capture_output=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]), "PREFECT_WORKER_QUERY_SECONDS": "1",
+           "E31_SCRATCH": str(tmp_path / "worker-scratch")}
+    log = open(tmp_path / "worker.log", "wb")
+    worker = subprocess.Popen([*PREFECT, "worker", "start", "--pool", pool], env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    yield pool
+    os.killpg(worker.pid, signal.SIGTERM)
+    try:
+        worker.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+    log.close()
+
+
+def test_cancel_from_the_api_returns_partial_and_stops_the_child(process_worker, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.deployments import run_deployment
+
+    out = tmp_path / "out"
+    run_job.from_source(source=str(REPO), entrypoint="flows/job.py:run_job").deploy(
+        name="cancel-test", work_pool_name=process_worker, build=False, push=False, print_next_steps=False
+    )
+    spec = _spec(tmp_path, "cancelled-job", limit="10m", grace="3s", step_s=0.1)
+    flow_run = run_deployment("e31-job/cancel-test", parameters={"spec": spec, "code_dir": str(HERE)}, timeout=0)
+    _wait_for(lambda: len(_durable_steps(out)) >= 2, timeout=120)
+    cancelled_at = datetime.now(timezone.utc)
+    subprocess.run([*PREFECT, "flow-run", "cancel", str(flow_run.id)], check=True, capture_output=True)
+    _wait_for(lambda: (out / "manifest.json").exists(), timeout=60)
+    returned_at = datetime.now(timezone.utc)
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["status"], manifest["reason"]) == ("partial", "cancelled")
+    assert manifest["run_id"] == str(flow_run.id)
+    _assert_returned_checkpoint(out, manifest)
+    assert (returned_at - cancelled_at).total_seconds() < 3 + 2 + 5  # cancel poll + grace + return
+    child = int((out / "pid.txt").read_text())
+    _wait_for(lambda: _pid_gone(child), timeout=5)
+
+    with get_client(sync_client=True) as client:
+        _wait_for(lambda: client.read_flow_run(flow_run.id).state.is_final(), timeout=60)
+        assert client.read_flow_run(flow_run.id).state.type.value == "CANCELLED"
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+    names = sorted(t.name for t in task_runs)
+    assert "return" not in names  # no task starts after the cancel: the run task returned the output itself
+    assert "run" in names and "stage" not in " ".join(names)  # no inputs declared
+    for t in task_runs:
+        # the cancel is seen within one 2 s poll; checkpoint tasks may start until then
+        assert t.start_time is None or t.start_time <= cancelled_at + timedelta(seconds=3)
