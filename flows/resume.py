@@ -42,6 +42,8 @@ def prepare_scratch(plan: Plan) -> Resume:
     run starts (see the module docstring)."""
     for folder in (plan.data_dir, plan.output_dir, plan.checkpoint_dir, plan.run_dir):
         folder.mkdir(parents=True, exist_ok=True)
+    for leftover in plan.checkpoint_dir.glob(".tmp-*"):  # writes torn by a kill
+        shutil.rmtree(leftover, ignore_errors=True)
     attempt = plan.run_dir / ATTEMPT_FILE
     crashed = _read_state(attempt) == "running"
     attempt.write_text(json.dumps({"state": "running", "pid": os.getpid(), "started": time.time()}))

@@ -1,0 +1,43 @@
+"""The return step: files verified, manifest last, completed never downgraded."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from tasks.deliver import ReturnTarget, deliver
+from tasks.outcome import RunOutcome
+
+
+def _target(tmp_path, run_id="run-1") -> ReturnTarget:
+    return ReturnTarget(job="j", run_id=run_id, output_dir=str(tmp_path / "scratch-out"), output_url=str(tmp_path / "dest"),
+                        declared=["a.txt"], gpus=0, cpus=2, spec_sha256="s")
+
+
+def test_deliver_copies_nested_files_and_writes_manifest_last(tmp_path):
+    src = tmp_path / "scratch-out"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.txt").write_bytes(b"alpha")
+    (src / "sub" / "b.bin").write_bytes(b"\x00\x01")
+    manifest = deliver(_target(tmp_path), RunOutcome(reason="finished", exit_code=0, run_s=2.0))
+    assert manifest["status"] == "completed"
+    assert manifest["files"] == [
+        {"path": "a.txt", "bytes": 5, "sha256": hashlib.sha256(b"alpha").hexdigest()},
+        {"path": "sub/b.bin", "bytes": 2, "sha256": hashlib.sha256(b"\x00\x01").hexdigest()},
+    ]
+    assert manifest["meter"] == {"gpu_seconds": 0.0, "cpu_seconds": 4.0}
+    assert (tmp_path / "dest" / "sub" / "b.bin").read_bytes() == b"\x00\x01"
+    assert json.loads((tmp_path / "dest" / "manifest.json").read_text()) == manifest
+    assert sorted(p.name for p in (tmp_path / "dest").iterdir()) == ["a.txt", "manifest.json", "sub"]  # no temp files
+
+
+def test_completed_run_is_never_downgraded(tmp_path):
+    (tmp_path / "scratch-out").mkdir()
+    (tmp_path / "scratch-out" / "a.txt").write_text("x")
+    first = deliver(_target(tmp_path), RunOutcome(reason="finished", exit_code=0, run_s=1.0))
+    late = deliver(_target(tmp_path), RunOutcome(reason="signal", exit_code=0, run_s=1.0))  # a signal after completion
+    assert late == first and late["status"] == "completed"
+    assert json.loads((tmp_path / "dest" / "manifest.json").read_text())["status"] == "completed"
+    # a new run of the same job does replace it
+    newer = deliver(_target(tmp_path, run_id="run-2"), RunOutcome(reason="time_limit", exit_code=0, run_s=1.0))
+    assert (newer["run_id"], newer["status"]) == ("run-2", "partial")
