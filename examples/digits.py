@@ -10,8 +10,9 @@ Entry point ``examples.digits:train`` (see
 tests of early stops; 0).
 
 Writes ``model.pt`` (the ``state_dict``, loadable with
-``torch.load(weights_only=True)``) and ``metrics.json`` (held-out accuracy
-and loss).  Commits a checkpoint at the end of each epoch the policy asks
+``torch.load(weights_only=True)``) and ``metrics.json`` (held-out
+``accuracy`` and ``loss``, row counts, and ``train_s``: seconds spent in the
+training loop of this attempt).  Commits a checkpoint at the end of each epoch the policy asks
 for, with step = epochs done; resumes from the newest one.
 """
 
@@ -94,6 +95,7 @@ def train(ctx) -> dict[str, float] | None:
         torch.set_rng_state(state["rng_cpu"])
 
     batch = int(p["batch_size"])
+    started = time.perf_counter()
     for epoch in range(start_epoch, epochs):
         # The order of epoch e depends only on (seed, e): a resumed run sees the same batches.
         order = torch.randperm(len(y_train), generator=torch.Generator().manual_seed(int(p["seed"]) * 100_003 + epoch))
@@ -123,7 +125,8 @@ def train(ctx) -> dict[str, float] | None:
             return None
 
     metrics = evaluate(model, x_test, y_test)
-    metrics.update({"epochs": epochs, "train_rows": int(len(y_train)), "heldout_rows": int(len(y_test))})
+    metrics.update({"epochs": epochs, "train_rows": int(len(y_train)), "heldout_rows": int(len(y_test)),
+                    "train_s": round(time.perf_counter() - started, 4)})
     torch.save({k: v.cpu() for k, v in model.state_dict().items()}, ctx.output_dir / "model.pt")
     (ctx.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
     return metrics

@@ -55,6 +55,7 @@ def _child_config(spec: JobSpec, plan: Plan, staged: dict[str, str], code_dir: s
         code_dirs=[code_dir] if code_dir else [],
         checkpoint_every_s=plan.checkpoint_every_s,
         checkpoint_every_steps=plan.checkpoint_every_steps,
+        supervised=True,
     )
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from flows.compile import Plan
 from tasks import storage
 from tasks.checkpoint import latest_durable
-from tasks.checkpoints import latest_valid, step_dir_name
+from tasks.checkpoints import commit_pending, discard_torn, latest_valid, step_dir_name
 from tasks.deliver import existing_manifest
 
 WORK_HASH_FILE = "work.sha256"
@@ -42,8 +42,8 @@ def prepare_scratch(plan: Plan) -> Resume:
     run starts (see the module docstring)."""
     for folder in (plan.data_dir, plan.output_dir, plan.checkpoint_dir, plan.run_dir):
         folder.mkdir(parents=True, exist_ok=True)
-    for leftover in plan.checkpoint_dir.glob(".tmp-*"):  # writes torn by a kill
-        shutil.rmtree(leftover, ignore_errors=True)
+    commit_pending(plan.checkpoint_dir)  # written whole by a work whose supervisor died too
+    discard_torn(plan.checkpoint_dir)
     attempt = plan.run_dir / ATTEMPT_FILE
     crashed = _read_state(attempt) == "running"
     attempt.write_text(json.dumps({"state": "running", "pid": os.getpid(), "started": time.time()}))

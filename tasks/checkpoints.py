@@ -6,16 +6,23 @@ last, a marker file ``COMMITTED`` (JSON: ``{"step": N, "files": {name:
 {"bytes": int, "sha256": hex}}}``).  A folder without its marker, or whose
 files do not match the marker's hashes, is not a checkpoint and is ignored.
 
-Writes are atomic: the files go to a temporary folder, are fsynced, the
-folder is renamed to ``step-<N>``, and then the marker is written under a
-temporary name, fsynced and renamed.  States are saved with ``torch.save`` and
-read back with ``torch.load(weights_only=True)`` only: tensors and plain
-values (dicts, lists, numbers, strings).
+Writes are atomic and split in two so the work pays only for serialising:
+1. :func:`write_state` (the work's process): ``torch.save`` into
+   ``step-<N>/``, then a ``PENDING`` note of the files' sizes, written only
+   once every byte is.  No fsync and no hashing here.
+2. :func:`commit` (the supervisor's process, or inline without one): check
+   the sizes, fsync the files and folders, hash them, then write the
+   ``COMMITTED`` marker (sha256 of each file) under a temporary name, fsync
+   it and rename it into place.
+A folder without ``COMMITTED`` never counts.  A kill at any moment leaves a
+folder without its note (removed at the next start), a noted folder
+(committed by the supervisor, which outlives the work), or a whole
+checkpoint.  States are saved with ``torch.save`` and read back
+with ``torch.load(weights_only=True)`` only: tensors and plain values.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -28,6 +35,7 @@ from typing import Any
 from tasks.storage import sha256_file
 
 MARKER = "COMMITTED"
+PENDING = "PENDING"
 STATE_FILE = "state.pt"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -70,10 +78,10 @@ def _fsync_file(path: Path) -> None:
 
 def describe_files(folder: Path) -> dict[str, dict[str, Any]]:
     """``{relative name: {"bytes": int, "sha256": hex}}`` for each file in
-    ``folder`` except the marker."""
+    ``folder`` except the marker and the pending note."""
     out: dict[str, dict[str, Any]] = {}
     for path in sorted(folder.rglob("*")):
-        if path.is_file() and path.name != MARKER:
+        if path.is_file() and path.name not in (MARKER, PENDING):
             rel = path.relative_to(folder).as_posix()
             out[rel] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
     return out
@@ -92,51 +100,99 @@ def write_marker(folder: Path, step: int, files: dict[str, dict[str, Any]] | Non
     return marker
 
 
-def save_state(root: Path, state: dict[str, Any], step: int) -> LocalCheckpoint:
-    """Atomically commit ``state`` as the checkpoint for ``step`` under ``root``.
+def write_state(root: Path, state: dict[str, Any], step: int) -> Path:
+    """Write ``state`` as the uncommitted checkpoint folder ``root/step-<N>``
+    (step 1 above); returns the folder.
 
     ``state`` must hold tensors and plain values only (see :func:`snapshot`);
     anything else is refused with :class:`CheckpointError` before a file is
-    written.  The state file is hashed while it is written (no second read).
-    An existing checkpoint of the same step is replaced.
+    written.  An existing folder of the same step is replaced.
     """
     import torch
 
     snapshot(state, copy=False)  # refuse what weights_only loading could not read
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    final = root / step_dir_name(step)
+    if final.exists():
+        shutil.rmtree(final)
+    final.mkdir(parents=True)
+    with open(final / STATE_FILE, "wb") as fh:
+        torch.save(state, fh)
+        size = fh.tell()
+    # The note is written only once every byte of the state is: it marks the folder whole.
+    note = final / f".{PENDING}"
+    note.write_text(json.dumps({"step": int(step), "files": {STATE_FILE: {"bytes": size}}}))
+    os.replace(note, final / PENDING)
+    return final
+
+
+def commit(folder: Path) -> dict[str, Any] | None:
+    """Make an uncommitted ``step-<N>`` folder durable and write its marker
+    (step 2 above); returns the marker, or None when ``folder`` is not a
+    whole written checkpoint (no ``PENDING`` note, or files whose size
+    differs from it: such a folder is removed)."""
+    if (folder / MARKER).is_file():
+        return verify(folder)
     try:
-        target = tmp / STATE_FILE
-        with open(target, "wb") as raw:
-            sink = _HashingWriter(raw)
-            torch.save(state, sink)
-            raw.flush()
-            os.fsync(raw.fileno())
-        final = root / step_dir_name(step)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-        write_marker(final, step, {STATE_FILE: {"bytes": sink.size, "sha256": sink.digest.hexdigest()}})
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return LocalCheckpoint(final, int(step))
+        pending = json.loads((folder / PENDING).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):  # unreadable note: not a whole checkpoint
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+    files = {}
+    for name, meta in pending["files"].items():
+        path = folder / name
+        if not path.is_file() or path.stat().st_size != meta["bytes"]:
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        _fsync_file(path)
+        files[name] = {"bytes": meta["bytes"], "sha256": sha256_file(path)}
+    _fsync_dir(folder)
+    _fsync_dir(folder.parent)
+    return write_marker(folder, pending["step"], files)
 
 
-class _HashingWriter:
-    """A write-only file wrapper that counts and sha256-hashes what passes."""
+def commit_pending(root: Path, newest_only: bool = False) -> list[int]:
+    """Commit the written-but-uncommitted checkpoints under ``root``; returns
+    the committed steps.  ``newest_only``: commit only the newest and delete
+    the older uncommitted ones (only the newest is needed to resume, and each
+    commit's fsync slows the work's own writes)."""
+    pending = []
+    if root.is_dir():
+        for child in root.iterdir():
+            step = parse_step(child.name)
+            if step is not None and (child / PENDING).is_file() and not (child / MARKER).exists():
+                pending.append((step, child))
+    pending.sort()
+    if newest_only and len(pending) > 1:
+        for _, stale in pending[:-1]:
+            shutil.rmtree(stale, ignore_errors=True)
+        pending = pending[-1:]
+    return [step for step, child in pending if commit(child) is not None]
 
-    def __init__(self, raw):
-        self.raw, self.size, self.digest = raw, 0, hashlib.sha256()
 
-    def write(self, data) -> int:
-        self.digest.update(data)
-        self.size += len(data)
-        return self.raw.write(data)
+def discard_torn(root: Path) -> list[str]:
+    """Remove folders under ``root`` that a kill left half-written (a
+    ``step-<N>`` with neither note nor marker, or a temporary name); returns
+    their names.  Call only while no work is writing there."""
+    gone = []
+    if root.is_dir():
+        for child in root.iterdir():
+            half = parse_step(child.name) is not None and not (child / MARKER).exists() and not (child / PENDING).exists()
+            if half or child.name.startswith(".tmp-"):
+                shutil.rmtree(child, ignore_errors=True)
+                gone.append(child.name)
+    return sorted(gone)
 
-    def flush(self) -> None:
-        self.raw.flush()
+
+def save_state(root: Path, state: dict[str, Any], step: int) -> LocalCheckpoint:
+    """:func:`write_state` then :func:`commit` in this process: a whole,
+    durable checkpoint on return.  Raises :class:`CheckpointError` for a state
+    that is not tensors and plain values."""
+    folder = write_state(root, state, step)
+    if commit(folder) is None:
+        raise CheckpointError(f"{folder}: checkpoint could not be committed")
+    return LocalCheckpoint(folder, int(step))
 
 
 _PLAIN = (bool, int, float, complex, str, bytes, type(None))

@@ -56,21 +56,8 @@ def main(argv: list[str]) -> int:
         func(ctx)
     except Exception:
         traceback.print_exc()
-        _flush_quietly(ctx)  # commit a checkpoint handed over before the error
-        return EXIT_WORK_RAISED
-    try:
-        ctx.flush()
-    except Exception:
-        traceback.print_exc()
         return EXIT_WORK_RAISED
     return 0
-
-
-def _flush_quietly(ctx: WorkContext) -> None:
-    try:
-        ctx.flush()
-    except Exception:
-        traceback.print_exc()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import os
 import signal
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ class ChildConfig:
     """Everything the child process needs, serialisable to JSON.
 
     Paths are local and absolute.  ``checkpoint_every_s`` is in seconds.
+    ``supervised``: a supervisor process commits the work's checkpoints.
     """
 
     entrypoint: str | None
@@ -42,6 +42,7 @@ class ChildConfig:
     code_dirs: list[str] = field(default_factory=list)
     checkpoint_every_s: float | None = None
     checkpoint_every_steps: int | None = None
+    supervised: bool = False
 
     def write(self, path: Path) -> None:
         """Write this config as JSON to ``path``."""
@@ -100,8 +101,7 @@ class WorkContext:
         self._stop = False
         self._last_checkpoint_time = time.monotonic()
         self._last_checkpoint_step: int | None = None
-        self._writer: ThreadPoolExecutor | None = None
-        self._pending: Future | None = None
+        self._last_folder: Path | None = None
         self.output_dir.mkdir(parents=True, exist_ok=True)
 
     @classmethod
@@ -113,6 +113,7 @@ class WorkContext:
         checkpoint_dir: str | Path | None = None,
         device: str = "cpu",
         cpus: int = 1,
+        checkpoint_every_steps: int | None = None,
     ) -> "WorkContext":
         """A context for calling a work function as plain Python, without a
         queue (to try work locally, in tests, and as the benchmark baseline).
@@ -124,6 +125,7 @@ class WorkContext:
             data={k: str(v) for k, v in data.items()}, output_dir=str(output_dir),
             checkpoint_dir=str(ckpt), progress_file=str(ckpt.parent / ".progress.json"),
             device=device, cpus=cpus, gpus=1 if device.startswith("cuda") else 0,
+            checkpoint_every_steps=checkpoint_every_steps,
         )
         return cls(cfg)
 
@@ -155,30 +157,36 @@ class WorkContext:
         return state, latest.step
 
     def checkpoint(self, state: dict[str, Any], step: int, wait: bool = False) -> None:
-        """Commit ``state`` (tensors and plain values) as the checkpoint of
-        ``step``.  The state is copied (tensors to CPU) at once and written
-        atomically by a background thread while the work continues; the
-        supervisor then uploads it.  One write is in flight at a time: a
-        second call first waits for the previous write.  ``wait=True`` returns
-        only once this checkpoint is committed.  Raises ``CheckpointError`` for
-        a state not loadable with ``weights_only=True`` (or an earlier write's
-        error)."""
-        copy = checkpoints.snapshot(state)
-        self.flush()
-        if self._writer is None:
-            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="e31-checkpoint")
-        self._pending = self._writer.submit(checkpoints.save_state, self._checkpoint_dir, copy, int(step))
+        """Save ``state`` (tensors and plain values) as the checkpoint of
+        ``step`` and go on working.
+
+        The work's process only serialises and writes it (hashing on the way,
+        no fsync); the supervisor -- another process, so training does not
+        wait on the disk -- makes it durable, commits it and uploads it.
+        Without a supervisor (:meth:`local`) it is committed here.
+        ``wait=True`` returns only once it is committed.  Raises
+        ``CheckpointError`` for a state not loadable with ``weights_only=True``.
+        """
+        folder = checkpoints.write_state(self._checkpoint_dir, state, int(step))
+        if not self._cfg.supervised:
+            checkpoints.commit(folder)
+        self._last_folder = folder
         self._last_checkpoint_time = time.monotonic()
         self._last_checkpoint_step = int(step)
         if wait:
             self.flush()
 
-    def flush(self) -> None:
-        """Wait until the last checkpoint handed to :meth:`checkpoint` is
-        committed; re-raises its write error."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
+    def flush(self, timeout_s: float = 60.0) -> None:
+        """Wait (at most ``timeout_s`` seconds) until the last checkpoint is
+        committed; raises ``CheckpointError`` when it is not."""
+        folder = self._last_folder
+        if folder is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while not (folder / checkpoints.MARKER).is_file():
+            if time.monotonic() > deadline or not folder.is_dir():
+                raise checkpoints.CheckpointError(f"{folder}: not committed within {timeout_s:g} s")
+            time.sleep(0.02)
 
     @staticmethod
     def rng_state() -> dict[str, Any]:

@@ -92,6 +92,7 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
         spec_sha256=req.spec_sha256,
         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         stderr_tail=out.stderr_tail,
+        stop_requested_at=out.stop_requested_at,
     )
     storage.write_bytes(storage.join(req.output_url, MANIFEST), json.dumps(manifest, indent=2).encode())
     return manifest

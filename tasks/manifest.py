@@ -51,11 +51,13 @@ def build_manifest(
     spec_sha256: str,
     finished_at: str,
     stderr_tail: str = "",
+    stop_requested_at: float | None = None,
 ) -> dict[str, Any]:
     """The manifest as a JSON-ready dict.
 
     ``files``: ``[{"path", "bytes", "sha256"}]`` relative to the output URL.
-    ``timings`` in seconds (``staging_s``, ``run_s``, ``return_s``).  The
+    ``timings`` in seconds (``staging_s``, ``run_s``, ``return_s``).
+    ``stop_requested_at``: Unix seconds of the stop warning (None: no stop).  The
     meter bills allocated resources from run start to release, as batch
     schedulers do: ``gpu_seconds = gpus * run_s``, ``cpu_seconds = cpus * run_s``.
     """
@@ -74,6 +76,7 @@ def build_manifest(
         "meter": {"gpu_seconds": round(gpus * run_s, 3), "cpu_seconds": round(cpus * run_s, 3)},
         "spec_sha256": spec_sha256,
         "finished_at": finished_at,
+        "stop_requested_at": stop_requested_at,
     }
     if verdict.status == "failed" and stderr_tail:
         manifest["stderr_tail"] = stderr_tail

@@ -18,6 +18,7 @@ class RunOutcome:
     checkpoint.  ``run_s`` is the wall time in seconds from child start to
     exit.  ``manifest`` is set when the run task already returned the output
     itself (after a cancel, when Prefect starts no new task).
+    ``stop_requested_at``: Unix seconds when the stop warning went out.
     """
 
     reason: str
@@ -27,6 +28,7 @@ class RunOutcome:
     killed: bool = False
     message: str = ""
     stderr_tail: str = ""
+    stop_requested_at: float | None = None
     uploads: list[DurableCheckpoint] = field(default_factory=list)
     manifest: dict[str, Any] | None = None
 

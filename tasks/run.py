@@ -216,6 +216,7 @@ def supervise(settings: RunSettings) -> RunOutcome:
     cancelled = stop.reason == "cancelled"
     latest = uploader.finish(inline=cancelled)
     outcome = _outcome(proc.returncode, stop, killed, run_s, _tail(stderr_path))
+    outcome.stop_requested_at = stop.warned_at
     outcome.checkpoint, outcome.uploads = latest, uploader.done
     if uploader.failures:
         outcome.message = "; ".join(filter(None, [outcome.message, "checkpoint upload failed: " + uploader.failures[-1]]))

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from tasks.checkpoint import DurableCheckpoint, checkpoint_task, latest_durable, upload
-from tasks.checkpoints import committed
+from tasks.checkpoints import commit_pending, committed
 
 
 class Uploader:
@@ -29,7 +29,9 @@ class Uploader:
         self._submitted: set[int] = set()
 
     def poll(self) -> None:
-        """Collect a finished upload and start the next one (as a task)."""
+        """Commit what the work wrote, collect a finished upload and start the
+        next one (as a task)."""
+        commit_pending(self.root, newest_only=True)
         if self._future is not None:
             if not self._future.state.is_final():
                 return
@@ -62,6 +64,7 @@ class Uploader:
         if self._future is not None:
             self._future.wait()
             self._collect()
+        commit_pending(self.root, newest_only=True)
         newest = committed(self.root)
         if newest and newest[-1].step not in self._submitted:
             ckpt = newest[-1]

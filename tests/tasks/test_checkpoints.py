@@ -26,7 +26,7 @@ from tasks.context import WorkContext
 def test_save_commits_folder_with_marker_hashes(tmp_path):
     ckpt = save_state(tmp_path, {"w": torch.arange(4.0), "epoch": 3}, step=3)
     assert ckpt.path == tmp_path / "step-3" and ckpt.step == 3
-    assert sorted(p.name for p in ckpt.path.iterdir()) == [MARKER, STATE_FILE]
+    assert sorted(p.name for p in ckpt.path.iterdir()) == [MARKER, "PENDING", STATE_FILE]
     marker = json.loads((ckpt.path / MARKER).read_text())
     data = (ckpt.path / STATE_FILE).read_bytes()
     import hashlib

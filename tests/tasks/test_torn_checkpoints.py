@@ -13,33 +13,48 @@ from pathlib import Path
 
 import torch
 
-from tasks.checkpoints import STATE_FILE, latest_valid, load_state, save_state
+from tasks.checkpoints import STATE_FILE, commit_pending, discard_torn, latest_valid, load_state, save_state, write_state
 
 SIZE = 1 << 20  # floats per checkpoint (4 MiB): a write takes a few milliseconds
 
 
-def _writer(root: str, first_step: int) -> None:
+def _writer(root: str, first_step: int, started, supervised: bool) -> None:
+    """Write checkpoints forever: committing them itself (``save_state``), or
+    only writing them for a supervisor to commit (``write_state``)."""
+    write = write_state if supervised else save_state
     step = first_step
+    started.set()
     while True:
-        save_state(Path(root), {"step": step, "w": torch.full((SIZE,), float(step))}, step)
+        write(Path(root), {"step": step, "w": torch.full((SIZE,), float(step))}, step)
         step += 1
 
 
 def test_fifty_random_kills_never_resume_from_a_torn_checkpoint(tmp_path):
-    ctx = multiprocessing.get_context("fork")
+    # forkserver: each writer is forked from a clean server that preloaded torch, so it is
+    # started in milliseconds and does not inherit this process's threads (OpenMP, Prefect).
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "tasks.checkpoints"])
     rng = random.Random(31)
     torn_seen = 0
     resumed_steps = []
-    for _ in range(50):
+    for attempt in range(50):
+        supervised = attempt % 2 == 1
         latest = latest_valid(tmp_path)
         start = latest.step + 1 if latest else 1
-        proc = ctx.Process(target=_writer, args=(str(tmp_path), start))
+        started = ctx.Event()
+        proc = ctx.Process(target=_writer, args=(str(tmp_path), start, started, supervised))
         proc.start()
+        assert started.wait(timeout=60)
         time.sleep(rng.uniform(0.005, 0.12))
         os.kill(proc.pid, signal.SIGKILL)
         proc.join()
-        # what a kill can leave: a temporary folder, or a step folder without its marker
-        torn_seen += sum(1 for p in tmp_path.iterdir() if p.name.startswith(".tmp-") or not (p / "COMMITTED").exists())
+        # what a kill can leave: a step folder without its marker (half-written, or written
+        # but not yet committed)
+        torn_seen += sum(1 for p in tmp_path.iterdir() if not (p / "COMMITTED").exists())
+        # what the supervisor and the next attempt do: commit what was written whole, drop the rest
+        commit_pending(tmp_path, newest_only=True)
+        discard_torn(tmp_path)
+        assert all((p / "COMMITTED").exists() for p in tmp_path.iterdir())
         latest = latest_valid(tmp_path)
         if latest is not None:
             state = load_state(latest.path / STATE_FILE)
