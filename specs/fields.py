@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import keyword
 import posixpath
 import re
@@ -97,8 +98,26 @@ def _nonempty(value: Any) -> Any:
     return value
 
 
-#: A non-empty string (URLs and paths).
+#: A non-empty string.
 NonEmpty = Annotated[str, AfterValidator(_nonempty), WithJsonSchema({"type": "string", "minLength": 1})]
+
+_PASSWORD_IN_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@?#]*:[^/@?#]*@")
+
+
+def _url(value: str) -> str:
+    _nonempty(value)
+    if any(_PASSWORD_IN_URL.match(part) for part in value.split("::")):
+        raise spec_error(
+            "must not carry a password: specs are stored and shown (Prefect parameters, logs)",
+            fix="put credentials in environment variables (e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) "
+            "or a Prefect Secret block, and give the URL without them",
+            got="a URL with user:password@",
+        )
+    return value
+
+
+#: A non-empty fsspec URL or path without an embedded password.
+Url = Annotated[str, AfterValidator(_url), WithJsonSchema({"type": "string", "minLength": 1})]
 
 
 def _job_name(value: str) -> str:
@@ -157,6 +176,10 @@ def _file_name(value: str) -> str:
         raise spec_error("must stay inside the output: '..' is not allowed", fix=fix)
     if "\\" in value:
         raise spec_error("must use '/' as the separator (a POSIX path)", fix=fix)
+    if value.endswith("/"):
+        raise spec_error("must name a file, not a folder", fix="list a file that the work writes inside it, e.g. plots/loss.png")
+    if posixpath.normpath(value) == "manifest.json":
+        raise spec_error("manifest.json is written by E31 itself", fix="give the work's file another name, e.g. results.json")
     return value
 
 
@@ -188,6 +211,21 @@ def input_key(value: object) -> str | None:
         return _input_name(value)
     except ValueError:
         return None
+
+
+def check_json(value: Any) -> Any:
+    """Refuse values that are not plain JSON (bytes, NaN, infinities): the
+    work receives ``params`` as JSON."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        got = "a NaN or infinite number" if isinstance(exc, ValueError) else str(exc).split(" is not")[0].replace("Object of type ", "")
+        raise spec_error(
+            "must hold JSON values only (strings, numbers, booleans, null, lists, mappings)",
+            fix="the work receives params as JSON; write other values out as strings",
+            got=got,
+        ) from None
+    return value
 
 
 def check_entrypoint(value: str) -> str:

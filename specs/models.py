@@ -10,8 +10,8 @@ from pydantic import Field, StrictInt, ValidationError, field_validator
 
 from .base import RuleError, SpecModel, spec_error
 from .fields import (
-    Deadline, Duration, FileName, Grace, InputName, JobName, Memory, NonEmpty, Sha256,
-    check_entrypoint, file_key, input_key,
+    Deadline, Duration, FileName, Grace, InputName, JobName, Memory, NonEmpty, Sha256, Url,
+    check_entrypoint, check_json, file_key, input_key,
 )
 from .live import LIVE_KEYS, LIVE_REASON, find_live_keys, got_key, live_kind, live_message
 from .units import format_duration, parse_duration
@@ -84,6 +84,7 @@ class WorkSpec(SpecModel):
     @field_validator("params")
     @classmethod
     def _params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        check_json(value)
         found = find_live_keys(value)
         if found:
             raise ValidationError.from_exception_data("params", [
@@ -122,7 +123,7 @@ class DataInput(SpecModel):
     """
 
     name: InputName = Field(description="Input name, unique in the job; becomes a folder name.")
-    url: NonEmpty = Field(description="fsspec URL or path; a relative path is relative to the spec file.")
+    url: Url = Field(description="fsspec URL or path; a relative path is relative to the spec file.")
     sha256: Sha256 | None = Field(None, description="Expected SHA-256 of the file (64 hex chars).")
 
 
@@ -169,6 +170,15 @@ class RequestSpec(SpecModel):
                 got=f"duration {format_duration(duration)} > limit {format_duration(limit)}",
             )
             return [(("duration",), err, data.get("duration"))]
+        grace = _try_duration(data.get("grace")) if _given(data, "grace") else timedelta(seconds=10)
+        stop = limit or duration
+        if grace is not None and stop is not None and grace >= stop:
+            err = spec_error(
+                "must be shorter than the time limit: the stop warning comes grace before the hard stop",
+                fix="lower grace or raise limit",
+                got=f"grace {format_duration(grace)} >= limit {format_duration(stop)}",
+            )
+            return [(("grace",), err, data.get("grace"))]
         return []
 
 
@@ -183,7 +193,7 @@ class CheckpointPolicy(SpecModel):
     every: Duration | None = Field(None, description="Checkpoint at least this often, e.g. 2m.")
     every_steps: StrictInt | None = Field(None, ge=1, description="Checkpoint every N steps.")
     keep: StrictInt = Field(3, ge=1, description="How many durable checkpoints to keep.")
-    url: NonEmpty | None = Field(None, description="Durable checkpoint location; default chosen by the flow.")
+    url: Url | None = Field(None, description="Durable checkpoint folder (step-<N> only); default <output.url>/checkpoints.")
 
     @classmethod
     def _rules(cls, data: Mapping[str, Any]) -> list[RuleError]:
@@ -204,7 +214,7 @@ class OutputSpec(SpecModel):
     """
 
     kind: OutputKind = Field(description="model, results, files or report.")
-    url: NonEmpty = Field(description="Destination fsspec URL or path; relative to the spec file.")
+    url: Url = Field(description="Destination fsspec URL or path; relative to the spec file.")
     files: list[FileName] = Field(
         description="Relative POSIX paths of the files whose existence marks the job complete."
     )
@@ -268,18 +278,21 @@ class JobSpec(SpecModel):
         inputs = data.get("data")
         if not isinstance(inputs, list):
             return []
-        first: dict[str, int] = {}
+        first: dict[str, tuple[int, str]] = {}
         problems: list[RuleError] = []
         for index, item in enumerate(inputs):
             name = input_key(item.get("name") if isinstance(item, Mapping) else getattr(item, "name", None))
             if name is None:
                 continue
-            if name in first:
-                err = spec_error(
-                    f"duplicate input name; data[{first[name]}] already uses it",
-                    fix="give each input its own name",
-                )
+            variable = "E31_DATA_" + name.upper().replace("-", "_").replace(".", "_")
+            if variable in first:
+                other, other_name = first[variable]
+                if other_name == name:
+                    err = spec_error(f"duplicate input name; data[{other}] already uses it", fix="give each input its own name")
+                else:
+                    err = spec_error(f"clashes with data[{other}] '{other_name}': a command sees both as {variable}",
+                                     fix="rename one of them")
                 problems.append((("data", index, "name"), err, name))
             else:
-                first[name] = index
+                first[variable] = (index, name)
         return problems

@@ -120,6 +120,31 @@ def _duplicate_keys(node: yaml.Node | None) -> list[Problem]:
     return problems
 
 
+MAX_EXPANDED_NODES = 100_000  # values a document may expand to once aliases are followed
+
+
+def _expanded_size(node: yaml.Node | None) -> int:
+    """How many nodes ``node`` stands for with every alias expanded
+    (memoised per node, so a billion-laughs document is measured in linear
+    time instead of being built)."""
+    sizes: dict[int, int] = {}
+
+    def size(current: yaml.Node) -> int:
+        known = sizes.get(id(current))
+        if known is not None:
+            return known
+        sizes[id(current)] = 1  # a cycle counts once
+        total = 1
+        if isinstance(current, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in current.value)
+        elif isinstance(current, yaml.SequenceNode):
+            total += sum(size(item) for item in current.value)
+        sizes[id(current)] = total
+        return total
+
+    return size(node) if node is not None else 0
+
+
 def load_yaml(text: str, source: str) -> tuple[Any, list[Problem]]:
     """Parse one YAML document with :class:`SpecLoader`.
 
@@ -133,6 +158,10 @@ def load_yaml(text: str, source: str) -> tuple[Any, list[Problem]]:
     loader = SpecLoader(text)
     try:
         node = loader.get_single_node()
+        if _expanded_size(node) > MAX_EXPANDED_NODES:
+            raise YamlSyntaxError(Problem(
+                source, f"YAML syntax error: aliases expand to more than {MAX_EXPANDED_NODES:,} values; write the values out"
+            ))
         problems = _duplicate_keys(node)
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:

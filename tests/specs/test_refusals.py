@@ -278,6 +278,39 @@ CASES = [
         "data[0].urll: unknown field; did you mean 'url'?",
         "extra: unknown field; allowed fields: spec_version, name, work, data, request, output",
     ]),
+    # --- found by trying the CLI as a new user ---
+    ("grace-not-shorter-than-limit", doc(request="request: {limit: 10m, grace: 1h}"), [
+        "request.grace: must be shorter than the time limit: the stop warning comes grace before the hard stop "
+        "(got grace 1h >= limit 10m); lower grace or raise limit",
+    ]),
+    ("default-grace-vs-duration-only", doc(request="request: {duration: 10s}"), [
+        "request.grace: must be shorter than the time limit: the stop warning comes grace before the hard stop "
+        "(got grace 10s >= limit 10s); lower grace or raise limit",
+    ]),
+    ("password-in-url", doc(data="data: [{name: d, url: 's3://AKIA:s3cr3t@bucket/x.csv'}]"), [
+        "data[0].url: must not carry a password: specs are stored and shown (Prefect parameters, logs) "
+        "(got a URL with user:password@); put credentials in environment variables (e.g. AWS_ACCESS_KEY_ID / "
+        "AWS_SECRET_ACCESS_KEY) or a Prefect Secret block, and give the URL without them",
+    ]),
+    ("input-names-clash-as-variables", doc(data="data: [{name: a-b, url: /x}, {name: a.B, url: /y}]"), [
+        "data[1].name: clashes with data[0] 'a-b': a command sees both as E31_DATA_A_B (got 'a.B'); rename one of them",
+    ]),
+    ("manifest-is-reserved", doc(output="output: {kind: results, url: /o, files: [manifest.json]}"), [
+        "output.files[0]: manifest.json is written by E31 itself (got 'manifest.json'); "
+        "give the work's file another name, e.g. results.json",
+    ]),
+    ("folder-as-output-file", doc(output="output: {kind: results, url: /o, files: [plots/]}"), [
+        "output.files[0]: must name a file, not a folder (got 'plots/'); "
+        "list a file that the work writes inside it, e.g. plots/loss.png",
+    ]),
+    ("binary-param", doc(work="work: {kind: training, entrypoint: 'a:b', params: {x: !!binary aGVsbG8=}}"), [
+        "work.params: must hold JSON values only (strings, numbers, booleans, null, lists, mappings) (got bytes); "
+        "the work receives params as JSON; write other values out as strings",
+    ]),
+    ("nan-param", doc(work="work: {kind: training, entrypoint: 'a:b', params: {x: .nan}}"), [
+        "work.params: must hold JSON values only (strings, numbers, booleans, null, lists, mappings) "
+        "(got a NaN or infinite number); the work receives params as JSON; write other values out as strings",
+    ]),
 ]
 
 
