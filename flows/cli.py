@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _summary(spec: JobSpec) -> str:
     req = spec.request
-    what = spec.work.entrypoint or " ".join(spec.work.command or [])
+    what = spec.work.entrypoint or " ".join(mask_url(arg) for arg in spec.work.command or [])
     limit = req.limit or req.duration
     return (
         f"valid: {spec.name} ({spec.work.kind}: {what}); {len(spec.data)} input(s); "
@@ -57,21 +57,35 @@ def _run(spec: JobSpec, spec_path: str) -> int:
     # and its first write of it races the database on a fresh PREFECT_HOME.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.compile import compile_plan
-    from flows.job import JobFailed, run_job
+    from flows.job import JobFailed, ReturnFailed, run_job
     from flows.placement import PlacementError, check_fits
+    from flows.resume import JobBusy
+    from tasks.deliver import DestinationError
     from tasks.stage import StageError
 
-    expected = (JobFailed, StageError, PlacementError)
+    expected = (JobFailed, StageError, PlacementError, DestinationError, JobBusy, ReturnFailed)
     _hide_tracebacks_on_console(expected)
     try:
         check_fits(compile_plan(spec))  # refuse before a flow run exists
         manifest = run_job(spec, code_dir=str(Path(spec_path).resolve().parent))
     except JobFailed as exc:
         print(f"e31: {exc}", file=sys.stderr)
-        print(f"failed: output and latest checkpoint returned to {mask_url(spec.output.url)}", file=sys.stderr)
+        m = exc.manifest
+        kept = f"{len(m['files'])} file(s)" + (f" and the checkpoint of step {m['step']}" if m.get("checkpoint") else "")
+        print(f"failed: {kept} returned to {mask_url(spec.output.url)}", file=sys.stderr)
         return EXIT_FAILED
-    except (StageError, PlacementError) as exc:
+    except expected as exc:
         print(f"e31: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("e31: interrupted before the run started; nothing ran", file=sys.stderr)
+        return 130
+    except Exception as exc:  # Prefect API unreachable, a bug: one line, the details on request
+        if os.environ.get("E31_DEBUG"):
+            raise
+        api = os.environ.get("PREFECT_API_URL")
+        hint = f" (PREFECT_API_URL={api})" if api else ""
+        print(f"e31: {type(exc).__name__}: {exc}{hint}; set E31_DEBUG=1 for the traceback", file=sys.stderr)
         return EXIT_FAILED
     print(f"{manifest['status']} ({manifest['reason']}): {spec.name} -> {mask_url(spec.output.url)}")
     for f in manifest["files"]:
@@ -107,6 +121,14 @@ def _hide_tracebacks_on_console(quiet: tuple[type[BaseException], ...]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``e31`` console script; returns the exit code."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # e.g. `e31 schema | head`: the reader left, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "schema":
         print(json.dumps(json_schema(), indent=2))

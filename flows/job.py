@@ -18,15 +18,27 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from flows.compile import Plan, compile_plan
-from flows.placement import check_fits
-from flows.resume import end_attempt, prepare_scratch
-from specs import JobSpec
+from flows.placement import PlacementError, check_fits
+from flows.resume import Resume, end_attempt, prepare_scratch
+from specs import JobSpec, mask_url
 from tasks.checkpoint import latest_durable
 from tasks.context import ChildConfig
-from tasks.deliver import ReturnTarget, return_task
+from tasks.deliver import ReturnTarget, check_destination, return_task, write_failure_manifest
 from tasks.outcome import ChildLost, RunOutcome
 from tasks.run import RunSettings, run_task
-from tasks.stage import stage_task
+from tasks.stage import StageError, stage_task
+
+
+class ReturnFailed(RuntimeError):
+    """The output could not be delivered to ``output.url``; it is kept in the
+    job's scratch folder (``output/``, ``checkpoints/``), nothing deleted."""
+
+    def __init__(self, plan: Plan, cause: BaseException):
+        self.scratch = plan.scratch
+        super().__init__(
+            f"could not return the output to {mask_url(plan.output_url)}: {type(cause).__name__}: {cause}; "
+            f"it is kept in {plan.output_dir} (checkpoints in {plan.checkpoint_dir}); run the job again to retry"
+        )
 
 
 class JobFailed(RuntimeError):
@@ -66,33 +78,64 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
 
     ``code_dir``: a folder put first on the work's ``sys.path`` (the CLI
     passes the spec file's folder, so work code can sit beside its spec).
-    Raises ``tasks.stage.StageError`` when an input cannot be staged (nothing
-    ran), :class:`flows.placement.PlacementError` when the request does not
-    fit this machine, and :class:`JobFailed` when the work failed (after its
-    output and latest checkpoint were returned).
+    Raises, each with a one-line message:
+    :class:`flows.placement.PlacementError` (the request does not fit this
+    machine, or its deadline leaves no time), ``tasks.deliver.DestinationError``
+    (``output.url`` is not writable; checked before anything runs),
+    ``flows.resume.JobBusy`` (the same job runs here already),
+    ``tasks.stage.StageError`` (an input cannot be staged: nothing ran, and a
+    failed manifest says so at the destination), :class:`JobFailed` (the work
+    failed, after its output and latest checkpoint were returned), and
+    :class:`ReturnFailed` (the destination refused the output, which stays in
+    scratch).
     """
     plan = compile_plan(spec)
     check_fits(plan)
+    check_destination(plan.output_url, "output.url")
+    if not plan.checkpoint_url.startswith(plan.output_url.rstrip("/") + "/"):
+        check_destination(plan.checkpoint_url, "output.checkpoint.url")
     resume = prepare_scratch(plan)
+    try:
+        return _attempt(spec, plan, resume, code_dir)
+    finally:
+        end_attempt(plan)
+
+
+def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) -> dict[str, Any]:
     run_id = str(flow_run.id) if flow_run.id else None
-    started = time.monotonic()
-    futures = [stage_task.with_options(task_run_name=f"stage-{item.name}").submit(item, str(plan.data_dir)) for item in plan.inputs]
-    staged = {s.name: s.path for s in (f.result() for f in futures)}
     target = ReturnTarget(
         job=plan.job, run_id=run_id, output_dir=str(plan.output_dir), output_url=plan.output_url,
         declared=plan.output_files, gpus=plan.gpus, cpus=plan.cpus, spec_sha256=plan.spec_sha256,
-        staging_s=time.monotonic() - started,
     )
     now = time.time()
     stop_at, stop_reason = plan.stop_at(now)
-    if resume.crashed and stop_at - plan.grace_s <= now:
+    if stop_at - plan.grace_s <= now:
+        if not (resume.crashed or resume.step is not None):
+            raise PlacementError(f"request.deadline: {stop_reason} leaves no time to run: the stop would come before "
+                                 f"the start (return reserve {plan.return_reserve_s:g} s, grace {plan.grace_s:g} s)")
         # An earlier attempt died with its process and this one has no time left to run.
         outcome = RunOutcome(reason="crashed", exit_code=None, run_s=0.0, checkpoint=latest_durable(plan.checkpoint_url),
                              message=f"an earlier attempt was lost and the job can no longer run ({stop_reason} passed)")
-    else:
-        outcome = _run(spec, plan, staged, code_dir, target, now)
-    manifest = outcome.manifest or return_task(target, outcome)
-    end_attempt(plan)
+        return _finish(plan, return_task(target, outcome))
+    started = time.monotonic()
+    try:
+        futures = [stage_task.with_options(task_run_name=f"stage-{item.name}").submit(item, str(plan.data_dir))
+                   for item in plan.inputs]
+        staged = {s.name: s.path for s in (f.result() for f in futures)}
+    except StageError as exc:
+        # Nothing ran; say so at the destination, so an older manifest there is not taken for this run's.
+        write_failure_manifest(target, str(exc))
+        raise
+    target.staging_s = time.monotonic() - started
+    outcome = _run(spec, plan, staged, code_dir, target, time.time())
+    try:
+        manifest = outcome.manifest or return_task(target, outcome)
+    except Exception as exc:
+        raise ReturnFailed(plan, exc) from None
+    return _finish(plan, manifest)
+
+
+def _finish(plan: Plan, manifest: dict[str, Any]) -> dict[str, Any]:
     if manifest["status"] == "completed":
         # Delivered and verified: the next run of this job starts fresh.
         shutil.rmtree(plan.output_dir, ignore_errors=True)

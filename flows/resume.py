@@ -6,11 +6,14 @@ out its scratch folder.
   no ``completed`` manifest (a run that died with its machine) are fetched
   back and resumed from.
 - Else the run is fresh: local output and checkpoints are cleared, and
-  stale durable checkpoints of an earlier completed run are removed.
+  stale durable checkpoints (``step-<N>`` folders, nothing else) of an
+  earlier completed run are removed.
+One run of a job at a time per machine: the scratch folder is locked.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -21,7 +24,7 @@ from pathlib import Path
 from flows.compile import Plan
 from tasks import storage
 from tasks.checkpoint import latest_durable
-from tasks.checkpoints import commit_pending, discard_torn, latest_valid, step_dir_name
+from tasks.checkpoints import commit_pending, discard_torn, latest_valid, parse_step, step_dir_name
 from tasks.deliver import existing_manifest
 
 WORK_HASH_FILE = "work.sha256"
@@ -37,9 +40,38 @@ class Resume:
     crashed: bool
 
 
+class JobBusy(RuntimeError):
+    """Another run of the same job holds its scratch folder on this machine."""
+
+
+_LOCKS: dict[str, int] = {}  # scratch folder -> open file descriptor holding its lock
+
+
+def _lock(plan: Plan) -> None:
+    """Hold an exclusive ``flock`` on ``<scratch>/job.lock`` until
+    :func:`end_attempt` (or this process's death: the kernel drops it).
+    Raises :class:`JobBusy` when another run holds it."""
+    fd = os.open(Path(plan.scratch) / "job.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise JobBusy(
+            f"job {plan.job} is already running on this machine (pid {holder}, scratch {plan.scratch}); "
+            "wait for it to end, or run this one under another name (--set name=...)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _LOCKS[plan.scratch] = fd
+
+
 def prepare_scratch(plan: Plan) -> Resume:
-    """Create the scratch folders, record this attempt, and decide where the
-    run starts (see the module docstring)."""
+    """Lock the job's scratch folder, create its folders, record this
+    attempt, and decide where the run starts (see the module docstring).
+    Raises :class:`JobBusy` when the same job is running here already."""
+    Path(plan.scratch).mkdir(parents=True, exist_ok=True)
+    _lock(plan)
     for folder in (plan.data_dir, plan.output_dir, plan.checkpoint_dir, plan.run_dir):
         folder.mkdir(parents=True, exist_ok=True)
     commit_pending(plan.checkpoint_dir)  # written whole by a work whose supervisor died too
@@ -51,8 +83,12 @@ def prepare_scratch(plan: Plan) -> Resume:
 
 
 def end_attempt(plan: Plan) -> None:
-    """Record that this attempt ended (whatever its status)."""
+    """Record that this attempt ended (whatever its status) and release the
+    job's lock."""
     (plan.run_dir / ATTEMPT_FILE).write_text(json.dumps({"state": "ended", "ended": time.time()}))
+    fd = _LOCKS.pop(plan.scratch, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _read_state(path: Path) -> str | None:
@@ -80,8 +116,9 @@ def _resume_step(plan: Plan) -> int | None:
             return durable.step
         shutil.rmtree(target, ignore_errors=True)
     _clear(plan.output_dir, plan.checkpoint_dir)
-    if durable is not None:
-        storage.remove(plan.checkpoint_url)
+    for name in storage.list_dirs(plan.checkpoint_url):  # stale checkpoints of a completed run; nothing else
+        if parse_step(name) is not None:
+            storage.remove(storage.join(plan.checkpoint_url, name))
     return None
 
 

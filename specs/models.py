@@ -171,8 +171,8 @@ class RequestSpec(SpecModel):
             )
             return [(("duration",), err, data.get("duration"))]
         grace = _try_duration(data.get("grace")) if _given(data, "grace") else timedelta(seconds=10)
-        stop = limit or duration
-        if grace is not None and stop is not None and grace >= stop:
+        stop = limit if _given(data, "limit") else duration  # an unreadable limit has its own problem
+        if grace is not None and stop is not None and stop > timedelta(0) and grace >= stop:
             err = spec_error(
                 "must be shorter than the time limit: the stop warning comes grace before the hard stop",
                 fix="lower grace or raise limit",

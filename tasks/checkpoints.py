@@ -253,16 +253,14 @@ def verify(folder: Path) -> dict[str, Any] | None:
         text = (folder / MARKER).read_text()
     except OSError:
         return None
-    if not text.strip():
-        # A command may commit with an empty marker: describe its files now.
-        return {"step": parse_step(folder.name), "files": describe_files(folder)}
     try:
-        marker = json.loads(text)
+        marker = json.loads(text) if text.strip() else None
     except ValueError:
-        return None
+        marker = None
     files = marker.get("files") if isinstance(marker, dict) else None
     if not isinstance(files, dict) or not files:
-        return None
+        # A command may commit with a marker of its own (empty, or any text): describe its files now.
+        return {"step": parse_step(folder.name), "files": describe_files(folder)}
     for name, meta in files.items():
         path = folder / name
         try:

@@ -9,6 +9,7 @@ manifest of the same run is never rewritten.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -24,6 +25,51 @@ from tasks.manifest import build_manifest, verdict
 from tasks.outcome import RunOutcome
 
 MANIFEST = "manifest.json"
+
+
+class DestinationError(RuntimeError):
+    """A destination URL cannot be written (unknown protocol, missing fsspec
+    backend, a file where a folder should be, no permission)."""
+
+
+def check_destination(url: str, field: str) -> None:
+    """Fail fast, before anything is staged or run, when ``url`` cannot take
+    output: its filesystem must load, and a local destination must be a
+    folder this process can create and write.  Raises
+    :class:`DestinationError` naming ``field`` and the masked URL."""
+    shown = mask_url(url)
+    try:
+        fs, path = storage.filesystem(url)
+    except (ValueError, ImportError) as exc:
+        raise DestinationError(f"{field}: {shown}: {exc}") from None
+    if not storage.is_local(url):
+        return  # object stores: checked by the first upload (issue 4 adds a preflight)
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise DestinationError(f"{field}: {shown}: a file is in the way; the destination must be a folder") from None
+    except OSError as exc:
+        raise DestinationError(f"{field}: {shown}: cannot create it ({exc.strerror})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise DestinationError(f"{field}: {shown}: not writable by this user")
+
+
+def write_failure_manifest(req: ReturnTarget, message: str) -> dict[str, Any] | None:
+    """Write a ``failed`` manifest (no files) for a run that never started,
+    unless this run already completed there; returns it (None when the
+    destination cannot be written either)."""
+    manifest = build_manifest(
+        job=req.job, run_id=req.run_id, verdict=verdict("error", None, req.declared, set(), message), exit_code=None,
+        step=None, files=[], checkpoint=None, timings={"staging_s": req.staging_s, "run_s": 0.0, "return_s": 0.0},
+        gpus=req.gpus, cpus=req.cpus, spec_sha256=req.spec_sha256,
+        finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    try:
+        storage.write_bytes(storage.join(req.output_url, MANIFEST), json.dumps(manifest, indent=2).encode())
+    except Exception:
+        return None
+    return manifest
 
 
 class ReturnVerifyError(RuntimeError):

@@ -176,12 +176,21 @@ def supervise(settings: RunSettings) -> RunOutcome:
     cancel = CancelWatcher(settings.flow_run_id)
     restore = _install_signal_handlers(stop)
     started = time.time()
-    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-        proc = subprocess.Popen(
-            command, cwd=settings.child.output_dir, env=env, stdout=out, stderr=err,
-            start_new_session=True,  # its own process group: signals reach the whole tree
-            preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
-        )
+    # A command runs in the spec's folder (so `python train.py` finds its script); a Python
+    # entrypoint in its output folder.  Either way outputs go to E31_OUTPUT_DIR.
+    cwd = settings.child.code_dirs[0] if settings.child.command and settings.child.code_dirs else settings.child.output_dir
+    try:
+        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+            proc = subprocess.Popen(
+                command, cwd=cwd, env=env, stdout=out, stderr=err,
+                start_new_session=True,  # its own process group: signals reach the whole tree
+                preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
+            )
+    except OSError as exc:  # a command that does not exist or cannot be executed
+        restore()
+        return RunOutcome(reason="error", exit_code=127, run_s=0.0,
+                          message=f"cannot start work.command {command!r}: {exc.strerror}",
+                          checkpoint=uploader.finish())
     killed = False
     try:
         while proc.poll() is None:

@@ -77,13 +77,23 @@ def stage_input(item: DataInput, data_dir: Path) -> Staged:
         shutil.rmtree(folder, ignore_errors=True)
         raise StageError(f"data '{item.name}': {shown}: copy failed ({type(exc).__name__}: {exc})") from None
     _verify(item, local, ident, folder)
+    record["staged"] = _local_identity(local)
     record_path.write_text(json.dumps(record, indent=1))
     return Staged(item.name, str(local), ident["size"], True, time.monotonic() - started)
 
 
+def _local_identity(local: Path) -> list:
+    """Size and mtime (ns) of every file of the staged copy: a copy changed
+    in place since it was staged is not reused."""
+    files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+    return [[str(p.relative_to(local.parent)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
+
 def _cached(record_path: Path, record: dict, local: Path) -> bool:
     try:
-        return json.loads(record_path.read_text()) == record and local.exists()
+        saved = json.loads(record_path.read_text())
+        staged = saved.pop("staged", None)
+        return saved == record and local.exists() and staged == _local_identity(local)
     except (OSError, ValueError):
         return False
 

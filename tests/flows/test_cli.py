@@ -93,7 +93,11 @@ def test_run_missing_input_fails_cleanly(e31, prefect_api, tmp_path):
     assert result.returncode == 1
     assert f"e31: data 'digits': {tmp_path}/nope.csv.gz: not found" in result.stderr
     assert "Traceback" not in result.stderr
-    assert not (tmp_path / "out").exists()  # nothing ran, nothing returned
+    # nothing ran; the destination says so, so an older manifest there is not taken for this run's
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["manifest.json"]
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert (manifest["status"], manifest["reason"], manifest["files"]) == ("failed", "error", [])
+    assert manifest["message"] == f"data 'digits': {tmp_path}/nope.csv.gz: not found"
 
 
 def test_run_refuses_a_request_larger_than_this_machine(e31, prefect_api, tmp_path):

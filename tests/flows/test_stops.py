@@ -185,8 +185,10 @@ def test_killed_flow_process_resumes_on_the_next_attempt(prefect_api, scratch, t
     assert not (out / "manifest.json").exists()
     newest = max(_durable_steps(out))
 
-    # An attempt that can no longer run returns the newest checkpoint as partial, reason crashed.
-    too_late = _start_cli(tmp_path, raw, "--set", "request.limit=1s", "--set", "request.grace=1s")
+    # An attempt that can no longer run (its deadline, less the 30 s return reserve, has passed)
+    # returns the newest checkpoint as partial, reason crashed.
+    soon = (datetime.now(timezone.utc) + timedelta(seconds=20)).isoformat()
+    too_late = _start_cli(tmp_path, raw, "--set", f"request.deadline={soon}")
     stdout, stderr = too_late.communicate(timeout=120)
     assert too_late.returncode == 3, stderr
     manifest = json.loads((out / "manifest.json").read_text())

@@ -67,9 +67,9 @@ def test_stage_missing_input_names_it(tmp_path):
 
 
 def test_stage_error_masks_credentials(tmp_path):
-    url = "memory://user:hunter2@bucket/missing.csv"
+    url = "memory://user:hunter2@bucket/missing.csv"  # specs refuse it; staging masks it anyway
     with pytest.raises(StageError) as err:
-        stage_input(DataInput(name="m", url=url), tmp_path / "data")
+        stage_input(DataInput.model_construct(name="m", url=url, sha256=None), tmp_path / "data")
     assert "hunter2" not in str(err.value)
 
 
@@ -100,3 +100,15 @@ def test_manifest_meter_bills_allocated_seconds():
     assert m["timings"] == {"staging_s": 0.5, "run_s": 10.0, "return_s": 0.25}
     assert list(m) == ["job", "run_id", "status", "reason", "message", "exit_code", "step", "files", "checkpoint",
                        "timings", "meter", "spec_sha256", "finished_at", "stop_requested_at"]
+
+
+def test_staged_copy_changed_in_place_is_staged_again(tmp_path):
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"1,2,3\n")
+    item = DataInput(name="t", url=str(src))
+    first = stage_input(item, tmp_path / "data")
+    with open(first.path, "r+b") as fh:  # same size, other bytes
+        fh.write(b"9")
+    os.utime(first.path, ns=(1, 1))
+    again = stage_input(item, tmp_path / "data")
+    assert again.copied is True and open(again.path, "rb").read() == b"1,2,3\n"

@@ -1,0 +1,98 @@
+"""Guards found by a new user's trial: one run of a job at a time, a
+command that cannot start, a destination that cannot be written, stale
+checkpoints removed and nothing else, command checkpoints and cwd."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows.job import JobFailed, run_job
+from flows.resume import JobBusy
+from specs import parse_spec
+from tasks.deliver import DestinationError
+
+
+def _cmd(tmp_path: Path, name: str, command: list[str], files=("result.txt",), **output) -> dict:
+    return {
+        "name": name,
+        "work": {"kind": "processing", "command": command},
+        "request": {"limit": "2m", "grace": "2s"},
+        "output": {"kind": "files", "url": str(tmp_path / "out"), "files": list(files), **output},
+    }
+
+
+def test_a_command_that_cannot_start_fails_cleanly(prefect_api, scratch, tmp_path):
+    with pytest.raises(JobFailed) as err:
+        run_job(parse_spec(_cmd(tmp_path, "no-program", ["nosuchprog-e31", "a"])))
+    manifest = err.value.manifest
+    assert (manifest["status"], manifest["exit_code"]) == ("failed", 127)
+    assert manifest["message"] == "cannot start work.command ['nosuchprog-e31', 'a']: No such file or directory"
+
+
+def test_unwritable_destination_is_refused_before_anything_runs(prefect_api, scratch, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    spec = _cmd(tmp_path, "bad-dest", [sys.executable, "-c", "open('ran', 'w')"])
+    spec["output"]["url"] = str(tmp_path / "afile")
+    with pytest.raises(DestinationError) as err:
+        run_job(parse_spec(spec), code_dir=str(tmp_path))
+    assert str(err.value) == f"output.url: {tmp_path}/afile: a file is in the way; the destination must be a folder"
+    assert not (tmp_path / "ran").exists()
+    spec["output"]["url"] = "nosuchproto://x/"
+    with pytest.raises(DestinationError, match=r"^output.url: nosuchproto://x/: Protocol not known: nosuchproto$"):
+        run_job(parse_spec(spec))
+
+
+def test_second_run_of_the_same_job_is_refused_while_the_first_holds_it(prefect_api, scratch, tmp_path):
+    from flows.compile import compile_plan
+    from flows.resume import end_attempt, prepare_scratch
+
+    spec = parse_spec(_cmd(tmp_path, "busy", [sys.executable, "-c", "pass"]))
+    plan = compile_plan(spec)
+    prepare_scratch(plan)  # as a first run would, in this process
+    try:
+        with pytest.raises(JobBusy) as err:
+            run_job(spec)
+        assert str(err.value).startswith(f"job busy is already running on this machine (pid ")
+    finally:
+        end_attempt(plan)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_fresh_start_removes_only_stale_step_folders(prefect_api, scratch, tmp_path):
+    shared = tmp_path / "shared"
+    (shared / "step-3").mkdir(parents=True)
+    (shared / "step-3" / "COMMITTED").write_text("")
+    (shared / "important.txt").write_text("keep me")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps({"status": "completed", "run_id": "older"}))
+    code = "import os, pathlib; pathlib.Path(os.environ['E31_OUTPUT_DIR'], 'result.txt').write_text('ok')"
+    spec = _cmd(tmp_path, "shared-ck", [sys.executable, "-c", code], checkpoint={"url": str(shared)})
+    assert run_job(parse_spec(spec))["status"] == "completed"
+    assert sorted(p.name for p in shared.iterdir()) == ["important.txt"]
+    assert (shared / "important.txt").read_text() == "keep me"
+
+
+def test_command_checkpoints_with_an_empty_marker_and_cwd_beside_the_spec(prefect_api, scratch, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, pathlib\n"
+        "ck = pathlib.Path(os.environ['E31_CHECKPOINT_DIR'])\n"
+        "resume = os.environ['E31_RESUME_DIR']\n"
+        "for step in (1, 2):\n"
+        "    d = ck / f'step-{step}'\n"
+        "    d.mkdir(parents=True)\n"
+        "    (d / 'weights.bin').write_bytes(bytes([step]) * 10)\n"
+        "    (d / 'COMMITTED').write_text('')\n"
+        "pathlib.Path(os.environ['E31_OUTPUT_DIR'], 'result.txt').write_text(os.getcwd() + '|' + resume)\n"
+    )
+    manifest = run_job(parse_spec(_cmd(tmp_path, "cmd-ck", [sys.executable, "job.py"])), code_dir=str(tmp_path))
+    assert manifest["status"] == "completed" and manifest["step"] == 2
+    assert (tmp_path / "out" / "result.txt").read_text() == f"{tmp_path}|"
+    durable = tmp_path / "out" / "checkpoints" / "step-2"
+    assert (durable / "weights.bin").read_bytes() == bytes([2]) * 10
+    marker = json.loads((durable / "COMMITTED").read_text())
+    assert marker["step"] == 2 and marker["files"]["weights.bin"]["bytes"] == 10
