@@ -4,7 +4,7 @@ through ``run_job(..., code_dir=<this folder>)``).
 ``steps``: counts steps of ``step_s`` seconds, committing a checkpoint after
 each ``every`` steps ``{"step": tensor, "w": tensor filled with the step}``; writes
 ``pid.txt`` (its pid) and ``resumed_from.txt`` at start, ``stopped_at.txt`` when it obeys the
-stop warning, ``done.txt`` at the end.  Params: ``n`` (steps, 1000), ``step_s`` (0.2), ``every`` (1), ``save_on_stop``
+stop warning, ``done.txt`` at the end.  Params: ``n`` (steps, 1000), ``step_s`` (0.2), ``every`` (1), ``state_mib`` (size of the state's tensor, MiB; 0 = 1 KiB), ``save_on_stop``
 (checkpoint the current step when warned, True), ``ignore_stop`` (False),
 ``block_after`` (after that many steps, ``time.sleep(3600)``),
 ``crash_after`` with ``crash`` = ``exit`` | ``segfault`` | ``sigkill`` |
@@ -22,8 +22,9 @@ import time
 import torch
 
 
-def _state(step: int) -> dict:
-    return {"step": torch.tensor(step), "w": torch.full((256,), float(step))}
+def _state(step: int, mib: float = 0.0) -> dict:
+    size = max(256, int(mib * 1024 * 1024 / 4))
+    return {"step": torch.tensor(step), "w": torch.full((size,), float(step))}
 
 
 def _crash(kind: str) -> None:
@@ -37,7 +38,7 @@ def _crash(kind: str) -> None:
 
 
 def steps(ctx) -> None:
-    p = {"n": 1000, "step_s": 0.2, "every": 1, "save_on_stop": True, "ignore_stop": False, "block_after": None,
+    p = {"n": 1000, "step_s": 0.2, "every": 1, "state_mib": 0.0, "save_on_stop": True, "ignore_stop": False, "block_after": None,
          "crash_after": None, "crash": "exit"}
     p.update(ctx.params)
     (ctx.output_dir / "pid.txt").write_text(str(os.getpid()))
@@ -48,7 +49,7 @@ def steps(ctx) -> None:
         time.sleep(float(p["step_s"]))
         saved = step % int(p["every"]) == 0
         if saved:
-            ctx.checkpoint(_state(step), step, wait=True)
+            ctx.checkpoint(_state(step, p["state_mib"]), step, wait=True)
         ctx.progress(step, int(p["n"]))
         if p["crash_after"] is not None and step == int(p["crash_after"]):
             if p["crash"] != "sigkill" or restored is None:
@@ -58,6 +59,6 @@ def steps(ctx) -> None:
         if ctx.should_stop and not p["ignore_stop"]:
             (ctx.output_dir / "stopped_at.txt").write_text(str(step))
             if p["save_on_stop"] and not saved:
-                ctx.checkpoint(_state(step), step, wait=True)
+                ctx.checkpoint(_state(step, p["state_mib"]), step, wait=True)
             return
     (ctx.output_dir / "done.txt").write_text("done")
