@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.storage import sha256_file
+from tasks.storage import fsync_path, sha256_file
 
 MARKER = "COMMITTED"
 PENDING = "PENDING"
@@ -63,19 +63,6 @@ def parse_step(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as fh:
-        os.fsync(fh.fileno())
-
-
 def describe_files(folder: Path) -> dict[str, dict[str, Any]]:
     """``{relative name: {"bytes": int, "sha256": hex}}`` for each file in
     ``folder`` except the marker and the pending note."""
@@ -94,9 +81,9 @@ def write_marker(folder: Path, step: int, files: dict[str, dict[str, Any]] | Non
     marker = {"step": int(step), "files": files if files is not None else describe_files(folder)}
     tmp = folder / f".{MARKER}.{uuid.uuid4().hex[:8]}"
     tmp.write_text(json.dumps(marker, indent=1, sort_keys=True))
-    _fsync_file(tmp)
+    fsync_path(tmp)
     os.replace(tmp, folder / MARKER)
-    _fsync_dir(folder)
+    fsync_path(folder)
     return marker
 
 
@@ -145,10 +132,10 @@ def commit(folder: Path) -> dict[str, Any] | None:
         if not path.is_file() or path.stat().st_size != meta["bytes"]:
             shutil.rmtree(folder, ignore_errors=True)
             return None
-        _fsync_file(path)
+        fsync_path(path)
         files[name] = {"bytes": meta["bytes"], "sha256": sha256_file(path)}
-    _fsync_dir(folder)
-    _fsync_dir(folder.parent)
+    fsync_path(folder)
+    fsync_path(folder.parent)
     return write_marker(folder, pending["step"], files)
 
 

@@ -205,13 +205,18 @@ def walk_files(root: Path) -> Iterator[Path]:
             yield path
 
 
+def fsync_path(path: Path) -> None:
+    """Flush a local file, or a folder's entries, to disk (``fsync``)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fsync(path: Path) -> None:
     if path.is_file():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(path)
 
 
 def _remove(path: Path) -> None:
