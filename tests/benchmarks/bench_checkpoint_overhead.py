@@ -10,7 +10,9 @@ final one, alternating.  The time compared is the training loop's own
 (``train_s`` in metrics.json), so process start-up is left out of both.
 Prints the medians and their ratio (target: at most 1.05), and, for
 reference, the same in one process with commits done inline
-(:meth:`tasks.context.WorkContext.local`).
+(:meth:`tasks.context.WorkContext.local`).  ``--job`` adds the whole job
+under ``e31 run`` against a ``prefect server start`` it starts (wall time,
+checkpoints uploaded by checkpoint tasks included).
 """
 
 from __future__ import annotations
@@ -60,11 +62,25 @@ def _inline(root: Path, every: int | None, epochs: int) -> float:
     return train(ctx)["train_s"]
 
 
+def _job(root: Path, every: int, url: str) -> float:
+    import os
+
+    out = Path(tempfile.mkdtemp(dir=root))
+    env = {**os.environ, "PREFECT_API_URL": url, "E31_SCRATCH": str(out / "scratch"), "PREFECT_LOGGING_LEVEL": "WARNING"}
+    spec = Path(__file__).resolve().parents[2] / "specs" / "examples" / "digits-nightly-retrain.yaml"
+    cmd = [str(Path(sys.executable).with_name("e31")), "run", str(spec), "--set", f"output.url={out / 'out'}",
+           "--set", f"output.checkpoint.every_steps={every}", "--set", f"work.params.hidden={HIDDEN[0]}"]
+    started = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, env=env)
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--hidden", type=int, default=64, help="hidden units (the example's: 64)")
+    parser.add_argument("--job", action="store_true", help="also time the whole job under e31 run")
     args = parser.parse_args()
     HIDDEN[0] = args.hidden
     root = Path(tempfile.mkdtemp(prefix="e31-bench-ckpt-"))
@@ -80,6 +96,24 @@ def main() -> None:
         print(f"{label}:")
         print(f"  {'no checkpoints (final only)':34s} {a:7.3f} s   1.00x")
         print(f"  {'checkpoint every epoch':34s} {b:7.3f} s   {b / a:5.3f}x   (target <= 1.05)")
+    if args.job:
+        from bench_example_job import _start_server
+
+        proc, url = _start_server(root / "prefect-home")
+        try:
+            _job(root, 1000, url)  # warm-up
+            none = [_job(root, 1000, url) for _ in range(args.repeat)]
+            every = [_job(root, 1, url) for _ in range(args.repeat)]
+        finally:
+            import os
+            import signal
+
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        a, b = statistics.median(none), statistics.median(every)
+        print("whole job under e31 run (wall seconds, running Prefect server):")
+        print(f"  {'final checkpoint only':34s} {a:7.3f} s   1.00x")
+        print(f"  {'checkpoint every epoch':34s} {b:7.3f} s   {b / a:5.3f}x")
     size = [p.stat().st_size for p in root.rglob("state.pt")]
     print(f"checkpoint size {statistics.median(size) / 1024:.0f} KiB")
 

@@ -160,3 +160,16 @@ def test_rng_state_round_trips_through_a_checkpoint(tmp_path):
     state, _ = ctx.restore()
     ctx.set_rng_state(state["rng"])
     assert (random.random(), float(np.random.rand()), torch.rand(3).tolist()) == expected
+
+
+def test_restore_refuses_a_checkpoint_that_needs_arbitrary_classes(tmp_path):
+    folder = tmp_path / "ck" / "step-1"
+    folder.mkdir(parents=True)
+    torch.save({"obj": Opaque()}, folder / STATE_FILE)  # written by something other than E31
+    from tasks.checkpoints import write_marker
+
+    write_marker(folder, 1)
+    ctx = WorkContext.local({}, tmp_path / "out", checkpoint_dir=tmp_path / "ck")
+    with pytest.raises(CheckpointError) as err:
+        ctx.restore()
+    assert str(err.value).startswith(f"{folder / STATE_FILE}: Weights only load failed.")
