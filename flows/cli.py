@@ -53,30 +53,11 @@ def _summary(spec: JobSpec) -> str:
 
 
 def _run(spec: JobSpec, spec_path: str) -> int:
-    # A temporary local Prefect API started for this run has no use for telemetry,
-    # and its first write of it races the database on a fresh PREFECT_HOME.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from flows.compile import compile_plan
-    from flows.job import JobFailed, ReturnFailed, run_job
-    from flows.placement import PlacementError, check_fits
-    from flows.resume import JobBusy
-    from tasks.deliver import DestinationError
-    from tasks.stage import StageError
+    from flows.tempserver import prefect_api
 
-    expected = (JobFailed, StageError, PlacementError, DestinationError, JobBusy, ReturnFailed)
-    _hide_tracebacks_on_console(expected)
     try:
-        check_fits(compile_plan(spec))  # refuse before a flow run exists
-        manifest = run_job(spec, code_dir=str(Path(spec_path).resolve().parent))
-    except JobFailed as exc:
-        print(f"e31: {exc}", file=sys.stderr)
-        m = exc.manifest
-        kept = f"{len(m['files'])} file(s)" + (f" and the checkpoint of step {m['step']}" if m.get("checkpoint") else "")
-        print(f"failed: {kept} returned to {mask_url(spec.output.url)}", file=sys.stderr)
-        return EXIT_FAILED
-    except expected as exc:
-        print(f"e31: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        with prefect_api():
+            return _run_with_api(spec, spec_path)
     except KeyboardInterrupt:
         print("e31: interrupted before the run started; nothing ran", file=sys.stderr)
         return 130
@@ -87,6 +68,38 @@ def _run(spec: JobSpec, spec_path: str) -> int:
         hint = f" (PREFECT_API_URL={api})" if api else ""
         print(f"e31: {type(exc).__name__}: {exc}{hint}; set E31_DEBUG=1 for the traceback", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _run_with_api(spec: JobSpec, spec_path: str) -> int:
+    from prefect import tags
+
+    from flows.compile import compile_plan
+    from flows.deploy import job_tags
+    from flows.job import JobFailed, ReturnFailed, run_job
+    from flows.placement import PlacementError, check_fits
+    from flows.resume import JobBusy
+    from tasks.deliver import DestinationError
+    from tasks.outcome import ChildLost
+    from tasks.stage import StageError
+
+    expected = (JobFailed, StageError, PlacementError, DestinationError, JobBusy, ReturnFailed)
+    _hide_tracebacks_on_console((*expected, ChildLost))
+    try:
+        check_fits(compile_plan(spec))  # refuse before a flow run exists
+        with tags(*job_tags(spec)):
+            manifest = run_job(spec, code_dir=str(Path(spec_path).resolve().parent))
+    except JobFailed as exc:
+        print(f"e31: {exc}", file=sys.stderr)
+        m = exc.manifest
+        kept = f"{len(m['files'])} file(s)" + (f" and the checkpoint of step {m['step']}" if m.get("checkpoint") else "")
+        print(f"failed: {kept} returned to {mask_url(spec.output.url)}", file=sys.stderr)
+        return EXIT_FAILED
+    except expected as exc:
+        print(f"e31: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("e31: interrupted; see the destination's manifest.json for what came back", file=sys.stderr)
+        return 130
     print(f"{manifest['status']} ({manifest['reason']}): {spec.name} -> {mask_url(spec.output.url)}")
     for f in manifest["files"]:
         print(f"  {f['path']}  {f['bytes']} bytes  sha256 {f['sha256'][:16]}")
@@ -142,9 +155,13 @@ def _main(argv: list[str] | None) -> int:
         print(_summary(spec))
         return EXIT_OK
     if args.command == "compile":
-        from flows.compile import compile_plan, describe
+        from flows.compile import SettingsError, compile_plan, describe
 
-        print(describe(compile_plan(spec)))
+        try:
+            print(describe(compile_plan(spec)))
+        except SettingsError as exc:
+            print(f"e31: {exc}", file=sys.stderr)
+            return EXIT_INVALID
         return EXIT_OK
     return _run(spec, args.spec)
 

@@ -78,6 +78,24 @@ class Plan(BaseModel):
         return stop, reason
 
 
+class SettingsError(ValueError):
+    """An ``E31_*`` environment setting has a value E31 cannot use."""
+
+
+def _reserve_s() -> float:
+    """``$E31_RETURN_RESERVE_S`` (seconds >= 0), else the 30 s floor."""
+    text = os.environ.get("E31_RETURN_RESERVE_S")
+    if text is None:
+        return RETURN_RESERVE_FLOOR_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise SettingsError(f"E31_RETURN_RESERVE_S must be a number of seconds >= 0 (got {text!r})")
+    return value
+
+
 def default_scratch_root() -> Path:
     """``$E31_SCRATCH``, else ``$XDG_CACHE_HOME/e31/scratch``, else
     ``~/.cache/e31/scratch``."""
@@ -121,7 +139,7 @@ def compile_plan(spec: JobSpec, scratch_root: Path | None = None) -> Plan:
         limit_s=limit.total_seconds(),
         grace_s=min(req.grace.total_seconds(), limit.total_seconds()),
         deadline=req.deadline,
-        return_reserve_s=float(os.environ.get("E31_RETURN_RESERVE_S", RETURN_RESERVE_FLOOR_S)),
+        return_reserve_s=_reserve_s(),
         device="cuda" if req.gpus > 0 else "cpu",
         gpus=req.gpus,
         cpus=req.cpus,

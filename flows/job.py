@@ -23,8 +23,9 @@ from flows.resume import Resume, end_attempt, prepare_scratch
 from specs import JobSpec, mask_url
 from tasks.checkpoint import latest_durable
 from tasks.context import ChildConfig
-from tasks.deliver import ReturnTarget, check_destination, return_task, write_failure_manifest
+from tasks.deliver import ReturnTarget, check_destination, deliver, return_task, write_failure_manifest
 from tasks.outcome import ChildLost, RunOutcome
+from tasks.process import signals_deferred
 from tasks.run import RunSettings, run_task
 from tasks.stage import StageError, stage_task
 
@@ -115,8 +116,9 @@ def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) ->
                                  f"the start (return reserve {plan.return_reserve_s:g} s, grace {plan.grace_s:g} s)")
         # An earlier attempt died with its process and this one has no time left to run.
         outcome = RunOutcome(reason="crashed", exit_code=None, run_s=0.0, checkpoint=latest_durable(plan.checkpoint_url),
-                             message=f"an earlier attempt was lost and the job can no longer run ({stop_reason} passed)")
-        return _finish(plan, return_task(target, outcome))
+                             message="an earlier attempt was lost and the job can no longer run: "
+                                     f"its {stop_reason.replace('_', ' ')}, less the return reserve, has passed")
+        return _finish(plan, _return(plan, target, outcome))
     started = time.monotonic()
     try:
         futures = [stage_task.with_options(task_run_name=f"stage-{item.name}").submit(item, str(plan.data_dir))
@@ -128,11 +130,21 @@ def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) ->
         raise
     target.staging_s = time.monotonic() - started
     outcome = _run(spec, plan, staged, code_dir, target, time.time())
-    try:
-        manifest = outcome.manifest or return_task(target, outcome)
-    except Exception as exc:
-        raise ReturnFailed(plan, exc) from None
-    return _finish(plan, manifest)
+    return _finish(plan, outcome.manifest or _return(plan, target, outcome))
+
+
+def _return(plan: Plan, target: ReturnTarget, outcome: RunOutcome) -> dict[str, Any]:
+    """The return task; without the Prefect API (it may be gone) the same
+    delivery runs in this thread.  A Ctrl-C or SIGTERM during it is noted,
+    not obeyed: the output is on its way.  Raises :class:`ReturnFailed`."""
+    with signals_deferred("e31: returning the output first (kill -9 abandons it)"):
+        try:
+            return return_task(target, outcome)
+        except Exception as first:
+            try:
+                return deliver(target, outcome)
+            except Exception as exc:
+                raise ReturnFailed(plan, exc if str(exc) else first) from None
 
 
 def _finish(plan: Plan, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -160,6 +172,7 @@ def _run(spec: JobSpec, plan: Plan, staged: dict[str, str], code_dir: str | None
         reserve_floor_s=plan.return_reserve_s,
         target=target,
         flow_run_id=target.run_id,
+        work_sha256=plan.work_sha256,
     )
     state = run_task.with_options(retries=spec.request.retries, retry_delay_seconds=1)(settings, return_state=True)
     try:

@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,8 +79,34 @@ def prepare_scratch(plan: Plan) -> Resume:
     discard_torn(plan.checkpoint_dir)
     attempt = plan.run_dir / ATTEMPT_FILE
     crashed = _read_state(attempt) == "running"
+    if crashed:
+        kill_leftovers(plan)
     attempt.write_text(json.dumps({"state": "running", "pid": os.getpid(), "started": time.time()}))
     return Resume(_resume_step(plan), crashed)
+
+
+def kill_leftovers(plan: Plan) -> list[int]:
+    """SIGKILL what a killed attempt left running: processes of its work's
+    process group (recorded by the run task) that still carry this job's
+    ``E31_CHECKPOINT_DIR`` (a command's own children outlive a kill -9 of
+    the supervisor).  Returns their pids.  Linux only (reads /proc)."""
+    try:
+        pgid = int((plan.run_dir / "child.pgid").read_text())
+    except (OSError, ValueError):
+        return []
+    mark = f"E31_CHECKPOINT_DIR={plan.checkpoint_dir}".encode()
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != pgid or mark not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed.append(int(entry.name))
+        except (OSError, ProcessLookupError):
+            continue
+    return killed
 
 
 def end_attempt(plan: Plan) -> None:
@@ -109,7 +136,8 @@ def _resume_step(plan: Plan) -> int | None:
         return local.step
     previous = existing_manifest(plan.output_url)
     durable = latest_durable(plan.checkpoint_url)
-    if durable is not None and (previous is None or previous.get("status") != "completed"):
+    resumable = durable is not None and durable.work_sha256 == plan.work_sha256
+    if resumable and (previous is None or previous.get("status") != "completed"):
         target = plan.checkpoint_dir / step_dir_name(durable.step)
         storage.get(durable.url, target)
         if latest_valid(plan.checkpoint_dir) is not None:

@@ -21,6 +21,10 @@ _CHAIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*::")
 _MASK = "***"
 
 
+# query parameters whose name contains one of these are masked too (e.g. secret_access_key)
+_SECRET_WORDS = ("secret", "token", "password", "passwd", "signature", "credential", "apikey", "api_key", "access_key")
+
+
 def _mask_userinfo(url: str) -> str:
     match = _SCHEME.match(url)
     if not match:
@@ -47,7 +51,8 @@ def _mask_query(url: str) -> str:
     parts = []
     for item in query.split("&"):
         key, eq, _value = item.partition("=")
-        if eq and unquote(key).strip().lower() in SECRET_QUERY_KEYS:
+        name = unquote(key).strip().lower()
+        if eq and (name in SECRET_QUERY_KEYS or any(word in name for word in _SECRET_WORDS)):
             item = f"{key}={_MASK}"
         parts.append(item)
     return base + qmark + "&".join(parts) + hash_ + fragment

@@ -1,13 +1,16 @@
 """Notice a cancel of the flow run made through the Prefect API or UI.
 
 A flow called as a plain Python function is left in ``Cancelling`` by the
-API (see ../shared/prefect.md), so the run task polls its flow run's state
-itself and stops the work when it sees ``CANCELLING`` or ``CANCELLED``.
+API (see ../shared/prefect.md), so the run task watches its flow run's state
+itself and stops the work when it sees ``CANCELLING`` or ``CANCELLED``.  The
+API is read from a background thread: the supervisor's loop never waits on
+it, so a slow or lost API cannot delay a stop.
 """
 
 from __future__ import annotations
 
-import time
+import contextvars
+import threading
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
@@ -16,27 +19,53 @@ POLL_EVERY_S = 2.0  # seconds between state reads
 
 
 class CancelWatcher:
-    """``cancelled()`` is True once the flow run ``flow_run_id`` is being
-    cancelled.  Reads the API at most every :data:`POLL_EVERY_S` seconds; an
-    API error counts as "not cancelled" (the run goes on)."""
+    """``cancelled()`` is True once the flow run ``flow_run_id`` was seen
+    being cancelled.  An API error counts as "not cancelled" (the run goes
+    on).  Call :meth:`stop` when done."""
 
     def __init__(self, flow_run_id: str | None):
         self.flow_run_id = flow_run_id
-        self._next = 0.0
-        self._seen = False
+        self._seen = threading.Event()
+        self._wake = threading.Event()
+        self._polled = threading.Condition()
+        self._polls = 0
+        self._done = False
+        if flow_run_id is not None:
+            # in a copy of this context: the Prefect settings (API URL) in force here apply there
+            threading.Thread(target=contextvars.copy_context().run, args=(self._loop,), name="e31-cancel-watch",
+                             daemon=True).start()
 
-    def cancelled(self, force: bool = False) -> bool:
-        """True once a cancel was seen; ``force`` reads the API now."""
-        if self._seen or self.flow_run_id is None:
-            return self._seen
-        now = time.monotonic()
-        if now < self._next and not force:
-            return False
-        self._next = now + POLL_EVERY_S
-        try:
-            with get_client(sync_client=True) as client:
-                state = client.read_flow_run(self.flow_run_id).state
-        except Exception:
-            return False
-        self._seen = state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED)
-        return self._seen
+    def _loop(self) -> None:
+        while not self._done and not self._seen.is_set():
+            try:
+                with get_client(sync_client=True) as client:
+                    state = client.read_flow_run(self.flow_run_id).state
+                if state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED):
+                    self._seen.set()
+            except Exception:
+                pass
+            with self._polled:
+                self._polls += 1
+                self._polled.notify_all()
+            self._wake.wait(POLL_EVERY_S)
+            self._wake.clear()
+
+    def cancelled(self) -> bool:
+        """True once a cancel was seen (never blocks)."""
+        return self._seen.is_set()
+
+    def refresh(self, timeout_s: float = 3.0) -> bool:
+        """Read the state now (waiting at most ``timeout_s`` seconds for the
+        answer) and return :meth:`cancelled`."""
+        if self.flow_run_id is None or self._seen.is_set():
+            return self._seen.is_set()
+        with self._polled:
+            target = self._polls + 1
+            self._wake.set()
+            self._polled.wait_for(lambda: self._polls >= target or self._seen.is_set(), timeout=timeout_s)
+        return self._seen.is_set()
+
+    def stop(self) -> None:
+        """End the background thread."""
+        self._done = True
+        self._wake.set()

@@ -20,19 +20,21 @@ from tasks.checkpoints import MARKER, parse_step, step_dir_name, verify
 
 @dataclass(frozen=True)
 class DurableCheckpoint:
-    """A verified checkpoint on durable storage: its ``step``, ``url`` and
-    total size in ``bytes``."""
+    """A verified checkpoint on durable storage: its ``step``, ``url``,
+    total size in ``bytes``, and the ``work_sha256`` of the work that wrote
+    it (None when unknown)."""
 
     step: int
     url: str
     bytes: int
+    work_sha256: str | None = None
 
 
 class CheckpointVerifyError(RuntimeError):
     """A file read back from durable storage did not match its sha256."""
 
 
-def upload(local_dir: Path, durable_root: str, keep: int) -> DurableCheckpoint:
+def upload(local_dir: Path, durable_root: str, keep: int, work_sha256: str | None = None) -> DurableCheckpoint:
     """Upload one committed local checkpoint folder and prune old ones.
 
     Returns the :class:`DurableCheckpoint`.  Raises
@@ -52,9 +54,10 @@ def upload(local_dir: Path, durable_root: str, keep: int) -> DurableCheckpoint:
         if size != meta["bytes"] or digest != meta["sha256"]:
             raise CheckpointVerifyError(f"{mask_url(url)}: read back {size} bytes sha256 {digest}, expected {meta['sha256']}")
         total += size
+    marker = {**marker, "work_sha256": work_sha256}  # a changed work never resumes from it
     storage.write_bytes(storage.join(target, MARKER), json.dumps(marker, indent=1, sort_keys=True).encode())
     prune(durable_root, keep)
-    return DurableCheckpoint(step=step, url=target, bytes=total)
+    return DurableCheckpoint(step=step, url=target, bytes=total, work_sha256=work_sha256)
 
 
 def prune(durable_root: str, keep: int) -> list[int]:
@@ -80,11 +83,12 @@ def latest_durable(durable_root: str) -> DurableCheckpoint | None:
             marker = json.loads(storage.read_bytes(storage.join(url, MARKER)))
         except (FileNotFoundError, ValueError):
             continue
-        return DurableCheckpoint(step=s, url=url, bytes=sum(m["bytes"] for m in marker["files"].values()))
+        return DurableCheckpoint(step=s, url=url, bytes=sum(m["bytes"] for m in marker["files"].values()),
+                                 work_sha256=marker.get("work_sha256"))
     return None
 
 
 @task(name="checkpoint", retries=2, retry_delay_seconds=[1, 5])
-def checkpoint_task(local_dir: Path, durable_root: str, keep: int) -> DurableCheckpoint:
+def checkpoint_task(local_dir: Path, durable_root: str, keep: int, work_sha256: str | None = None) -> DurableCheckpoint:
     """Prefect task wrapper of :func:`upload` (retried twice on error)."""
-    return upload(Path(local_dir), durable_root, keep)
+    return upload(Path(local_dir), durable_root, keep, work_sha256)

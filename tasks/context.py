@@ -99,6 +99,7 @@ class WorkContext:
         self.cpus: int = cfg.cpus
         self._checkpoint_dir = Path(cfg.checkpoint_dir)
         self._stop = False
+        self._stop_noted = False
         self._last_checkpoint_time = time.monotonic()
         self._last_checkpoint_step: int | None = None
         self._last_folder: Path | None = None
@@ -140,7 +141,12 @@ class WorkContext:
     @property
     def should_stop(self) -> bool:
         """True once the supervisor warned that the run must end (time limit,
-        deadline, cancellation, preemption): save a checkpoint and return."""
+        deadline, cancellation, preemption): save a checkpoint and return.
+        (Work that never reads it as true and finishes anyway counts as
+        finished.)"""
+        if self._stop and not self._stop_noted:
+            self._stop_noted = True
+            Path(self._cfg.progress_file).with_name("stop_seen").write_text("1")
         return self._stop
 
     # -- checkpoints ----------------------------------------------------

@@ -1,11 +1,14 @@
 """Show the work's ``ctx.progress()`` reports: a rich progress bar on an
 interactive terminal, log lines otherwise, and a Prefect progress artifact
-in the UI."""
+in the UI (written from a background thread, so a slow Prefect API never
+holds up the supervisor)."""
 
 from __future__ import annotations
 
+import contextvars
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +34,27 @@ class ProgressReporter:
         self._bar = None
         self._task_id = None
         self.last: dict | None = None
+        self._pending: tuple[float, str] | None = None  # newest (percent, description) to publish
+        self._wake = threading.Event()
+        # run in a copy of this task's context, so the artifact is attached to the run task
+        threading.Thread(target=contextvars.copy_context().run, args=(self._publish_loop,), name="e31-progress",
+                         daemon=True).start()
+
+    def _publish_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            pending, self._pending = self._pending, None
+            if pending is None:
+                continue
+            percent, description = pending
+            try:
+                if self._artifact_id is None:
+                    self._artifact_id = create_progress_artifact(percent, key="progress", description=description)
+                else:
+                    update_progress_artifact(self._artifact_id, percent, description=description)
+            except Exception:
+                pass
 
     def poll(self, final: bool = False) -> None:
         try:
@@ -60,12 +84,8 @@ class ProgressReporter:
             get_run_logger().info("progress %g%s %s", done, of, metrics)
         if percent is not None and (final or now - self._artifact_at >= ARTIFACT_EVERY_S):
             self._artifact_at = now
-            if self._artifact_id is None:
-                self._artifact_id = create_progress_artifact(
-                    percent, key="progress", description=f"{self.job}: {done:g}/{total:g} {metrics}"
-                )
-            else:
-                update_progress_artifact(self._artifact_id, percent, description=f"{self.job}: {done:g}/{total:g} {metrics}")
+            self._pending = (percent, f"{self.job}: {done:g}/{total:g} {metrics}")
+            self._wake.set()
 
     def _show_bar(self, done, total, metrics: str, final: bool) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -32,10 +32,13 @@ from tasks.cancel import CancelWatcher
 from tasks.context import ChildConfig, command_environment
 from tasks.deliver import ReturnTarget, deliver
 from tasks.outcome import ChildLost, RunOutcome
+from tasks.process import die_with_parent
 from tasks.progress import ProgressReporter
 from tasks.uploader import Uploader
 
 POLL_S = 0.2  # seconds between supervisor checks
+STOP_SEEN = "stop_seen"  # written beside the progress file when the work reads ctx.should_stop as true
+CHILD_PGID = "child.pgid"  # process group of the running work
 RESERVE_EVERY_S = 2.0  # seconds between re-estimates of the deadline's return reserve
 STDERR_TAIL_LINES = 20
 
@@ -64,6 +67,7 @@ class RunSettings:
     reserve_floor_s: float = 30.0
     return_rate: float = 50 * 1024**2
     flow_run_id: str | None = None
+    work_sha256: str | None = None
 
 
 class _Stop:
@@ -107,19 +111,6 @@ def _folder_bytes(root: Path) -> int:
             except OSError:
                 pass
     return total
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGKILL it when the supervisor
-    dies (``prctl(PR_SET_PDEATHSIG)``), so a killed flow leaves no orphan
-    training on.  The signal follows the creating thread, hence main thread
-    only.  A no-op where prctl is missing."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -166,12 +157,14 @@ def supervise(settings: RunSettings) -> RunOutcome:
     settings.child.write(config_path)
     stdout_path, stderr_path = run_dir / "stdout.log", run_dir / "stderr.log"
     Path(settings.child.progress_file).unlink(missing_ok=True)  # no stale progress from an earlier run
+    stop_seen = Path(settings.child.progress_file).with_name(STOP_SEEN)
+    stop_seen.unlink(missing_ok=True)
     env = {**os.environ, **command_environment(settings.child)}
     env["PYTHONPATH"] = os.pathsep.join([*settings.child.code_dirs, env.get("PYTHONPATH", "")]).strip(os.pathsep)
     command = list(settings.child.command or [sys.executable, "-m", "tasks.child", str(config_path)])
 
     stop, clock = _Stop(), _Clock(settings)
-    uploader = Uploader(Path(settings.child.checkpoint_dir), settings.checkpoint_url, settings.keep)
+    uploader = Uploader(Path(settings.child.checkpoint_dir), settings.checkpoint_url, settings.keep, settings.work_sha256)
     progress = ProgressReporter(settings.job, Path(settings.child.progress_file))
     cancel = CancelWatcher(settings.flow_run_id)
     restore = _install_signal_handlers(stop)
@@ -184,13 +177,15 @@ def supervise(settings: RunSettings) -> RunOutcome:
             proc = subprocess.Popen(
                 command, cwd=cwd, env=env, stdout=out, stderr=err,
                 start_new_session=True,  # its own process group: signals reach the whole tree
-                preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
+                preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else None,
             )
     except OSError as exc:  # a command that does not exist or cannot be executed
         restore()
+        cancel.stop()
         return RunOutcome(reason="error", exit_code=127, run_s=0.0,
                           message=f"cannot start work.command {command!r}: {exc.strerror}",
                           checkpoint=uploader.finish())
+    (run_dir / CHILD_PGID).write_text(str(proc.pid))  # lets the next attempt clean up after a kill -9
     killed = False
     try:
         while proc.poll() is None:
@@ -201,7 +196,7 @@ def supervise(settings: RunSettings) -> RunOutcome:
             if cancel.cancelled():
                 stop.request("cancelled")
             if stop.reason and stop.warned_at is None:
-                if stop.reason == "signal" and cancel.cancelled(force=True):
+                if stop.reason == "signal" and cancel.refresh():
                     stop.reason = "cancelled"  # a worker's SIGTERM after a cancel
                 stop.warned_at = now
                 stop.hard_at = min(clock.stop_at, now + settings.grace_s) if stop.reason in ("time_limit", "deadline") else now + settings.grace_s
@@ -219,11 +214,14 @@ def supervise(settings: RunSettings) -> RunOutcome:
             _signal_group(proc, signal.SIGKILL)
             proc.wait()
         restore()
+        cancel.stop()
     run_s = time.time() - started
     _signal_group(proc, signal.SIGKILL)  # leftovers of the child's process group
     progress.poll(final=True)
     cancelled = stop.reason == "cancelled"
     latest = uploader.finish(inline=cancelled)
+    if stop.reason and proc.returncode == 0 and not settings.child.command and not stop_seen.exists():
+        stop.reason = None  # the work finished during the grace period without ever seeing the warning
     outcome = _outcome(proc.returncode, stop, killed, run_s, _tail(stderr_path))
     outcome.stop_requested_at = stop.warned_at
     outcome.checkpoint, outcome.uploads = latest, uploader.done

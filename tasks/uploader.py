@@ -21,11 +21,13 @@ class Uploader:
     """Uploads checkpoints from ``local_root`` to ``durable_root`` keeping
     ``keep`` of them on both sides."""
 
-    def __init__(self, local_root: Path, durable_root: str, keep: int):
+    def __init__(self, local_root: Path, durable_root: str, keep: int, work_sha256: str | None = None):
         self.root, self.durable_root, self.keep = Path(local_root), durable_root, keep
+        self.work_sha256 = work_sha256
         self.done: list[DurableCheckpoint] = []
         self.failures: list[str] = []
         self._future = None
+        self._future_step: int | None = None
         self._submitted: set[int] = set()
 
     def poll(self) -> None:
@@ -33,7 +35,7 @@ class Uploader:
         next one (as a task)."""
         commit_pending(self.root, newest_only=True)
         if self._future is not None:
-            if not self._future.state.is_final():
+            if not self._future.wrapped_future.done():  # local: never waits on the Prefect API
                 return
             self._collect()
         newest = committed(self.root)
@@ -41,8 +43,9 @@ class Uploader:
             ckpt = newest[-1]
             self._submitted.add(ckpt.step)
             self._future = checkpoint_task.with_options(task_run_name=f"checkpoint-step-{ckpt.step}").submit(
-                ckpt.path, self.durable_root, self.keep
+                ckpt.path, self.durable_root, self.keep, self.work_sha256
             )
+            self._future_step = ckpt.step
 
     def _collect(self) -> None:
         try:
@@ -57,26 +60,38 @@ class Uploader:
         for ckpt in local[: max(0, len(local) - self.keep)]:
             shutil.rmtree(ckpt.path, ignore_errors=True)
 
-    def finish(self, inline: bool = False) -> DurableCheckpoint | None:
-        """Wait for the upload in flight, upload the newest local checkpoint
-        if it is not durable yet (``inline``: without starting a task), and
-        return the newest durable checkpoint."""
+    def finish(self, inline: bool = False, timeout_s: float = 120.0) -> DurableCheckpoint | None:
+        """Wait (at most ``timeout_s`` seconds) for the upload in flight,
+        upload the newest local checkpoint if it is not durable yet, and
+        return the newest durable checkpoint.  ``inline``: upload in this
+        thread, without starting a task (after a cancel Prefect starts none);
+        also used when an upload task does not finish in time (the Prefect API
+        may be gone)."""
         if self._future is not None:
-            self._future.wait()
-            self._collect()
+            try:
+                self._future.wrapped_future.result(timeout=timeout_s)
+                self._collect()
+            except Exception:  # timed out: upload that step again, here
+                self.failures.append(f"checkpoint task did not finish within {timeout_s:g} s")
+                self._submitted.discard(self._future_step)
+                self._future, inline = None, True
         commit_pending(self.root, newest_only=True)
         newest = committed(self.root)
         if newest and newest[-1].step not in self._submitted:
             ckpt = newest[-1]
             self._submitted.add(ckpt.step)
             try:
-                if inline:
-                    self._record(upload(ckpt.path, self.durable_root, self.keep))
-                else:
+                if not inline:
                     future = checkpoint_task.with_options(task_run_name=f"checkpoint-step-{ckpt.step}").submit(
-                        ckpt.path, self.durable_root, self.keep
+                        ckpt.path, self.durable_root, self.keep, self.work_sha256
                     )
-                    self._record(future.result())
+                    try:
+                        future.wrapped_future.result(timeout=timeout_s)
+                        self._record(future.result())
+                    except TimeoutError:
+                        inline = True
+                if inline:
+                    self._record(upload(ckpt.path, self.durable_root, self.keep, self.work_sha256))
             except Exception as exc:
                 self.failures.append(str(exc))
         return self.done[-1] if self.done else latest_durable(self.durable_root)

@@ -56,7 +56,7 @@ def steps(ctx) -> None:
                 _crash(p["crash"])
         if p["block_after"] is not None and step >= int(p["block_after"]):
             time.sleep(3600)
-        if ctx.should_stop and not p["ignore_stop"]:
+        if not p["ignore_stop"] and ctx.should_stop:
             (ctx.output_dir / "stopped_at.txt").write_text(str(step))
             if p["save_on_stop"] and not saved:
                 ctx.checkpoint(_state(step, p["state_mib"]), step, wait=True)

@@ -204,3 +204,67 @@ def test_killed_flow_process_resumes_on_the_next_attempt(prefect_api, scratch, t
     assert resumed >= newest
     manifest = json.loads((out / "manifest.json").read_text())
     assert (manifest["status"], manifest["step"]) == ("completed", 40)
+
+
+def test_work_that_finishes_in_the_grace_period_without_seeing_the_warning_completes(prefect_api, scratch, tmp_path):
+    spec = parse_spec(_spec(tmp_path, "finishes-in-grace", limit="9s", grace="7s", ignore_stop=True, n=30, step_s=0.1))
+    manifest = run_job(spec, code_dir=str(HERE))
+    assert manifest["stop_requested_at"] is not None  # the warning went out ...
+    assert (manifest["status"], manifest["reason"], manifest["step"]) == ("completed", "finished", 30)  # ... unseen
+
+
+def test_a_changed_work_does_not_resume_from_another_works_checkpoints(prefect_api, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+
+    def attempt(scratch_name: str, limit: str, n: int) -> dict:
+        monkeypatch.setenv("E31_SCRATCH", str(tmp_path / scratch_name))
+        return run_job(parse_spec(_spec(tmp_path, "changed", limit=limit, grace="2s", step_s=0.1, n=n)), code_dir=str(HERE))
+
+    first = attempt("scratch-a", "5s", 60)
+    assert first["status"] == "partial" and 1 <= first["step"] < 60
+    # another machine (fresh scratch): the same work resumes from the durable checkpoint ...
+    same = attempt("scratch-b", "60s", 60)
+    assert same["status"] == "completed" and (out / "resumed_from.txt").read_text() == str(first["step"])
+    # ... but after a partial run, changed params on a third machine start from scratch
+    assert attempt("scratch-c", "5s", 60)["status"] == "partial"
+    other = attempt("scratch-d", "60s", 61)
+    assert other["status"] == "completed" and (out / "resumed_from.txt").read_text() == "0"
+
+
+def test_ctrl_c_to_the_whole_process_group_with_the_temporary_server(scratch, tmp_path):
+    """As a terminal's Ctrl-C: SIGINT to e31 and every process of its group, with no
+    PREFECT_API_URL (e31 starts its own temporary server, outside the group)."""
+    out = tmp_path / "out"
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(_spec(tmp_path, "ctrl-c", step_s=0.1)))
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PYTHONPATH=str(HERE), PREFECT_HOME=str(tmp_path / "prefect-home"))
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("e31")), "run", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    _wait_for(lambda: len(_durable_steps(out)) >= 2, timeout=150)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 3, stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["status"], manifest["reason"]) == ("partial", "signal")
+    _assert_returned_checkpoint(out, manifest)
+    assert "Traceback" not in stderr
+
+
+def test_next_attempt_kills_what_a_killed_flow_left_running(prefect_api, scratch, tmp_path):
+    out = tmp_path / "out"
+    raw = _spec(tmp_path, "leftovers")
+    raw["work"] = {"kind": "processing", "command": [
+        "bash", "-c", 'sleep 3600 & echo $! > "$E31_OUTPUT_DIR/grandchild.pid"; wait']}
+    proc = _start_cli(tmp_path, raw)
+    _wait_for(lambda: list(scratch.glob("*/output/grandchild.pid")), timeout=90)
+    grandchild = int(next(scratch.glob("*/output/grandchild.pid")).read_text())
+    proc.kill()
+    proc.communicate(timeout=30)
+    time.sleep(1)
+    assert not _pid_gone(grandchild)  # a command's own child outlives a kill -9 of the supervisor
+    raw["work"]["command"] = [sys.executable, "-c", "import os, pathlib; pathlib.Path(os.environ['E31_OUTPUT_DIR'], 'done.txt').write_text('x')"]
+    again = _start_cli(tmp_path, raw)
+    stdout, stderr = again.communicate(timeout=120)
+    assert again.returncode == 0, stderr
+    _wait_for(lambda: _pid_gone(grandchild), timeout=5)  # the next attempt cleaned it up

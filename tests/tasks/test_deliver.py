@@ -41,3 +41,16 @@ def test_completed_run_is_never_downgraded(tmp_path):
     # a new run of the same job does replace it
     newer = deliver(_target(tmp_path, run_id="run-2"), RunOutcome(reason="time_limit", exit_code=0, run_s=1.0))
     assert (newer["run_id"], newer["status"]) == ("run-2", "partial")
+
+
+def test_signals_are_deferred_while_returning(capsys):
+    import os
+    import signal
+
+    from tasks.process import signals_deferred
+
+    with signals_deferred("returning first"):
+        os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt here
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert capsys.readouterr().err == "returning first\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

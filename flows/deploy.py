@@ -1,0 +1,64 @@
+"""Deployments of ``run_job`` for a job spec: the spec travels through the
+Prefect API as the flow's typed ``spec`` parameter (its schema in the UI is
+the spec's JSON Schema), with a cron schedule in a named timezone.
+
+Used by ``e31 deploy`` (to a work pool) and ``deployments/serve.py`` (served
+from one process, no work pool).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from specs import JobSpec
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the folder holding flows/, for from_source
+ENTRYPOINT = "flows/job.py:run_job"
+
+
+def job_tags(spec: JobSpec) -> list[str]:
+    """Prefect tags for a job's runs: its work kind and its request, e.g.
+    ``["e31", "kind:training", "gpus:0", "cpus:1"]``."""
+    return ["e31", f"kind:{spec.work.kind}", f"gpus:{spec.request.gpus}", f"cpus:{spec.request.cpus}"]
+
+
+def parameters(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
+    """The flow run parameters for ``spec`` (JSON-ready)."""
+    return {"spec": spec.model_dump(mode="json"), "code_dir": code_dir}
+
+
+def schedules(cron: str | None, timezone: str | None) -> list | None:
+    """A one-element schedule list for ``cron`` in ``timezone`` (IANA name;
+    Prefect's cron schedules follow local wall-clock time across DST
+    changes), or None without ``cron``.  Raises ``ValueError`` for a bad cron
+    string or timezone."""
+    if not cron:
+        return None
+    from prefect.schedules import Cron
+
+    return [Cron(cron, timezone=timezone)]
+
+
+def deploy_spec(
+    spec: JobSpec, code_dir: str | None, *, pool: str, cron: str | None = None, timezone: str | None = None,
+    name: str | None = None,
+) -> str:
+    """Create or update the deployment ``e31-job/<name or spec.name>`` on the
+    work pool ``pool``, running this checkout's ``run_job``; returns its id.
+    Workers must see this folder (one machine, or a shared filesystem)."""
+    from flows.job import run_job
+
+    flow = run_job.from_source(source=str(REPO_ROOT), entrypoint=ENTRYPOINT)
+    deployment_id = flow.deploy(
+        name=name or spec.name,
+        work_pool_name=pool,
+        parameters=parameters(spec, code_dir),
+        schedules=schedules(cron, timezone),
+        tags=job_tags(spec),
+        description=f"E31 job {spec.name}: {spec.work.kind}, output {spec.output.kind}",
+        build=False,
+        push=False,
+        print_next_steps=False,
+    )
+    return str(deployment_id)
