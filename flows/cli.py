@@ -4,6 +4,7 @@
     e31 schema                                  JSON Schema of the spec to stdout
     e31 compile SPEC [--set ...]                print the plan run_job would execute
     e31 run SPEC [--set ...]                    run the job here, print where the output went
+    e31 deploy SPEC --pool P [--cron C --timezone TZ]   a Prefect deployment of the job
 
 Exit codes: 0 completed (or valid), 3 partial, 1 failed, 2 invalid spec or
 usage.  Errors are printed without a traceback.  Prefect is imported only by
@@ -38,6 +39,15 @@ def _parser() -> argparse.ArgumentParser:
             "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
             help="override a field by dotted path, e.g. --set request.limit=20s --set output.url=/tmp/out",
         )
+    deploy = sub.add_parser("deploy", help="create a Prefect deployment of the job on a work pool",
+                            description="create or update the Prefect deployment e31-job/NAME of the job on a work pool")
+    deploy.add_argument("spec", help="job spec file")
+    deploy.add_argument("--pool", required=True, help="Prefect work pool (e.g. a process pool: prefect work-pool create P --type process)")
+    deploy.add_argument("--cron", help='cron schedule, e.g. "0 2 * * *" (none: runs only when triggered)')
+    deploy.add_argument("--timezone", default="UTC", help="IANA timezone of the schedule, e.g. Europe/London (default UTC)")
+    deploy.add_argument("--name", help="deployment name (default: the job's name)")
+    deploy.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a field by dotted path")
     sub.add_parser("schema", help="print the JSON Schema of job specs", description="print the JSON Schema of job specs")
     return parser
 
@@ -108,6 +118,26 @@ def _run_with_api(spec: JobSpec, spec_path: str) -> int:
     return EXIT_OK if manifest["status"] == "completed" else EXIT_PARTIAL
 
 
+def _deploy(spec: JobSpec, args: argparse.Namespace) -> int:
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.deploy import deploy_spec
+
+    if not PREFECT_API_URL.value():
+        print("e31: deploy needs a Prefect server that workers also reach: start one (prefect server start) "
+              "and set PREFECT_API_URL", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        deployment_id = deploy_spec(spec, str(Path(args.spec).resolve().parent), pool=args.pool, cron=args.cron,
+                                    timezone=args.timezone if args.cron else None, name=args.name)
+    except Exception as exc:  # bad cron or timezone, unknown pool, unreachable API
+        print(f"e31: deploy failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    schedule = f"cron {args.cron!r} in {args.timezone}" if args.cron else "no schedule"
+    print(f"deployed e31-job/{args.name or spec.name} ({deployment_id}) on pool {args.pool}, {schedule}")
+    return EXIT_OK
+
+
 class _QuietFormatter(logging.Formatter):
     """Wraps the console handler's formatter: a log record carrying one of
     E31's own errors (already explained in one line) is shown without its
@@ -154,6 +184,8 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "validate":
         print(_summary(spec))
         return EXIT_OK
+    if args.command == "deploy":
+        return _deploy(spec, args)
     if args.command == "compile":
         from flows.compile import SettingsError, compile_plan, describe
 

@@ -60,5 +60,6 @@ def deploy_spec(
         build=False,
         push=False,
         print_next_steps=False,
+        ignore_warnings=True,  # Prefect's hint that a process pool suits local development
     )
     return str(deployment_id)

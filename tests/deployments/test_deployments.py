@@ -1,0 +1,144 @@
+"""Deployments on a real Prefect server: e31 deploy, prefect.yaml, a
+process worker running a deployed job, and the nightly schedule across DST."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+import yaml
+
+from specs import load_spec
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "specs" / "examples" / "digits-nightly-retrain.yaml"
+PREFECT = [sys.executable, "-m", "prefect"]
+LONDON = ZoneInfo("Europe/London")
+
+
+def test_nightly_schedule_keeps_one_run_a_night_across_dst_changes():
+    from prefect.server.schemas.schedules import CronSchedule
+
+    schedule = CronSchedule(cron="0 2 * * *", timezone="Europe/London")
+    for first_day in (datetime(2026, 10, 22, 12, tzinfo=LONDON), datetime(2027, 3, 25, 12, tzinfo=LONDON)):
+        dates = asyncio.run(schedule.get_dates(n=7, start=first_day))
+        local = [d.astimezone(LONDON) for d in dates]
+        assert [(d.date(), d.hour, d.minute) for d in local] == [
+            (first_day.date() + timedelta(days=i), 2, 0) for i in range(1, 8)
+        ]
+        offsets = sorted({d.utcoffset().total_seconds() / 3600 for d in local})
+        assert offsets == [0.0, 1.0]  # the change happened inside the week, and no night was doubled or dropped
+
+
+def _deployment(name: str):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        try:
+            return client.read_deployment_by_name(name)
+        except Exception:
+            return None
+
+
+def test_deploy_refuses_an_invalid_spec_and_creates_nothing(prefect_api, e31, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(EXAMPLE.read_text().replace("gpus: 0", "gpus: -1").replace("name: digits-nightly-retrain", "name: bad-deploy"))
+    result = e31("deploy", str(bad), "--pool", "nowhere", "--cron", "0 2 * * *")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[1] == "  request.gpus: must be >= 0 (got -1)"
+    assert _deployment("e31-job/bad-deploy") is None
+
+
+@pytest.fixture
+def worker_pool(prefect_api, tmp_path):
+    pool = f"e31-{uuid.uuid4().hex[:6]}"
+    subprocess.run([*PREFECT, "work-pool", "create", pool, "--type", "process"], check=True, capture_output=True)
+    env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "E31_SCRATCH": str(tmp_path / "worker-scratch")}
+    log = open(tmp_path / "worker.log", "wb")
+    worker = subprocess.Popen([*PREFECT, "worker", "start", "--pool", pool], env=env, cwd=REPO, stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    yield pool
+    os.killpg(worker.pid, signal.SIGTERM)
+    try:
+        worker.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+    log.close()
+
+
+def test_deploy_then_a_worker_runs_it_with_an_equal_spec(worker_pool, e31, tmp_path):
+    out = tmp_path / "out"
+    result = e31("deploy", str(EXAMPLE), "--pool", worker_pool, "--cron", "0 2 * * *", "--timezone", "Europe/London",
+                 "--name", "nightly-test", "--set", f"output.url={out}")
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.splitlines()[-1]  # after Prefect's own table of the deployment
+    assert last.startswith("deployed e31-job/nightly-test (")
+    assert last.endswith(f"on pool {worker_pool}, cron '0 2 * * *' in Europe/London")
+    deployment = _deployment("e31-job/nightly-test")
+    spec = load_spec(EXAMPLE, overrides=[f"output.url={out}"])
+    assert deployment.parameters["spec"] == spec.model_dump(mode="json")
+    assert deployment.tags == ["e31", "kind:training", "gpus:0", "cpus:1"]
+    (schedule,) = deployment.schedules
+    assert (schedule.schedule.cron, schedule.schedule.timezone) == ("0 2 * * *", "Europe/London")
+    # the parameter form in the UI is the spec's own schema
+    schema = deployment.parameter_openapi_schema
+    assert schema["properties"]["spec"]["$ref"].endswith("/JobSpec")
+    assert set(schema["definitions"]["JobSpec"]["properties"]) == {"spec_version", "name", "work", "data", "request", "output"}
+
+    # a manual run gets the same spec a scheduled one would, and the worker completes it
+    run = subprocess.run([*PREFECT, "deployment", "run", "e31-job/nightly-test"], capture_output=True, text=True, check=True)
+    deadline = time.monotonic() + 180
+    while not (out / "manifest.json").exists():
+        assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
+        time.sleep(0.5)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["status"], manifest["step"]) == ("completed", 30)
+    assert [f["path"] for f in manifest["files"]] == ["metrics.json", "model.pt"]
+    assert "Created flow run" in run.stdout or "flow run" in run.stdout.lower()
+
+
+def test_prefect_yaml_deploys_the_nightly_retrain(prefect_api, tmp_path):
+    subprocess.run([*PREFECT, "work-pool", "create", "e31-process", "--type", "process"], capture_output=True)
+    result = subprocess.run([*PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"],
+                            cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    deployment = _deployment("e31-job/digits-nightly-retrain")
+    (schedule,) = deployment.schedules
+    assert (schedule.schedule.cron, schedule.schedule.timezone) == ("0 2 * * *", "Europe/London")
+    deployed = deployment.parameters["spec"]
+    example = yaml.safe_load(EXAMPLE.read_text())
+    assert deployed["work"] == example["work"] and deployed["request"] == example["request"]
+    assert deployed["data"][0]["sha256"] == example["data"][0]["sha256"]
+
+
+def _served_with(cron: str) -> bool:
+    deployment = _deployment("e31-job/digits-nightly-retrain")
+    return deployment is not None and [(s.schedule.cron, s.schedule.timezone) for s in deployment.schedules] == [
+        (cron, "Europe/London")
+    ]
+
+
+def test_serve_serves_the_nightly_deployment_without_a_pool(prefect_api, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "deployments.serve", str(EXAMPLE), "--cron", "30 1 * * *"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not _served_with("30 1 * * *"):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.5)
+        deployment = _deployment("e31-job/digits-nightly-retrain")
+        assert deployment.work_pool_name is None  # served: no work pool
+        assert deployment.parameters["spec"] == load_spec(EXAMPLE).model_dump(mode="json")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
