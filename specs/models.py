@@ -10,7 +10,7 @@ from pydantic import Field, StrictInt, ValidationError, field_validator
 
 from .base import RuleError, SpecModel, spec_error
 from .fields import (
-    Deadline, Duration, FileName, Grace, InputName, JobName, Memory, NonEmpty, Sha256, Url,
+    Deadline, Duration, FileName, Grace, InputName, JobName, Memory, Sha256, Url,
     check_entrypoint, check_json, file_key, input_key,
 )
 from .live import LIVE_KEYS, LIVE_REASON, find_live_keys, got_key, live_kind, live_message

@@ -37,7 +37,7 @@ _UNITS: tuple[tuple[tuple[str, ...], int], ...] = (
 _UNIT_SECONDS = {word: (rank, secs) for rank, (words, secs) in enumerate(_UNITS) for word in words}
 
 _PART = re.compile(rf"\s*({_NUM})\s*([A-Za-z]+)\s*")
-_CLOCK = re.compile(rf"(\d+):(\d\d)(?::(\d\d(?:\.\d+)?))?")
+_CLOCK = re.compile(r"(\d+):(\d\d)(?::(\d\d(?:\.\d+)?))?")
 _ISO = re.compile(
     r"P(?:(?P<Y>\d+(?:[.,]\d+)?)Y)?(?:(?P<W>\d+(?:[.,]\d+)?)W)?(?:(?P<D>\d+(?:[.,]\d+)?)D)?"
     r"(?:T(?:(?P<H>\d+(?:[.,]\d+)?)H)?(?:(?P<M>\d+(?:[.,]\d+)?)M)?(?:(?P<S>\d+(?:[.,]\d+)?)S)?)?"

@@ -75,13 +75,38 @@ def prefect_api():
     for name in ("prefect.flow_runs", "prefect.task_runs"):  # send buffered run logs before the server goes
         for handler in logging.getLogger(name).handlers:
             handler.flush()
+    stop_group(proc)
+    log.close()
+
+
+def stop_group(proc: subprocess.Popen, timeout: float = 15) -> None:
+    """SIGTERM a process started with ``start_new_session=True`` and its group;
+    SIGKILL after ``timeout`` seconds."""
     os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=15)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    log.close()
+
+
+@pytest.fixture
+def process_worker(prefect_api, tmp_path):
+    """A new Prefect work pool of type process and one real worker polling it
+    every second from the repository root (``tests/flows`` importable, its own
+    ``E31_SCRATCH``); yields the pool's name.  The log is ``tmp_path/worker.log``."""
+    import uuid
+
+    pool = f"e31-{uuid.uuid4().hex[:6]}"
+    subprocess.run([sys.executable, "-m", "prefect", "work-pool", "create", pool, "--type", "process"],
+                   check=True, capture_output=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "flows"), str(REPO)]),
+           "PREFECT_WORKER_QUERY_SECONDS": "1", "E31_SCRATCH": str(tmp_path / "worker-scratch")}
+    with open(tmp_path / "worker.log", "wb") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool], env=env, cwd=REPO,
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        yield pool
+        stop_group(worker, timeout=20)
 
 
 @pytest.fixture

@@ -10,12 +10,10 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
-import pytest
 import yaml
 
 from specs import load_spec
@@ -59,31 +57,14 @@ def test_deploy_refuses_an_invalid_spec_and_creates_nothing(prefect_api, e31, tm
     assert _deployment("e31-job/bad-deploy") is None
 
 
-@pytest.fixture
-def worker_pool(prefect_api, tmp_path):
-    pool = f"e31-{uuid.uuid4().hex[:6]}"
-    subprocess.run([*PREFECT, "work-pool", "create", pool, "--type", "process"], check=True, capture_output=True)
-    env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "E31_SCRATCH": str(tmp_path / "worker-scratch")}
-    log = open(tmp_path / "worker.log", "wb")
-    worker = subprocess.Popen([*PREFECT, "worker", "start", "--pool", pool], env=env, cwd=REPO, stdout=log,
-                              stderr=subprocess.STDOUT, start_new_session=True)
-    yield pool
-    os.killpg(worker.pid, signal.SIGTERM)
-    try:
-        worker.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
-    log.close()
-
-
-def test_deploy_then_a_worker_runs_it_with_an_equal_spec(worker_pool, e31, tmp_path):
+def test_deploy_then_a_worker_runs_it_with_an_equal_spec(process_worker, e31, tmp_path):
     out = tmp_path / "out"
-    result = e31("deploy", str(EXAMPLE), "--pool", worker_pool, "--cron", "0 2 * * *", "--timezone", "Europe/London",
+    result = e31("deploy", str(EXAMPLE), "--pool", process_worker, "--cron", "0 2 * * *", "--timezone", "Europe/London",
                  "--name", "nightly-test", "--set", f"output.url={out}")
     assert result.returncode == 0, result.stderr
     last = result.stdout.splitlines()[-1]  # after Prefect's own table of the deployment
     assert last.startswith("deployed e31-job/nightly-test (")
-    assert last.endswith(f"on pool {worker_pool}, cron '0 2 * * *' in Europe/London")
+    assert last.endswith(f"on pool {process_worker}, cron '0 2 * * *' in Europe/London")
     deployment = _deployment("e31-job/nightly-test")
     spec = load_spec(EXAMPLE, overrides=[f"output.url={out}"])
     assert deployment.parameters["spec"] == spec.model_dump(mode="json")

@@ -4,16 +4,10 @@ on a real Prefect server, picked up by a real process worker."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
-import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-
-import pytest
 
 from flows.job import run_job
 from tests.flows.test_stops import _assert_returned_checkpoint, _durable_steps, _pid_gone, _spec, _wait_for
@@ -21,25 +15,6 @@ from tests.flows.test_stops import _assert_returned_checkpoint, _durable_steps, 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PREFECT = [sys.executable, "-m", "prefect"]
-
-
-@pytest.fixture
-def process_worker(prefect_api, tmp_path):
-    """A work pool of type process and one worker polling it every second."""
-    pool = f"e31-cancel-{uuid.uuid4().hex[:6]}"
-    subprocess.run([*PREFECT, "work-pool", "create", pool, "--type", "process"], check=True, capture_output=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]), "PREFECT_WORKER_QUERY_SECONDS": "1",
-           "E31_SCRATCH": str(tmp_path / "worker-scratch")}
-    log = open(tmp_path / "worker.log", "wb")
-    worker = subprocess.Popen([*PREFECT, "worker", "start", "--pool", pool], env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    yield pool
-    os.killpg(worker.pid, signal.SIGTERM)
-    try:
-        worker.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
-    log.close()
 
 
 def test_cancel_from_the_api_returns_partial_and_stops_the_child(process_worker, tmp_path):

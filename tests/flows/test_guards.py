@@ -56,7 +56,7 @@ def test_second_run_of_the_same_job_is_refused_while_the_first_holds_it(prefect_
     try:
         with pytest.raises(JobBusy) as err:
             run_job(spec)
-        assert str(err.value).startswith(f"job busy is already running on this machine (pid ")
+        assert str(err.value).startswith("job busy is already running on this machine (pid ")
     finally:
         end_attempt(plan)
     assert not (tmp_path / "out" / "manifest.json").exists()

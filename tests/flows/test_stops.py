@@ -252,7 +252,6 @@ def test_ctrl_c_to_the_whole_process_group_with_the_temporary_server(scratch, tm
 
 
 def test_next_attempt_kills_what_a_killed_flow_left_running(prefect_api, scratch, tmp_path):
-    out = tmp_path / "out"
     raw = _spec(tmp_path, "leftovers")
     raw["work"] = {"kind": "processing", "command": [
         "bash", "-c", 'sleep 3600 & echo $! > "$E31_OUTPUT_DIR/grandchild.pid"; wait']}
