@@ -177,6 +177,26 @@ def describe(plan: Plan, now: datetime | None = None) -> str:
     return "\n".join(lines)
 
 
+def describe_markdown(spec: JobSpec, plan: Plan) -> str:
+    """The four declarations as markdown for the flow run's page in the
+    Prefect UI (URLs masked)."""
+    req, work = spec.request, spec.work
+    runs = f"`{work.entrypoint}`" if work.entrypoint else "`" + " ".join(mask_url(a) for a in work.command or []) + "`"
+    inputs = "\n".join(f"| {d.name} | `{mask_url(d.url)}` | {d.sha256 or ''} |" for d in spec.data) or "| (none) | | |"
+    deadline = req.deadline.isoformat() if req.deadline else "none"
+    return (
+        f"# {spec.name}\n\n"
+        f"**work**: {work.kind}, runs {runs}\n\n"
+        f"**data**:\n\n| name | url | sha256 |\n|---|---|---|\n{inputs}\n\n"
+        f"**request**: {req.gpus} gpu, {req.cpus} cpu, memory {req.memory or 'any'} bytes, "
+        f"duration {req.duration or '-'}, limit {req.limit or '-'}, deadline {deadline}, grace {req.grace}, "
+        f"retries {req.retries}\n\n"
+        f"**output**: {spec.output.kind} to `{mask_url(plan.output_url)}`, complete when "
+        f"{', '.join(f'`{f}`' for f in plan.output_files)} exist; checkpoints at `{mask_url(plan.checkpoint_url)}`, "
+        f"keep {plan.checkpoint_keep}\n"
+    )
+
+
 def _secs(seconds: float) -> str:
     seconds = max(0.0, seconds)
     if seconds < 120:

@@ -14,9 +14,10 @@ import time
 from typing import Any
 
 from prefect import flow
+from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from flows.compile import Plan, compile_plan
+from flows.compile import Plan, compile_plan, describe_markdown
 from flows.placement import PlacementError, check_fits
 from flows.resume import Resume, end_attempt, prepare_scratch
 from specs import JobSpec, mask_url
@@ -90,6 +91,8 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     scratch).
     """
     plan = compile_plan(spec)
+    create_markdown_artifact(markdown=describe_markdown(spec, plan), key="job-spec",
+                             description=f"{spec.name}: the four declarations")
     check_fits(plan)
     check_destination(plan.output_url, "output.url")
     if not plan.checkpoint_url.startswith(plan.output_url.rstrip("/") + "/"):

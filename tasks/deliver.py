@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_link_artifact, create_table_artifact
 
 from specs import mask_url
 from tasks import storage
@@ -150,9 +150,18 @@ def return_task(req: ReturnTarget, outcome: RunOutcome) -> dict[str, Any]:
     returned files and the job's status."""
     manifest = deliver(req, outcome)
     rows = [dict(f, status=manifest["status"]) for f in manifest["files"]] or [{"path": "(none)", "bytes": 0, "sha256": "", "status": manifest["status"]}]
+    meter = manifest["meter"]
     create_table_artifact(
         rows,
         key="manifest",
-        description=f"{manifest['job']}: {manifest['status']} ({manifest['reason']}) -> {mask_url(req.output_url)}",
+        description=f"{manifest['job']}: {manifest['status']} ({manifest['reason']}), step {manifest['step']}, "
+        f"{meter['cpu_seconds']:g} cpu-s, {meter['gpu_seconds']:g} gpu-s -> {mask_url(req.output_url)}",
+    )
+    shown = mask_url(req.output_url)
+    create_link_artifact(
+        link=shown if "://" in shown else Path(shown).resolve().as_uri(),
+        link_text=shown,
+        key="output",
+        description=f"{manifest['job']}: output ({manifest['status']})",
     )
     return manifest

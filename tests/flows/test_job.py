@@ -134,3 +134,36 @@ def test_work_missing_declared_file_fails(prefect_api, scratch, tmp_path):
     with pytest.raises(JobFailed) as err:
         run_job(spec)
     assert err.value.manifest["message"] == "work finished without writing the declared output files: result.txt"
+
+
+def test_flow_run_shows_tasks_artifacts_and_tags_in_the_ui(prefect_api, scratch, tmp_path):
+    from prefect import tags
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
+
+    from flows.deploy import job_tags
+
+    out = tmp_path / "out"
+    spec = load_spec(EXAMPLE, overrides=[f"output.url={out}", "work.params.epochs=3", "work.params.epoch_sleep=1.2"])
+    with tags(*job_tags(spec)):
+        state = run_job(spec, return_state=True)
+    manifest = state.result()
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(state.state_details.flow_run_id)
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
+    assert flow_run.name == "digits-nightly-retrain"
+    assert sorted(flow_run.tags) == ["cpus:1", "e31", "gpus:0", "kind:training"]
+    names = sorted(t.name for t in task_runs)
+    assert names[0].startswith("checkpoint-step-") and names[-3:] == ["return", "run", "stage-digits"]
+    by_key = {a.key: a for a in artifacts}
+    assert set(by_key) == {"job-spec", "progress", "manifest", "output"}
+    assert by_key["job-spec"].type == "markdown" and "**work**: training" in by_key["job-spec"].data
+    assert by_key["progress"].type == "progress" and by_key["progress"].data == 100.0
+    assert by_key["output"].data == f"[{out}]({out.as_uri()})"  # Prefect keeps a link artifact as markdown
+    table = by_key["manifest"]
+    assert table.type == "table"
+    rows = json.loads(table.data) if isinstance(table.data, str) else table.data
+    assert [(r["path"], r["sha256"], r["status"]) for r in rows] == [
+        (f["path"], f["sha256"], "completed") for f in manifest["files"]
+    ]
