@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from specs import DataInput, JobSpec, mask_url
+from specs.deadlines import next_time_of_day
 
 RETURN_RESERVE_FLOOR_S = 30.0  # seconds kept free before a deadline for the return step (floor;
 # $E31_RETURN_RESERVE_S overrides it; the run task raises it for large outputs at 50 MiB/s)
@@ -38,6 +39,7 @@ class Plan(BaseModel):
     limit_s: float
     grace_s: float
     deadline: datetime | None
+    deadline_kind: str = ""
     return_reserve_s: float
     device: str
     gpus: int
@@ -119,14 +121,30 @@ def work_sha256(spec: JobSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def compile_plan(spec: JobSpec, scratch_root: Path | None = None) -> Plan:
-    """Turn a validated :class:`specs.JobSpec` into a :class:`Plan`.
+def resolve_deadline(spec: JobSpec, start: datetime) -> tuple[datetime | None, str]:
+    """The absolute deadline of a run scheduled to start at ``start``
+    (timezone-aware) and how it was given: ``deadline`` as is,
+    ``deadline_within`` after ``start``, ``deadline_at`` the next such wall-clock
+    time at or after ``start``.  Returns ``(None, "")`` without a deadline."""
+    req = spec.request
+    if req.deadline_within is not None:
+        return start + req.deadline_within, f"within {req.deadline_within} of the scheduled start"
+    if req.deadline_at is not None:
+        return next_time_of_day(req.deadline_at, start), f"{req.deadline_at}, the next after the scheduled start"
+    return req.deadline, "absolute" if req.deadline else ""
+
+
+def compile_plan(spec: JobSpec, scratch_root: Path | None = None, start: datetime | None = None) -> Plan:
+    """Turn a validated :class:`specs.JobSpec` into a :class:`Plan` for a run
+    scheduled to start at ``start`` (default: now).
 
     The time limit is ``request.limit``, or ``request.duration`` for a job that
     gives only its expected duration.  The default durable checkpoint
-    location is ``<output.url>/checkpoints/``.
+    location is ``<output.url>/checkpoints/``.  Raises :class:`SettingsError`
+    for a bad ``E31_RETURN_RESERVE_S``.
     """
     req, out = spec.request, spec.output
+    deadline, deadline_kind = resolve_deadline(spec, start or datetime.now(timezone.utc))
     limit = req.limit or req.duration
     root = Path(scratch_root) if scratch_root else default_scratch_root()
     policy = out.checkpoint
@@ -138,7 +156,8 @@ def compile_plan(spec: JobSpec, scratch_root: Path | None = None) -> Plan:
         scratch=str(root / spec.name),
         limit_s=limit.total_seconds(),
         grace_s=min(req.grace.total_seconds(), limit.total_seconds()),
-        deadline=req.deadline,
+        deadline=deadline,
+        deadline_kind=deadline_kind,
         return_reserve_s=_reserve_s(),
         device="cuda" if req.gpus > 0 else "cpu",
         gpus=req.gpus,
@@ -166,7 +185,8 @@ def describe(plan: Plan, now: datetime | None = None) -> str:
         f"    stop after {_secs(stop - start)} ({reason}); warning {_secs(plan.grace_s)} before the hard stop",
     ]
     if plan.deadline is not None:
-        lines.append(f"    deadline {plan.deadline.isoformat()} (return reserve {_secs(plan.return_reserve_s)})")
+        lines.append(f"    deadline {plan.deadline.isoformat()} ({plan.deadline_kind}; return reserve "
+                     f"{_secs(plan.return_reserve_s)})")
     every = f"every {plan.checkpoint_every_steps} steps" if plan.checkpoint_every_steps else (
         f"every {_secs(plan.checkpoint_every_s)}" if plan.checkpoint_every_s else "when the work asks"
     )

@@ -90,7 +90,8 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     :class:`ReturnFailed` (the destination refused the output, which stays in
     scratch).
     """
-    plan = compile_plan(spec)
+    scheduled = flow_run.scheduled_start_time  # a relative deadline counts from the scheduled start
+    plan = compile_plan(spec, start=scheduled if scheduled else None)
     create_markdown_artifact(markdown=describe_markdown(spec, plan), key="job-spec",
                              description=f"{spec.name}: the four declarations")
     check_fits(plan)

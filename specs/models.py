@@ -9,10 +9,9 @@ from typing import Any, Literal
 from pydantic import Field, StrictInt, ValidationError, field_validator
 
 from .base import RuleError, SpecModel, spec_error
-from .fields import (
-    Deadline, Duration, FileName, Grace, InputName, JobName, Memory, Sha256, Url,
-    check_entrypoint, check_json, file_key, input_key,
-)
+from .deadlines import DeadlineAt
+from .fields import (Deadline, Duration, FileName, Grace, InputName, JobName, Memory, Sha256, Url, check_entrypoint,
+                     check_json, file_key, input_key)
 from .live import LIVE_KEYS, LIVE_REASON, find_live_keys, got_key, live_kind, live_message
 from .units import format_duration, parse_duration
 
@@ -128,16 +127,13 @@ class DataInput(SpecModel):
 
 
 class RequestSpec(SpecModel):
-    """Resources and time: GPUs, CPUs, memory (BYTES) and durations (timedelta, seconds).
+    """Resources and time: GPUs, CPUs, memory (BYTES), durations (timedelta, seconds), deadlines.
 
-    At least one of ``duration`` (expected run time) and ``limit`` (hard stop)
-    is required, and ``duration <= limit`` when both are given. ``deadline``
-    must carry a timezone and lie in the future. ``grace`` is the time
-    between the stop warning (SIGTERM) and the hard kill.
-
-    Raises (on validation) pydantic.ValidationError for any of those rules,
-    negative counts, bad sizes or durations, or live-work keys (``port``,
-    ``latency``...).
+    At least one of ``duration`` and ``limit``; ``duration <= limit``; ``grace`` (the time from
+    the stop warning, SIGTERM, to the hard kill) shorter than the limit.  One kind of deadline:
+    ``deadline`` (absolute, with timezone, in the future), ``deadline_within`` (after each run's
+    scheduled start) or ``deadline_at`` (a time of day in a timezone).  Raises (on validation)
+    pydantic.ValidationError for these rules, bad values, or live-work keys (``port``, ``latency``).
     """
 
     live_keys_refused = True
@@ -148,6 +144,8 @@ class RequestSpec(SpecModel):
     duration: Duration | None = Field(None, description="Expected run time, e.g. 10m, 04:00:00, PT4H, or seconds.")
     limit: Duration | None = Field(None, description="Hard stop after this run time, e.g. 30m, or seconds.")
     deadline: Deadline | None = Field(None, description="Finish-by time, ISO 8601 with a timezone.")
+    deadline_within: Duration | None = Field(None, description="Finish within this of each run's scheduled start, e.g. 4h.")
+    deadline_at: DeadlineAt | None = Field(None, description='Finish by this time of day, e.g. "06:00 Europe/London".')
     grace: Grace = Field(
         timedelta(seconds=10), description="Time between the stop warning (SIGTERM) and the hard kill, e.g. 10s."
     )
@@ -179,7 +177,10 @@ class RequestSpec(SpecModel):
                 got=f"grace {format_duration(grace)} >= limit {format_duration(stop)}",
             )
             return [(("grace",), err, data.get("grace"))]
-        return []
+        kinds = [k for k in ("deadline", "deadline_within", "deadline_at") if _given(data, k)]
+        err = spec_error("give one kind of deadline", fix="keep one of deadline, deadline_within, deadline_at",
+                         got=" and ".join(kinds))
+        return [((kinds[1],), err, data.get(kinds[1]))] if len(kinds) > 1 else []
 
 
 class CheckpointPolicy(SpecModel):

@@ -1,0 +1,59 @@
+"""Deadlines that follow a schedule: relative to each run's scheduled start
+(``deadline_within: 4h``) or a time of day in a named timezone
+(``deadline_at: "06:00 Europe/London"``).  An absolute ``deadline`` would be
+in the past after the first night of a nightly job."""
+
+from __future__ import annotations
+
+from datetime import datetime, time, timedelta
+from typing import Annotated
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import AfterValidator, WithJsonSchema
+
+from .base import spec_error
+
+_AT_FIX = 'write a 24-hour time and an IANA timezone, e.g. "06:00 Europe/London"'
+
+
+def parse_time_of_day(value: str) -> tuple[time, str]:
+    """``"06:00 Europe/London"`` -> ``(time(6, 0), "Europe/London")``.
+    Raises ``ValueError`` (a spec error) for a bad time or unknown timezone."""
+    parts = value.split()
+    if len(parts) != 2:
+        raise spec_error("must be a time of day and a timezone", fix=_AT_FIX)
+    clock, zone = parts
+    try:
+        at = time.fromisoformat(clock)
+    except ValueError:
+        raise spec_error(f"'{clock}' is not a time of day (HH:MM)", fix=_AT_FIX) from None
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise spec_error(f"'{zone}' is not a known IANA timezone", fix=_AT_FIX) from None
+    return at, zone
+
+
+def _check_at(value: str) -> str:
+    parse_time_of_day(value)
+    return value
+
+
+#: A daily deadline: a time of day with its IANA timezone.
+DeadlineAt = Annotated[str, AfterValidator(_check_at), WithJsonSchema({
+    "type": "string", "pattern": r"^\d{1,2}:\d\d(:\d\d)? \S+$", "examples": ["06:00 Europe/London"],
+})]
+
+
+def next_time_of_day(value: str, start: datetime) -> datetime:
+    """The first moment at or after ``start`` (timezone-aware) when the wall
+    clock of the value's timezone shows its time of day.  On a day when that
+    time does not exist (spring forward) it is the same instant one offset
+    later, as ``zoneinfo`` resolves it."""
+    at, zone = parse_time_of_day(value)
+    tz = ZoneInfo(zone)
+    local = start.astimezone(tz)
+    candidate = datetime.combine(local.date(), at, tzinfo=tz)
+    if candidate < start:
+        candidate = datetime.combine(local.date() + timedelta(days=1), at, tzinfo=tz)
+    return candidate
