@@ -42,7 +42,6 @@ _QUIET = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     "PREFECT_API_URL": f"http://127.0.0.1:{_PORT}/api",
     "PREFECT_SERVER_UI_API_URL": f"http://127.0.0.1:{_PORT}/api",
-    "PREFECT_UI_ENABLED": "false",
 }
 os.environ.update(_QUIET)
 
@@ -55,6 +54,7 @@ def prefect_api():
     proc = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(_PORT)],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "PREFECT_UI_ENABLED": "true"},  # the UI test opens its pages
     )
     url = os.environ["PREFECT_API_URL"]
     deadline = time.monotonic() + 120
@@ -77,6 +77,11 @@ def prefect_api():
             handler.flush()
     stop_group(proc)
     log.close()
+
+
+def prefect_ui_url() -> str:
+    """The session server's UI address (``http://127.0.0.1:PORT``)."""
+    return f"http://127.0.0.1:{_PORT}"
 
 
 def stop_group(proc: subprocess.Popen, timeout: float = 15) -> None:

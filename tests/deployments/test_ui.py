@@ -1,0 +1,39 @@
+"""The flow run of a job in the real Prefect UI, opened in headless Chromium
+(Debian's chromium package; .ci/run installs it)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flows.deploy import job_tags
+from flows.job import run_job
+from specs import load_spec
+from tests.conftest import REPO, prefect_ui_url
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--window-size=1500,1100", "--virtual-time-budget=20000"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium; .ci/run installs it)")
+def test_flow_run_page_shows_the_job_in_headless_chromium(prefect_api, scratch, tmp_path):
+    from prefect import tags
+
+    spec = load_spec(REPO / "specs/examples/digits-nightly-retrain.yaml",
+                     overrides=[f"output.url={tmp_path / 'out'}", "work.params.epochs=4", "work.params.epoch_sleep=0.5"])
+    with tags(*job_tags(spec)):
+        state = run_job(spec, return_state=True)
+    page = f"{prefect_ui_url()}/runs/flow-run/{state.state_details.flow_run_id}"
+    shot = tmp_path / "flow-run.png"
+    subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile-1'}", f"--screenshot={shot}", page],
+                   check=True, capture_output=True, timeout=120)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 30_000  # a rendered page, not blank
+    dom = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile-2'}", "--dump-dom", page],
+                         check=True, capture_output=True, text=True, timeout=120).stdout
+    for text in ("digits-nightly-retrain", "kind:training", "gpus:0", "Completed"):
+        assert text in dom, text
