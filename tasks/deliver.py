@@ -149,8 +149,10 @@ def return_task(req: ReturnTarget, outcome: RunOutcome) -> dict[str, Any]:
     """Prefect task wrapper of :func:`deliver`; adds a table artifact of the
     returned files and the job's status."""
     manifest = deliver(req, outcome)
-    rows = [dict(f, status=manifest["status"]) for f in manifest["files"]] or [{"path": "(none)", "bytes": 0, "sha256": "", "status": manifest["status"]}]
     meter = manifest["meter"]
+    verdict_columns = {"status": manifest["status"], "reason": manifest["reason"], "step": manifest["step"], **meter}
+    files = manifest["files"] or [{"path": "(none)", "bytes": 0, "sha256": ""}]
+    rows = [{**f, **verdict_columns} for f in files]
     create_table_artifact(
         rows,
         key="manifest",

@@ -164,6 +164,5 @@ def test_flow_run_shows_tasks_artifacts_and_tags_in_the_ui(prefect_api, scratch,
     table = by_key["manifest"]
     assert table.type == "table"
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
-    assert [(r["path"], r["sha256"], r["status"]) for r in rows] == [
-        (f["path"], f["sha256"], "completed") for f in manifest["files"]
-    ]
+    meter = manifest["meter"]
+    assert rows == [{**f, "status": "completed", "reason": "finished", "step": 3, **meter} for f in manifest["files"]]
