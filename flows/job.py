@@ -117,9 +117,11 @@ def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) ->
         if not (resume.crashed or resume.step is not None):
             raise PlacementError(f"request.deadline: {stop_reason} leaves no time to run: the stop would come before "
                                  f"the start (return reserve {plan.return_reserve_s:g} s, grace {plan.grace_s:g} s)")
-        # An earlier attempt died with its process and this one has no time left to run.
-        outcome = RunOutcome(reason="crashed", exit_code=None, run_s=0.0, checkpoint=latest_durable(plan.checkpoint_url),
-                             message="an earlier attempt was lost and the job can no longer run: "
+        # An earlier attempt stopped (or died with its process) and this one has no time left to run.
+        earlier = "was lost" if resume.crashed else "stopped early"
+        outcome = RunOutcome(reason="crashed" if resume.crashed else stop_reason, exit_code=None, run_s=0.0,
+                             checkpoint=latest_durable(plan.checkpoint_url),
+                             message=f"an earlier attempt {earlier} and the job can no longer run: "
                                      f"its {stop_reason.replace('_', ' ')}, less the return reserve, has passed")
         return _finish(plan, _return(plan, target, outcome))
     started = time.monotonic()
