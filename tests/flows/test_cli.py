@@ -108,3 +108,18 @@ def test_run_refuses_a_request_larger_than_this_machine(e31, prefect_api, tmp_pa
     assert result.returncode == 1
     assert "e31: request does not fit this machine:\n  request.gpus: 8 requested," in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_bad_return_reserve_setting_is_named(e31):
+    result = e31("compile", str(EXAMPLE), env={"E31_RETURN_RESERVE_S": "abc"})
+    assert result.returncode == 2
+    assert result.stderr == "e31: E31_RETURN_RESERVE_S must be a number of seconds >= 0 (got 'abc')\n"
+
+
+def test_schema_into_a_closed_pipe_is_quiet():
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).with_name("e31")
+    result = subprocess.run(f"'{exe}' schema | head -1", shell=True, capture_output=True, text=True)
+    assert result.stdout == "{\n" and result.stderr == ""

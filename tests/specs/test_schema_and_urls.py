@@ -133,3 +133,11 @@ def test_public_interface():
 def test_modules_stay_small():
     for module in (REPO / "specs").glob("*.py"):
         assert len(module.read_text(encoding="utf-8").splitlines()) <= 300, module.name
+
+
+def test_query_parameters_named_like_secrets_are_masked():
+    from specs import mask_url
+
+    assert mask_url("https://h/x?secret_access_key=abc&region=eu&session_token=t&X-Amz-Signature=s") == (
+        "https://h/x?secret_access_key=***&region=eu&session_token=***&X-Amz-Signature=***"
+    )
