@@ -69,6 +69,16 @@ def prefect_api() -> Iterator[str | None]:
         log.close()
 
 
+def api_ready(url: str) -> bool:
+    """True when the Prefect API at ``url`` (ending in ``/api``) answers its
+    health check with 200 within 2 seconds."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
 def _wait_ready(proc: subprocess.Popen, url: str, log) -> None:
     print(f"e31: starting a temporary Prefect server on {url} (set PREFECT_API_URL to use your own)", file=sys.stderr)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -77,12 +87,8 @@ def _wait_ready(proc: subprocess.Popen, url: str, log) -> None:
             log.seek(0)
             err = log.read().decode(errors="replace").strip().splitlines()
             raise RuntimeError(f"the temporary Prefect server exited with code {proc.returncode}: {err[-1] if err else ''}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
+        if api_ready(url):
+            return
         time.sleep(0.2)
     raise RuntimeError(f"the temporary Prefect server did not answer within {STARTUP_TIMEOUT_S:g} s")
 

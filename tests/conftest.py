@@ -16,10 +16,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from flows.tempserver import api_ready
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "specs" / "examples" / "digits-nightly-retrain.yaml"
@@ -58,13 +59,7 @@ def prefect_api():
     )
     url = os.environ["PREFECT_API_URL"]
     deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            pass
+    while not api_ready(url):
         if proc.poll() is not None or time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             raise RuntimeError(f"prefect server did not start; see {_SESSION_DIR / 'prefect-server.log'}")

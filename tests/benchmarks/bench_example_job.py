@@ -24,8 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from flows.tempserver import api_ready
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "specs" / "examples" / "digits-nightly-retrain.yaml"
@@ -58,11 +59,9 @@ def _start_server(home: Path) -> tuple[subprocess.Popen, str]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
     )
     for _ in range(240):
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2):
-                return proc, url
-        except OSError:
-            time.sleep(0.5)
+        if api_ready(url):
+            return proc, url
+        time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)
     sys.exit("prefect server did not start")
 
