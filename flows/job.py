@@ -13,7 +13,7 @@ import shutil
 import time
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
@@ -27,7 +27,8 @@ from tasks.deliver import ReturnTarget, check_destination, deliver, return_task,
 from tasks.outcome import ChildLost, RunOutcome
 from tasks.process import signals_deferred
 from tasks.run import RunSettings, run_task
-from tasks.stage import StageError, stage_task
+from tasks.stage import StageError, preflight, stage_task
+from tasks.storage_setup import register_storage
 
 
 class ReturnFailed(RuntimeError):
@@ -95,6 +96,7 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     create_markdown_artifact(markdown=describe_markdown(spec, plan), key="job-spec",
                              description=f"{spec.name}: the four declarations")
     check_fits(plan)
+    register_storage(spec, plan)
     check_destination(plan.output_url, "output.url")
     if not plan.checkpoint_url.startswith(plan.output_url.rstrip("/") + "/"):
         check_destination(plan.checkpoint_url, "output.checkpoint.url")
@@ -126,8 +128,13 @@ def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) ->
         return _finish(plan, _return(plan, target, outcome))
     started = time.monotonic()
     try:
-        futures = [stage_task.with_options(task_run_name=f"stage-{item.name}").submit(item, str(plan.data_dir))
-                   for item in plan.inputs]
+        listings = preflight(plan.inputs)  # every input listed before anything is copied
+        if listings:
+            total = sum(x.bytes for x in listings.values())
+            files = sum(len(x.entries) for x in listings.values())
+            get_run_logger().info("data: %d input(s), %d file(s), %d bytes to stage", len(listings), files, total)
+        futures = [stage_task.with_options(task_run_name=f"stage-{item.name}").submit(
+                       item, str(plan.data_dir), listings[item.name]) for item in plan.inputs]
         staged = {s.name: s.path for s in (f.result() for f in futures)}
     except StageError as exc:
         # Nothing ran; say so at the destination, so an older manifest there is not taken for this run's.

@@ -1,44 +1,63 @@
-"""The ``stage`` task: copy one declared input to compute-local disk.
+"""Staging: list every input first, then copy each to compute-local disk.
 
-Each input lands in ``<data_dir>/<name>/`` (a file keeps its base name, a
-folder its tree).  A record ``<data_dir>/<name>.stage.json`` remembers the
-source's identity (a hash of the URL, size, ETag or mtime); when the source is
-unchanged and the staged copy is still there, nothing is copied again.  A
-declared ``sha256`` is verified after every copy and a mismatch deletes the
-copy and fails the stage.
+:func:`preflight` lists every declared input (a file, a folder, or a glob;
+sizes and ETags/mtimes) before anything is copied and fails fast naming the
+input and its masked URL; the sum is the job's data size.  The ``stage``
+task (:func:`stage_input`) then copies one input to
+``<data_dir>/<name>/`` (a file keeps its base name, a folder or glob its
+tree) through a temporary folder renamed into place only when the copy is
+whole and verified (:mod:`tasks.transfer`).  A source changed while being
+copied is listed and copied again (up to :data:`ATTEMPTS` times), so a
+spliced file is never staged.  A record ``<data_dir>/<name>.stage.json``
+keeps the listing's digest (URL hash, every file's size and ETag/mtime) and
+the staged copy's size/mtime: an unchanged input is not copied again.
+Transient errors (network, throttling) are retried by Prefect with
+exponential backoff; a missing input or a sha256 mismatch is not.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import posixpath
+import os
 import shutil
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
+from prefect.tasks import exponential_backoff
 
 from specs import DataInput, mask_url
-from tasks import storage
+from tasks import storage, transfer
+from tasks.storage import Listing
+from tasks.transferbar import TransferProgress
+
+ATTEMPTS = 3  # copies of one input tried when its source changes during the copy or fails verification
+RETRIES = int(os.environ.get("E31_TRANSFER_RETRIES", "3"))  # Prefect retries of a stage task after a transient error
+BACKOFF_S = float(os.environ.get("E31_TRANSFER_BACKOFF_S", "2"))  # first retry delay; doubles each retry
 
 
 class StageError(RuntimeError):
-    """An input could not be staged (missing, unreadable, or wrong sha256)."""
+    """An input cannot be staged and retrying will not help: missing,
+    unreadable, a sha256 mismatch, or a source that keeps changing."""
 
 
 @dataclass(frozen=True)
 class Staged:
-    """A staged input: local ``path``, ``bytes`` at the source, whether it was
-    ``copied`` this time (False: reused from the cache), seconds taken."""
+    """A staged input: local ``path``, ``bytes`` and ``files`` at the source,
+    whether it was ``copied`` this time (False: reused from the cache),
+    seconds taken."""
 
     name: str
     path: str
     bytes: int
     copied: bool
     seconds: float
+    files: int = 1
 
 
 def _url_key(url: str) -> str:
@@ -46,78 +65,127 @@ def _url_key(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()
 
 
-def stage_input(item: DataInput, data_dir: Path) -> Staged:
-    """Stage ``item`` under ``data_dir``; returns :class:`Staged`.
-
-    Raises :class:`StageError` naming the input and its masked URL when the
-    source is missing or unreadable or its sha256 differs from the declared one.
-    """
-    started = time.monotonic()
+def list_one(item: DataInput) -> Listing:
+    """List one input; raises :class:`StageError` naming it when it is
+    missing or unreadable, or declares a sha256 for more than one file."""
     shown = mask_url(item.url)
     try:
-        ident = storage.fingerprint(item.url)
+        listing = storage.list_input(item.url)
     except FileNotFoundError:
         raise StageError(f"data '{item.name}': {shown}: not found") from None
     except Exception as exc:
-        raise StageError(f"data '{item.name}': {shown}: cannot read ({type(exc).__name__}: {exc})") from None
-    if ident["type"] == "directory" and item.sha256:
-        raise StageError(f"data '{item.name}': {shown}: sha256 is declared but the URL is a folder; declare sha256 for single files")
+        raise StageError(f"data '{item.name}': {shown}: cannot read ({type(exc).__name__}: "
+                         f"{storage.scrub(str(exc))})") from None
+    if item.sha256 and listing.kind != "file":
+        raise StageError(f"data '{item.name}': {shown}: sha256 is declared but the URL is a {listing.kind} of "
+                         f"{len(listing.entries)} file(s); declare sha256 for single files")
+    return listing
+
+
+def preflight(inputs: list[DataInput]) -> dict[str, Listing]:
+    """List every input before anything is copied; returns ``{name:
+    Listing}``.  Raises :class:`StageError` for the first input that is
+    missing or unreadable (nothing has been copied then)."""
+    return {item.name: list_one(item) for item in inputs}
+
+
+def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None) -> Staged:
+    """Stage ``item`` under ``data_dir`` (``listing`` from :func:`preflight`,
+    else listed now); returns :class:`Staged`.
+
+    Raises :class:`StageError` (names the input and its masked URL) when the
+    source is missing, its sha256 differs from the declared one, or it keeps
+    changing while being copied; other errors (network) propagate for the
+    task's retries.  A failed copy leaves the previous staged copy as it was.
+    """
+    started = time.monotonic()
+    listing = listing or list_one(item)
     folder = data_dir / item.name
-    local = folder if ident["type"] == "directory" else folder / (posixpath.basename(item.url.rstrip("/")) or item.name)
+    local = folder / listing.entries[0].rel if listing.kind == "file" else folder
     record_path = data_dir / f"{item.name}.stage.json"
-    record = {"url": _url_key(item.url), **ident, "sha256": item.sha256, "path": str(local)}
-    if _cached(record_path, record, local):
-        return Staged(item.name, str(local), ident["size"], False, time.monotonic() - started)
-    record_path.unlink(missing_ok=True)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        storage.get(item.url, local)
-    except Exception as exc:
+    for attempt in range(1, ATTEMPTS + 1):
+        record = {"url": _url_key(item.url), "digest": listing.digest(), "sha256": item.sha256, "path": str(local)}
+        if _cached(record_path, record, folder, listing):
+            return Staged(item.name, str(local), listing.bytes, False, time.monotonic() - started, len(listing.entries))
+        tmp = data_dir / f".{item.name}.part-{uuid.uuid4().hex[:8]}"
+        try:
+            with TransferProgress(f"stage-{item.name}", listing.bytes, len(listing.entries)) as progress:
+                transfer.fetch(listing, tmp, progress)
+            staged_identity = transfer.verify(listing, tmp)
+            changed = transfer.changed_since(listing, list_one(item))
+            if changed:
+                raise transfer.ChangedWhileCopying(changed)
+            if item.sha256:
+                _check_sha256(item, tmp / listing.entries[0].rel)
+        except (transfer.ChangedWhileCopying, transfer.VerifyError) as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if attempt == ATTEMPTS:
+                raise StageError(f"data '{item.name}': {mask_url(item.url)}: {exc} "
+                                 f"({ATTEMPTS} attempts); stage it again when the source is stable") from None
+            _log(f"stage {item.name}: {exc}; listing and copying again (attempt {attempt + 1} of {ATTEMPTS})")
+            listing = list_one(item)
+            local = folder / listing.entries[0].rel if listing.kind == "file" else folder
+            continue
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        record_path.unlink(missing_ok=True)
         shutil.rmtree(folder, ignore_errors=True)
-        raise StageError(f"data '{item.name}': {shown}: copy failed ({type(exc).__name__}: {exc})") from None
-    _verify(item, local, ident, folder)
-    record["staged"] = _local_identity(local)
-    record_path.write_text(json.dumps(record, indent=1))
-    return Staged(item.name, str(local), ident["size"], True, time.monotonic() - started)
+        os.replace(tmp, folder)
+        record["staged"] = staged_identity
+        record_path.write_text(json.dumps(record, indent=1))
+        return Staged(item.name, str(local), listing.bytes, True, time.monotonic() - started, len(listing.entries))
+    raise AssertionError("unreachable")
 
 
-def _local_identity(local: Path) -> list:
-    """Size and mtime (ns) of every file of the staged copy: a copy changed
-    in place since it was staged is not reused."""
-    files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
-    return [[str(p.relative_to(local.parent)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+def _check_sha256(item: DataInput, path: Path) -> None:
+    got = storage.sha256_file(path)
+    if got != item.sha256:
+        raise StageError(
+            f"data '{item.name}': sha256 mismatch: declared {item.sha256}, staged file has {got}. "
+            "Fix: update data[].sha256 if the input changed on purpose."
+        )
 
 
-def _cached(record_path: Path, record: dict, local: Path) -> bool:
+def _cached(record_path: Path, record: dict, folder: Path, listing: Listing) -> bool:
     try:
         saved = json.loads(record_path.read_text())
-        staged = saved.pop("staged", None)
-        return saved == record and local.exists() and staged == _local_identity(local)
     except (OSError, ValueError):
         return False
+    staged = saved.pop("staged", None)
+    return saved == record and staged is not None and staged == transfer.identity(listing, folder)
 
 
-def _verify(item: DataInput, local: Path, ident: dict, folder: Path) -> None:
-    if ident["type"] == "file":
-        size = local.stat().st_size
-        if size != ident["size"]:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise StageError(f"data '{item.name}': {mask_url(item.url)}: staged {size} bytes, source has {ident['size']}")
-        if item.sha256:
-            got = storage.sha256_file(local)
-            if got != item.sha256:
-                shutil.rmtree(folder, ignore_errors=True)
-                raise StageError(
-                    f"data '{item.name}': sha256 mismatch: declared {item.sha256}, staged file has {got}. "
-                    "Fix: update data[].sha256 if the input changed on purpose."
-                )
+def _log(line: str) -> None:
+    try:
+        get_run_logger().warning("%s", line)
+    except Exception:
+        pass
 
 
-@task(name="stage")
-def stage_task(item: DataInput, data_dir: str) -> Staged:
-    """Prefect task wrapper of :func:`stage_input`; logs what was copied."""
-    result = stage_input(item, Path(data_dir))
-    verb = "staged" if result.copied else "unchanged, reused"
-    get_run_logger().info("%s %s (%d bytes) in %.2f s", verb, item.name, result.bytes, result.seconds)
+def _transient(task, task_run, state) -> bool:
+    """Retry a stage task after a transient error, never after a StageError."""
+    try:
+        state.result()
+    except StageError:
+        return False
+    except Exception:
+        return True
+    return False
+
+
+@task(name="stage", retries=RETRIES, retry_delay_seconds=exponential_backoff(backoff_factor=BACKOFF_S),
+      retry_jitter_factor=0.5, retry_condition_fn=_transient, cache_policy=NO_CACHE)
+def stage_task(item: DataInput, data_dir: str, listing: Listing | None = None) -> Staged:
+    """Prefect task wrapper of :func:`stage_input`; logs what was copied, at
+    what rate.  Retried (``E31_TRANSFER_RETRIES``, default 3, backoff from
+    ``E31_TRANSFER_BACKOFF_S`` = 2 s doubling) after transient errors."""
+    result = stage_input(item, Path(data_dir), listing)
+    if result.copied:
+        rate = result.bytes / max(result.seconds, 1e-9) / 2**20
+        get_run_logger().info("staged %s: %d file(s), %d bytes in %.2f s (%.1f MiB/s)", item.name, result.files,
+                              result.bytes, result.seconds, rate)
+    else:
+        get_run_logger().info("%s unchanged (%d file(s), %d bytes): reused the staged copy in %.2f s", item.name,
+                              result.files, result.bytes, result.seconds)
     return result

@@ -15,23 +15,198 @@ import hashlib
 import os
 import posixpath
 import shutil
+import threading
 import uuid
+from dataclasses import dataclass, field
+from glob import has_magic
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import fsspec
 from fsspec.core import url_to_fs
 
 CHUNK = 4 * 1024 * 1024  # bytes read per hashing step
 
+_OPTIONS: dict[str, dict[str, Any]] = {}  # URL prefix -> resolved storage options (may hold secrets)
+_OPTIONS_LOCK = threading.Lock()
+
+
+def use_options(url: str, options: Mapping[str, Any] | None) -> None:
+    """Remember fsspec storage options (already resolved, possibly holding
+    credentials) for every URL under ``url``; :func:`filesystem` passes them on.
+
+    They live only in this process's memory: never in Prefect parameters,
+    logs or files.  The longest matching prefix wins.
+    """
+    if not options:
+        return
+    with _OPTIONS_LOCK:
+        _OPTIONS[url.rstrip("/")] = dict(options)
+
+
+def _options_for(url: str) -> dict[str, Any]:
+    with _OPTIONS_LOCK:
+        best = ""
+        for prefix in _OPTIONS:
+            if (url == prefix or url.startswith(prefix + "/")) and len(prefix) > len(best):
+                best = prefix
+        return dict(_OPTIONS[best]) if best else {}
+
+
+def scrub(text: str) -> str:
+    """``text`` with every string value of the registered storage options
+    (6 characters or longer: keys, secrets, tokens) replaced by ``***``, for
+    error messages that may quote a client's request."""
+    with _OPTIONS_LOCK:
+        values = {v for opts in _OPTIONS.values() for v in _strings(opts) if len(v) >= 6}
+    for value in sorted(values, key=len, reverse=True):
+        text = text.replace(value, "***")
+    return text
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+
 
 def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """Return ``(filesystem, path)`` for an fsspec URL or local path.
+    """Return ``(filesystem, path)`` for an fsspec URL or local path, with the
+    storage options registered by :func:`use_options` for it.
 
     Raises whatever fsspec raises for an unknown protocol (``ValueError``)
     or a missing optional backend (``ImportError``).
     """
-    return url_to_fs(url)
+    return url_to_fs(url, **_options_for(url))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One source file of an input: ``rel`` its POSIX path under the input's
+    root, ``path`` its path on the filesystem, ``size`` in bytes, ``version``
+    (ETag, else modification time) and ``etag`` (None when the store has none)."""
+
+    rel: str
+    path: str
+    size: int
+    version: str
+    etag: str | None = None
+
+
+@dataclass
+class Listing:
+    """What one input URL names, listed before anything is copied.
+
+    ``url`` may hold credentials: show it only through ``specs.mask_url``.
+    ``kind`` is ``file``, ``folder`` or ``glob``; ``entries`` the files
+    (sorted by ``rel``); ``dirs`` the sub-folders with no files (kept when
+    staged); ``local`` whether the source is on this machine's filesystem.
+    """
+
+    url: str
+    kind: str
+    entries: list[Entry]
+    dirs: list[str] = field(default_factory=list)
+    local: bool = False
+    root: str = ""  # the folder's (or the glob base's) path on its filesystem
+
+    @property
+    def bytes(self) -> int:
+        """Total size of the files, in bytes."""
+        return sum(e.size for e in self.entries)
+
+    def digest(self) -> str:
+        """sha256 over every ``(rel, size, version)`` and empty folder: equal
+        digests mean an unchanged input (the staging cache key)."""
+        h = hashlib.sha256(self.kind.encode())
+        for e in self.entries:
+            h.update(f"\n{e.rel}\0{e.size}\0{e.version}".encode())
+        for d in self.dirs:
+            h.update(f"\n{d}/".encode())
+        return h.hexdigest()
+
+
+def list_input(url: str) -> Listing:
+    """List what ``url`` names: a single file, a folder (recursively; with
+    or without a trailing slash, the same tree) or a glob (``*``, ``?``,
+    ``[..]``, ``**``; paths relative to the part before the first wildcard).
+
+    Raises ``FileNotFoundError`` when nothing is there (or a glob matches no
+    file), and whatever the filesystem raises when it cannot be read
+    (``PermissionError``, ``OSError``, a store's client error).
+    """
+    fs, path = filesystem(url)
+    local = "file" in _protocols(fs)
+    if has_magic(path):
+        base = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+        found = fs.glob(path, detail=True)
+        entries = [_entry(fs, name, posixpath.relpath(name, base), info) for name, info in sorted(found.items())
+                   if info.get("type") != "directory"]
+        if not entries:
+            raise FileNotFoundError(f"no file matches {path}")
+        return Listing(url, "glob", entries, local=local, root=base)
+    path = path.rstrip("/") or path
+    info = fs.info(path)
+    if info.get("type") != "directory":
+        return Listing(url, "file", [_entry(fs, path, posixpath.basename(path), info)], local=local)
+    if local:
+        entries, dirs = _walk_local(path)
+    else:
+        found = fs.find(path, withdirs=True, detail=True)
+        entries, folders = [], []
+        for name, meta in sorted(found.items()):
+            rel = posixpath.relpath(fs._strip_protocol(name), path)
+            if rel in (".", ""):
+                continue
+            if meta.get("type") == "directory":
+                folders.append(rel)
+            else:
+                entries.append(_entry(fs, name, rel, meta))
+        dirs = _empty_dirs(folders, entries)
+    return Listing(url, "folder", entries, dirs, local=local, root=path)
+
+
+def _walk_local(root: str) -> tuple[list[Entry], list[str]]:
+    """Local folders are listed with ``os.scandir`` (a stat per file, 2-3x
+    faster than fsspec's ``find`` on 10,000 files)."""
+    entries: list[Entry] = []
+    folders: list[str] = []
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(os.path.join(root, rel)) as it:
+            for item in it:
+                sub = f"{rel}/{item.name}" if rel else item.name
+                if item.is_dir():
+                    folders.append(sub)
+                    stack.append(sub)
+                else:
+                    st = item.stat()
+                    entries.append(Entry(sub, item.path, st.st_size, str(st.st_mtime_ns)))
+    entries.sort(key=lambda e: e.rel)
+    return entries, _empty_dirs(folders, entries)
+
+
+def _empty_dirs(folders: list[str], entries: list[Entry]) -> list[str]:
+    parents = {posixpath.dirname(e.rel) for e in entries}
+    full = set()
+    for p in parents:
+        while p:
+            full.add(p)
+            p = posixpath.dirname(p)
+    empty = [d for d in folders if d not in full]
+    return sorted(d for d in empty if not any(o.startswith(d + "/") for o in empty))  # leaves only
+
+
+def _entry(fs: fsspec.AbstractFileSystem, path: str, rel: str, info: dict[str, Any]) -> Entry:
+    etag = info.get("ETag") or info.get("etag")
+    return Entry(rel, fs._strip_protocol(path), int(info.get("size") or 0), _version(info),
+                 str(etag).strip('"') if etag else None)
 
 
 def join(url: str, *parts: str) -> str:

@@ -90,6 +90,47 @@ def stop_group(proc: subprocess.Popen, timeout: float = 15) -> None:
         proc.wait()
 
 
+S3_KEY = "e31testkey"
+S3_SECRET = "e31-PLANTED-secret-7Hq2"  # tests grep outputs for it: it must never leak
+S3_BUCKET = "e31-test"
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 server (SeaweedFS ``weed mini``, 127.0.0.1, free ports) for
+    the whole session, with bucket ``e31-test`` and enforced credentials
+    (``S3_KEY`` / ``S3_SECRET``); starts in about 1.5 s.  Yields the
+    :class:`tests.s3server.S3Server` (``endpoint``, ``key``, ``secret``,
+    ``bucket``, ``env()``, ``filesystem()``).  Sets ``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL`` and ``AWS_DEFAULT_REGION``
+    in ``os.environ`` until the end of the session, so s3fs, botocore and
+    subprocesses started later (``e31 run``, workers) reach it with no
+    arguments.  The log is ``<session dir>/seaweed/seaweed.log``."""
+    from tests.s3server import seaweed
+
+    with seaweed(_SESSION_DIR / "seaweed", key=S3_KEY, secret=S3_SECRET, bucket=S3_BUCKET) as server:
+        saved = {name: os.environ.get(name) for name in server.env()}
+        os.environ.update(server.env())
+        try:
+            yield server
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+@pytest.fixture
+def s3_prefix(s3_server) -> str:
+    """A fresh, unused ``s3://e31-test/<uuid>/`` prefix for this test (with
+    the trailing slash; nothing is cleaned up: deleted prefixes linger in
+    SeaweedFS listings for minutes)."""
+    import uuid
+
+    return f"s3://{s3_server.bucket}/{uuid.uuid4().hex}/"
+
+
 @pytest.fixture
 def process_worker(prefect_api, tmp_path):
     """A new Prefect work pool of type process and one real worker polling it

@@ -157,7 +157,10 @@ def test_flow_run_shows_tasks_artifacts_and_tags_in_the_ui(prefect_api, scratch,
     names = sorted(t.name for t in task_runs)
     assert names[0].startswith("checkpoint-step-") and names[-3:] == ["return", "run", "stage-digits"]
     by_key = {a.key: a for a in artifacts}
-    assert set(by_key) == {"job-spec", "progress", "manifest", "output"}
+    assert set(by_key) == {"job-spec", "progress", "stage-digits", "manifest", "output"}
+    # staging progress in the UI: the bytes of the one input, all copied
+    assert by_key["stage-digits"].type == "progress" and by_key["stage-digits"].data == 100.0
+    assert by_key["stage-digits"].description.startswith("stage-digits: ")
     assert by_key["job-spec"].type == "markdown" and "**work**: training" in by_key["job-spec"].data
     assert by_key["progress"].type == "progress" and by_key["progress"].data == 100.0
     assert by_key["output"].data == f"[{out}]({out.as_uri()})"  # Prefect keeps a link artifact as markdown
