@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specs import JobSpec
+from specs import JobSpec, secrets_in, spec_payload
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # the folder holding flows/, for from_source
 ENTRYPOINT = "flows/job.py:run_job"
@@ -23,9 +23,24 @@ def job_tags(spec: JobSpec) -> list[str]:
     return ["e31", f"kind:{spec.work.kind}", f"gpus:{spec.request.gpus}", f"cpus:{spec.request.cpus}"]
 
 
+class SecretInSpec(ValueError):
+    """A spec holding a credential (a signed URL) cannot be deployed: its
+    parameters would be stored on the Prefect server."""
+
+
 def parameters(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
-    """The flow run parameters for ``spec`` (JSON-ready)."""
-    return {"spec": spec.model_dump(mode="json"), "code_dir": code_dir}
+    """The flow run parameters for ``spec`` (JSON-ready).  Raises
+    :class:`SecretInSpec` naming the fields when a URL carries a credential
+    (a presigned signature, a token): deployment parameters are stored on
+    the server and shown in the UI, and a masked URL would not work."""
+    leaks = secrets_in(spec)
+    if leaks:
+        raise SecretInSpec(
+            f"{', '.join(leaks)}: the URL carries a credential (a signature or token) and deployment parameters are "
+            "stored on the Prefect server; give the URL without it and put the credential in a Prefect Secret "
+            "block referenced from storage_options ({secret: BLOCK_NAME}), or in the worker's environment"
+        )
+    return {"spec": spec_payload(spec, reveal=True), "code_dir": code_dir}
 
 
 def schedules(cron: str | None, timezone: str | None) -> list | None:

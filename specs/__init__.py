@@ -7,7 +7,9 @@ validated anywhere. See DESIGN.md section 1.
 from .errors import Problem, SpecError
 from .loader import load_spec, parse_spec
 from .models import CheckpointPolicy, DataInput, JobSpec, OutputSpec, RequestSpec, WorkSpec
+from .payload import secrets_in, spec_payload
 from .schema import json_schema
+from .storage_options import is_credential_key, reference_of
 from .units import parse_duration, parse_memory
 from .urls import mask_url
 
@@ -20,10 +22,14 @@ __all__ = [
     "RequestSpec",
     "SpecError",
     "WorkSpec",
+    "is_credential_key",
     "json_schema",
     "load_spec",
     "mask_url",
     "parse_duration",
     "parse_memory",
     "parse_spec",
+    "reference_of",
+    "secrets_in",
+    "spec_payload",
 ]

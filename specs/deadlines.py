@@ -1,11 +1,12 @@
 """Deadlines that follow a schedule: relative to each run's scheduled start
 (``deadline_within: 4h``) or a time of day in a named timezone
 (``deadline_at: "06:00 Europe/London"``).  An absolute ``deadline`` would be
-in the past after the first night of a nightly job."""
+in the past after the first night of a nightly job.  The absolute ``Deadline``
+type (aware, in the future) is here too."""
 
 from __future__ import annotations
 
-from datetime import datetime, time, timedelta
+from datetime import datetime, time, timedelta, timezone
 from typing import Annotated
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -57,3 +58,33 @@ def next_time_of_day(value: str, start: datetime) -> datetime:
     if candidate < start:
         candidate = datetime.combine(local.date() + timedelta(days=1), at, tzinfo=tz)
     return candidate
+
+
+def _deadline_schema() -> dict:
+    return {
+        "type": "string",
+        "format": "date-time",
+        "pattern": r"(?:[Zz]|[+-]\d\d:?\d\d)$",
+    }
+
+
+def check_deadline(value: datetime) -> datetime:
+    """Require a timezone and a deadline still in the future."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise spec_error(
+            "must include a timezone; a deadline without one is not guessed",
+            fix=f"add an offset, e.g. {value.replace(tzinfo=None).isoformat()}+00:00",
+            got=repr(value.isoformat()),
+        )
+    now = datetime.now(timezone.utc)
+    if value <= now:
+        raise spec_error(
+            "must be in the future; this deadline has already passed",
+            fix="set a later finish-by time, or drop the deadline",
+            got=repr(value.isoformat()),
+        )
+    return value
+
+
+#: An aware datetime in the future.
+Deadline = Annotated[datetime, AfterValidator(check_deadline), WithJsonSchema(_deadline_schema())]

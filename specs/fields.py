@@ -6,12 +6,14 @@ import json
 import keyword
 import posixpath
 import re
-from datetime import datetime, timedelta, timezone
+from collections.abc import Mapping
+from datetime import timedelta
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, PlainSerializer, SerializationInfo, WithJsonSchema
 
 from .base import spec_error
+from .deadlines import Deadline, check_deadline  # re-exported: absolute deadlines live with the others
 from .units import (
     DURATION_EXAMPLES,
     DURATION_PATTERN,
@@ -20,10 +22,12 @@ from .units import (
     parse_duration,
     parse_memory,
 )
+from .urls import mask_url
 
 __all__ = [
     "Deadline", "Duration", "FileName", "Grace", "InputName", "JobName", "Memory", "NonEmpty",
-    "Sha256", "check_deadline", "check_entrypoint", "file_key", "input_key", "SAFE_NAME",
+    "REVEAL_SECRETS", "Sha256", "Url", "check_deadline", "check_entrypoint", "check_json", "file_key", "input_key",
+    "has_password", "password_error", "SAFE_NAME",
 ]
 
 SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -103,21 +107,48 @@ NonEmpty = Annotated[str, AfterValidator(_nonempty), WithJsonSchema({"type": "st
 
 _PASSWORD_IN_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@?#]*:[^/@?#]*@")
 
+#: Serialisation context key: ``model_dump(mode="json", context={REVEAL_SECRETS: True})`` keeps real URLs.
+REVEAL_SECRETS = "reveal_secrets"
+
+
+def has_password(value: str) -> bool:
+    """True for a URL (or any part of an fsspec ``a::b`` chain) with ``user:password@``."""
+    return any(_PASSWORD_IN_URL.match(part) for part in value.split("::"))
+
+
+def password_error():
+    """The refusal of a URL that carries a password (the password is never shown)."""
+    return spec_error(
+        "must not carry a password: specs are stored and shown (Prefect parameters, logs)",
+        fix="put credentials in environment variables (e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) "
+        "or a Prefect Secret block, and give the URL without them",
+        got="a URL with user:password@",
+    )
+
 
 def _url(value: str) -> str:
     _nonempty(value)
-    if any(_PASSWORD_IN_URL.match(part) for part in value.split("::")):
-        raise spec_error(
-            "must not carry a password: specs are stored and shown (Prefect parameters, logs)",
-            fix="put credentials in environment variables (e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) "
-            "or a Prefect Secret block, and give the URL without them",
-            got="a URL with user:password@",
-        )
+    if has_password(value):
+        raise password_error()
     return value
 
 
-#: A non-empty fsspec URL or path without an embedded password.
-Url = Annotated[str, AfterValidator(_url), WithJsonSchema({"type": "string", "minLength": 1})]
+def _serialize_url(value: str, info: SerializationInfo) -> str:
+    """JSON dumps (Prefect's stored parameters) get the masked URL unless the context reveals secrets."""
+    context = info.context if isinstance(info.context, Mapping) else {}
+    if info.mode_is_json() and not context.get(REVEAL_SECRETS):
+        return mask_url(value)
+    return value
+
+
+#: A non-empty fsspec URL or path without an embedded password; masked (:func:`specs.mask_url`)
+#: in JSON-mode dumps unless the serialisation context has ``reveal_secrets: True``.
+Url = Annotated[
+    str,
+    AfterValidator(_url),
+    PlainSerializer(_serialize_url, return_type=str),
+    WithJsonSchema({"type": "string", "minLength": 1}),
+]
 
 
 def _job_name(value: str) -> str:
@@ -213,16 +244,19 @@ def input_key(value: object) -> str | None:
         return None
 
 
-def check_json(value: Any) -> Any:
+_PARAMS_FIX = "the work receives params as JSON; write other values out as strings"
+
+
+def check_json(value: Any, fix: str = _PARAMS_FIX) -> Any:
     """Refuse values that are not plain JSON (bytes, NaN, infinities): the
-    work receives ``params`` as JSON."""
+    work receives ``params`` as JSON. ``fix`` says why JSON is needed and what to do."""
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         got = "a NaN or infinite number" if isinstance(exc, ValueError) else str(exc).split(" is not")[0].replace("Object of type ", "")
         raise spec_error(
             "must hold JSON values only (strings, numbers, booleans, null, lists, mappings)",
-            fix="the work receives params as JSON; write other values out as strings",
+            fix=fix,
             got=got,
         ) from None
     return value
@@ -242,33 +276,3 @@ def check_entrypoint(value: str) -> str:
             fix = "use the module's import name, not a file path, e.g. examples.digits:train"
         raise spec_error("must be 'module:function' with dotted Python names on both sides", fix=fix)
     return value
-
-
-def _deadline_schema() -> dict:
-    return {
-        "type": "string",
-        "format": "date-time",
-        "pattern": r"(?:[Zz]|[+-]\d\d:?\d\d)$",
-    }
-
-
-def check_deadline(value: datetime) -> datetime:
-    """Require a timezone and a deadline still in the future."""
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise spec_error(
-            "must include a timezone; a deadline without one is not guessed",
-            fix=f"add an offset, e.g. {value.replace(tzinfo=None).isoformat()}+00:00",
-            got=repr(value.isoformat()),
-        )
-    now = datetime.now(timezone.utc)
-    if value <= now:
-        raise spec_error(
-            "must be in the future; this deadline has already passed",
-            fix="set a later finish-by time, or drop the deadline",
-            got=repr(value.isoformat()),
-        )
-    return value
-
-
-#: An aware datetime in the future.
-Deadline = Annotated[datetime, AfterValidator(check_deadline), WithJsonSchema(_deadline_schema())]

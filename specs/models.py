@@ -13,6 +13,7 @@ from .deadlines import DeadlineAt
 from .fields import (Deadline, Duration, FileName, Grace, InputName, JobName, Memory, Sha256, Url, check_entrypoint,
                      check_json, file_key, input_key)
 from .live import LIVE_KEYS, LIVE_REASON, find_live_keys, got_key, live_kind, live_message
+from .storage_options import OPTIONS_HELP, StorageOptions
 from .units import format_duration, parse_duration
 
 __all__ = ["CheckpointPolicy", "DataInput", "JobSpec", "OutputSpec", "RequestSpec", "WorkSpec"]
@@ -44,12 +45,9 @@ class WorkSpec(SpecModel):
     live_keys_refused = True
 
     kind: WorkKind = Field(description="training, inference, processing or simulation.")
-    entrypoint: str | None = Field(
-        None, description="Python callable 'module:function', e.g. examples.digits:train."
-    )
-    command: list[str] | None = Field(
-        None, min_length=1, description="Program and arguments, e.g. [python, train.py, --epochs, '20']."
-    )
+    entrypoint: str | None = Field(None, description="Python callable 'module:function', e.g. examples.digits:train.")
+    command: list[str] | None = Field(None, min_length=1,
+                                      description="Program and arguments, e.g. [python, train.py, --epochs, '20'].")
     params: dict[str, Any] = Field(default_factory=dict, description="Parameters passed to the work.")
 
     @field_validator("kind", mode="before")
@@ -117,13 +115,14 @@ class DataInput(SpecModel):
     """One input staged before the run, to a folder named ``name``; verified if ``sha256`` is given.
 
     Raises (on validation) pydantic.ValidationError: an unsafe name, an empty
-    url, or a sha256 that is not 64 hex characters. Names must be unique
-    within JobSpec.data.
+    url, a sha256 that is not 64 hex characters, or bad ``storage_options``
+    (specs.storage_options). Names must be unique within JobSpec.data.
     """
 
     name: InputName = Field(description="Input name, unique in the job; becomes a folder name.")
     url: Url = Field(description="fsspec URL or path; a relative path is relative to the spec file.")
     sha256: Sha256 | None = Field(None, description="Expected SHA-256 of the file (64 hex chars).")
+    storage_options: StorageOptions = Field(default_factory=dict, description=OPTIONS_HELP)
 
 
 class RequestSpec(SpecModel):
@@ -186,7 +185,7 @@ class RequestSpec(SpecModel):
 class CheckpointPolicy(SpecModel):
     """How often the work checkpoints (``every`` a duration, or ``every_steps``) and how many to keep.
 
-    ``url`` is the durable checkpoint location (None: the flow's default).
+    ``url`` is the durable checkpoint location (None: the flow's default); ``storage_options`` its fsspec options.
     Raises (on validation) pydantic.ValidationError when both ``every`` and
     ``every_steps`` are set, or a count is below 1.
     """
@@ -195,6 +194,7 @@ class CheckpointPolicy(SpecModel):
     every_steps: StrictInt | None = Field(None, ge=1, description="Checkpoint every N steps.")
     keep: StrictInt = Field(3, ge=1, description="How many durable checkpoints to keep.")
     url: Url | None = Field(None, description="Durable checkpoint folder (step-<N> only); default <output.url>/checkpoints.")
+    storage_options: StorageOptions = Field(default_factory=dict, description=OPTIONS_HELP)
 
     @classmethod
     def _rules(cls, data: Mapping[str, Any]) -> list[RuleError]:
@@ -219,6 +219,7 @@ class OutputSpec(SpecModel):
     files: list[FileName] = Field(
         description="Relative POSIX paths of the files whose existence marks the job complete."
     )
+    storage_options: StorageOptions = Field(default_factory=dict, description=OPTIONS_HELP)
     checkpoint: CheckpointPolicy = Field(
         default_factory=CheckpointPolicy, title="Checkpoint", description="Checkpoint policy."
     )

@@ -1,8 +1,8 @@
 """The ``checkpoint`` task: make a locally committed checkpoint durable.
 
-Uploads the files of ``step-<N>/`` with fsspec to ``<durable>/step-<N>/``,
-marker last, reads each file back to verify its sha256, then keeps only the
-newest ``keep`` durable checkpoints.
+Uploads the files of ``step-<N>/`` with fsspec to ``<durable>/step-<N>/``
+(each published whole and verified: :func:`tasks.storage.publish_file`),
+marker last, then keeps only the newest ``keep`` durable checkpoints.
 """
 
 from __future__ import annotations
@@ -49,10 +49,12 @@ def upload(local_dir: Path, durable_root: str, keep: int, work_sha256: str | Non
     total = 0
     for name, meta in marker["files"].items():
         url = storage.join(target, name)
-        storage.put_file(local_dir / name, url)
-        size, digest = storage.sha256_url(url)
-        if size != meta["bytes"] or digest != meta["sha256"]:
-            raise CheckpointVerifyError(f"{mask_url(url)}: read back {size} bytes sha256 {digest}, expected {meta['sha256']}")
+        try:
+            size, _ = storage.publish_file(local_dir / name, url, sha256=meta["sha256"])
+        except storage.PublishVerifyError as exc:
+            raise CheckpointVerifyError(f"{mask_url(url)}: {exc}") from None
+        if size != meta["bytes"]:
+            raise CheckpointVerifyError(f"{mask_url(url)}: {size} bytes uploaded, the marker says {meta['bytes']}")
         total += size
     marker = {**marker, "work_sha256": work_sha256}  # a changed work never resumes from it
     storage.write_bytes(storage.join(target, MARKER), json.dumps(marker, indent=1, sort_keys=True).encode())

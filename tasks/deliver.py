@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from concurrent.futures import ThreadPoolExecutor
+
 from prefect import task
 from prefect.artifacts import create_link_artifact, create_table_artifact
 
@@ -23,8 +25,10 @@ from specs import mask_url
 from tasks import storage
 from tasks.manifest import build_manifest, verdict
 from tasks.outcome import RunOutcome
+from tasks.transferbar import TransferProgress
 
 MANIFEST = "manifest.json"
+UPLOAD_THREADS = 8  # files uploaded at once by the return step
 
 
 class DestinationError(RuntimeError):
@@ -99,29 +103,58 @@ def existing_manifest(output_url: str) -> dict[str, Any] | None:
         return None
 
 
+def _output_files(root: Path) -> list[tuple[Path, str]]:
+    """``(path, relative POSIX name)`` of every file the work left under
+    ``root``, the manifest excepted.  A symlink that leads out of ``root``
+    is refused: the return never reaches outside the job's output folder."""
+    files = []
+    real_root = root.resolve()
+    for path in storage.walk_files(root):
+        rel = path.relative_to(root).as_posix()
+        if rel == MANIFEST:
+            continue
+        if path.is_symlink() and not path.resolve().is_relative_to(real_root):
+            raise DestinationError(f"output file {rel} is a symlink out of the output folder ({path.resolve()}); "
+                                   "write files, not links, into ctx.output_dir")
+        files.append((path, rel))
+    return files
+
+
+def _publish_all(pairs: list[tuple[Path, str]], output_url: str) -> list[dict[str, Any]]:
+    """Upload files in parallel (:data:`UPLOAD_THREADS`), each whole and
+    verified; returns the manifest's ``files`` rows in ``pairs`` order."""
+    total = sum(p.stat().st_size for p, _ in pairs)
+    with TransferProgress("return", total, len(pairs)) as progress:
+        def one(pair: tuple[Path, str]) -> dict[str, Any]:
+            path, rel = pair
+            url = storage.join(output_url, rel)
+            try:
+                size, digest = storage.publish_file(path, url, callback=progress.callback())
+            except storage.PublishVerifyError as exc:
+                raise ReturnVerifyError(f"{mask_url(url)}: {exc}") from None
+            return {"path": rel, "bytes": size, "sha256": digest}
+
+        if len(pairs) <= 1:
+            return [one(p) for p in pairs]
+        with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+            return list(pool.map(one, pairs))
+
+
 def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
     """Upload the output and write the manifest; returns the manifest dict.
 
-    Raises :class:`ReturnVerifyError` when a file reads back wrong (the
-    manifest is then not written, so the destination does not look whole).
+    Each file is published whole and verified
+    (:func:`tasks.storage.publish_file`), in parallel; ``manifest.json`` is
+    written last, so its presence means the upload is whole.  Raises
+    :class:`ReturnVerifyError` when a file does not verify (the manifest is
+    then not written), :class:`DestinationError` for a symlink out of the
+    output folder, and what the store raises when it cannot be reached.
     """
     started = time.monotonic()
     previous = existing_manifest(req.output_url)
     if previous and previous.get("run_id") == req.run_id and previous.get("status") == "completed":
         return previous  # never downgrade a completed run
-    root = Path(req.output_dir)
-    files = []
-    for path in storage.walk_files(root):
-        rel = path.relative_to(root).as_posix()
-        if rel == MANIFEST:
-            continue
-        url = storage.join(req.output_url, rel)
-        storage.put_file(path, url)
-        size, digest = storage.sha256_url(url)
-        local_size, local_digest = path.stat().st_size, storage.sha256_file(path)
-        if (size, digest) != (local_size, local_digest):
-            raise ReturnVerifyError(f"{mask_url(url)}: read back {size} bytes sha256 {digest}, wrote {local_size} bytes {local_digest}")
-        files.append({"path": rel, "bytes": size, "sha256": digest})
+    files = _publish_all(_output_files(Path(req.output_dir)), req.output_url)
     present = {f["path"] for f in files}
     v = verdict(out.reason, out.exit_code, req.declared, present, out.message)
     manifest = build_manifest(

@@ -26,6 +26,13 @@ BASE = {
     "request": "request: {limit: 30m}",
     "output": "output: {kind: results, url: /out/job/, files: [metrics.json]}",
 }
+LITERAL = (
+    "a credential written into the spec would be stored in Prefect parameters and shown in logs (got a literal value); "
+    "use {secret: BLOCK_NAME} (a Prefect Secret block) or {env: VAR_NAME}, or leave it out and set the store's "
+    "standard environment variables (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS, "
+    "AZURE_STORAGE_ACCOUNT_KEY)"
+)
+BLOCK = "must name a Prefect Secret block: lowercase letters, digits and dashes"
 
 
 def doc(**sections: str | None) -> str:
@@ -198,7 +205,7 @@ CASES = [
         "output.checkpoint.every_step: unknown field; did you mean 'every_steps'?",
     ]),
     ("unknown-data-field", doc(data="data: [{name: d, url: a.csv, mirror: b.csv}]"), [
-        "data[0].mirror: unknown field; allowed fields: name, url, sha256",
+        "data[0].mirror: unknown field; allowed fields: name, url, sha256, storage_options",
     ]),
     # --- live work ---
     *[
@@ -310,6 +317,54 @@ CASES = [
     ("nan-param", doc(work="work: {kind: training, entrypoint: 'a:b', params: {x: .nan}}"), [
         "work.params: must hold JSON values only (strings, numbers, booleans, null, lists, mappings) "
         "(got a NaN or infinite number); the work receives params as JSON; write other values out as strings",
+    ]),
+    # --- storage_options: credentials by reference only, never echoed ---
+    ("literal-secret-option", doc(output="output: {kind: results, url: /o, files: [m.json], storage_options: {secret: abc}}"), [
+        f"output.storage_options.secret: {LITERAL}",
+    ]),
+    ("literal-nested-aws-secret",
+     doc(output="output: {kind: results, url: /o, files: [m.json], "
+                "storage_options: {client_kwargs: {aws_secret_access_key: x}}}"), [
+        f"output.storage_options.client_kwargs.aws_secret_access_key: {LITERAL}",
+    ]),
+    ("literal-credentials-on-data-and-checkpoint",
+     doc(data="data: [{name: d, url: 'az://c/x', storage_options: {account_name: acct, Account_Key: k1, sas_token: k2}}]",
+         output="output: {kind: results, url: /o, files: [m.json], "
+                "checkpoint: {url: 'gs://b/ck', storage_options: {token: k3, key: 7, anon: false}}}"), [
+        f"data[0].storage_options.Account_Key: {LITERAL}",
+        f"data[0].storage_options.sas_token: {LITERAL}",
+        f"output.checkpoint.storage_options.token: {LITERAL}",
+        f"output.checkpoint.storage_options.key: {LITERAL}",
+    ]),
+    ("bad-references",
+     doc(output="output: {kind: results, url: /o, files: [m.json], storage_options: "
+                "{key: {secret: ''}, token: {secret: 5}, password: {secret: a, env: b}, x: {env: 1A}, y: {secret: S3}}}"), [
+        f"output.storage_options.key.secret: {BLOCK} (got an empty name); e.g. {{secret: s3-credentials}}",
+        f"output.storage_options.token.secret: {BLOCK} (got a number); e.g. {{secret: s3-credentials}}",
+        "output.storage_options.password: a reference must have exactly one key, 'secret' or 'env' (got keys secret, env); "
+        "write {secret: BLOCK_NAME} (a Prefect Secret block) or {env: VAR_NAME} on its own",
+        "output.storage_options.x.env: must name an environment variable: letters, digits and '_', not starting with "
+        "a digit (got a name with other characters); e.g. {env: AWS_SECRET_ACCESS_KEY}",
+        f"output.storage_options.y.secret: {BLOCK} (got a name with other characters); e.g. {{secret: s3-credentials}}",
+    ]),
+    ("reference-with-other-keys",
+     doc(output="output: {kind: results, url: /o, files: [m.json], storage_options: "
+                "{client_kwargs: {env: REGION, endpoint_url: 'http://minio:9000'}}}"), [
+        "output.storage_options.client_kwargs: a reference must have exactly one key, 'secret' or 'env' "
+        "(got keys env, endpoint_url); write {secret: BLOCK_NAME} (a Prefect Secret block) or {env: VAR_NAME} on its own",
+    ]),
+    ("non-json-option", doc(output="output: {kind: results, url: /o, files: [m.json], storage_options: {x: !!binary aGVsbG8=}}"), [
+        "output.storage_options: must hold JSON values only (strings, numbers, booleans, null, lists, mappings) "
+        "(got bytes); storage options are passed to fsspec as JSON; write other values out as strings",
+    ]),
+    ("password-in-option-url",
+     doc(output="output: {kind: results, url: /o, files: [m.json], storage_options: {endpoint_url: 'https://u:pw@minio/'}}"), [
+        "output.storage_options.endpoint_url: must not carry a password: specs are stored and shown (Prefect parameters, "
+        "logs) (got a URL with user:password@); put credentials in environment variables (e.g. AWS_ACCESS_KEY_ID / "
+        "AWS_SECRET_ACCESS_KEY) or a Prefect Secret block, and give the URL without them",
+    ]),
+    ("options-not-a-mapping", doc(output="output: {kind: results, url: /o, files: [m.json], storage_options: [anon]}"), [
+        "output.storage_options: must be a mapping (got ['anon'])",
     ]),
 ]
 

@@ -1,0 +1,141 @@
+"""storage_options (credentials by reference only) and URL masking in JSON dumps."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from specs import JobSpec, SpecError, is_credential_key, json_schema, parse_spec, reference_of, secrets_in, spec_payload
+
+jsonschema = pytest.importorskip("jsonschema")
+
+SIGNED = "https://h/x?X-Amz-Signature=abc123"
+SPEC = f"""
+name: job
+work: {{kind: training, entrypoint: pkg.mod:main}}
+data:
+  - name: d
+    url: '{SIGNED}'
+    storage_options: {{endpoint_url: 'http://minio:9000', key: {{env: AWS_KEY}}, secret: {{secret: s3-creds}}}}
+request: {{limit: 30m}}
+output:
+  kind: results
+  url: 's3://b/out/'
+  files: [m.json]
+  storage_options:
+    client_kwargs: {{endpoint_url: 'http://minio:9000', region_name: eu-west-1}}
+    credentials: {{secret: gcs-sa}}
+    anon: false
+    headers: [{{env: HEADER_1}}, plain]
+  checkpoint: {{url: 's3://b/ck/?token=t0k3n', storage_options: {{aws_session_token: {{env: AWS_SESSION_TOKEN}}}}}}
+"""
+
+
+def test_valid_storage_options_everywhere():
+    spec = parse_spec(SPEC)
+    assert spec.data[0].storage_options == {
+        "endpoint_url": "http://minio:9000", "key": {"env": "AWS_KEY"}, "secret": {"secret": "s3-creds"},
+    }
+    assert spec.output.storage_options["credentials"] == {"secret": "gcs-sa"}
+    assert spec.output.storage_options["headers"] == [{"env": "HEADER_1"}, "plain"]
+    assert spec.output.checkpoint.storage_options == {"aws_session_token": {"env": "AWS_SESSION_TOKEN"}}
+
+
+def test_storage_options_default_and_empty():
+    head = "name: j\nwork: {kind: training, entrypoint: a:b}\nrequest: {limit: 1m}\n"
+    plain = parse_spec(head + "output: {kind: results, url: /o, files: [m]}\n")
+    assert plain.output.storage_options == {} and plain.output.checkpoint.storage_options == {}
+    empty = parse_spec(head + "data:\n  - name: d\n    url: /x\n    storage_options:\n"
+                       "output: {kind: results, url: /o, files: [m]}\n")
+    assert empty.data[0].storage_options == {}
+
+
+def test_literal_secret_is_refused_without_echoing_it():
+    text = SPEC.replace("secret: {secret: s3-creds}", "secret: abc-planted")
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, source="job.yaml")
+    assert [str(p) for p in info.value.problems] == [
+        "data[0].storage_options.secret: a credential written into the spec would be stored in Prefect parameters "
+        "and shown in logs (got a literal value); use {secret: BLOCK_NAME} (a Prefect Secret block) or {env: VAR_NAME}, "
+        "or leave it out and set the store's standard environment variables (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+        "GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_ACCOUNT_KEY)",
+    ]
+    assert "abc" not in str(info.value)
+
+
+def test_python_validation_error_does_not_echo_the_literal():
+    data = parse_spec(SPEC).model_dump()
+    data["output"]["storage_options"] = {"client_kwargs": {"aws_secret_access_key": "abc-planted"}}
+    with pytest.raises(ValidationError) as info:
+        JobSpec.model_validate(data)
+    assert "abc" not in str(info.value)
+    assert [e["loc"] for e in info.value.errors()] == [("output", "storage_options", "client_kwargs", "aws_secret_access_key")]
+
+
+@pytest.mark.parametrize(("key", "credential"), [
+    ("secret", True), ("client_secret", True), ("Password", True), ("passwd", True), ("token", True),
+    ("aws_session_token", True), ("credentials", True), ("sas_token", True), ("account_key", True),
+    ("connection_string", True), ("private_key", True), ("key", True), ("KEY", True), ("aws_access_key_id", True),
+    ("aws_secret_access_key", True), ("endpoint_url", False), ("region_name", False), ("anon", False),
+    ("project", False), ("account_name", False), ("key_prefix", False), ("client_kwargs", False), (3, False),
+])
+def test_credential_keys(key, credential):
+    assert is_credential_key(key) is credential
+
+
+@pytest.mark.parametrize(("value", "ref"), [
+    ({"secret": "s3-creds"}, ("secret", "s3-creds")), ({"env": "AWS_KEY"}, ("env", "AWS_KEY")),
+    ({"secret": ""}, None), ({"secret": 5}, None), ({"secret": "a", "env": "b"}, None), ({"secret": "Up"}, None),
+    ({"env": "1A"}, None), ("secret", None), ({"other": "x"}, None),
+])
+def test_reference_of(value, ref):
+    assert reference_of(value) == ref
+
+
+def test_url_fields_are_masked_in_json_mode_only():
+    from fastapi.encoders import jsonable_encoder
+
+    spec = parse_spec(SPEC)
+    encoded = jsonable_encoder(spec)  # what Prefect stores as the flow run's parameters
+    assert encoded["data"][0]["url"] == "https://h/x?X-Amz-Signature=***"
+    assert encoded["output"]["checkpoint"]["url"] == "s3://b/ck/?token=***"
+    assert encoded["output"]["url"] == "s3://b/out/"
+    assert spec.data[0].url == SIGNED
+    assert JobSpec.model_validate(spec).data[0].url == SIGNED
+    assert spec.model_dump()["data"][0]["url"] == SIGNED
+    assert "abc123" not in spec.model_dump_json() and "t0k3n" not in spec.model_dump_json()
+    revealed = spec.model_dump(mode="json", context={"reveal_secrets": True})
+    assert revealed["data"][0]["url"] == SIGNED
+
+
+def test_spec_payload_and_secrets_in():
+    spec = parse_spec(SPEC)
+    assert spec_payload(spec, reveal=False) == spec.model_dump(mode="json")
+    shown = spec_payload(spec, reveal=False)
+    assert shown["data"][0]["url"] == "https://h/x?X-Amz-Signature=***"
+    real = spec_payload(spec, reveal=True)
+    assert real["data"][0]["url"] == SIGNED and real["output"]["checkpoint"]["url"] == "s3://b/ck/?token=t0k3n"
+    assert JobSpec.model_validate(real) == spec
+    assert real["output"]["storage_options"] == shown["output"]["storage_options"]  # references are not secret
+    assert secrets_in(spec) == ["data[0].url", "output.checkpoint.url"]
+    assert secrets_in(parse_spec(SPEC.replace(SIGNED, "/data/x").replace("?token=t0k3n", ""))) == []
+
+
+def test_schema_describes_storage_options():
+    schema = json_schema()
+    defs = schema["$defs"]
+    for model in ("DataInput", "OutputSpec", "CheckpointPolicy"):
+        prop = defs[model]["properties"]["storage_options"]
+        assert prop["type"] == "object" and prop["title"] == "Storage Options" and prop["description"]
+        refs = prop["additionalProperties"]["anyOf"]
+        assert [r.get("required") for r in refs[:2]] == [["secret"], ["env"]]
+    validator = jsonschema.Draft202012Validator(schema)
+    base = {"name": "j", "work": {"kind": "training", "entrypoint": "a:b"}, "request": {"limit": "1m"},
+            "output": {"kind": "results", "url": "/o", "files": ["m"]}}
+    for options, ok in [
+        ({"endpoint_url": "http://m:9000", "key": {"env": "K"}, "secret": {"secret": "s3-creds"},
+          "client_kwargs": {"region_name": "eu"}, "anon": True}, True),
+        ({"key": {"secret": 5}}, False), ({"key": {"secret": "a", "env": "b"}}, False), ({"key": {"secret": ""}}, False),
+        ({"key": {"env": "1A"}}, False),
+    ]:
+        assert validator.is_valid({**base, "output": {**base["output"], "storage_options": options}}) is ok, options

@@ -1,0 +1,94 @@
+"""Resolving storage_options references on the worker, and redacting options for logs."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.credentials import CredentialError, redact, resolve_options
+
+
+def test_env_references_resolve_at_any_depth(monkeypatch):
+    monkeypatch.setenv("E31_TEST_KEY", "AKIA-planted")
+    monkeypatch.setenv("E31_TEST_REGION", "eu-west-1")
+    options = {
+        "endpoint_url": "http://minio:9000",
+        "key": {"env": "E31_TEST_KEY"},
+        "client_kwargs": {"region_name": {"env": "E31_TEST_REGION"}},
+        "headers": [{"env": "E31_TEST_KEY"}, "plain"],
+        "anon": False,
+    }
+    resolved = resolve_options(options, "output.storage_options")
+    assert resolved == {
+        "endpoint_url": "http://minio:9000",
+        "key": "AKIA-planted",
+        "client_kwargs": {"region_name": "eu-west-1"},
+        "headers": ["AKIA-planted", "plain"],
+        "anon": False,
+    }
+    assert options["key"] == {"env": "E31_TEST_KEY"}  # not modified
+
+
+def test_missing_env_variable(monkeypatch):
+    monkeypatch.delenv("E31_TEST_UNSET", raising=False)
+    with pytest.raises(CredentialError) as info:
+        resolve_options({"client_kwargs": {"aws_secret_access_key": {"env": "E31_TEST_UNSET"}}}, "data[0].storage_options")
+    assert str(info.value) == (
+        "data[0].storage_options.client_kwargs.aws_secret_access_key: the environment variable E31_TEST_UNSET "
+        "is not set on this worker; set it where the worker runs, e.g. export E31_TEST_UNSET=..."
+    )
+    assert isinstance(info.value, RuntimeError)
+
+
+def test_malformed_reference_is_refused():
+    with pytest.raises(CredentialError) as info:
+        resolve_options({"key": {"secret": "a", "env": "B"}}, "output.storage_options")
+    assert str(info.value) == (
+        "output.storage_options.key: not a valid reference; write {secret: BLOCK_NAME} or {env: VAR_NAME}"
+    )
+
+
+def test_redact():
+    options = {
+        "endpoint_url": "https://minio:9000/?token=abc",
+        "region_name": "eu-west-1",
+        "key": "AKIA-planted",
+        "Secret": "s3cr3t-planted",
+        "token": {"secret": "gcs-token"},
+        "client_kwargs": {"aws_session_token": "tok-planted", "endpoint_url": {"env": "URL"}, "verify": False},
+        "credentials": {"type": "service_account", "private_key": "pk-planted"},
+        "headers": [{"env": "H"}, "plain"],
+        "anon": True,
+        "count": 3,
+    }
+    assert redact(options) == {
+        "endpoint_url": "https://minio:9000/?token=***",
+        "region_name": "eu-west-1",
+        "key": "***",
+        "Secret": "***",
+        "token": "***",
+        "client_kwargs": {"aws_session_token": "***", "endpoint_url": "***", "verify": False},
+        "credentials": "***",
+        "headers": ["***", "plain"],
+        "anon": True,
+        "count": 3,
+    }
+    assert options["key"] == "AKIA-planted"  # not modified
+    assert redact({}) == {}
+
+
+def test_secret_block_references(prefect_api):
+    from prefect.blocks.system import Secret
+
+    Secret(value="s3cr3t-planted").save("e31-test-secret", overwrite=True)
+    resolved = resolve_options({"secret": {"secret": "e31-test-secret"}, "client_kwargs": {"token": {"secret": "e31-test-secret"}}},
+                               "output.storage_options")
+    assert resolved == {"secret": "s3cr3t-planted", "client_kwargs": {"token": "s3cr3t-planted"}}
+
+    with pytest.raises(CredentialError) as info:
+        resolve_options({"key": {"secret": "e31-no-such-block"}}, "output.checkpoint.storage_options")
+    assert str(info.value) == (
+        "output.checkpoint.storage_options.key: the Prefect Secret block 'e31-no-such-block' does not exist on this "
+        "Prefect server; create it with: prefect block create secret (then name it e31-no-such-block), "
+        "or in Python: Secret(value=...).save('e31-no-such-block')"
+    )
+    assert "s3cr3t" not in str(info.value)
