@@ -5,6 +5,7 @@
     e31 compile SPEC [--set ...]                print the plan run_job would execute
     e31 run SPEC [--set ...]                    run the job here, print where the output went
     e31 deploy SPEC --pool P [--cron C --timezone TZ]   a Prefect deployment of the job
+    e31 return JOB                              deliver output a run kept in scratch (destination was down)
 
 Exit codes: 0 completed (or valid), 3 partial, 1 failed, 2 invalid spec or
 usage.  Errors are printed without a traceback.  Prefect is imported only by
@@ -39,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
             "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
             help="override a field by dotted path, e.g. --set request.limit=20s --set output.url=/tmp/out",
         )
+        if name == "compile":
+            cmd.add_argument("--no-list", action="store_true",
+                             help="do not list the inputs (their sizes need the stores to be reachable)")
     deploy = sub.add_parser("deploy", help="create a Prefect deployment of the job on a work pool",
                             description="create or update the Prefect deployment e31-job/NAME of the job on a work pool")
     deploy.add_argument("spec", help="job spec file")
@@ -49,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     deploy.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a field by dotted path")
     sub.add_parser("schema", help="print the JSON Schema of job specs", description="print the JSON Schema of job specs")
+    ret = sub.add_parser("return", help="deliver the output a run could not return (kept in scratch)",
+                         description="deliver the output a run of JOB could not return to its destination; it was "
+                                     "kept in the job's scratch folder ($E31_SCRATCH/JOB)")
+    ret.add_argument("job", help="the job's name (its spec's name)")
     return parser
 
 
@@ -92,7 +100,9 @@ def _run_with_api(spec: JobSpec, spec_path: str) -> int:
     from tasks.outcome import ChildLost
     from tasks.stage import StageError
 
-    expected = (JobFailed, StageError, PlacementError, DestinationError, JobBusy, ReturnFailed)
+    from tasks.credentials import CredentialError
+
+    expected = (JobFailed, StageError, PlacementError, DestinationError, JobBusy, ReturnFailed, CredentialError)
     _hide_tracebacks_on_console((*expected, ChildLost))
     try:
         check_fits(compile_plan(spec))  # refuse before a flow run exists
@@ -110,7 +120,90 @@ def _run_with_api(spec: JobSpec, spec_path: str) -> int:
     except KeyboardInterrupt:
         print("e31: interrupted; see the destination's manifest.json for what came back", file=sys.stderr)
         return 130
-    print(f"{manifest['status']} ({manifest['reason']}): {spec.name} -> {mask_url(spec.output.url)}")
+    return _print_manifest(manifest, spec.name, spec.output.url)
+
+
+STAGE_RATE_MIBS = float(os.environ.get("E31_STAGE_RATE_MIBS", "200"))  # assumed staging rate for estimates
+
+
+def _list_data(spec: JobSpec, plan) -> int:
+    """Preflight of ``e31 compile``: list every input (sizes, file counts)
+    and estimate the staging time at :data:`STAGE_RATE_MIBS`."""
+    from tasks.credentials import CredentialError
+    from tasks.stage import StageError, preflight
+    from tasks.storage_setup import register_storage
+    from tasks.transferbar import _human
+
+    if not spec.data:
+        return EXIT_OK
+    try:
+        needs_api = any("secret" in json.dumps(d.storage_options) for d in spec.data)
+        if needs_api:
+            from flows.tempserver import prefect_api
+
+            with prefect_api():
+                register_storage(spec, plan)
+        else:
+            register_storage(spec, plan)
+        listings = preflight(plan.inputs)
+    except (StageError, CredentialError) as exc:
+        print(f"e31: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    total = sum(x.bytes for x in listings.values())
+    files = sum(len(x.entries) for x in listings.values())
+    seconds = total / (STAGE_RATE_MIBS * 2**20)
+    print(f"  data: {len(listings)} input(s), {files} file(s), {_human(total)} ({total} bytes); "
+          f"~{seconds:.0f} s to stage at {STAGE_RATE_MIBS:g} MiB/s")
+    for name, x in listings.items():
+        print(f"    {name}: {x.kind}, {len(x.entries)} file(s), {_human(x.bytes)}")
+    return EXIT_OK
+
+
+def _return_later(job: str) -> int:
+    from flows.compile import default_scratch_root
+    from flows.job import deliver_pending
+    from flows.resume import JobBusy, lock_job, unlock_job
+    from flows.tempserver import prefect_api
+    from tasks.pending import PENDING, load_pending
+
+    scratch = default_scratch_root() / job
+    try:
+        pending = load_pending(scratch)
+    except (ValueError, KeyError, TypeError) as exc:
+        print(f"e31: {scratch / PENDING} is unreadable ({exc}); the output is in {scratch / 'output'}", file=sys.stderr)
+        return EXIT_FAILED
+    if pending is None:
+        print(f"e31: nothing to return for {job}: no {PENDING} in {scratch} (E31_SCRATCH={default_scratch_root()})",
+              file=sys.stderr)
+        return EXIT_FAILED
+    target = pending[0]
+    try:
+        lock_job(str(scratch), job)
+    except JobBusy as exc:
+        print(f"e31: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        with prefect_api() if pending[2] else _nothing():  # Secret blocks need the Prefect API
+            manifest = deliver_pending(scratch)
+    except Exception as exc:
+        from tasks.storage import scrub
+
+        print(f"e31: could not return the output of {job} to {mask_url(target.output_url)}: {type(exc).__name__}: "
+              f"{scrub(str(exc))}; it stays in {target.output_dir}; try again later", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        unlock_job(str(scratch))
+    return _print_manifest(manifest, job, target.output_url)
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _print_manifest(manifest: dict, job: str, url: str) -> int:
+    print(f"{manifest['status']} ({manifest['reason']}): {job} -> {mask_url(url)}")
     for f in manifest["files"]:
         print(f"  {f['path']}  {f['bytes']} bytes  sha256 {f['sha256'][:16]}")
     if manifest.get("checkpoint"):
@@ -176,6 +269,8 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "schema":
         print(json.dumps(json_schema(), indent=2))
         return EXIT_OK
+    if args.command == "return":
+        return _return_later(args.job)
     try:
         spec = load_spec(args.spec, overrides=args.overrides)
     except SpecError as exc:
@@ -190,11 +285,12 @@ def _main(argv: list[str] | None) -> int:
         from flows.compile import SettingsError, compile_plan, describe
 
         try:
-            print(describe(compile_plan(spec)))
+            plan = compile_plan(spec)
         except SettingsError as exc:
             print(f"e31: {exc}", file=sys.stderr)
             return EXIT_INVALID
-        return EXIT_OK
+        print(describe(plan))
+        return EXIT_OK if args.no_list else _list_data(spec, plan)
     return _run(spec, args.spec)
 
 

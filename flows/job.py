@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -27,7 +28,9 @@ from tasks.deliver import ReturnTarget, check_destination, deliver, return_task,
 from tasks.outcome import ChildLost, RunOutcome
 from tasks.process import signals_deferred
 from tasks.run import RunSettings, run_task
+from tasks.pending import clear_pending, load_pending, save_pending
 from tasks.stage import StageError, preflight, stage_task
+from tasks.storage import scrub, use_options
 from tasks.storage_setup import register_storage
 
 
@@ -39,7 +42,8 @@ class ReturnFailed(RuntimeError):
         self.scratch = plan.scratch
         super().__init__(
             f"could not return the output to {mask_url(plan.output_url)}: {type(cause).__name__}: {cause}; "
-            f"it is kept in {plan.output_dir} (checkpoints in {plan.checkpoint_dir}); run the job again to retry"
+            f"it is kept in {plan.output_dir} (checkpoints in {plan.checkpoint_dir}); deliver it later with: "
+            f"e31 return {plan.job}"
         )
 
 
@@ -102,6 +106,12 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
         check_destination(plan.checkpoint_url, "output.checkpoint.url")
     resume = prepare_scratch(plan)
     try:
+        try:  # an earlier attempt's undelivered output first: nothing kept in scratch is overwritten
+            earlier = deliver_pending(Path(plan.scratch))
+        except Exception as exc:
+            raise ReturnFailed(plan, exc) from None
+        if earlier is not None and earlier["status"] == "completed":
+            return earlier
         return _attempt(spec, plan, resume, code_dir)
     finally:
         end_attempt(plan)
@@ -125,7 +135,7 @@ def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) ->
                              checkpoint=latest_durable(plan.checkpoint_url),
                              message=f"an earlier attempt {earlier} and the job can no longer run: "
                                      f"its {stop_reason.replace('_', ' ')}, less the return reserve, has passed")
-        return _finish(plan, _return(plan, target, outcome))
+        return _finish(plan, _return(plan, target, outcome, spec.output.storage_options))
     started = time.monotonic()
     try:
         listings = preflight(plan.inputs)  # every input listed before anything is copied
@@ -142,13 +152,15 @@ def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) ->
         raise
     target.staging_s = time.monotonic() - started
     outcome = _run(spec, plan, staged, code_dir, target, time.time())
-    return _finish(plan, outcome.manifest or _return(plan, target, outcome))
+    return _finish(plan, outcome.manifest or _return(plan, target, outcome, spec.output.storage_options))
 
 
-def _return(plan: Plan, target: ReturnTarget, outcome: RunOutcome) -> dict[str, Any]:
-    """The return task; without the Prefect API (it may be gone) the same
-    delivery runs in this thread.  A Ctrl-C or SIGTERM during it is noted,
-    not obeyed: the output is on its way.  Raises :class:`ReturnFailed`."""
+def _return(plan: Plan, target: ReturnTarget, outcome: RunOutcome, output_options: dict | None = None) -> dict[str, Any]:
+    """The return task (retried with backoff); without the Prefect API (it
+    may be gone) the same delivery runs in this thread.  A Ctrl-C or SIGTERM
+    during it is noted, not obeyed: the output is on its way.  When the
+    destination stays unreachable the output is kept in scratch with a
+    pending record for ``e31 return JOB``; raises :class:`ReturnFailed`."""
     with signals_deferred("e31: returning the output first (kill -9 abandons it)"):
         try:
             return return_task(target, outcome)
@@ -156,7 +168,32 @@ def _return(plan: Plan, target: ReturnTarget, outcome: RunOutcome) -> dict[str, 
             try:
                 return deliver(target, outcome)
             except Exception as exc:
-                raise ReturnFailed(plan, exc if str(exc) else first) from None
+                cause = exc if str(exc) else first
+                save_pending(Path(plan.scratch), target, outcome, f"{type(cause).__name__}: {scrub(str(cause))}",
+                             output_options)
+                raise ReturnFailed(plan, cause) from None
+
+
+def deliver_pending(scratch: Path) -> dict[str, Any] | None:
+    """Deliver the return an earlier attempt of a job could not (see
+    :mod:`tasks.pending`) from its scratch folder; returns the manifest, or
+    None when none was pending.  The pending record and, for a completed
+    job, the scratch output are removed only after the destination verified
+    every file.  Raises what the delivery raises (the output stays)."""
+    pending = load_pending(scratch)
+    if pending is None:
+        return None
+    target, outcome, options = pending
+    if options:
+        from tasks.credentials import resolve_options
+
+        use_options(target.output_url, resolve_options(options, "output.storage_options"))
+    manifest = deliver(target, outcome)
+    clear_pending(scratch)
+    if manifest["status"] == "completed":
+        shutil.rmtree(scratch / "output", ignore_errors=True)
+        shutil.rmtree(scratch / "checkpoints", ignore_errors=True)
+    return manifest
 
 
 def _finish(plan: Plan, manifest: dict[str, Any]) -> dict[str, Any]:

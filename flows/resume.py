@@ -48,23 +48,30 @@ class JobBusy(RuntimeError):
 _LOCKS: dict[str, int] = {}  # scratch folder -> open file descriptor holding its lock
 
 
-def _lock(plan: Plan) -> None:
+def lock_job(scratch: str, job: str) -> None:
     """Hold an exclusive ``flock`` on ``<scratch>/job.lock`` until
-    :func:`end_attempt` (or this process's death: the kernel drops it).
-    Raises :class:`JobBusy` when another run holds it."""
-    fd = os.open(Path(plan.scratch) / "job.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    :func:`end_attempt` / :func:`unlock_job` (or this process's death: the
+    kernel drops it).  Raises :class:`JobBusy` when another run holds it."""
+    fd = os.open(Path(scratch) / "job.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise JobBusy(
-            f"job {plan.job} is already running on this machine (pid {holder}, scratch {plan.scratch}); "
+            f"job {job} is already running on this machine (pid {holder}, scratch {scratch}); "
             "wait for it to end, or run this one under another name (--set name=...)"
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
-    _LOCKS[plan.scratch] = fd
+    _LOCKS[scratch] = fd
+
+
+def unlock_job(scratch: str) -> None:
+    """Release the lock :func:`lock_job` took (no-op when not held)."""
+    fd = _LOCKS.pop(scratch, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def prepare_scratch(plan: Plan) -> Resume:
@@ -72,7 +79,7 @@ def prepare_scratch(plan: Plan) -> Resume:
     attempt, and decide where the run starts (see the module docstring).
     Raises :class:`JobBusy` when the same job is running here already."""
     Path(plan.scratch).mkdir(parents=True, exist_ok=True)
-    _lock(plan)
+    lock_job(plan.scratch, plan.job)
     for folder in (plan.data_dir, plan.output_dir, plan.checkpoint_dir, plan.run_dir):
         folder.mkdir(parents=True, exist_ok=True)
     commit_pending(plan.checkpoint_dir)  # written whole by a work whose supervisor died too
@@ -113,9 +120,7 @@ def end_attempt(plan: Plan) -> None:
     """Record that this attempt ended (whatever its status) and release the
     job's lock."""
     (plan.run_dir / ATTEMPT_FILE).write_text(json.dumps({"state": "ended", "ended": time.time()}))
-    fd = _LOCKS.pop(plan.scratch, None)
-    if fd is not None:
-        os.close(fd)
+    unlock_job(plan.scratch)
 
 
 def _read_state(path: Path) -> str | None:

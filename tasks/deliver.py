@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,6 +20,8 @@ from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.tasks import exponential_backoff
 from prefect.artifacts import create_link_artifact, create_table_artifact
 
 from specs import mask_url
@@ -29,6 +32,8 @@ from tasks.transferbar import TransferProgress
 
 MANIFEST = "manifest.json"
 UPLOAD_THREADS = 8  # files uploaded at once by the return step
+RETURN_RETRIES = int(os.environ.get("E31_TRANSFER_RETRIES", "3"))  # Prefect retries of the return task
+RETURN_BACKOFF_S = float(os.environ.get("E31_TRANSFER_BACKOFF_S", "2"))  # first retry delay (s), doubling
 
 
 class DestinationError(RuntimeError):
@@ -47,7 +52,15 @@ def check_destination(url: str, field: str) -> None:
     except (ValueError, ImportError) as exc:
         raise DestinationError(f"{field}: {shown}: {exc}") from None
     if not storage.is_local(url):
-        return  # object stores: checked by the first upload (issue 4 adds a preflight)
+        # object stores: write and delete a small probe object (reachable, credentials, permission)
+        probe = storage.join(url, f".e31-probe-{uuid.uuid4().hex[:8]}")
+        try:
+            storage.write_bytes(probe, b"e31 write probe\n")
+            storage.remove(probe)
+        except Exception as exc:
+            raise DestinationError(f"{field}: {shown}: cannot write there ({type(exc).__name__}: "
+                                   f"{storage.scrub(str(exc))})") from None
+        return
     folder = Path(path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -177,10 +190,26 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
     return manifest
 
 
-@task(name="return", task_run_name="return")
+def _retry_return(task, task_run, state) -> bool:
+    """Retry a return after a store or network error; not after a
+    :class:`DestinationError` (a symlink out of the output, a bad URL)."""
+    try:
+        state.result()
+    except DestinationError:
+        return False
+    except Exception:
+        return True
+    return False
+
+
+@task(name="return", task_run_name="return", retries=RETURN_RETRIES,
+      retry_delay_seconds=exponential_backoff(backoff_factor=RETURN_BACKOFF_S), retry_jitter_factor=0.5,
+      retry_condition_fn=_retry_return, cache_policy=NO_CACHE)
 def return_task(req: ReturnTarget, outcome: RunOutcome) -> dict[str, Any]:
-    """Prefect task wrapper of :func:`deliver`; adds a table artifact of the
-    returned files and the job's status."""
+    """Prefect task wrapper of :func:`deliver`, retried with exponential
+    backoff after store errors (``E31_TRANSFER_RETRIES``, default 3; first
+    delay ``E31_TRANSFER_BACKOFF_S``, default 2 s, doubling); adds a table
+    artifact of the returned files and the job's status."""
     manifest = deliver(req, outcome)
     meter = manifest["meter"]
     verdict_columns = {"status": manifest["status"], "reason": manifest["reason"], "step": manifest["step"], **meter}

@@ -142,7 +142,7 @@ def list_input(url: str) -> Listing:
     """
     fs, path = filesystem(url)
     local = "file" in _protocols(fs)
-    if has_magic(path):
+    if has_magic(path) and not {"http", "https"} & set(_protocols(fs)):  # "?" starts an HTTP query, not a glob
         base = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
         found = fs.glob(path, detail=True)
         entries = [_entry(fs, name, posixpath.relpath(name, base), info) for name, info in sorted(found.items())
@@ -153,7 +153,8 @@ def list_input(url: str) -> Listing:
     path = path.rstrip("/") or path
     info = fs.info(path)
     if info.get("type") != "directory":
-        return Listing(url, "file", [_entry(fs, path, posixpath.basename(path), info)], local=local)
+        name = posixpath.basename(path.split("?", 1)[0].split("#", 1)[0]) if not local else posixpath.basename(path)
+        return Listing(url, "file", [_entry(fs, path, name or "data", info)], local=local)  # no query (a signature) in names
     if local:
         entries, dirs = _walk_local(path)
     else:

@@ -94,4 +94,10 @@ class Uploader:
                     self._record(upload(ckpt.path, self.durable_root, self.keep, self.work_sha256))
             except Exception as exc:
                 self.failures.append(str(exc))
-        return self.done[-1] if self.done else latest_durable(self.durable_root)
+        if self.done:
+            return self.done[-1]
+        try:
+            return latest_durable(self.durable_root)
+        except Exception as exc:  # the store is unreachable: the return step reports it and keeps the output
+            self.failures.append(f"cannot list durable checkpoints: {type(exc).__name__}")
+            return None

@@ -1,0 +1,223 @@
+"""Jobs whose data, checkpoints and output live on a real S3 server.
+
+A real SeaweedFS (``s3_server`` fixture, 127.0.0.1) and a real ``prefect
+server start`` (``prefect_api``); ``e31 run`` in a subprocess, as a user
+runs it.  The server's secret is a planted string: no log, CLI output,
+Prefect parameter, artifact, manifest or scratch file may contain it, nor
+the signature of a presigned URL the job reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import textwrap
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from tests.conftest import S3_SECRET
+
+WORK = '''
+import os, signal
+from pathlib import Path
+
+
+def copy_inputs(ctx):
+    """Writes the sha256 of every staged file, then a result."""
+    import hashlib
+    lines = []
+    for name, path in sorted(ctx.data.items()):
+        root = Path(path)
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for f in files:
+            rel = f.name if root.is_file() else f.relative_to(root).as_posix()
+            lines.append(f"{name}/{rel} {hashlib.sha256(f.read_bytes()).hexdigest()}")
+    (ctx.output_dir / "hashes.txt").write_text("\\n".join(lines) + "\\n")
+    ctx.checkpoint({"step": 1}, step=1, wait=True)
+    (ctx.output_dir / "sub").mkdir(exist_ok=True)
+    (ctx.output_dir / "sub" / "result.bin").write_bytes(b"r" * 300_000)
+
+
+def kill_store_then_write(ctx):
+    """Kills the destination's S3 server (its process group), then writes the output."""
+    os.killpg(int(ctx.params["store_pgid"]), signal.SIGKILL)
+    (ctx.output_dir / "result.txt").write_text("made while the store was down\\n")
+'''
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _spec(tmp_path: Path, name: str, body: str) -> Path:
+    (tmp_path / "storework.py").write_text(WORK)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def _flow_run_evidence(flow_run_name: str, *, with_tasks: bool = True) -> str:
+    """Everything Prefect keeps of the newest flow run named so: parameters,
+    logs, artifacts, task run names, as one text."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter,
+                                                FlowRunFilterName, FlowRunFilterId, LogFilter, LogFilterFlowRunId)
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])),
+                                     sort=FlowRunSort.START_TIME_DESC, limit=1)
+        run = runs[0]
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    parts = [json.dumps(run.parameters), run.name, str(run.state.message if run.state else "")]
+    parts += [log.message for log in logs]
+    parts += [f"{a.key} {a.description} {json.dumps(a.data)}" for a in artifacts]
+    parts += [t.name + " " + str(t.state.message if t.state else "") for t in tasks]
+    assert logs and artifacts and (tasks or not with_tasks)  # the evidence is really there
+    return "\n".join(parts)
+
+
+def _all_text_under(root: Path) -> str:
+    return "\n".join(p.read_bytes().decode(errors="replace") for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.slow
+def test_job_over_s3_with_secret_block_and_presigned_url_leaks_no_secret(e31, tmp_path, s3_server, s3_prefix,
+                                                                        prefect_api, scratch):
+    from prefect.blocks.system import Secret
+
+    fs = s3_server.filesystem()
+    files = {"frames/a.txt": b"alpha\n", "frames/deep/b.txt": b"beta" * 1000, "frames/deep/c.bin": os.urandom(70_000)}
+    for rel, data in files.items():
+        fs.pipe(f"{s3_prefix}data/{rel}".removeprefix("s3://"), data)
+    fs.pipe(f"{s3_prefix}signed/table.csv".removeprefix("s3://"), b"x,y\n1,2\n")
+    presigned = fs.url(f"{s3_prefix}signed/table.csv".removeprefix("s3://"), expires=600)
+    signature = parse_qs(urlparse(presigned).query)["Signature"][0]  # s3fs signs query-string style (SigV2)
+    raw_signature = dict(kv.split("=", 1) for kv in urlparse(presigned).query.split("&"))["Signature"]
+    Secret(value=S3_SECRET).save("e31-test-s3-secret", overwrite=True)
+    spec = _spec(tmp_path, "s3job", f"""
+        name: s3job
+        work: {{kind: processing, entrypoint: "storework:copy_inputs"}}
+        data:
+          - name: frames
+            url: {s3_prefix}data/frames
+            storage_options: {{key: {{env: E31_TEST_S3_KEY}}, secret: {{secret: e31-test-s3-secret}}}}
+          - name: table
+            url: "{presigned}"
+        request: {{cpus: 1, limit: 2m}}
+        output:
+          kind: files
+          url: {s3_prefix}out/
+          files: [hashes.txt, sub/result.bin]
+          storage_options: {{key: {{env: E31_TEST_S3_KEY}}, secret: {{secret: e31-test-s3-secret}}}}
+        """)
+    env = {"E31_TEST_S3_KEY": s3_server.key, "AWS_SECRET_ACCESS_KEY": "wrong-on-purpose",  # the block must be used
+           "PREFECT_LOGGING_LEVEL": "INFO"}  # every log line reaches the API, to be searched
+    compiled = e31("compile", str(spec), env=env)
+    result = e31("run", str(spec), env=env)
+    assert result.returncode == 0, result.stderr
+    assert compiled.returncode == 0, compiled.stderr
+    assert compiled.stdout.endswith("  data: 2 input(s), 4 file(s), 72.3 KiB (74014 bytes); ~0 s to stage at 200 MiB/s\n"
+                                    "    frames: folder, 3 file(s), 72.3 KiB\n    table: file, 1 file(s), 8 B\n")
+    manifest = json.loads(fs.cat(f"{s3_prefix}out/manifest.json".removeprefix("s3://")))
+    assert manifest["status"] == "completed" and manifest["step"] == 1
+    expected_hashes = "".join(f"frames/{rel.removeprefix('frames/')} {_sha(data)}\n" for rel, data in sorted(files.items()))
+    expected_hashes += f"table/table.csv {_sha(b'x,y' + chr(10).encode() + b'1,2' + chr(10).encode())}\n"
+    got = fs.cat(f"{s3_prefix}out/hashes.txt".removeprefix("s3://"))
+    assert got.decode() == expected_hashes
+    assert [(f["path"], f["bytes"], f["sha256"]) for f in manifest["files"]] == [
+        ("hashes.txt", len(got), _sha(got)), ("sub/result.bin", 300_000, _sha(b"r" * 300_000))]
+    assert manifest["checkpoint"] == f"{s3_prefix}out/checkpoints/step-1"
+    # no temporary or probe objects left next to the output
+    left = sorted(p.removeprefix(f"{s3_prefix}out/".removeprefix("s3://")) for p in fs.find(f"{s3_prefix}out/"))
+    assert left == ["checkpoints/step-1/COMMITTED", "checkpoints/step-1/state.pt", "hashes.txt", "manifest.json",
+                    "sub/result.bin"]
+    # the planted secret and the presigned signature are nowhere
+    evidence = "\n".join([compiled.stdout, compiled.stderr, result.stdout, result.stderr, _flow_run_evidence("s3job"),
+                          json.dumps(manifest), _all_text_under(scratch)])
+    assert "Signature=***" in evidence  # the URL is shown, masked
+    for secret in (S3_SECRET, signature, raw_signature):
+        assert secret not in evidence
+
+
+@pytest.mark.slow
+def test_bad_credentials_fail_before_running_and_do_not_echo_the_secret(e31, tmp_path, s3_server, s3_prefix,
+                                                                       prefect_api, scratch):
+    from prefect.blocks.system import Secret
+
+    planted = "e31-WRONG-planted-4Kz9"
+    Secret(value=planted).save("e31-test-wrong-secret", overwrite=True)
+    spec = _spec(tmp_path, "badcreds", f"""
+        name: badcreds
+        work: {{kind: processing, entrypoint: "storework:copy_inputs"}}
+        request: {{cpus: 1, limit: 1m}}
+        output:
+          kind: files
+          url: {s3_prefix}out/
+          files: [hashes.txt]
+          storage_options: {{key: {{env: E31_TEST_S3_KEY}}, secret: {{secret: e31-test-wrong-secret}}}}
+        """)
+    result = e31("run", str(spec), env={"E31_TEST_S3_KEY": s3_server.key, "PREFECT_LOGGING_LEVEL": "INFO"})
+    assert result.returncode == 1
+    assert f"e31: output.url: {s3_prefix}out/: cannot write there (PermissionError: " in result.stderr
+    assert result.stderr.endswith("The request signature we calculated does not match the signature you provided. "
+                                  "Check your key and signing method.)\n")
+    assert planted not in result.stderr + result.stdout + _flow_run_evidence("badcreds", with_tasks=False)
+    assert not s3_server.filesystem().find(f"{s3_prefix}out/")  # nothing written
+
+
+@pytest.mark.slow
+def test_unreachable_destination_keeps_output_for_e31_return(e31, tmp_path, prefect_api, scratch):
+    from tests.conftest import S3_BUCKET, S3_KEY
+    from tests.s3server import S3Server
+
+    store = S3Server(tmp_path / "store1", key=S3_KEY, secret=S3_SECRET, bucket=S3_BUCKET).start()
+    spec = _spec(tmp_path, "laterjob", f"""
+        name: laterjob
+        work: {{kind: processing, entrypoint: "storework:kill_store_then_write", params: {{store_pgid: {store.proc.pid}}}}}
+        request: {{cpus: 1, limit: 2m}}
+        output:
+          kind: results
+          url: s3://{S3_BUCKET}/later/out/
+          files: [result.txt]
+          storage_options: {{config_kwargs: {{connect_timeout: 1, retries: {{max_attempts: 1}}}}}}
+        """)
+    env = {**store.env(), "E31_TRANSFER_RETRIES": "1", "E31_TRANSFER_BACKOFF_S": "0.2"}
+    try:
+        result = e31("run", str(spec), env=env)
+    finally:
+        store.proc.wait(timeout=10)
+        store.proc = None
+    assert result.returncode == 1
+    job_scratch = scratch / "laterjob"
+    assert f"it is kept in {job_scratch / 'output'}" in result.stderr
+    assert "deliver it later with: e31 return laterjob" in result.stderr
+    pending = json.loads((job_scratch / "return-pending.json").read_text())
+    assert pending["manifest"]["kept_in"] == str(job_scratch / "output")
+    assert pending["manifest"]["delivered"] is False and pending["manifest"]["reason"] == "finished"
+    assert (job_scratch / "output" / "result.txt").read_text() == "made while the store was down\n"
+    assert S3_SECRET not in json.dumps(pending)
+
+    store2 = S3Server(tmp_path / "store2", key=S3_KEY, secret=S3_SECRET, bucket=S3_BUCKET).start()
+    try:
+        back = e31("return", "laterjob", env=store2.env())
+        assert back.returncode == 0, back.stderr
+        assert back.stdout.startswith(f"completed (finished): laterjob -> s3://{S3_BUCKET}/later/out/\n")
+        fs = store2.filesystem()
+        manifest = json.loads(fs.cat(f"{S3_BUCKET}/later/out/manifest.json"))
+        assert manifest["status"] == "completed"
+        assert fs.cat(f"{S3_BUCKET}/later/out/result.txt") == b"made while the store was down\n"
+        assert manifest["files"] == [{"path": "result.txt", "bytes": 30,
+                                      "sha256": _sha(b"made while the store was down\n")}]
+        assert not (job_scratch / "return-pending.json").exists()
+        assert not (job_scratch / "output").exists()  # deleted only after the destination verified it
+        again = e31("return", "laterjob", env=store2.env())
+        assert again.returncode == 1 and "e31: nothing to return for laterjob" in again.stderr
+    finally:
+        store2.stop()
