@@ -142,6 +142,8 @@ def list_input(url: str) -> Listing:
     """
     fs, path = filesystem(url)
     local = "file" in _protocols(fs)
+    if not local:
+        fs.invalidate_cache()  # a listing must show the store now, not s3fs's cached listing of a moment ago
     if has_magic(path) and not {"http", "https"} & set(_protocols(fs)):  # "?" starts an HTTP query, not a glob
         base = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
         found = fs.glob(path, detail=True)

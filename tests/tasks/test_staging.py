@@ -1,0 +1,491 @@
+"""Staging inputs from a real S3 server (SeaweedFS), a real HTTP server and
+local disk: trees, globs, the staging cache, preflight errors, ETag
+verification, sources replaced during a copy, and Prefect's retries of
+transient errors.  No mocks: every byte goes through fsspec to a real store.
+
+Objects are written by a separate S3 client (``s3_server.filesystem()``, no
+instance cache), as a producer in another process would, never through the
+s3fs instance staging itself uses.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from specs import DataInput
+from tasks import storage
+from tasks.stage import ATTEMPTS, StageError, preflight, stage_input, stage_task
+
+MIB = 2**20
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _md5(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """{relative POSIX path: sha256} of every regular file under ``root``."""
+    return {p.relative_to(root).as_posix(): _sha(p.read_bytes()) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _leftovers(data_dir: Path) -> list[str]:
+    return sorted(p.name for p in data_dir.iterdir() if ".part-" in p.name) if data_dir.exists() else []
+
+
+def _record(data_dir: Path, name: str) -> dict:
+    return json.loads((data_dir / f"{name}.stage.json").read_text())
+
+
+@pytest.fixture
+def writer(s3_server):
+    """A separate S3 client (another producer), not the one staging uses."""
+    return s3_server.filesystem()
+
+
+# --------------------------------------------------------------------------- 1. from S3
+
+
+def test_s3_single_object_cached_then_recopied_when_changed(s3_prefix, writer, tmp_path):
+    url = s3_prefix + "in/table.csv"
+    writer.pipe(url, b"a,b\n1,2\n")
+    data = tmp_path / "data"
+    item = DataInput(name="table", url=url)
+
+    first = stage_input(item, data)
+    assert (first.name, first.path, first.bytes, first.files, first.copied) == (
+        "table", str(data / "table" / "table.csv"), 8, 1, True)
+    assert _tree(data / "table") == {"table.csv": _sha(b"a,b\n1,2\n")}
+    assert sorted(p.name for p in data.iterdir()) == ["table", "table.stage.json"]
+
+    second = stage_input(item, data)
+    assert (second.path, second.bytes, second.files, second.copied) == (first.path, 8, 1, False)
+
+    writer.pipe(url, b"a,b\n9,9\n3,4\n")  # new content, new size, new ETag
+    third = stage_input(item, data)
+    assert (third.path, third.bytes, third.files, third.copied) == (first.path, 12, 1, True)
+    assert _tree(data / "table") == {"table.csv": _sha(b"a,b\n9,9\n3,4\n")}
+    assert _leftovers(data) == []
+
+
+def test_s3_folder_with_and_without_slash_same_tree_never_nested(s3_prefix, writer, tmp_path):
+    files = {"frames/a.bin": os.urandom(3000), "frames/sub/b.bin": os.urandom(17), "frames/sub/deep/c.txt": b"c"}
+    writer.pipe({s3_prefix + k: v for k, v in files.items()})
+    want = {k.removeprefix("frames/"): _sha(v) for k, v in files.items()}
+    data = tmp_path / "data"
+    root = data / "frames"
+    for url in (s3_prefix + "frames", s3_prefix + "frames/", s3_prefix + "frames"):
+        staged = stage_input(DataInput(name="frames", url=url), data)
+        assert (staged.path, staged.bytes, staged.files) == (str(root), 3018, 3)
+        assert _tree(root) == want  # never frames/frames/...
+    # the URL string is the cache key: the same URL again is reused
+    again = stage_input(DataInput(name="frames", url=s3_prefix + "frames"), data)
+    assert again.copied is False
+
+    writer.pipe(s3_prefix + "frames/sub/b.bin", b"B" * 17)  # same size, new content
+    changed = stage_input(DataInput(name="frames", url=s3_prefix + "frames"), data)
+    assert (changed.copied, changed.bytes, changed.files) == (True, 3018, 3)
+    assert _tree(root) == {**want, "sub/b.bin": _sha(b"B" * 17)}
+    assert _leftovers(data) == []
+
+
+def test_s3_globs_stage_matches_relative_to_the_wildcard_base(s3_prefix, writer, tmp_path):
+    files = {"imgs/x.png": b"x" * 10, "imgs/y.png": b"yy" * 7, "imgs/q.jpg": b"q", "imgs/n/z.png": b"zzz",
+             "imgs/n/m/w.png": b"w" * 5, "other/o.png": b"o"}
+    writer.pipe({s3_prefix + k: v for k, v in files.items()})
+    data = tmp_path / "data"
+    cases = [  # name, pattern, the wildcard's base, the staged relative paths
+        ("flat", "imgs/*.png", "imgs/", ["x.png", "y.png"]),
+        ("all", "imgs/**", "imgs/", ["n/m/w.png", "n/z.png", "q.jpg", "x.png", "y.png"]),
+        ("deep", "imgs/**/*.png", "imgs/", ["n/m/w.png", "n/z.png", "x.png", "y.png"]),
+        ("one", "imgs/n/?.png", "imgs/n/", ["z.png"]),
+    ]
+    for name, pattern, base, rels in cases:
+        item = DataInput(name=name, url=s3_prefix + pattern)
+        staged = stage_input(item, data)
+        total = sum(len(files[base + r]) for r in rels)
+        assert (staged.path, staged.bytes, staged.files, staged.copied) == (str(data / name), total, len(rels), True)
+        assert _tree(data / name) == {r: _sha(files[base + r]) for r in rels}, pattern
+        assert stage_input(item, data).copied is False
+    assert _leftovers(data) == []
+
+
+def test_s3_glob_changed_by_another_writer_is_copied_again(s3_prefix, writer, tmp_path):
+    writer.pipe({s3_prefix + "imgs/x.png": b"old-x", s3_prefix + "imgs/y.png": b"y"})
+    data = tmp_path / "data"
+    item = DataInput(name="imgs", url=s3_prefix + "imgs/*.png")
+    assert stage_input(item, data).copied is True
+    writer.pipe(s3_prefix + "imgs/x.png", b"new content of x")
+    again = stage_input(item, data)
+    assert _tree(data / "imgs") == {"x.png": _sha(b"new content of x"), "y.png": _sha(b"y")}
+    assert (again.copied, again.bytes) == (True, 17)
+
+
+def test_s3_file_under_a_listed_folder_changed_by_another_writer_is_copied_again(s3_prefix, writer, tmp_path):
+    writer.pipe({s3_prefix + "d/a.txt": b"A", s3_prefix + "d/b.txt": b"B"})
+    data = tmp_path / "data"
+    stage_input(DataInput(name="all", url=s3_prefix + "d/*.txt"), data)  # another input lists the prefix
+    one = DataInput(name="a", url=s3_prefix + "d/a.txt")
+    assert stage_input(one, data).copied is True
+    writer.pipe(s3_prefix + "d/a.txt", b"A, version 2")
+    again = stage_input(one, data)
+    assert (again.copied, (data / "a" / "a.txt").read_bytes()) == (True, b"A, version 2")
+
+
+def test_s3_glob_changed_after_preflight_is_staged_with_the_new_bytes(s3_prefix, writer, tmp_path):
+    writer.pipe({s3_prefix + "imgs/x.png": b"xxxx", s3_prefix + "imgs/y.png": b"y"})
+    item = DataInput(name="imgs", url=s3_prefix + "imgs/*.png")
+    listing = preflight([item])["imgs"]
+    writer.pipe(s3_prefix + "imgs/x.png", b"XXXX")  # same size, new bytes, after preflight
+    staged = stage_input(item, tmp_path / "data", listing)
+    assert (staged.copied, staged.bytes) == (True, 5)
+    assert _tree(tmp_path / "data" / "imgs") == {"x.png": _sha(b"XXXX"), "y.png": _sha(b"y")}
+
+
+# --------------------------------------------------------------------------- 2. preflight
+
+
+def test_preflight_names_the_missing_input_and_copies_nothing(s3_prefix, writer, tmp_path):
+    writer.pipe(s3_prefix + "good.bin", b"good")
+    data = tmp_path / "data"
+    data.mkdir()
+    good = DataInput(name="good", url=s3_prefix + "good.bin")
+    missing = DataInput(name="gone", url=s3_prefix + "nope/missing.bin")
+    with pytest.raises(StageError) as err:
+        preflight([good, missing])
+    assert str(err.value) == f"data 'gone': {s3_prefix}nope/missing.bin: not found"
+    assert list(data.rglob("*")) == []
+
+    listings = preflight([good])
+    assert list(listings) == ["good"]
+    assert [(e.rel, e.size, e.etag) for e in listings["good"].entries] == [("good.bin", 4, _md5(b"good"))]
+    assert list(data.rglob("*")) == []
+
+
+def test_preflight_glob_matching_nothing_is_not_found(s3_prefix, writer):
+    writer.pipe(s3_prefix + "imgs/a.jpg", b"a")
+    url = s3_prefix + "imgs/*.png"
+    with pytest.raises(StageError) as err:
+        preflight([DataInput(name="pngs", url=url)])
+    assert str(err.value) == f"data 'pngs': {url}: not found"
+
+
+def test_sha256_declared_for_a_folder_or_glob_is_refused(s3_prefix, writer, tmp_path):
+    writer.pipe({s3_prefix + "d/a": b"a", s3_prefix + "d/s/b": b"b"})
+    for url, kind in ((s3_prefix + "d/", "folder"), (s3_prefix + "d/**", "glob")):
+        with pytest.raises(StageError) as err:
+            preflight([DataInput(name="d", url=url, sha256=_sha(b"a"))])
+        assert str(err.value) == (f"data 'd': {url}: sha256 is declared but the URL is a {kind} of 2 file(s); "
+                                  "declare sha256 for single files")
+        with pytest.raises(StageError):
+            stage_input(DataInput(name="d", url=url, sha256=_sha(b"a")), tmp_path / "data")
+    assert not (tmp_path / "data").exists()
+
+
+# --------------------------------------------------------------------------- 3. ETag verification
+
+
+def test_copy_refused_by_etag_is_listed_and_copied_again(s3_prefix, writer, tmp_path, prefect_api):
+    """A listing whose ETag (a well-formed MD5) is not the object's: the copy
+    is refused by the ETag check; staging lists again (getting the store's
+    real ETag) and the second copy is accepted."""
+    from prefect import flow
+
+    body = os.urandom(4096)
+    url = s3_prefix + "blob.bin"
+    writer.pipe(url, body)
+    item = DataInput(name="blob", url=url)
+    real = storage.list_input(url)
+    wrong = _md5(b"not the content")
+    bad = dataclasses.replace(real, entries=[dataclasses.replace(e, etag=wrong, version=wrong) for e in real.entries])
+
+    lines: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("prefect.task_runs")
+    logger.addHandler(handler)
+    try:
+        @flow
+        def run():
+            return stage_task(item, str(tmp_path / "data"), bad)
+
+        staged = run()
+    finally:
+        logger.removeHandler(handler)
+    assert lines == [f"stage blob: blob.bin: content differs from the store's ETag {wrong}; "
+                     f"listing and copying again (attempt 2 of {ATTEMPTS})"]
+    assert (staged.copied, staged.bytes, staged.files) == (True, 4096, 1)
+    assert _tree(tmp_path / "data" / "blob") == {"blob.bin": _sha(body)}
+    assert _record(tmp_path / "data", "blob")["digest"] == real.digest() != bad.digest()
+    assert _leftovers(tmp_path / "data") == []
+
+
+class _Store:
+    """What the HTTP test server serves: path -> (body, ETag header or None);
+    ``fail_gets[path]``: how many GETs of it still answer 503; ``seen``
+    counts requests per (method, path)."""
+
+    def __init__(self):
+        self.files: dict[str, tuple[bytes, str | None]] = {}
+        self.fail_gets: dict[str, int] = {}
+        self.seen: collections.Counter = collections.Counter()
+        self.lock = threading.Lock()
+
+
+@pytest.fixture
+def http_store():
+    store = _Store()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _answer(self, head: bool):
+            with store.lock:
+                store.seen[(self.command, self.path)] += 1
+                found = store.files.get(self.path)
+                fail = not head and found is not None and store.fail_gets.get(self.path, 0) > 0
+                if fail:
+                    store.fail_gets[self.path] -= 1
+            if found is None or fail:
+                self.send_response(404 if found is None else 503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            body, etag = found
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            if etag:
+                self.send_header("ETag", f'"{etag}"')
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+
+        def do_GET(self):
+            self._answer(head=False)
+
+        def do_HEAD(self):
+            self._answer(head=True)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    store.base = f"http://127.0.0.1:{server.server_address[1]}"
+    yield store
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+def test_store_whose_etag_never_matches_fails_and_keeps_the_previous_copy(http_store, tmp_path):
+    """A store serving bytes that differ from the MD5 in its ETag on every
+    listing: refused after ATTEMPTS copies; the good copy staged before, and
+    its cache record, are left as they were."""
+    v1, v2 = b"version one, 32 bytes long......", b"version TWO, 32 bytes long......"
+    url = http_store.base + "/blob.bin"
+    data = tmp_path / "data"
+    item = DataInput(name="blob", url=url)
+    http_store.files["/blob.bin"] = (v1, _md5(v1))
+    assert stage_input(item, data).copied is True
+    record = (data / "blob.stage.json").read_bytes()
+    mtime = (data / "blob" / "blob.bin").stat().st_mtime_ns
+
+    wrong = _md5(b"something else")
+    http_store.files["/blob.bin"] = (v2, wrong)
+    before = http_store.seen[("GET", "/blob.bin")]
+    with pytest.raises(StageError) as err:
+        stage_input(item, data)
+    assert str(err.value) == (f"data 'blob': {url}: blob.bin: content differs from the store's ETag {wrong} "
+                              f"({ATTEMPTS} attempts); stage it again when the source is stable")
+    assert http_store.seen[("GET", "/blob.bin")] - before == ATTEMPTS
+    assert _leftovers(data) == []
+    assert sorted(p.name for p in data.iterdir()) == ["blob", "blob.stage.json"]
+    assert _tree(data / "blob") == {"blob.bin": _sha(v1)}
+    assert (data / "blob" / "blob.bin").stat().st_mtime_ns == mtime
+    assert (data / "blob.stage.json").read_bytes() == record
+
+    http_store.files["/blob.bin"] = (v1, _md5(v1))  # the store is back: the kept copy is still valid
+    assert stage_input(item, data).copied is False
+
+
+# --------------------------------------------------------------------------- 4. replaced during the copy
+
+
+def test_object_replaced_while_being_copied_is_never_spliced(s3_prefix, writer, tmp_path):
+    """A 64 MiB object (fetched by s3fs in concurrent ranged GETs) is replaced
+    by a same-size object while it is being copied.  The new bytes are put
+    aside first and swapped in by a server-side copy, so the replacement
+    lands within milliseconds of the copy starting (a 64 MiB upload would
+    mostly land after the staging ended)."""
+    size = 64 * MIB
+    old, new = os.urandom(size), os.urandom(size)
+    url = s3_prefix + "big.bin"
+    writer.pipe({url: old, url + ".next": new})
+    data = tmp_path / "data"
+    item = DataInput(name="big", url=url)
+    outcome: dict = {}
+
+    def stage():
+        try:
+            outcome["staged"] = stage_input(item, data)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=stage)
+    worker.start()
+    copies: list[str] = []  # every temporary copy folder seen, in order
+    replaced = False
+    deadline = time.monotonic() + 60
+    while worker.is_alive() and time.monotonic() < deadline:
+        for part in _leftovers(data):
+            if part not in copies:
+                copies.append(part)
+        if copies and not replaced:
+            writer.copy(url + ".next", url)  # same size, other bytes, while the first copy runs
+            replaced = True
+        time.sleep(0.002)
+    worker.join(5)
+    assert not worker.is_alive()
+    assert replaced, "the copy never started (no .part- folder seen)"
+    assert "error" not in outcome, repr(outcome.get("error"))
+    staged = outcome["staged"]
+    assert (staged.copied, staged.bytes, staged.path) == (True, size, str(data / "big" / "big.bin"))
+    got = storage.sha256_file(Path(staged.path))
+    assert got in {_sha(old), _sha(new)}  # one whole version, never a mix
+    # `old` only when the replacement landed after the post-copy listing (one copy); otherwise the
+    # first copy was refused (changed while copying, or its MD5 is not the listed ETag) and the
+    # input was listed and copied again: two temporary folders.
+    assert len(copies) == (1 if got == _sha(old) else 2), copies
+    assert _leftovers(data) == []
+
+    final = stage_input(item, data)  # the store now holds `new` only
+    assert final.copied is (got != _sha(new))
+    assert storage.sha256_file(Path(final.path)) == _sha(new)
+
+
+def test_stale_listing_is_listed_and_copied_again(s3_prefix, writer, tmp_path):
+    old, new = os.urandom(MIB), os.urandom(MIB)
+    url = s3_prefix + "obj.bin"
+    writer.pipe(url, old)
+    stale = storage.list_input(url)  # e.g. taken by preflight
+    writer.pipe(url, new)  # replaced after the listing, before the copy
+    data = tmp_path / "data"
+    staged = stage_input(DataInput(name="obj", url=url), data, stale)
+    assert (staged.copied, staged.bytes) == (True, MIB)
+    assert _tree(data / "obj") == {"obj.bin": _sha(new)}
+    fresh = storage.list_input(url)
+    assert [e.etag for e in fresh.entries] == [_md5(new)] != [e.etag for e in stale.entries]
+    assert _record(data, "obj")["digest"] == fresh.digest()
+    assert _leftovers(data) == []
+
+
+# --------------------------------------------------------------------------- 5. local
+
+
+def test_local_folder_keeps_empty_folders_and_stages_symlinks_as_files(tmp_path):
+    outside = tmp_path / "elsewhere" / "target.bin"
+    outside.parent.mkdir()
+    outside.write_bytes(b"linked content")
+    src = tmp_path / "src"
+    (src / "empty" / "deeper").mkdir(parents=True)
+    (src / "sub").mkdir()
+    (src / "sub" / "f.txt").write_bytes(b"file")
+    (src / "link.bin").symlink_to(outside)
+    data = tmp_path / "data"
+    for url in (str(src), f"file://{src}/"):
+        staged = stage_input(DataInput(name="tree", url=url), data)
+        root = data / "tree"
+        assert (staged.path, staged.bytes, staged.files, staged.copied) == (str(root), 18, 2, True)
+        assert _tree(root) == {"link.bin": _sha(b"linked content"), "sub/f.txt": _sha(b"file")}
+        assert not (root / "link.bin").is_symlink()
+        assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_dir()) == [
+            "empty", "empty/deeper", "sub"]
+    assert _leftovers(data) == []
+    outside.write_bytes(b"changed")  # the staged copy is data, not a link back to the source
+    assert (data / "tree" / "link.bin").read_bytes() == b"linked content"
+
+
+def test_local_folder_with_only_empty_folders(tmp_path):
+    src = tmp_path / "src"
+    (src / "a" / "b").mkdir(parents=True)
+    (src / "c").mkdir()
+    staged = stage_input(DataInput(name="shell", url=str(src)), tmp_path / "data")
+    root = tmp_path / "data" / "shell"
+    assert (staged.bytes, staged.files) == (0, 0)
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == ["a", "a/b", "c"]
+
+
+def test_file_url_single_file_and_glob(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "one.csv").write_bytes(b"1\n")
+    (src / "two.csv").write_bytes(b"22\n")
+    (src / "skip.txt").write_bytes(b"no")
+    data = tmp_path / "data"
+    item = DataInput(name="one", url=f"file://{src}/one.csv", sha256=_sha(b"1\n"))
+    staged = stage_input(item, data)
+    assert (staged.path, staged.bytes, staged.files, staged.copied) == (str(data / "one" / "one.csv"), 2, 1, True)
+    assert _tree(data / "one") == {"one.csv": _sha(b"1\n")}
+    assert stage_input(item, data).copied is False
+    glob = stage_input(DataInput(name="csvs", url=f"file://{src}/*.csv"), data)
+    assert (glob.bytes, glob.files) == (5, 2)
+    assert _tree(data / "csvs") == {"one.csv": _sha(b"1\n"), "two.csv": _sha(b"22\n")}
+
+
+# --------------------------------------------------------------------------- 6. transient errors (Prefect retries)
+
+
+def test_transient_http_errors_are_retried_by_the_stage_task(http_store, tmp_path, prefect_api):
+    from prefect import flow
+
+    body = os.urandom(5000)
+    http_store.files["/data.bin"] = (body, None)
+    http_store.fail_gets["/data.bin"] = 2  # two 503s, then 200
+    item = DataInput(name="remote", url=http_store.base + "/data.bin")
+    task = stage_task.with_options(retries=2, retry_delay_seconds=[0.1, 0.1])
+
+    @flow
+    def run():
+        return task(item, str(tmp_path / "data"))
+
+    staged = run()
+    assert (staged.copied, staged.bytes, staged.files) == (True, 5000, 1)
+    assert _tree(tmp_path / "data" / "remote") == {"data.bin": _sha(body)}
+    assert _leftovers(tmp_path / "data") == []
+    # Each of the 3 task runs lists the URL (fsspec's HTTP `info` = one HEAD, which answers with
+    # Content-Length) and GETs it; the successful run then lists once more to check that the
+    # source did not change during the copy: 4 HEADs, 3 GETs.
+    assert dict(http_store.seen) == {("HEAD", "/data.bin"): 4, ("GET", "/data.bin"): 3}
+
+
+def test_missing_http_input_is_not_retried(http_store, tmp_path, prefect_api):
+    from prefect import flow
+
+    url = http_store.base + "/missing.bin"
+    task = stage_task.with_options(retries=2, retry_delay_seconds=[0.1, 0.1])
+
+    @flow
+    def run():
+        return task(DataInput(name="gone", url=url), str(tmp_path / "data"))
+
+    with pytest.raises(StageError) as err:
+        run()
+    assert str(err.value) == f"data 'gone': {url}: not found"
+    # One listing only (no retry): fsspec's HTTP `info` tries a HEAD, and when that fails
+    # (404 here) falls back to a GET before raising FileNotFoundError: 1 HEAD + 1 GET.
+    assert dict(http_store.seen) == {("HEAD", "/missing.bin"): 1, ("GET", "/missing.bin"): 1}
+    assert not (tmp_path / "data").exists()
