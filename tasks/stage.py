@@ -33,7 +33,7 @@ from prefect.tasks import exponential_backoff
 
 from specs import DataInput, mask_url
 from tasks import storage, transfer
-from tasks.storage import Listing
+from tasks.listing import Listing, list_input
 from tasks.transferbar import TransferProgress
 
 ATTEMPTS = 3  # copies of one input tried when its source changes during the copy or fails verification
@@ -70,7 +70,7 @@ def list_one(item: DataInput) -> Listing:
     missing or unreadable, or declares a sha256 for more than one file."""
     shown = mask_url(item.url)
     try:
-        listing = storage.list_input(item.url)
+        listing = list_input(item.url)
     except FileNotFoundError:
         raise StageError(f"data '{item.name}': {shown}: not found") from None
     except Exception as exc:

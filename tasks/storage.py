@@ -17,8 +17,6 @@ import posixpath
 import shutil
 import threading
 import uuid
-from dataclasses import dataclass, field
-from glob import has_magic
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -85,133 +83,6 @@ def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return url_to_fs(url, **_options_for(url))
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One source file of an input: ``rel`` its POSIX path under the input's
-    root, ``path`` its path on the filesystem, ``size`` in bytes, ``version``
-    (ETag, else modification time) and ``etag`` (None when the store has none)."""
-
-    rel: str
-    path: str
-    size: int
-    version: str
-    etag: str | None = None
-
-
-@dataclass
-class Listing:
-    """What one input URL names, listed before anything is copied.
-
-    ``url`` may hold credentials: show it only through ``specs.mask_url``.
-    ``kind`` is ``file``, ``folder`` or ``glob``; ``entries`` the files
-    (sorted by ``rel``); ``dirs`` the sub-folders with no files (kept when
-    staged); ``local`` whether the source is on this machine's filesystem.
-    """
-
-    url: str
-    kind: str
-    entries: list[Entry]
-    dirs: list[str] = field(default_factory=list)
-    local: bool = False
-    root: str = ""  # the folder's (or the glob base's) path on its filesystem
-
-    @property
-    def bytes(self) -> int:
-        """Total size of the files, in bytes."""
-        return sum(e.size for e in self.entries)
-
-    def digest(self) -> str:
-        """sha256 over every ``(rel, size, version)`` and empty folder: equal
-        digests mean an unchanged input (the staging cache key)."""
-        h = hashlib.sha256(self.kind.encode())
-        for e in self.entries:
-            h.update(f"\n{e.rel}\0{e.size}\0{e.version}".encode())
-        for d in self.dirs:
-            h.update(f"\n{d}/".encode())
-        return h.hexdigest()
-
-
-def list_input(url: str) -> Listing:
-    """List what ``url`` names: a single file, a folder (recursively; with
-    or without a trailing slash, the same tree) or a glob (``*``, ``?``,
-    ``[..]``, ``**``; paths relative to the part before the first wildcard).
-
-    Raises ``FileNotFoundError`` when nothing is there (or a glob matches no
-    file), and whatever the filesystem raises when it cannot be read
-    (``PermissionError``, ``OSError``, a store's client error).
-    """
-    fs, path = filesystem(url)
-    local = "file" in _protocols(fs)
-    if not local:
-        fs.invalidate_cache()  # a listing must show the store now, not s3fs's cached listing of a moment ago
-    if has_magic(path) and not {"http", "https"} & set(_protocols(fs)):  # "?" starts an HTTP query, not a glob
-        base = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
-        found = fs.glob(path, detail=True)
-        entries = [_entry(fs, name, posixpath.relpath(name, base), info) for name, info in sorted(found.items())
-                   if info.get("type") != "directory"]
-        if not entries:
-            raise FileNotFoundError(f"no file matches {path}")
-        return Listing(url, "glob", entries, local=local, root=base)
-    path = path.rstrip("/") or path
-    info = fs.info(path)
-    if info.get("type") != "directory":
-        name = posixpath.basename(path.split("?", 1)[0].split("#", 1)[0]) if not local else posixpath.basename(path)
-        return Listing(url, "file", [_entry(fs, path, name or "data", info)], local=local)  # no query (a signature) in names
-    if local:
-        entries, dirs = _walk_local(path)
-    else:
-        found = fs.find(path, withdirs=True, detail=True)
-        entries, folders = [], []
-        for name, meta in sorted(found.items()):
-            rel = posixpath.relpath(fs._strip_protocol(name), path)
-            if rel in (".", ""):
-                continue
-            if meta.get("type") == "directory":
-                folders.append(rel)
-            else:
-                entries.append(_entry(fs, name, rel, meta))
-        dirs = _empty_dirs(folders, entries)
-    return Listing(url, "folder", entries, dirs, local=local, root=path)
-
-
-def _walk_local(root: str) -> tuple[list[Entry], list[str]]:
-    """Local folders are listed with ``os.scandir`` (a stat per file, 2-3x
-    faster than fsspec's ``find`` on 10,000 files)."""
-    entries: list[Entry] = []
-    folders: list[str] = []
-    stack = [""]
-    while stack:
-        rel = stack.pop()
-        with os.scandir(os.path.join(root, rel)) as it:
-            for item in it:
-                sub = f"{rel}/{item.name}" if rel else item.name
-                if item.is_dir():
-                    folders.append(sub)
-                    stack.append(sub)
-                else:
-                    st = item.stat()
-                    entries.append(Entry(sub, item.path, st.st_size, str(st.st_mtime_ns)))
-    entries.sort(key=lambda e: e.rel)
-    return entries, _empty_dirs(folders, entries)
-
-
-def _empty_dirs(folders: list[str], entries: list[Entry]) -> list[str]:
-    parents = {posixpath.dirname(e.rel) for e in entries}
-    full = set()
-    for p in parents:
-        while p:
-            full.add(p)
-            p = posixpath.dirname(p)
-    empty = [d for d in folders if d not in full]
-    return sorted(d for d in empty if not any(o.startswith(d + "/") for o in empty))  # leaves only
-
-
-def _entry(fs: fsspec.AbstractFileSystem, path: str, rel: str, info: dict[str, Any]) -> Entry:
-    etag = info.get("ETag") or info.get("etag")
-    return Entry(rel, fs._strip_protocol(path), int(info.get("size") or 0), _version(info),
-                 str(etag).strip('"') if etag else None)
-
-
 def join(url: str, *parts: str) -> str:
     """Join POSIX path parts onto ``url`` keeping its protocol, e.g.
     ``join("s3://b/out/", "model.pt") == "s3://b/out/model.pt"``."""
@@ -222,41 +93,13 @@ def join(url: str, *parts: str) -> str:
 def is_local(url: str) -> bool:
     """True when ``url`` names the local filesystem (a path or ``file://``)."""
     fs, _ = filesystem(url)
-    return "file" in _protocols(fs)
+    return "file" in protocols(fs)
 
 
-def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+def protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    """The protocol names of ``fs`` (e.g. ``("s3", "s3a")``)."""
     proto = fs.protocol
     return (proto,) if isinstance(proto, str) else tuple(proto)
-
-
-def fingerprint(url: str) -> dict[str, Any]:
-    """Identity of the object at ``url`` for the staging cache.
-
-    Returns ``{"size": bytes, "version": etag-or-mtime, "type": "file"|"directory"}``;
-    for a folder, size is the sum of its files and version a digest of the
-    listing.  Raises ``FileNotFoundError`` when nothing is at ``url``.
-    """
-    fs, path = filesystem(url)
-    info = fs.info(path)
-    if info.get("type") == "directory":
-        listing = fs.find(path, detail=True)
-        digest = hashlib.sha256()
-        total = 0
-        for name in sorted(listing):
-            entry = listing[name]
-            total += int(entry.get("size") or 0)
-            digest.update(f"{name}\0{entry.get('size')}\0{_version(entry)}\n".encode())
-        return {"size": total, "version": digest.hexdigest(), "type": "directory"}
-    return {"size": int(info.get("size") or 0), "version": _version(info), "type": "file"}
-
-
-def _version(info: dict[str, Any]) -> str:
-    """ETag when the store has one, else the modification time, as a string."""
-    for key in ("ETag", "etag", "md5", "mtime", "LastModified", "last_modified", "created"):
-        if info.get(key) is not None:
-            return str(info[key]).strip('"')
-    return ""
 
 
 def get(url: str, local_path: Path) -> Path:
@@ -294,7 +137,7 @@ class PublishVerifyError(RuntimeError):
 
 
 def _atomic(fs: fsspec.AbstractFileSystem) -> bool:
-    return bool(ATOMIC_PROTOCOLS.intersection(_protocols(fs)))
+    return bool(ATOMIC_PROTOCOLS.intersection(protocols(fs)))
 
 
 def publish_file(local_path: Path, url: str, *, sha256: str | None = None, callback: Any = None) -> tuple[int, str]:
@@ -323,7 +166,7 @@ def publish_file(local_path: Path, url: str, *, sha256: str | None = None, callb
     if parent:
         fs.makedirs(parent, exist_ok=True)
     kwargs = {"callback": callback} if callback is not None else {}
-    if "file" in _protocols(fs):
+    if "file" in protocols(fs):
         tmp = f"{path}.part-{uuid.uuid4().hex[:8]}"
         try:
             shutil.copyfile(local_path, tmp)
@@ -384,7 +227,7 @@ def write_bytes(url: str, data: bytes) -> None:
     parent = posixpath.dirname(path)
     if parent:
         fs.makedirs(parent, exist_ok=True)
-    if "file" in _protocols(fs):
+    if "file" in protocols(fs):
         tmp = Path(f"{path}.part-{uuid.uuid4().hex[:8]}")
         try:
             with open(tmp, "wb") as fh:
@@ -431,18 +274,6 @@ def remove(url: str) -> None:
         fs.rm(path, recursive=True)
     except FileNotFoundError:
         pass
-
-
-def sha256_url(url: str) -> tuple[int, str]:
-    """Stream the object at ``url`` and return ``(bytes, sha256 hex)``."""
-    fs, path = filesystem(url)
-    digest = hashlib.sha256()
-    size = 0
-    with fs.open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(CHUNK), b""):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
 
 
 def sha256_file(path: Path) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from fsspec.asyn import AsyncFileSystem
 
 from tasks import etag, storage
-from tasks.storage import Entry, Listing
+from tasks.listing import Entry, Listing
 from tasks.transferbar import TransferProgress
 
 BATCH_SIZE = int(os.environ.get("E31_TRANSFER_BATCH", "32"))  # concurrent file transfers from a store

@@ -25,6 +25,7 @@ import pytest
 
 from specs import DataInput
 from tasks import storage
+from tasks.listing import list_input
 from tasks.stage import ATTEMPTS, StageError, preflight, stage_input, stage_task
 
 MIB = 2**20
@@ -209,7 +210,7 @@ def test_copy_refused_by_etag_is_listed_and_copied_again(s3_prefix, writer, tmp_
     url = s3_prefix + "blob.bin"
     writer.pipe(url, body)
     item = DataInput(name="blob", url=url)
-    real = storage.list_input(url)
+    real = list_input(url)
     wrong = _md5(b"not the content")
     bad = dataclasses.replace(real, entries=[dataclasses.replace(e, etag=wrong, version=wrong) for e in real.entries])
 
@@ -381,13 +382,13 @@ def test_stale_listing_is_listed_and_copied_again(s3_prefix, writer, tmp_path):
     old, new = os.urandom(MIB), os.urandom(MIB)
     url = s3_prefix + "obj.bin"
     writer.pipe(url, old)
-    stale = storage.list_input(url)  # e.g. taken by preflight
+    stale = list_input(url)  # e.g. taken by preflight
     writer.pipe(url, new)  # replaced after the listing, before the copy
     data = tmp_path / "data"
     staged = stage_input(DataInput(name="obj", url=url), data, stale)
     assert (staged.copied, staged.bytes) == (True, MIB)
     assert _tree(data / "obj") == {"obj.bin": _sha(new)}
-    fresh = storage.list_input(url)
+    fresh = list_input(url)
     assert [e.etag for e in fresh.entries] == [_md5(new)] != [e.etag for e in stale.entries]
     assert _record(data, "obj")["digest"] == fresh.digest()
     assert _leftovers(data) == []

@@ -1,0 +1,156 @@
+"""Listing what an input URL names, before anything is copied.
+
+A single file, a folder (recursively; empty sub-folders recorded) or a glob,
+on any fsspec filesystem (through :func:`tasks.storage.filesystem`, which
+adds the URL's storage options).  The listing's digest is the staging
+cache key; a second listing after a copy shows whether the source changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+from dataclasses import dataclass, field
+from glob import has_magic
+from typing import Any
+
+import fsspec
+
+from tasks.storage import filesystem, protocols
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One source file of an input: ``rel`` its POSIX path under the input's
+    root, ``path`` its path on the filesystem, ``size`` in bytes, ``version``
+    (ETag, else modification time) and ``etag`` (None when the store has none)."""
+
+    rel: str
+    path: str
+    size: int
+    version: str
+    etag: str | None = None
+
+
+@dataclass
+class Listing:
+    """What one input URL names, listed before anything is copied.
+
+    ``url`` may hold credentials: show it only through ``specs.mask_url``.
+    ``kind`` is ``file``, ``folder`` or ``glob``; ``entries`` the files
+    (sorted by ``rel``); ``dirs`` the sub-folders with no files (kept when
+    staged); ``local`` whether the source is on this machine's filesystem.
+    """
+
+    url: str
+    kind: str
+    entries: list[Entry]
+    dirs: list[str] = field(default_factory=list)
+    local: bool = False
+    root: str = ""  # the folder's (or the glob base's) path on its filesystem
+
+    @property
+    def bytes(self) -> int:
+        """Total size of the files, in bytes."""
+        return sum(e.size for e in self.entries)
+
+    def digest(self) -> str:
+        """sha256 over every ``(rel, size, version)`` and empty folder: equal
+        digests mean an unchanged input (the staging cache key)."""
+        h = hashlib.sha256(self.kind.encode())
+        for e in self.entries:
+            h.update(f"\n{e.rel}\0{e.size}\0{e.version}".encode())
+        for d in self.dirs:
+            h.update(f"\n{d}/".encode())
+        return h.hexdigest()
+
+
+def list_input(url: str) -> Listing:
+    """List what ``url`` names: a single file, a folder (recursively; with
+    or without a trailing slash, the same tree) or a glob (``*``, ``?``,
+    ``[..]``, ``**``; paths relative to the part before the first wildcard).
+
+    Raises ``FileNotFoundError`` when nothing is there (or a glob matches no
+    file), and whatever the filesystem raises when it cannot be read
+    (``PermissionError``, ``OSError``, a store's client error).
+    """
+    fs, path = filesystem(url)
+    local = "file" in protocols(fs)
+    if not local:
+        fs.invalidate_cache()  # a listing must show the store now, not s3fs's cached listing of a moment ago
+    if has_magic(path) and not {"http", "https"} & set(protocols(fs)):  # "?" starts an HTTP query, not a glob
+        base = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+        found = fs.glob(path, detail=True)
+        entries = [_entry(fs, name, posixpath.relpath(name, base), info) for name, info in sorted(found.items())
+                   if info.get("type") != "directory"]
+        if not entries:
+            raise FileNotFoundError(f"no file matches {path}")
+        return Listing(url, "glob", entries, local=local, root=base)
+    path = path.rstrip("/") or path
+    info = fs.info(path)
+    if info.get("type") != "directory":
+        name = posixpath.basename(path.split("?", 1)[0].split("#", 1)[0]) if not local else posixpath.basename(path)
+        return Listing(url, "file", [_entry(fs, path, name or "data", info)], local=local)  # no query (a signature) in names
+    if local:
+        entries, dirs = _walk_local(path)
+    else:
+        found = fs.find(path, withdirs=True, detail=True)
+        entries, folders = [], []
+        for name, meta in sorted(found.items()):
+            rel = posixpath.relpath(fs._strip_protocol(name), path)
+            if rel in (".", ""):
+                continue
+            if meta.get("type") == "directory":
+                folders.append(rel)
+            else:
+                entries.append(_entry(fs, name, rel, meta))
+        dirs = _empty_dirs(folders, entries)
+    return Listing(url, "folder", entries, dirs, local=local, root=path)
+
+
+def _walk_local(root: str) -> tuple[list[Entry], list[str]]:
+    """Local folders are listed with ``os.scandir`` (a stat per file, 2-3x
+    faster than fsspec's ``find`` on 10,000 files)."""
+    entries: list[Entry] = []
+    folders: list[str] = []
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(os.path.join(root, rel)) as it:
+            for item in it:
+                sub = f"{rel}/{item.name}" if rel else item.name
+                if item.is_dir():
+                    folders.append(sub)
+                    stack.append(sub)
+                else:
+                    st = item.stat()
+                    entries.append(Entry(sub, item.path, st.st_size, str(st.st_mtime_ns)))
+    entries.sort(key=lambda e: e.rel)
+    return entries, _empty_dirs(folders, entries)
+
+
+def _empty_dirs(folders: list[str], entries: list[Entry]) -> list[str]:
+    parents = {posixpath.dirname(e.rel) for e in entries}
+    full = set()
+    for p in parents:
+        while p:
+            full.add(p)
+            p = posixpath.dirname(p)
+    empty = [d for d in folders if d not in full]
+    return sorted(d for d in empty if not any(o.startswith(d + "/") for o in empty))  # leaves only
+
+
+def _entry(fs: fsspec.AbstractFileSystem, path: str, rel: str, info: dict[str, Any]) -> Entry:
+    etag = info.get("ETag") or info.get("etag")
+    return Entry(rel, fs._strip_protocol(path), int(info.get("size") or 0), _version(info),
+                 str(etag).strip('"') if etag else None)
+
+
+
+def _version(info: dict[str, Any]) -> str:
+    """ETag when the store has one, else the modification time, as a string."""
+    for key in ("ETag", "etag", "md5", "mtime", "LastModified", "last_modified", "created"):
+        if info.get(key) is not None:
+            return str(info[key]).strip('"')
+    return ""
