@@ -28,6 +28,7 @@ from specs import mask_url
 from tasks import storage
 from tasks.manifest import build_manifest, verdict
 from tasks.outcome import RunOutcome
+from tasks.retrying import retry_unless
 from tasks.transferbar import TransferProgress
 
 MANIFEST = "manifest.json"
@@ -190,21 +191,9 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
     return manifest
 
 
-def _retry_return(task, task_run, state) -> bool:
-    """Retry a return after a store or network error; not after a
-    :class:`DestinationError` (a symlink out of the output, a bad URL)."""
-    try:
-        state.result()
-    except DestinationError:
-        return False
-    except Exception:
-        return True
-    return False
-
-
 @task(name="return", task_run_name="return", retries=RETURN_RETRIES,
       retry_delay_seconds=exponential_backoff(backoff_factor=RETURN_BACKOFF_S), retry_jitter_factor=0.5,
-      retry_condition_fn=_retry_return, cache_policy=NO_CACHE)
+      retry_condition_fn=retry_unless(DestinationError), cache_policy=NO_CACHE)
 def return_task(req: ReturnTarget, outcome: RunOutcome) -> dict[str, Any]:
     """Prefect task wrapper of :func:`deliver`, retried with exponential
     backoff after store errors (``E31_TRANSFER_RETRIES``, default 3; first

@@ -34,6 +34,7 @@ from prefect.tasks import exponential_backoff
 from specs import DataInput, mask_url
 from tasks import storage, transfer
 from tasks.listing import Listing, list_input
+from tasks.retrying import retry_unless
 from tasks.transferbar import TransferProgress
 
 ATTEMPTS = 3  # copies of one input tried when its source changes during the copy or fails verification
@@ -163,19 +164,8 @@ def _log(line: str) -> None:
         pass
 
 
-def _transient(task, task_run, state) -> bool:
-    """Retry a stage task after a transient error, never after a StageError."""
-    try:
-        state.result()
-    except StageError:
-        return False
-    except Exception:
-        return True
-    return False
-
-
 @task(name="stage", retries=RETRIES, retry_delay_seconds=exponential_backoff(backoff_factor=BACKOFF_S),
-      retry_jitter_factor=0.5, retry_condition_fn=_transient, cache_policy=NO_CACHE)
+      retry_jitter_factor=0.5, retry_condition_fn=retry_unless(StageError), cache_policy=NO_CACHE)
 def stage_task(item: DataInput, data_dir: str, listing: Listing | None = None) -> Staged:
     """Prefect task wrapper of :func:`stage_input`; logs what was copied, at
     what rate.  Retried (``E31_TRANSFER_RETRIES``, default 3, backoff from
