@@ -11,17 +11,18 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from glob import has_magic
-from typing import Any
+from typing import Any, NamedTuple
 
 import fsspec
 
 from tasks.storage import filesystem, protocols
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     """One source file of an input: ``rel`` its POSIX path under the input's
     root, ``path`` its path on the filesystem, ``size`` in bytes, ``version``
     (ETag, else modification time) and ``etag`` (None when the store has none)."""
@@ -60,9 +61,9 @@ class Listing:
         digests mean an unchanged input (the staging cache key)."""
         h = hashlib.sha256(self.kind.encode())
         for e in self.entries:
-            h.update(f"\n{e.rel}\0{e.size}\0{e.version}".encode())
+            h.update(f"\n{e.rel}\0{e.size}\0{e.version}".encode("utf-8", "surrogateescape"))
         for d in self.dirs:
-            h.update(f"\n{d}/".encode())
+            h.update(f"\n{d}/".encode("utf-8", "surrogateescape"))
         return h.hexdigest()
 
 
@@ -105,14 +106,50 @@ def list_input(url: str) -> Listing:
                 folders.append(rel)
             else:
                 entries.append(_entry(fs, name, rel, meta))
-        dirs = _empty_dirs(folders, entries)
+        dirs = _empty_dirs(folders, [e.rel for e in entries])
     return Listing(url, "folder", entries, dirs, local=local, root=path)
 
 
 def _walk_local(root: str) -> tuple[list[Entry], list[str]]:
-    """Local folders are listed with ``os.scandir`` (a stat per file, 2-3x
-    faster than fsspec's ``find`` on 10,000 files)."""
-    entries: list[Entry] = []
+    """List a local folder (symbolic links followed, as staging copies what
+    they point to): files sorted by ``rel`` and the empty leaf folders."""
+    files, folders = scan_local(root)
+    entries = [Entry(rel, f"{root}/{rel}", size, version) for rel, (size, version) in sorted(files.items())]
+    return entries, _empty_dirs(folders, files)
+
+
+def scan_local(root: str) -> tuple[dict[str, tuple[int, str]], list[str]]:
+    """Every file under the local folder ``root`` as ``{rel: (size in bytes,
+    mtime)}`` and every sub-folder, symbolic links followed.
+
+    One GNU ``find -printf`` pass (C; 10,000 files in ~0.02 s, 3-4x faster
+    than ``os.scandir`` plus a stat per file in Python), else ``os.scandir``.
+    The mtime is a string whose form depends on the scanner: compare only
+    values from this function.  Raises ``OSError`` naming the first path
+    that cannot be read or a broken symbolic link.
+    """
+    if _GNU_FIND:
+        done = subprocess.run([_GNU_FIND, "-L", root, "-mindepth", "1", "-printf", "%y %s %T@ %P\\0"],
+                              capture_output=True)
+        if done.returncode == 0:
+            files: dict[str, tuple[int, str]] = {}
+            folders: list[str] = []
+            for item in os.fsdecode(done.stdout).split("\0")[:-1]:
+                kind, size, mtime, rel = item.split(" ", 3)
+                if kind == "d":
+                    folders.append(rel)
+                elif kind == "l":
+                    raise OSError(f"{rel}: broken symbolic link")
+                else:
+                    files[rel] = (int(size), mtime)
+            return files, folders
+        problem = os.fsdecode(done.stderr).strip().splitlines()
+        raise OSError(problem[0] if problem else f"find failed with exit code {done.returncode}")
+    return _scandir(root)
+
+
+def _scandir(root: str) -> tuple[dict[str, tuple[int, str]], list[str]]:
+    files: dict[str, tuple[int, str]] = {}
     folders: list[str] = []
     stack = [""]
     while stack:
@@ -124,19 +161,37 @@ def _walk_local(root: str) -> tuple[list[Entry], list[str]]:
                     folders.append(sub)
                     stack.append(sub)
                 else:
-                    st = item.stat()
-                    entries.append(Entry(sub, item.path, st.st_size, str(st.st_mtime_ns)))
-    entries.sort(key=lambda e: e.rel)
-    return entries, _empty_dirs(folders, entries)
+                    try:
+                        st = item.stat()
+                    except FileNotFoundError:
+                        raise OSError(f"{sub}: broken symbolic link") from None
+                    files[sub] = (st.st_size, str(st.st_mtime_ns))
+    return files, folders
 
 
-def _empty_dirs(folders: list[str], entries: list[Entry]) -> list[str]:
-    parents = {posixpath.dirname(e.rel) for e in entries}
+def _gnu_find() -> str | None:
+    found = shutil.which("find")
+    if not found:
+        return None
+    try:
+        probe = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found if "GNU findutils" in probe.stdout else None
+
+
+_GNU_FIND = _gnu_find()
+
+
+def _empty_dirs(folders: list[str], files) -> list[str]:
+    """The leaf folders with no file anywhere below them (``files``: the
+    files' relative paths)."""
+    parents = {rel.rpartition("/")[0] for rel in files}
     full = set()
     for p in parents:
-        while p:
+        while p and p not in full:
             full.add(p)
-            p = posixpath.dirname(p)
+            p = p.rpartition("/")[0]
     empty = [d for d in folders if d not in full]
     return sorted(d for d in empty if not any(o.startswith(d + "/") for o in empty))  # leaves only
 

@@ -23,6 +23,7 @@ import os
 import shutil
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,9 +112,11 @@ def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None)
         tmp = data_dir / f".{item.name}.part-{uuid.uuid4().hex[:8]}"
         try:
             with TransferProgress(f"stage-{item.name}", listing.bytes, len(listing.entries)) as progress:
-                transfer.fetch(listing, tmp, progress)
-            staged_identity = transfer.verify(listing, tmp)
-            changed = transfer.changed_since(listing, list_one(item))
+                checked = transfer.fetch(listing, tmp, progress)
+            with ThreadPoolExecutor(1) as pool:  # list the source again while the copy is checked
+                again = pool.submit(list_one, item)
+                staged_identity = transfer.verify(listing, tmp, checked)
+                changed = transfer.changed_since(listing, again.result())
             if changed:
                 raise transfer.ChangedWhileCopying(changed)
             if item.sha256:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import textwrap
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse

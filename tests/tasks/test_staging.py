@@ -200,19 +200,28 @@ def test_sha256_declared_for_a_folder_or_glob_is_refused(s3_prefix, writer, tmp_
 # --------------------------------------------------------------------------- 3. ETag verification
 
 
-def test_copy_refused_by_etag_is_listed_and_copied_again(s3_prefix, writer, tmp_path, prefect_api):
+@pytest.mark.parametrize("size", [4096, 20 * MIB])
+def test_copy_refused_by_etag_is_listed_and_copied_again(s3_prefix, writer, tmp_path, prefect_api, size,
+                                                         monkeypatch):
     """A listing whose ETag (a well-formed MD5) is not the object's: the copy
     is refused by the ETag check; staging lists again (getting the store's
-    real ETag) and the second copy is accepted."""
+    real ETag) and the second copy is accepted.  The 20 MiB object is
+    fetched in one stream and checked while it downloads (etag.Follower)."""
     from prefect import flow
 
-    body = os.urandom(4096)
+    from tasks import etag, transfer
+
+    monkeypatch.setattr(transfer, "STREAMS_PER_FILE", 1)
+    followed = []
+    result = etag.Follower.result
+    monkeypatch.setattr(etag.Follower, "result", lambda self: followed.append(result(self)) or followed[-1])
+    body = os.urandom(size)
     url = s3_prefix + "blob.bin"
     writer.pipe(url, body)
     item = DataInput(name="blob", url=url)
     real = list_input(url)
     wrong = _md5(b"not the content")
-    bad = dataclasses.replace(real, entries=[dataclasses.replace(e, etag=wrong, version=wrong) for e in real.entries])
+    bad = dataclasses.replace(real, entries=[e._replace(etag=wrong, version=wrong) for e in real.entries])
 
     lines: list[str] = []
     handler = logging.Handler(logging.WARNING)
@@ -229,8 +238,9 @@ def test_copy_refused_by_etag_is_listed_and_copied_again(s3_prefix, writer, tmp_
         logger.removeHandler(handler)
     assert lines == [f"stage blob: blob.bin: content differs from the store's ETag {wrong}; "
                      f"listing and copying again (attempt 2 of {ATTEMPTS})"]
-    assert (staged.copied, staged.bytes, staged.files) == (True, 4096, 1)
+    assert (staged.copied, staged.bytes, staged.files) == (True, size, 1)
     assert _tree(tmp_path / "data" / "blob") == {"blob.bin": _sha(body)}
+    assert followed == ([False, True] if size >= transfer.FOLLOW_BYTES else [])
     assert _record(tmp_path / "data", "blob")["digest"] == real.digest() != bad.digest()
     assert _leftovers(tmp_path / "data") == []
 
@@ -326,12 +336,17 @@ def test_store_whose_etag_never_matches_fails_and_keeps_the_previous_copy(http_s
 # --------------------------------------------------------------------------- 4. replaced during the copy
 
 
-def test_object_replaced_while_being_copied_is_never_spliced(s3_prefix, writer, tmp_path):
-    """A 64 MiB object (fetched by s3fs in concurrent ranged GETs) is replaced
-    by a same-size object while it is being copied.  The new bytes are put
-    aside first and swapped in by a server-side copy, so the replacement
-    lands within milliseconds of the copy starting (a 64 MiB upload would
-    mostly land after the staging ended)."""
+@pytest.mark.parametrize("streams", [1, 10])
+def test_object_replaced_while_being_copied_is_never_spliced(s3_prefix, writer, tmp_path, streams, monkeypatch):
+    """A 64 MiB object (fetched in one stream, hashed as it lands, or by s3fs
+    in 10 concurrent ranged GETs) is replaced by a same-size object while it
+    is being copied.  The new bytes are put aside first and swapped in by a
+    server-side copy, so the replacement lands within milliseconds of the
+    copy starting (a 64 MiB upload would mostly land after the staging
+    ended)."""
+    from tasks import transfer
+
+    monkeypatch.setattr(transfer, "STREAMS_PER_FILE", streams)
     size = 64 * MIB
     old, new = os.urandom(size), os.urandom(size)
     url = s3_prefix + "big.bin"
@@ -397,7 +412,20 @@ def test_stale_listing_is_listed_and_copied_again(s3_prefix, writer, tmp_path):
 # --------------------------------------------------------------------------- 5. local
 
 
-def test_local_folder_keeps_empty_folders_and_stages_symlinks_as_files(tmp_path):
+@pytest.fixture(params=["find", "scandir"])
+def scanner(request, monkeypatch):
+    """Local folders are listed by GNU find, or by os.scandir where there is
+    none: both must give the same listing."""
+    from tasks import listing
+
+    if request.param == "scandir":
+        monkeypatch.setattr(listing, "_GNU_FIND", None)
+    elif listing._GNU_FIND is None:
+        pytest.skip("no GNU find on this machine")
+    return request.param
+
+
+def test_local_folder_keeps_empty_folders_and_stages_symlinks_as_files(tmp_path, scanner):
     outside = tmp_path / "elsewhere" / "target.bin"
     outside.parent.mkdir()
     outside.write_bytes(b"linked content")
@@ -420,7 +448,7 @@ def test_local_folder_keeps_empty_folders_and_stages_symlinks_as_files(tmp_path)
     assert (data / "tree" / "link.bin").read_bytes() == b"linked content"
 
 
-def test_local_folder_with_only_empty_folders(tmp_path):
+def test_local_folder_with_only_empty_folders(tmp_path, scanner):
     src = tmp_path / "src"
     (src / "a" / "b").mkdir(parents=True)
     (src / "c").mkdir()
@@ -428,6 +456,55 @@ def test_local_folder_with_only_empty_folders(tmp_path):
     root = tmp_path / "data" / "shell"
     assert (staged.bytes, staged.files) == (0, 0)
     assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == ["a", "a/b", "c"]
+
+
+def test_local_names_with_spaces_newlines_and_non_utf8_bytes(tmp_path, scanner):
+    src = tmp_path / "src"
+    (src / "a dir").mkdir(parents=True)
+    (src / "a dir" / "two words.txt").write_bytes(b"1")
+    (src / "line\nbreak.txt").write_bytes(b"22")
+    odd = os.fsdecode(b"caf\xe9.bin")  # not UTF-8
+    (src / odd).write_bytes(b"333")
+    listing = list_input(str(src))
+    assert [(e.rel, e.size) for e in listing.entries] == sorted(
+        [("a dir/two words.txt", 1), ("line\nbreak.txt", 2), (odd, 3)])
+    stage_input(DataInput(name="odd", url=str(src)), tmp_path / "data")
+    assert _tree(tmp_path / "data" / "odd") == {"a dir/two words.txt": _sha(b"1"), "line\nbreak.txt": _sha(b"22"),
+                                               odd: _sha(b"333")}
+
+
+def test_local_broken_symlink_fails_the_preflight_naming_it(tmp_path, scanner):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "ok.txt").write_bytes(b"ok")
+    (src / "sub" / "gone.bin").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(StageError) as err:
+        preflight([DataInput(name="tree", url=str(src))])
+    assert str(err.value) == f"data 'tree': {src}: cannot read (OSError: sub/gone.bin: broken symbolic link)"
+
+
+def test_local_folder_cache_sees_changed_sources_and_changed_copies(tmp_path, scanner):
+    """Unchanged: reused.  A source file rewritten with the same size: copied
+    again.  The staged copy changed in place by a previous run's work:
+    copied again (the cache checks the copy's size and mtime too)."""
+    src = tmp_path / "src"
+    for i in range(30):
+        (src / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 3}" / f"f{i}.bin").write_bytes(b"%04d" % i)
+    item, data = DataInput(name="t", url=str(src)), tmp_path / "data"
+    assert stage_input(item, data).copied is True
+    assert stage_input(item, data).copied is False
+    target = src / "d1" / "f7.bin"
+    target.write_bytes(b"XXXX")
+    os.utime(target, ns=(1, 1))  # same size, another mtime
+    again = stage_input(item, data)
+    assert again.copied is True and (data / "t" / "d1" / "f7.bin").read_bytes() == b"XXXX"
+    assert stage_input(item, data).copied is False
+    copy = data / "t" / "d2" / "f5.bin"
+    copy.write_bytes(b"work")
+    os.utime(copy, ns=(2, 2))
+    assert stage_input(item, data).copied is True
+    assert copy.read_bytes() == b"0005"
 
 
 def test_file_url_single_file_and_glob(tmp_path):
