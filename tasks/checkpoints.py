@@ -8,10 +8,12 @@ files do not match the marker's hashes, is not a checkpoint and is ignored.
 
 Writes are atomic and split in two so the work pays only for serialising:
 1. :func:`write_state` (the work's process): ``torch.save`` into
-   ``step-<N>/``, then a ``PENDING`` note of the files' sizes, written only
-   once every byte is.  No fsync and no hashing here.
-2. :func:`commit` (the supervisor's process, or inline without one): check
-   the sizes, fsync the files and folders, hash them, then write the
+   ``step-<N>/`` -- or, under a supervisor, the cheaper raw form of
+   :mod:`tasks.handoff` -- then a ``PENDING`` note of the files' sizes,
+   written only once every byte is.  No fsync and no hashing here.
+2. :func:`commit` (the supervisor's process, or inline without one): turn a
+   handed-over state into ``state.pt`` with ``torch.save``, check the
+   sizes, fsync the files and folders, hash them, then write the
    ``COMMITTED`` marker (sha256 of each file) under a temporary name, fsync
    it and rename it into place.
 A folder without ``COMMITTED`` never counts.  A kill at any moment leaves a
@@ -32,11 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks import handoff as handoff_format
 from tasks.storage import fsync_path, sha256_file
 
 MARKER = "COMMITTED"
 PENDING = "PENDING"
 STATE_FILE = "state.pt"
+HANDOFF_FILE = "state.handoff"  # an uncommitted state in the raw form of tasks.handoff
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -87,29 +91,74 @@ def write_marker(folder: Path, step: int, files: dict[str, dict[str, Any]] | Non
     return marker
 
 
-def write_state(root: Path, state: dict[str, Any], step: int) -> Path:
+def write_state(root: Path, state: dict[str, Any], step: int, handoff: bool = False) -> Path:
     """Write ``state`` as the uncommitted checkpoint folder ``root/step-<N>``
     (step 1 above); returns the folder.
 
     ``state`` must hold tensors and plain values only (see :func:`snapshot`);
     anything else is refused with :class:`CheckpointError` before a file is
-    written.  An existing folder of the same step is replaced.
+    written.  An existing folder of the same step is replaced.  ``handoff``
+    (the work's process under a supervisor): write the state in the raw form
+    of :mod:`tasks.handoff` (~3x cheaper for the work), which :func:`commit`
+    turns into the ``torch.save`` file; states that form would not keep
+    exactly are saved with ``torch.save`` at once.
     """
-    import torch
-
     snapshot(state, copy=False)  # refuse what weights_only loading could not read
     final = root / step_dir_name(step)
     if final.exists():
         shutil.rmtree(final)
     final.mkdir(parents=True)
-    with open(final / STATE_FILE, "wb") as fh:
-        torch.save(state, fh)
-        size = fh.tell()
+    name = _save(final, state, handoff)
+    size = (final / name).stat().st_size
     # The note is written only once every byte of the state is: it marks the folder whole.
     note = final / f".{PENDING}"
-    note.write_text(json.dumps({"step": int(step), "files": {STATE_FILE: {"bytes": size}}}))
+    note.write_text(json.dumps({"step": int(step), "files": {name: {"bytes": size}}}))
     os.replace(note, final / PENDING)
     return final
+
+
+def _save(folder: Path, state: Any, handoff: bool) -> str:
+    """Write ``state`` into ``folder``; returns the file name used."""
+    if handoff:
+        with open(folder / HANDOFF_FILE, "wb") as fh:
+            try:
+                handoff_format.write(fh, state)
+                return HANDOFF_FILE
+            except handoff_format.NotHandedOver:
+                pass
+        (folder / HANDOFF_FILE).unlink()
+    import torch
+
+    with open(folder / STATE_FILE, "wb") as fh:
+        torch.save(state, fh)
+    return STATE_FILE
+
+
+def _convert_handoff(folder: Path, pending: dict[str, Any]) -> dict[str, Any] | None:
+    """Turn a folder's handed-over state into ``state.pt`` (``torch.save``,
+    fsynced, renamed into place), rewrite the note to name it, then remove
+    the raw file; returns the new note, or None when the raw file is not
+    whole.  Each step can be interrupted and redone."""
+    import torch
+
+    raw = folder / HANDOFF_FILE
+    if not raw.is_file() or raw.stat().st_size != pending["files"][HANDOFF_FILE]["bytes"]:
+        return None
+    try:
+        state = handoff_format.read(raw)
+    except Exception:  # not whole, or not this format: not a checkpoint
+        return None
+    tmp = folder / f".{STATE_FILE}.{uuid.uuid4().hex[:8]}"
+    with open(tmp, "wb") as fh:
+        torch.save(state, fh)
+    fsync_path(tmp)
+    os.replace(tmp, folder / STATE_FILE)
+    note = {"step": pending["step"], "files": {STATE_FILE: {"bytes": (folder / STATE_FILE).stat().st_size}}}
+    tmp = folder / f".{PENDING}.{uuid.uuid4().hex[:8]}"
+    tmp.write_text(json.dumps(note))
+    os.replace(tmp, folder / PENDING)
+    raw.unlink()
+    return note
 
 
 def commit(folder: Path) -> dict[str, Any] | None:
@@ -126,6 +175,11 @@ def commit(folder: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):  # unreadable note: not a whole checkpoint
         shutil.rmtree(folder, ignore_errors=True)
         return None
+    if HANDOFF_FILE in pending.get("files", {}):
+        pending = _convert_handoff(folder, pending)
+        if pending is None:
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
     files = {}
     for name, meta in pending["files"].items():
         path = folder / name

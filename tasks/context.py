@@ -173,7 +173,7 @@ class WorkContext:
         ``wait=True`` returns only once it is committed.  Raises
         ``CheckpointError`` for a state not loadable with ``weights_only=True``.
         """
-        folder = checkpoints.write_state(self._checkpoint_dir, state, int(step))
+        folder = checkpoints.write_state(self._checkpoint_dir, state, int(step), handoff=self._cfg.supervised)
         if not self._cfg.supervised:
             checkpoints.commit(folder)
         self._last_folder = folder

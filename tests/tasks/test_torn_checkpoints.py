@@ -20,12 +20,16 @@ SIZE = 1 << 20  # floats per checkpoint (4 MiB): a write takes a few millisecond
 
 def _writer(root: str, first_step: int, started, supervised: bool) -> None:
     """Write checkpoints forever: committing them itself (``save_state``), or
-    only writing them for a supervisor to commit (``write_state``)."""
-    write = write_state if supervised else save_state
+    only writing them for a supervisor to commit (``write_state`` in the
+    hand-over form the supervisor converts)."""
     step = first_step
     started.set()
     while True:
-        write(Path(root), {"step": step, "w": torch.full((SIZE,), float(step))}, step)
+        state = {"step": step, "w": torch.full((SIZE,), float(step))}
+        if supervised:  # as the work's process writes under a supervisor: the raw hand-over form
+            write_state(Path(root), state, step, handoff=True)
+        else:
+            save_state(Path(root), state, step)
         step += 1
 
 

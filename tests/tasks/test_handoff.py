@@ -1,0 +1,159 @@
+"""The raw hand-over of a checkpoint's state from the work to the supervisor
+(tasks.handoff): what the supervisor commits loads back exactly as a
+``torch.save`` of the same state would; states it would not keep exactly are
+saved with ``torch.save`` at once; a conversion interrupted at any step is
+redone; a hand-over file that is torn or names arbitrary code is never
+committed."""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import os
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from tasks import handoff
+from tasks.checkpoints import (HANDOFF_FILE, MARKER, PENDING, STATE_FILE, commit, commit_pending, latest_valid,
+                               load_state, write_state)
+
+
+def _training_state() -> dict:
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.tensor([0, 1, 2, 0])).backward()
+    opt.step()
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=5)
+    return {
+        "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+        "rng": torch.get_rng_state(), "epoch": 3,
+        "misc": collections.OrderedDict(
+            dtype=torch.bfloat16, device=torch.device("cpu"), size=torch.Size([2, 3]), tags={"a", "b"}, c=1 + 2j,
+            raw=b"\x00\x01", none=None, nested=[(1, 2.5), {"k": torch.arange(6, dtype=torch.int16).reshape(2, 3)}],
+            empty=torch.empty(0, 4), half=torch.ones(3, dtype=torch.bfloat16), flags=torch.tensor([True, False]),
+            scalar=torch.tensor(7.5, requires_grad=True), cplx=torch.tensor([1 + 1j], dtype=torch.complex64)),
+    }
+
+
+def _same(a, b, path="state"):
+    """Equal values, types, dtypes, shapes, strides and requires_grad, and
+    the state_dict metadata."""
+    assert type(a) is type(b), (path, type(a), type(b))
+    if isinstance(a, torch.Tensor) and a.layout != torch.strided:
+        assert (a.layout, a.dtype, a.shape) == (b.layout, b.dtype, b.shape), path
+        assert torch.equal(a.to_dense(), b.to_dense()), path
+    elif isinstance(a, torch.Tensor):
+        assert (a.dtype, a.shape, a.stride(), a.requires_grad) == (b.dtype, b.shape, b.stride(), b.requires_grad), path
+        assert torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert list(a) == list(b), path
+        assert getattr(a, "_metadata", None) == getattr(b, "_metadata", None), path
+        for k in a:
+            _same(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, (path, a, b)
+
+
+def _torch_round_trip(state):
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def test_committed_hand_over_loads_exactly_as_torch_save(tmp_path):
+    state = _training_state()
+    folder = write_state(tmp_path, state, 4, handoff=True)
+    assert sorted(p.name for p in folder.iterdir()) == [PENDING, HANDOFF_FILE]
+    marker = commit(folder)
+    assert sorted(p.name for p in folder.iterdir()) == [MARKER, PENDING, STATE_FILE]
+    assert list(marker["files"]) == [STATE_FILE] and marker["step"] == 4
+    assert latest_valid(tmp_path).step == 4
+    _same(load_state(folder / STATE_FILE), _torch_round_trip(state))
+
+
+@pytest.mark.parametrize("case", ["view", "shared", "parameter", "sparse"])
+def test_states_the_raw_form_would_change_are_saved_with_torch_save(tmp_path, case):
+    base = torch.arange(10.0)
+    state = {"view": {"v": base[2:5]}, "shared": {"a": base, "b": base},
+             "parameter": {"p": nn.Parameter(torch.ones(2))},
+             "sparse": {"s": torch.eye(3).to_sparse()}}[case]
+    folder = write_state(tmp_path, state, 1, handoff=True)
+    assert sorted(p.name for p in folder.iterdir()) == [PENDING, STATE_FILE]
+    commit(folder)
+    _same(load_state(folder / STATE_FILE), _torch_round_trip(state))
+
+
+def test_interrupted_conversion_is_redone_at_each_step(tmp_path):
+    """The supervisor killed between the steps of a conversion: the next
+    commit finishes it and the checkpoint equals the state."""
+    state = {"w": torch.arange(100, dtype=torch.float64), "step": 9}
+    expected = _torch_round_trip(state)
+
+    def fresh(name):
+        folder = write_state(tmp_path / name, state, 9, handoff=True)
+        return folder, json.loads((folder / PENDING).read_text())
+
+    # 1. killed while writing the temporary state.pt
+    folder, note = fresh("a")
+    (folder / f".{STATE_FILE}.dead").write_bytes(b"half a zip")
+    assert commit(folder) is not None
+    # 2. killed after state.pt was renamed in, before the note was rewritten
+    folder, note = fresh("b")
+    torch.save(state, folder / STATE_FILE)
+    assert commit(folder) is not None
+    # 3. killed after the note was rewritten, before the raw file was removed
+    folder, note = fresh("c")
+    torch.save(state, folder / STATE_FILE)
+    (folder / PENDING).write_text(json.dumps({"step": 9, "files": {STATE_FILE: {
+        "bytes": (folder / STATE_FILE).stat().st_size}}}))
+    assert commit(folder) is not None
+    for name in "abc":
+        ckpt = latest_valid(tmp_path / name)
+        assert ckpt.step == 9
+        assert not (ckpt.path / HANDOFF_FILE).exists() or name == "c"
+        _same(load_state(ckpt.path / STATE_FILE), expected)
+
+
+def test_torn_or_hostile_hand_over_is_never_committed(tmp_path):
+    state = {"w": torch.ones(1000)}
+    torn = write_state(tmp_path / "torn", state, 1, handoff=True)
+    raw = torn / HANDOFF_FILE
+    size = raw.stat().st_size
+    with open(raw, "r+b") as fh:
+        fh.truncate(size - 100)
+    (torn / PENDING).write_text(json.dumps({"step": 1, "files": {HANDOFF_FILE: {"bytes": size - 100}}}))
+    assert commit(torn) is None and not torn.exists()
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    hostile = tmp_path / "hostile" / "step-2"
+    hostile.mkdir(parents=True)
+    skeleton = pickle.dumps(Boom())
+    header = pickle.dumps({"skeleton": skeleton, "tensors": []})
+    body = handoff.MAGIC + len(header).to_bytes(8, "little") + header
+    (hostile / HANDOFF_FILE).write_bytes(body)
+    (hostile / PENDING).write_text(json.dumps({"step": 2, "files": {HANDOFF_FILE: {"bytes": len(body)}}}))
+    with pytest.raises(pickle.UnpicklingError, match=r"^posix\.system is not allowed in a checkpoint state$"):
+        handoff.read(hostile / HANDOFF_FILE)
+    assert commit_pending(tmp_path / "hostile") == []
+    assert not hostile.exists() and not (tmp_path / "pwned").exists()
+
+
+def test_refused_state_writes_nothing(tmp_path):
+    from tasks.checkpoints import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"^state\['x'\]: a builtins.object is not a tensor"):
+        write_state(tmp_path, {"x": object()}, 1, handoff=True)
+    assert list(tmp_path.iterdir()) == []
