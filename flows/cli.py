@@ -18,10 +18,12 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
 from specs import JobSpec, SpecError, json_schema, load_spec, mask_url
+from tasks import settings
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_PARTIAL = 0, 1, 2, 3
 
@@ -117,19 +119,22 @@ def _run_with_api(spec: JobSpec, spec_path: str) -> int:
     except expected as exc:
         print(f"e31: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except settings.SettingsError as exc:
+        print(f"e31: {exc}", file=sys.stderr)
+        return EXIT_INVALID
     except KeyboardInterrupt:
         print("e31: interrupted; see the destination's manifest.json for what came back", file=sys.stderr)
         return 130
     return _print_manifest(manifest, spec.name, spec.output.url)
 
 
-STAGE_RATE_MIBS = float(os.environ.get("E31_STAGE_RATE_MIBS", "200"))  # assumed staging rate for estimates
+STAGE_RATE_MIBS = settings.value("E31_STAGE_RATE_MIBS")  # assumed staging rate for estimates (MiB/s)
 
 
 def _list_data(spec: JobSpec, plan) -> int:
     """Preflight of ``e31 compile``: list every input (sizes, file counts)
     and estimate the staging time at :data:`STAGE_RATE_MIBS`."""
-    from tasks.credentials import CredentialError
+    from tasks.credentials import CredentialError, uses_secret_blocks
     from tasks.stage import StageError, preflight
     from tasks.storage_setup import register_storage
     from tasks.transferbar import _human
@@ -137,7 +142,9 @@ def _list_data(spec: JobSpec, plan) -> int:
     if not spec.data:
         return EXIT_OK
     try:
-        needs_api = any("secret" in json.dumps(d.storage_options) for d in spec.data)
+        needs_api = any(uses_secret_blocks(options) for options in (
+            *(d.storage_options for d in spec.data), spec.output.storage_options,
+            spec.output.checkpoint.storage_options if spec.output.checkpoint else None))
         if needs_api:
             from flows.tempserver import prefect_api
 
@@ -153,19 +160,33 @@ def _list_data(spec: JobSpec, plan) -> int:
     files = sum(len(x.entries) for x in listings.values())
     seconds = total / (STAGE_RATE_MIBS * 2**20)
     print(f"  data: {len(listings)} input(s), {files} file(s), {_human(total)} ({total} bytes); "
-          f"~{seconds:.0f} s to stage at {STAGE_RATE_MIBS:g} MiB/s")
+          f"~{_duration(seconds)} to stage at {STAGE_RATE_MIBS:g} MiB/s")
     for name, x in listings.items():
         print(f"    {name}: {x.kind}, {len(x.entries)} file(s), {_human(x.bytes)}")
     return EXIT_OK
 
 
+def _duration(seconds: float) -> str:
+    """``seconds`` as ``12 s``, ``35 min``, ``7.5 h`` or ``3.2 d``."""
+    for unit, size, limit in (("s", 1, 120), ("min", 60, 120 * 60), ("h", 3600, 72 * 3600)):
+        if seconds < limit:
+            return f"{seconds / size:.0f} {unit}" if unit != "h" else f"{seconds / size:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
 def _return_later(job: str) -> int:
     from flows.compile import default_scratch_root
-    from flows.job import deliver_pending
+    from flows.job import KeptOutputGone, deliver_pending
     from flows.resume import JobBusy, lock_job, unlock_job
+    from specs.fields import SAFE_NAME
+    from tasks.credentials import CredentialError, uses_secret_blocks
     from flows.tempserver import prefect_api
     from tasks.pending import PENDING, load_pending
 
+    if not re.fullmatch(SAFE_NAME, job) or len(job) > 63:
+        print(f"e31: return: {job!r} is not a job name (1-63 letters, digits, '.', '_', '-'; the spec's name, "
+              "not a path)", file=sys.stderr)
+        return EXIT_INVALID
     scratch = default_scratch_root() / job
     try:
         pending = load_pending(scratch)
@@ -183,8 +204,14 @@ def _return_later(job: str) -> int:
         print(f"e31: {exc}", file=sys.stderr)
         return EXIT_FAILED
     try:
-        with prefect_api() if pending[2] else _nothing():  # Secret blocks need the Prefect API
+        with prefect_api() if uses_secret_blocks(pending[2]) else _nothing():  # Secret blocks need the Prefect API
             manifest = deliver_pending(scratch)
+    except KeptOutputGone as exc:
+        print(f"e31: cannot return the output of {job}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except CredentialError as exc:
+        print(f"e31: cannot return the output of {job}: {exc}; it stays in {target.output_dir}", file=sys.stderr)
+        return EXIT_FAILED
     except Exception as exc:
         from tasks.storage import scrub
 
@@ -208,7 +235,7 @@ def _print_manifest(manifest: dict, job: str, url: str) -> int:
         print(f"  {f['path']}  {f['bytes']} bytes  sha256 {f['sha256'][:16]}")
     if manifest.get("checkpoint"):
         print(f"  checkpoint step {manifest['step']}: {manifest['checkpoint']}")
-    return EXIT_OK if manifest["status"] == "completed" else EXIT_PARTIAL
+    return {"completed": EXIT_OK, "partial": EXIT_PARTIAL}.get(manifest["status"], EXIT_FAILED)
 
 
 def _deploy(spec: JobSpec, args: argparse.Namespace) -> int:

@@ -17,6 +17,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from specs import DataInput, JobSpec, mask_url
+from tasks import settings
+from tasks.settings import SettingsError
 from specs.deadlines import next_time_of_day
 
 RETURN_RESERVE_FLOOR_S = 30.0  # seconds kept free before a deadline for the return step (floor;
@@ -80,10 +82,6 @@ class Plan(BaseModel):
         return stop, reason
 
 
-class SettingsError(ValueError):
-    """An ``E31_*`` environment setting has a value E31 cannot use."""
-
-
 def _reserve_s() -> float:
     """``$E31_RETURN_RESERVE_S`` (seconds >= 0), else the 30 s floor."""
     text = os.environ.get("E31_RETURN_RESERVE_S")
@@ -141,8 +139,9 @@ def compile_plan(spec: JobSpec, scratch_root: Path | None = None, start: datetim
     The time limit is ``request.limit``, or ``request.duration`` for a job that
     gives only its expected duration.  The default durable checkpoint
     location is ``<output.url>/checkpoints/``.  Raises :class:`SettingsError`
-    for a bad ``E31_RETURN_RESERVE_S``.
+    for a bad ``E31_RETURN_RESERVE_S`` or tuning variable (:mod:`tasks.settings`).
     """
+    settings.check()
     req, out = spec.request, spec.output
     deadline, deadline_kind = resolve_deadline(spec, start or datetime.now(timezone.utc))
     limit = req.limit or req.duration

@@ -10,6 +10,7 @@ manifest), from the ``e31`` CLI, and as a deployment entrypoint
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from prefect.runtime import flow_run
 
 from flows.compile import Plan, compile_plan, describe_markdown
 from flows.placement import PlacementError, check_fits
-from flows.resume import Resume, end_attempt, prepare_scratch
+from flows.resume import Resume, end_attempt, open_scratch, resume_step
 from specs import JobSpec, mask_url
 from tasks.checkpoint import latest_durable
 from tasks.context import ChildConfig
@@ -28,7 +29,7 @@ from tasks.deliver import ReturnTarget, check_destination, deliver, return_task,
 from tasks.outcome import ChildLost, RunOutcome
 from tasks.process import signals_deferred
 from tasks.run import RunSettings, run_task
-from tasks.pending import clear_pending, load_pending, save_pending
+from tasks.pending import clear_pending, kept_missing, load_pending, save_pending
 from tasks.stage import StageError, preflight, stage_task
 from tasks.storage import scrub, use_options
 from tasks.storage_setup import register_storage
@@ -104,15 +105,15 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     check_destination(plan.output_url, "output.url")
     if not plan.checkpoint_url.startswith(plan.output_url.rstrip("/") + "/"):
         check_destination(plan.checkpoint_url, "output.checkpoint.url")
-    resume = prepare_scratch(plan)
+    crashed = open_scratch(plan)
     try:
-        try:  # an earlier attempt's undelivered output first: nothing kept in scratch is overwritten
-            earlier = deliver_pending(Path(plan.scratch))
+        try:  # an earlier attempt's undelivered output first, before anything in scratch is cleared
+            earlier = deliver_pending(Path(plan.scratch), drop_if_gone=True)
         except Exception as exc:
             raise ReturnFailed(plan, exc) from None
         if earlier is not None and earlier["status"] == "completed":
             return earlier
-        return _attempt(spec, plan, resume, code_dir)
+        return _attempt(spec, plan, Resume(resume_step(plan), crashed), code_dir)
     finally:
         end_attempt(plan)
 
@@ -174,16 +175,35 @@ def _return(plan: Plan, target: ReturnTarget, outcome: RunOutcome, output_option
                 raise ReturnFailed(plan, cause) from None
 
 
-def deliver_pending(scratch: Path) -> dict[str, Any] | None:
+class KeptOutputGone(RuntimeError):
+    """The output a pending return kept in scratch is no longer there."""
+
+
+def deliver_pending(scratch: Path, drop_if_gone: bool = False) -> dict[str, Any] | None:
     """Deliver the return an earlier attempt of a job could not (see
     :mod:`tasks.pending`) from its scratch folder; returns the manifest, or
     None when none was pending.  The pending record and, for a completed
     job, the scratch output are removed only after the destination verified
-    every file.  Raises what the delivery raises (the output stays)."""
+    every file.  Raises what the delivery raises (the output stays), and
+    :class:`KeptOutputGone` -- with nothing sent to the destination and the
+    record kept -- when the kept output folder, or a declared file of a
+    completed run, has been removed since; with ``drop_if_gone`` (a new run
+    of the job, which will write the output anew) the record is dropped
+    with a warning and None returned instead."""
     pending = load_pending(scratch)
     if pending is None:
         return None
     target, outcome, options = pending
+    missing = kept_missing(scratch)
+    if missing:
+        problem = (f"the output kept in {target.output_dir} for {mask_url(target.output_url)} is gone "
+                   f"({missing}); nothing was delivered")
+        if not drop_if_gone:
+            raise KeptOutputGone(f"{problem}; run the job again to produce it anew (that drops "
+                                 f"{scratch / 'return-pending.json'})")
+        _warn(f"{problem}; running the job again")
+        clear_pending(scratch)
+        return None
     if options:
         from tasks.credentials import resolve_options
 
@@ -194,6 +214,13 @@ def deliver_pending(scratch: Path) -> dict[str, Any] | None:
         shutil.rmtree(scratch / "output", ignore_errors=True)
         shutil.rmtree(scratch / "checkpoints", ignore_errors=True)
     return manifest
+
+
+def _warn(line: str) -> None:
+    try:
+        get_run_logger().warning("%s", line)
+    except Exception:
+        print(f"e31: {line}", file=sys.stderr)
 
 
 def _finish(plan: Plan, manifest: dict[str, Any]) -> dict[str, Any]:

@@ -75,9 +75,19 @@ def unlock_job(scratch: str) -> None:
 
 
 def prepare_scratch(plan: Plan) -> Resume:
-    """Lock the job's scratch folder, create its folders, record this
-    attempt, and decide where the run starts (see the module docstring).
-    Raises :class:`JobBusy` when the same job is running here already."""
+    """:func:`open_scratch` then :func:`resume_step`: lock the job's scratch
+    folder, record this attempt, and decide where the run starts.  Raises
+    :class:`JobBusy` when the same job is running here already."""
+    crashed = open_scratch(plan)
+    return Resume(resume_step(plan), crashed)
+
+
+def open_scratch(plan: Plan) -> bool:
+    """Lock the job's scratch folder, create its folders, commit what a
+    killed attempt's work wrote whole, and record this attempt; returns
+    whether the previous attempt was lost (its process killed).  Nothing
+    kept in scratch is removed here.  Raises :class:`JobBusy` when the same
+    job is running here already."""
     Path(plan.scratch).mkdir(parents=True, exist_ok=True)
     lock_job(plan.scratch, plan.job)
     for folder in (plan.data_dir, plan.output_dir, plan.checkpoint_dir, plan.run_dir):
@@ -89,7 +99,7 @@ def prepare_scratch(plan: Plan) -> Resume:
     if crashed:
         kill_leftovers(plan)
     attempt.write_text(json.dumps({"state": "running", "pid": os.getpid(), "started": time.time()}))
-    return Resume(_resume_step(plan), crashed)
+    return crashed
 
 
 def kill_leftovers(plan: Plan) -> list[int]:
@@ -130,7 +140,10 @@ def _read_state(path: Path) -> str | None:
         return None
 
 
-def _resume_step(plan: Plan) -> int | None:
+def resume_step(plan: Plan) -> int | None:
+    """The step the run resumes from (see the module docstring), or None for
+    a fresh start -- which clears the scratch output and checkpoints, so a
+    pending return must have been delivered first."""
     hash_file = plan.run_dir / WORK_HASH_FILE
     same_work = hash_file.is_file() and hash_file.read_text().strip() == plan.work_sha256
     if not same_work:

@@ -20,6 +20,7 @@ from typing import Any
 from specs import is_credential_key, mask_url, reference_of
 from specs.errors import format_loc
 from specs.storage_options import REFERENCE_KINDS
+from tasks.storage import remember_secret
 
 __all__ = ["CredentialError", "redact", "resolve_options"]
 
@@ -59,17 +60,23 @@ def _secret(name: str, where: str) -> Any:
     except Exception as exc:  # the API unreachable, or similar: its text holds no secret value
         raise CredentialError(f"{where}: could not read the Prefect Secret block '{name}': "
                               f"{type(exc).__name__}: {exc}; check PREFECT_API_URL on this worker") from None
-    return block.get()
+    value = block.get()
+    remember_secret(value)
+    return value
 
 
 def _env(name: str, where: str) -> str:
     try:
-        return os.environ[name]
+        value = os.environ[name]
     except KeyError:
         raise CredentialError(
             f"{where}: the environment variable {name} is not set on this worker; "
             f"set it where the worker runs, e.g. export {name}=..."
         ) from None
+    if value == "":
+        raise CredentialError(f"{where}: the environment variable {name} is set but empty on this worker; "
+                              f"give it the value, e.g. export {name}=...")
+    return value
 
 
 def _resolve(value: Any, field: str, loc: tuple) -> Any:
@@ -102,6 +109,19 @@ def resolve_options(options: Mapping[str, Any], field: str) -> dict[str, Any]:
             message names the path, the name and the fix, never a value.
     """
     return {key: _resolve(value, field, (key,)) for key, value in (options or {}).items()}  # the top is no reference
+
+
+def uses_secret_blocks(options: Any) -> bool:
+    """True when ``options`` (unresolved, at any depth) holds a ``{secret:
+    BLOCK}`` reference, i.e. resolving them needs the Prefect API."""
+    if _is_reference_like(value := options):
+        ref = reference_of(value)
+        return ref is not None and ref[0] == "secret"
+    if isinstance(value, Mapping):
+        return any(uses_secret_blocks(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(uses_secret_blocks(item) for item in value)
+    return False
 
 
 def _redact(value: Any, secret: bool) -> Any:

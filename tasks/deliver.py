@@ -25,7 +25,7 @@ from prefect.tasks import exponential_backoff
 from prefect.artifacts import create_link_artifact, create_table_artifact
 
 from specs import mask_url
-from tasks import storage
+from tasks import settings, storage
 from tasks.manifest import build_manifest, verdict
 from tasks.outcome import RunOutcome
 from tasks.retrying import retry_unless
@@ -33,8 +33,8 @@ from tasks.transferbar import TransferProgress
 
 MANIFEST = "manifest.json"
 UPLOAD_THREADS = 8  # files uploaded at once by the return step
-RETURN_RETRIES = int(os.environ.get("E31_TRANSFER_RETRIES", "3"))  # Prefect retries of the return task
-RETURN_BACKOFF_S = float(os.environ.get("E31_TRANSFER_BACKOFF_S", "2"))  # first retry delay (s), doubling
+RETURN_RETRIES = settings.value("E31_TRANSFER_RETRIES")  # Prefect retries of the return task
+RETURN_BACKOFF_S = settings.value("E31_TRANSFER_BACKOFF_S")  # first retry delay (s), doubling
 
 
 class DestinationError(RuntimeError):

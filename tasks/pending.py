@@ -4,9 +4,10 @@ When the destination cannot be reached even after the return task's
 retries, the output stays in the job's scratch folder and
 ``<scratch>/return-pending.json`` records what to deliver: the return target,
 how the run ended, the output's (unresolved) ``storage_options`` — secret
-references only, never their values — the error, and a preview of the
-manifest that will be written (``kept_in`` names the folder holding the
-output).  :func:`load_pending` rebuilds the objects for a later
+references only, never their values — the error, the files kept (``kept``:
+relative path -> bytes, so a later delivery notices files removed since),
+and a preview of the manifest that will be written (``kept_in`` names the
+folder holding the output).  :func:`load_pending` rebuilds the objects for a later
 :func:`tasks.deliver.deliver`.
 """
 
@@ -42,6 +43,9 @@ def save_pending(scratch: Path, target: ReturnTarget, outcome: RunOutcome, error
                      "delivered": False, "kept_in": target.output_dir, "destination": mask_url(target.output_url),
                      "checkpoint": mask_url(outcome.checkpoint.url) if outcome.checkpoint else None},
     }
+    folder = Path(target.output_dir)
+    record["kept"] = {p.relative_to(folder).as_posix(): p.stat().st_size
+                      for p in sorted(folder.rglob("*")) if p.is_file()} if folder.is_dir() else {}
     path = Path(scratch) / PENDING
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1))
@@ -62,6 +66,23 @@ def load_pending(scratch: Path) -> tuple[ReturnTarget, RunOutcome, dict[str, Any
     out["checkpoint"] = DurableCheckpoint(**out["checkpoint"]) if out.get("checkpoint") else None
     out["uploads"] = [DurableCheckpoint(**u) for u in out.get("uploads") or []]
     return ReturnTarget(**record["target"]), RunOutcome(**out), record.get("output_options") or {}
+
+
+def kept_missing(scratch: Path) -> str:
+    """What of the output a pending return kept is no longer in scratch
+    ('' when all of it is there, or nothing is pending): the folder, or
+    files recorded when it was kept (``kept``: relative path -> bytes)."""
+    try:
+        record = json.loads((Path(scratch) / PENDING).read_text())
+    except (OSError, ValueError):
+        return ""
+    folder = Path(record["target"]["output_dir"])
+    if not folder.is_dir():
+        return "the folder was removed"
+    lost = [rel for rel, size in (record.get("kept") or {}).items()
+            if not (folder / rel).is_file() or (folder / rel).stat().st_size != size]
+    return f"missing or changed: {', '.join(lost[:5])}" + (f" and {len(lost) - 5} more" if len(lost) > 5 else "") \
+        if lost else ""
 
 
 def clear_pending(scratch: Path) -> None:

@@ -33,14 +33,14 @@ from prefect.logging import get_run_logger
 from prefect.tasks import exponential_backoff
 
 from specs import DataInput, mask_url
-from tasks import storage, transfer
+from tasks import settings, storage, transfer
 from tasks.listing import Listing, list_input
 from tasks.retrying import retry_unless
 from tasks.transferbar import TransferProgress
 
 ATTEMPTS = 3  # copies of one input tried when its source changes during the copy or fails verification
-RETRIES = int(os.environ.get("E31_TRANSFER_RETRIES", "3"))  # Prefect retries of a stage task after a transient error
-BACKOFF_S = float(os.environ.get("E31_TRANSFER_BACKOFF_S", "2"))  # first retry delay; doubles each retry
+RETRIES = settings.value("E31_TRANSFER_RETRIES")  # Prefect retries of a stage task after a transient error
+BACKOFF_S = settings.value("E31_TRANSFER_BACKOFF_S")  # first retry delay (s); doubles each retry
 
 
 class StageError(RuntimeError):

@@ -23,10 +23,15 @@ from typing import Any, Iterator, Mapping
 import fsspec
 from fsspec.core import url_to_fs
 
+from specs import is_credential_key
+
 CHUNK = 4 * 1024 * 1024  # bytes read per hashing step
 
 _OPTIONS: dict[str, dict[str, Any]] = {}  # URL prefix -> resolved storage options (may hold secrets)
 _OPTIONS_LOCK = threading.Lock()
+
+
+_SECRET_VALUES: set[str] = set()  # values read from Secret blocks (scrub masks them wherever they appear)
 
 
 def use_options(url: str, options: Mapping[str, Any] | None) -> None:
@@ -52,14 +57,33 @@ def _options_for(url: str) -> dict[str, Any]:
 
 
 def scrub(text: str) -> str:
-    """``text`` with every string value of the registered storage options
-    (6 characters or longer: keys, secrets, tokens) replaced by ``***``, for
-    error messages that may quote a client's request."""
+    """``text`` with every credential of the registered storage options --
+    string values under a credential-looking key (:func:`specs.is_credential_key`)
+    and values read from Prefect Secret blocks (:func:`remember_secret`), 6
+    characters or longer -- replaced by ``***``, for error messages that may
+    quote a client's request.  Endpoints, regions and other plain options
+    stay readable."""
     with _OPTIONS_LOCK:
-        values = {v for opts in _OPTIONS.values() for v in _strings(opts) if len(v) >= 6}
+        values = {v for opts in _OPTIONS.values() for v in _credentials(opts) if len(v) >= 6} | _SECRET_VALUES
     for value in sorted(values, key=len, reverse=True):
         text = text.replace(value, "***")
     return text
+
+
+def remember_secret(value: Any) -> None:
+    """Have :func:`scrub` mask every string in ``value`` (a Secret block's
+    value, whatever key it is used under), 6 characters or longer."""
+    with _OPTIONS_LOCK:
+        _SECRET_VALUES.update(v for v in _strings(value) if len(v) >= 6)
+
+
+def _credentials(options: Mapping[str, Any], under: bool = False) -> Iterator[str]:
+    for key, value in options.items():
+        secret = under or is_credential_key(key)
+        if isinstance(value, Mapping):
+            yield from _credentials(value, secret)
+        elif secret:
+            yield from _strings(value)
 
 
 def _strings(value: Any) -> Iterator[str]:

@@ -26,21 +26,20 @@ from pathlib import Path
 from fsspec.asyn import AsyncFileSystem
 from fsspec.callbacks import Callback
 
-from tasks import etag, storage
+from tasks import etag, settings, storage
 from tasks.listing import Entry, Listing, scan_local
 from tasks.transferbar import TransferProgress
 
-BATCH_SIZE = int(os.environ.get("E31_TRANSFER_BATCH", "32"))  # concurrent file transfers from a store
+BATCH_SIZE = settings.value("E31_TRANSFER_BATCH")  # concurrent file transfers from a store
 THREADS = 8  # get_file threads for stores without an async client
 STEP = 64 * 2**20  # bytes per sendfile call on local copies
-_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+#: Single objects at least this big (bytes) are hashed while they download.
+FOLLOW_BYTES = 16 * 2**20
 #: Concurrent ranged GETs per large object on S3 (s3fs ``max_concurrency``).
 #: Each stream costs client CPU: on 2 cores one stream measured faster than
 #: s3fs's 10 (1 GiB from a local server: 2.1-4.3 s against 6.6-8.2 s), so the
-#: default is half the usable cores, between 1 and 10.
-#: Single objects at least this big (bytes) are hashed while they download.
-FOLLOW_BYTES = 16 * 2**20
-STREAMS_PER_FILE = int(os.environ.get("E31_STREAMS_PER_FILE", str(max(1, min(10, _CORES // 2)))))
+#: default (:mod:`tasks.settings`) is half the usable cores, between 1 and 10.
+STREAMS_PER_FILE = settings.value("E31_STREAMS_PER_FILE")
 
 
 class ChangedWhileCopying(RuntimeError):

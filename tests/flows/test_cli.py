@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import jsonschema
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,3 +136,31 @@ def test_schema_into_a_closed_pipe_is_quiet():
     exe = Path(sys.executable).with_name("e31")
     result = subprocess.run(f"'{exe}' schema | head -1", shell=True, capture_output=True, text=True)
     assert result.stdout == "{\n" and result.stderr == ""
+
+
+@pytest.mark.parametrize("name, value, expected", [
+    ("E31_STAGE_RATE_MIBS", "0", "e31: E31_STAGE_RATE_MIBS must be a number of MiB/s, above 0 and at most 1e+07 "
+                                 "(got '0'); unset it for the default 200\n"),
+    ("E31_STAGE_RATE_MIBS", "abc", "e31: E31_STAGE_RATE_MIBS must be a number of MiB/s, above 0 and at most 1e+07 "
+                                   "(got 'abc'); unset it for the default 200\n"),
+    ("E31_STAGE_RATE_MIBS", "nan", "e31: E31_STAGE_RATE_MIBS must be a number of MiB/s, above 0 and at most 1e+07 "
+                                   "(got 'nan'); unset it for the default 200\n"),
+    ("E31_TRANSFER_RETRIES", "-1", "e31: E31_TRANSFER_RETRIES must be a whole number of retries, at least 0 and at "
+                                   "most 100 (got '-1'); unset it for the default 3\n"),
+    ("E31_TRANSFER_RETRIES", "1.5", "e31: E31_TRANSFER_RETRIES must be a whole number of retries, at least 0 and at "
+                                    "most 100 (got '1.5'); unset it for the default 3\n"),
+    ("E31_TRANSFER_BACKOFF_S", "-2", "e31: E31_TRANSFER_BACKOFF_S must be a number of seconds, at least 0 and at "
+                                     "most 3600 (got '-2'); unset it for the default 2\n"),
+    ("E31_STREAMS_PER_FILE", "0", None),
+])
+def test_bad_tuning_setting_is_named_before_anything_runs(e31, tmp_path, name, value, expected):
+    for command in ("compile", "run"):
+        result = e31(command, str(EXAMPLE), "--set", f"output.url={tmp_path / 'out'}",
+                     env={name: value, "E31_SCRATCH": str(tmp_path / "scratch")})
+        assert result.returncode == 2, result.stderr
+        if expected is None:
+            assert result.stderr.startswith(f"e31: {name} must be a whole number of streams, at least 1 and at most 64 "
+                                            f"(got '0'); unset it for the default ")
+        else:
+            assert result.stderr == expected
+    assert not (tmp_path / "out").exists() and not (tmp_path / "scratch").exists()

@@ -42,8 +42,14 @@ def copy_inputs(ctx):
 
 
 def kill_store_then_write(ctx):
-    """Kills the destination's S3 server (its process group), then writes the output."""
-    os.killpg(int(ctx.params["store_pgid"]), signal.SIGKILL)
+    """Kills the destination's S3 server (its process group), then writes the
+    output; each run appends a line to params.runs_log."""
+    with open(ctx.params["runs_log"], "a") as log:
+        log.write("ran\\n")
+    try:
+        os.killpg(int(ctx.params["store_pgid"]), signal.SIGKILL)
+    except ProcessLookupError:  # a later run: that server is gone already
+        pass
     (ctx.output_dir / "result.txt").write_text("made while the store was down\\n")
 '''
 
@@ -172,18 +178,24 @@ def test_bad_credentials_fail_before_running_and_do_not_echo_the_secret(e31, tmp
 
 
 @pytest.mark.slow
-def test_unreachable_destination_keeps_output_for_e31_return(e31, tmp_path, prefect_api, scratch):
+def _run_while_destination_dies(e31, tmp_path, scratch, name: str) -> tuple[Path, Path]:
+    """``e31 run`` of a job whose work kills the destination's S3 server
+    before writing result.txt: exit 1, the output kept in scratch with
+    return-pending.json.  Returns (spec, job scratch)."""
     from tests.conftest import S3_BUCKET, S3_KEY
     from tests.s3server import S3Server
 
     store = S3Server(tmp_path / "store1", key=S3_KEY, secret=S3_SECRET, bucket=S3_BUCKET).start()
-    spec = _spec(tmp_path, "laterjob", f"""
-        name: laterjob
-        work: {{kind: processing, entrypoint: "storework:kill_store_then_write", params: {{store_pgid: {store.proc.pid}}}}}
+    spec = _spec(tmp_path, name, f"""
+        name: {name}
+        work:
+          kind: processing
+          entrypoint: "storework:kill_store_then_write"
+          params: {{store_pgid: {store.proc.pid}, runs_log: "{tmp_path / 'runs.log'}"}}
         request: {{cpus: 1, limit: 2m}}
         output:
           kind: results
-          url: s3://{S3_BUCKET}/later/out/
+          url: s3://{S3_BUCKET}/{name}/out/
           files: [result.txt]
           storage_options: {{config_kwargs: {{connect_timeout: 1, retries: {{max_attempts: 1}}}}}}
         """)
@@ -194,29 +206,102 @@ def test_unreachable_destination_keeps_output_for_e31_return(e31, tmp_path, pref
         store.proc.wait(timeout=10)
         store.proc = None
     assert result.returncode == 1
-    job_scratch = scratch / "laterjob"
+    job_scratch = scratch / name
     assert f"it is kept in {job_scratch / 'output'}" in result.stderr
-    assert "deliver it later with: e31 return laterjob" in result.stderr
+    assert f"deliver it later with: e31 return {name}" in result.stderr
     pending = json.loads((job_scratch / "return-pending.json").read_text())
     assert pending["manifest"]["kept_in"] == str(job_scratch / "output")
     assert pending["manifest"]["delivered"] is False and pending["manifest"]["reason"] == "finished"
+    assert pending["kept"] == {"result.txt": 30}
     assert (job_scratch / "output" / "result.txt").read_text() == "made while the store was down\n"
     assert S3_SECRET not in json.dumps(pending)
+    assert (tmp_path / "runs.log").read_text() == "ran\n"
+    return spec, job_scratch
 
+
+def test_unreachable_destination_keeps_output_for_e31_return(e31, tmp_path, prefect_api, scratch):
+    from tests.conftest import S3_BUCKET, S3_KEY
+    from tests.s3server import S3Server
+
+    _, job_scratch = _run_while_destination_dies(e31, tmp_path, scratch, "laterjob")
     store2 = S3Server(tmp_path / "store2", key=S3_KEY, secret=S3_SECRET, bucket=S3_BUCKET).start()
     try:
         back = e31("return", "laterjob", env=store2.env())
         assert back.returncode == 0, back.stderr
-        assert back.stdout.startswith(f"completed (finished): laterjob -> s3://{S3_BUCKET}/later/out/\n")
+        assert back.stdout.startswith(f"completed (finished): laterjob -> s3://{S3_BUCKET}/laterjob/out/\n")
         fs = store2.filesystem()
-        manifest = json.loads(fs.cat(f"{S3_BUCKET}/later/out/manifest.json"))
+        manifest = json.loads(fs.cat(f"{S3_BUCKET}/laterjob/out/manifest.json"))
         assert manifest["status"] == "completed"
-        assert fs.cat(f"{S3_BUCKET}/later/out/result.txt") == b"made while the store was down\n"
+        assert fs.cat(f"{S3_BUCKET}/laterjob/out/result.txt") == b"made while the store was down\n"
         assert manifest["files"] == [{"path": "result.txt", "bytes": 30,
                                       "sha256": _sha(b"made while the store was down\n")}]
         assert not (job_scratch / "return-pending.json").exists()
         assert not (job_scratch / "output").exists()  # deleted only after the destination verified it
         again = e31("return", "laterjob", env=store2.env())
         assert again.returncode == 1 and "e31: nothing to return for laterjob" in again.stderr
+    finally:
+        store2.stop()
+
+
+def test_running_the_job_again_delivers_the_kept_output_without_running_the_work(e31, tmp_path, prefect_api,
+                                                                                  scratch):
+    """The README's other way to deliver a kept output: `e31 run` of the
+    same job again delivers what the first run made (the work does not run
+    again) and reports the job completed."""
+    from tests.conftest import S3_BUCKET, S3_KEY
+    from tests.s3server import S3Server
+
+    spec, job_scratch = _run_while_destination_dies(e31, tmp_path, scratch, "rerunjob")
+    store2 = S3Server(tmp_path / "store2", key=S3_KEY, secret=S3_SECRET, bucket=S3_BUCKET).start()
+    try:
+        again = e31("run", str(spec), env=store2.env())
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.startswith(f"completed (finished): rerunjob -> s3://{S3_BUCKET}/rerunjob/out/\n")
+        assert (tmp_path / "runs.log").read_text() == "ran\n"  # the work did not run a second time
+        fs = store2.filesystem()
+        assert sorted(fs.ls(f"{S3_BUCKET}/rerunjob/out/")) == [f"{S3_BUCKET}/rerunjob/out/manifest.json",
+                                                               f"{S3_BUCKET}/rerunjob/out/result.txt"]
+        assert json.loads(fs.cat(f"{S3_BUCKET}/rerunjob/out/manifest.json"))["status"] == "completed"
+        assert fs.cat(f"{S3_BUCKET}/rerunjob/out/result.txt") == b"made while the store was down\n"
+        assert not (job_scratch / "return-pending.json").exists() and not (job_scratch / "output").exists()
+    finally:
+        store2.stop()
+
+
+def test_kept_output_removed_is_never_delivered_as_failed(e31, tmp_path, prefect_api, scratch):
+    """Someone removed the kept output: `e31 return` refuses (exit 1), sends
+    nothing and keeps the record; a job name that is a path is refused; a
+    new run of the job drops the record with a warning and runs the work
+    again."""
+    from tests.conftest import S3_BUCKET, S3_KEY
+    from tests.s3server import S3Server
+
+    spec, job_scratch = _run_while_destination_dies(e31, tmp_path, scratch, "gonejob")
+    (job_scratch / "output" / "result.txt").unlink()
+    store2 = S3Server(tmp_path / "store2", key=S3_KEY, secret=S3_SECRET, bucket=S3_BUCKET).start()
+    try:
+        back = e31("return", "gonejob", env=store2.env())
+        assert back.returncode == 1
+        assert back.stderr == (
+            f"e31: cannot return the output of gonejob: the output kept in {job_scratch / 'output'} for "
+            f"s3://{S3_BUCKET}/gonejob/out/ is gone (missing or changed: result.txt); nothing was delivered; run "
+            f"the job again to produce it anew (that drops {job_scratch / 'return-pending.json'})\n")
+        fs = store2.filesystem()
+        assert not fs.exists(f"{S3_BUCKET}/gonejob/out/manifest.json")
+        assert (job_scratch / "return-pending.json").exists()
+        for bad in ("../gonejob", str(job_scratch), "a/b"):
+            refused = e31("return", bad, env=store2.env())
+            assert refused.returncode == 2
+            assert refused.stderr == (f"e31: return: {bad!r} is not a job name (1-63 letters, digits, '.', '_', "
+                                      "'-'; the spec's name, not a path)\n")
+        assert (job_scratch / "return-pending.json").exists()
+
+        rerun = e31("run", str(spec), env=store2.env())
+        assert rerun.returncode == 0, rerun.stderr
+        assert (tmp_path / "runs.log").read_text() == "ran\nran\n"
+        assert "is gone (missing or changed: result.txt); nothing was delivered; running the job again" in (
+            rerun.stderr + rerun.stdout)
+        assert json.loads(fs.cat(f"{S3_BUCKET}/gonejob/out/manifest.json"))["status"] == "completed"
+        assert not (job_scratch / "return-pending.json").exists()
     finally:
         store2.stop()

@@ -92,3 +92,40 @@ def test_secret_block_references(prefect_api):
         "or in Python: Secret(value=...).save('e31-no-such-block')"
     )
     assert "s3cr3t" not in str(info.value)
+
+
+def test_empty_env_variable_is_named(monkeypatch):
+    monkeypatch.setenv("E31_TEST_EMPTY", "")
+    with pytest.raises(CredentialError) as info:
+        resolve_options({"secret": {"env": "E31_TEST_EMPTY"}}, "data[1].storage_options")
+    assert str(info.value) == ("data[1].storage_options.secret: the environment variable E31_TEST_EMPTY is set but "
+                               "empty on this worker; give it the value, e.g. export E31_TEST_EMPTY=...")
+
+
+def test_scrub_masks_credentials_and_secret_block_values_but_not_endpoints(prefect_api):
+    """Store errors quote URLs and request parts: credentials (by key, and
+    whatever a Secret block held, under any key) become ***, while the
+    endpoint and region a user needs to debug stay readable."""
+    from prefect.blocks.system import Secret
+
+    from tasks import storage
+
+    Secret(value="block-value-under-odd-key").save("e31-test-scrub", overwrite=True)
+    options = resolve_options({"endpoint_url": "http://127.0.0.1:21458", "key": "AKIAEXAMPLE42",
+                               "profile": {"secret": "e31-test-scrub"},
+                               "client_kwargs": {"region_name": "eu-west-2",
+                                                 "headers": {"Authorization": "Bearer tok-123456"}}},
+                              "output.storage_options")
+    storage.use_options("s3://scrub-test", options)
+    text = ('Could not connect to the endpoint URL: "http://127.0.0.1:21458/b/k" (eu-west-2) AKIAEXAMPLE42 '
+            'Bearer tok-123456 block-value-under-odd-key')
+    assert storage.scrub(text) == ('Could not connect to the endpoint URL: "http://127.0.0.1:21458/b/k" (eu-west-2) '
+                                   '*** *** ***')
+
+
+def test_uses_secret_blocks_only_for_secret_references():
+    from tasks.credentials import uses_secret_blocks
+
+    assert uses_secret_blocks({"secret": {"env": "X"}, "key": {"env": "Y"}}) is False
+    assert uses_secret_blocks({"client_kwargs": {"headers": [{"secret": "b"}]}}) is True
+    assert uses_secret_blocks(None) is False and uses_secret_blocks({}) is False
