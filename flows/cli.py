@@ -269,9 +269,18 @@ class _QuietFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, self.quiet):
+        if isinstance(exc, self.quiet) or _storage_error(exc):
             record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
         return self.inner.format(record)
+
+
+#: Modules of storage clients whose errors (an endpoint down, throttling) are
+#: logged in one line on the console: the traceback says nothing more.
+_STORAGE_CLIENTS = ("botocore.", "aiobotocore.", "aiohttp.", "fsspec.", "s3fs.", "gcsfs.", "adlfs.", "azure.")
+
+
+def _storage_error(exc: BaseException | None) -> bool:
+    return exc is not None and (isinstance(exc, OSError) or type(exc).__module__.startswith(_STORAGE_CLIENTS))
 
 
 def _hide_tracebacks_on_console(quiet: tuple[type[BaseException], ...]) -> None:

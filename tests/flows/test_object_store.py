@@ -209,6 +209,7 @@ def _run_while_destination_dies(e31, tmp_path, scratch, name: str) -> tuple[Path
     job_scratch = scratch / name
     assert f"it is kept in {job_scratch / 'output'}" in result.stderr
     assert f"deliver it later with: e31 return {name}" in result.stderr
+    assert "Traceback" not in result.stderr  # the store's errors are logged in one line each
     pending = json.loads((job_scratch / "return-pending.json").read_text())
     assert pending["manifest"]["kept_in"] == str(job_scratch / "output")
     assert pending["manifest"]["delivered"] is False and pending["manifest"]["reason"] == "finished"
