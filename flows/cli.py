@@ -166,6 +166,17 @@ def _list_data(spec: JobSpec, plan) -> int:
     return EXIT_OK
 
 
+def _unusable_urls(spec: JobSpec) -> list[str]:
+    """``field: masked URL: reason`` for each URL of the spec whose fsspec
+    backend is unknown or not installed here (nothing is contacted)."""
+    from tasks.storage import backend_problem
+
+    urls = [(f"data[{i}].url", d.url) for i, d in enumerate(spec.data)] + [("output.url", spec.output.url)]
+    if spec.output.checkpoint and spec.output.checkpoint.url:
+        urls.append(("output.checkpoint.url", spec.output.checkpoint.url))
+    return [f"{field}: {mask_url(url)}: {problem}" for field, url in urls if (problem := backend_problem(url))]
+
+
 def _duration(seconds: float) -> str:
     """``seconds`` as ``12 s``, ``35 min``, ``7.5 h`` or ``3.2 d``."""
     for unit, size, limit in (("s", 1, 120), ("min", 60, 120 * 60), ("h", 3600, 72 * 3600)):
@@ -311,6 +322,10 @@ def _main(argv: list[str] | None) -> int:
         spec = load_spec(args.spec, overrides=args.overrides)
     except SpecError as exc:
         print(str(exc), file=sys.stderr)
+        return EXIT_INVALID
+    unusable = _unusable_urls(spec)
+    if unusable:
+        print("\n".join(f"e31: {line}" for line in unusable), file=sys.stderr)
         return EXIT_INVALID
     if args.command == "validate":
         print(_summary(spec))

@@ -120,6 +120,18 @@ def is_local(url: str) -> bool:
     return "file" in protocols(fs)
 
 
+def backend_problem(url: str) -> str | None:
+    """Why no fsspec filesystem can serve ``url`` here (``Protocol not known:
+    s4``, ``Please install gcsfs ...``), or None when its backend loads.
+    Checks the protocol only: nothing is contacted, no credential is needed."""
+    protocol = fsspec.core.split_protocol(url)[0] or "file"
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except (ValueError, ImportError) as exc:
+        return str(exc)
+    return None
+
+
 def protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
     """The protocol names of ``fs`` (e.g. ``("s3", "s3a")``)."""
     proto = fs.protocol

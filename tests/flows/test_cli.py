@@ -164,3 +164,20 @@ def test_bad_tuning_setting_is_named_before_anything_runs(e31, tmp_path, name, v
         else:
             assert result.stderr == expected
     assert not (tmp_path / "out").exists() and not (tmp_path / "scratch").exists()
+
+
+def test_urls_without_a_backend_are_refused_by_validate_compile_and_run(e31, tmp_path):
+    """Unknown protocols and backends not installed here fail before
+    anything runs, each named with its field (gcsfs and adlfs are not
+    installed in the test environment)."""
+    args = ["--set", "output.url=s4://bucket/out/", "--set", "data[0].url=gs://bucket/digits.csv.gz",
+            "--set", "output.checkpoint.url=az://container/ck/"]
+    for command in ("validate", "compile", "run"):
+        result = e31(command, str(EXAMPLE), *args, env={"E31_SCRATCH": str(tmp_path / "scratch")})
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == (
+            "e31: data[0].url: gs://bucket/digits.csv.gz: Please install gcsfs to access Google Storage\n"
+            "e31: output.url: s4://bucket/out/: Protocol not known: s4\n"
+            "e31: output.checkpoint.url: az://container/ck/: Install adlfs to access Azure Datalake Gen2 and "
+            "Azure Blob Storage\n")
+    assert not (tmp_path / "scratch").exists()
