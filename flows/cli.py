@@ -252,7 +252,7 @@ def _print_manifest(manifest: dict, job: str, url: str) -> int:
 def _deploy(spec: JobSpec, args: argparse.Namespace) -> int:
     from prefect.settings import PREFECT_API_URL
 
-    from flows.deploy import deploy_spec
+    from flows.deploy import SecretInSpec, deploy_spec
 
     if not PREFECT_API_URL.value():
         print("e31: deploy needs a Prefect server that workers also reach: start one (prefect server start) "
@@ -261,6 +261,9 @@ def _deploy(spec: JobSpec, args: argparse.Namespace) -> int:
     try:
         deployment_id = deploy_spec(spec, str(Path(args.spec).resolve().parent), pool=args.pool, cron=args.cron,
                                     timezone=args.timezone if args.cron else None, name=args.name)
+    except SecretInSpec as exc:
+        print(f"e31: deploy refused: {exc}", file=sys.stderr)
+        return EXIT_INVALID
     except Exception as exc:  # bad cron or timezone, unknown pool, unreachable API
         print(f"e31: deploy failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -37,8 +37,9 @@ def parameters(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
     if leaks:
         raise SecretInSpec(
             f"{', '.join(leaks)}: the URL carries a credential (a signature or token) and deployment parameters are "
-            "stored on the Prefect server; give the URL without it and put the credential in a Prefect Secret "
-            "block referenced from storage_options ({secret: BLOCK_NAME}), or in the worker's environment"
+            "stored on the Prefect server; use the store's own URL instead (e.g. s3://bucket/key rather than a "
+            "presigned https:// URL) with its credentials in the worker's environment or in storage_options as "
+            "references ({secret: BLOCK_NAME} or {env: VAR})"
         )
     return {"spec": spec_payload(spec, reveal=True), "code_dir": code_dir}
 

@@ -57,6 +57,20 @@ def test_deploy_refuses_an_invalid_spec_and_creates_nothing(prefect_api, e31, tm
     assert _deployment("e31-job/bad-deploy") is None
 
 
+def test_deploy_refuses_a_signed_url_and_creates_nothing(prefect_api, e31, tmp_path):
+    signed = "https://store.example/digits.csv.gz?X-Amz-Credential=AKIA1&X-Amz-Signature=deadbeefcafe"
+    result = e31("deploy", str(EXAMPLE), "--pool", "nowhere", "--name", "signed-deploy",
+                 "--set", f"data[0].url={signed}")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "e31: deploy refused: data[0].url: the URL carries a credential (a signature or token) and deployment "
+        "parameters are stored on the Prefect server; use the store's own URL instead (e.g. s3://bucket/key rather "
+        "than a presigned https:// URL) with its credentials in the worker's environment or in storage_options as "
+        "references ({secret: BLOCK_NAME} or {env: VAR})\n")
+    assert "deadbeefcafe" not in result.stdout + result.stderr
+    assert _deployment("e31-job/signed-deploy") is None
+
+
 def test_deploy_then_a_worker_runs_it_with_an_equal_spec(process_worker, e31, tmp_path):
     out = tmp_path / "out"
     result = e31("deploy", str(EXAMPLE), "--pool", process_worker, "--cron", "0 2 * * *", "--timezone", "Europe/London",
