@@ -144,14 +144,20 @@ class Follower:
                     fd = os.open(self.path, os.O_RDONLY)
                 while pos < upto:
                     block = os.pread(fd, min(_BLOCK, upto - pos, self.part_size - pos % self.part_size), pos)
-                    if not block:
-                        upto = pos
+                    if not block:  # announced but still in the writer's buffer (or never written)
+                        if stop:
+                            upto = None
+                        else:
+                            with self._cv:
+                                self._cv.wait(0.002)
                         break
                     h.update(block)
                     pos += len(block)
                     if pos % self.part_size == 0:
                         self._digests.append(h.digest())
                         h = hashlib.md5(usedforsecurity=False)
+                if upto is None:  # stopped, and the file is shorter than announced: result() checks it whole
+                    break
             if pos % self.part_size:
                 self._digests.append(h.digest())
             self._hashed = pos

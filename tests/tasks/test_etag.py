@@ -104,3 +104,16 @@ def test_follower_closed_after_a_failed_download_leaves_no_thread(tmp_path):
     follower = etag.Follower(tmp_path / "never-written.bin", hashlib.md5(b"x").hexdigest(), 1)
     follower.close()
     assert "e31-etag" not in {t.name for t in threading.enumerate()} - before
+
+
+def test_follower_announced_more_than_was_written_ends_and_refuses(tmp_path):
+    """Bytes announced but never written (a writer that died between its
+    write and its flush): the worker does not wait for them forever, and
+    the copy is checked as it is (too short: refused)."""
+    data = os.urandom(3 * MIB)
+    follower = etag.Follower(tmp_path / "short.bin", hashlib.md5(data).hexdigest(), len(data))
+    (tmp_path / "short.bin").write_bytes(data[:MIB])
+    follower.advance(len(data))
+    started = time.monotonic()
+    assert follower.result() is False
+    assert time.monotonic() - started < 5
