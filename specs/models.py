@@ -11,8 +11,10 @@ from pydantic import Field, StrictInt, ValidationError, field_validator
 from .base import RuleError, SpecModel, spec_error
 from .deadlines import DeadlineAt
 from .fields import (Deadline, Duration, FileName, Grace, InputName, JobName, Memory, Sha256, Url, check_entrypoint,
-                     check_json, file_key, input_key)
+                     check_json, file_key)
+from .input_names import input_name_problems
 from .live import LIVE_KEYS, LIVE_REASON, find_live_keys, got_key, live_kind, live_message
+from .output_urls import OutputUrl, overlap_problems
 from .storage_options import OPTIONS_HELP, StorageOptions
 from .units import format_duration, parse_duration
 
@@ -187,13 +189,14 @@ class CheckpointPolicy(SpecModel):
 
     ``url`` is the durable checkpoint location (None: the flow's default); ``storage_options`` its fsspec options.
     Raises (on validation) pydantic.ValidationError when both ``every`` and
-    ``every_steps`` are set, or a count is below 1.
+    ``every_steps`` are set, a count is below 1, or ``url`` cannot be written to
+    (no bucket or host, a glob character: :mod:`specs.output_urls`).
     """
 
     every: Duration | None = Field(None, description="Checkpoint at least this often, e.g. 2m.")
     every_steps: StrictInt | None = Field(None, ge=1, description="Checkpoint every N steps.")
     keep: StrictInt = Field(3, ge=1, description="How many durable checkpoints to keep.")
-    url: Url | None = Field(None, description="Durable checkpoint folder (step-<N> only); default <output.url>/checkpoints.")
+    url: OutputUrl | None = Field(None, description="Durable checkpoint folder (step-<N> only); default <output.url>/checkpoints.")
     storage_options: StorageOptions = Field(default_factory=dict, description=OPTIONS_HELP)
 
     @classmethod
@@ -211,11 +214,12 @@ class OutputSpec(SpecModel):
     """Where results go and which files mark the job complete.
 
     Raises (on validation) pydantic.ValidationError: no files, duplicate
-    files, or a file that is absolute, contains ``..`` or is not a POSIX path.
+    files, a file that is absolute, contains ``..`` or is not a POSIX path, or
+    a ``url`` that cannot be written to (no bucket or host, a glob character).
     """
 
     kind: OutputKind = Field(description="model, results, files or report.")
-    url: Url = Field(description="Destination fsspec URL or path; relative to the spec file.")
+    url: OutputUrl = Field(description="Destination fsspec URL or path; relative to the spec file.")
     files: list[FileName] = Field(
         description="Relative POSIX paths of the files whose existence marks the job complete."
     )
@@ -259,6 +263,9 @@ class JobSpec(SpecModel):
     Build it from Python (``JobSpec(name=..., work=..., request=..., output=...)``)
     or load it with :func:`specs.load_spec`; validation errors from Python are
     pydantic.ValidationError, from loading they are :class:`specs.SpecError`.
+    Across sections: input names must be unique (:mod:`specs.input_names`), and
+    ``output.url`` and ``output.checkpoint.url`` must not be, lie inside, or
+    hold a ``data[].url`` (:mod:`specs.output_urls`).
     """
 
     live_keys_refused = True
@@ -277,24 +284,4 @@ class JobSpec(SpecModel):
 
     @classmethod
     def _rules(cls, data: Mapping[str, Any]) -> list[RuleError]:
-        inputs = data.get("data")
-        if not isinstance(inputs, list):
-            return []
-        first: dict[str, tuple[int, str]] = {}
-        problems: list[RuleError] = []
-        for index, item in enumerate(inputs):
-            name = input_key(item.get("name") if isinstance(item, Mapping) else getattr(item, "name", None))
-            if name is None:
-                continue
-            variable = "E31_DATA_" + name.upper().replace("-", "_").replace(".", "_")
-            if variable in first:
-                other, other_name = first[variable]
-                if other_name == name:
-                    err = spec_error(f"duplicate input name; data[{other}] already uses it", fix="give each input its own name")
-                else:
-                    err = spec_error(f"clashes with data[{other}] '{other_name}': a command sees both as {variable}",
-                                     fix="rename one of them")
-                problems.append((("data", index, "name"), err, name))
-            else:
-                first[variable] = (index, name)
-        return problems
+        return input_name_problems(data) + overlap_problems(data)

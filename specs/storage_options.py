@@ -9,7 +9,12 @@ A value is any JSON value, or a reference resolved on the worker at run time
 
 A literal value under a credential-looking key (:func:`is_credential_key`),
 at any depth, is refused: the spec is stored in Prefect parameters and shown
-in logs. Refusals never show the refused value.
+in logs. So is one under a credential-looking HTTP header name
+(:func:`~specs.credential_keys.is_credential_header`: ``Authorization``,
+``Cookie``, ``X-Api-Key``...) inside a ``headers`` mapping at any depth (or a
+``[NAME, VALUE]`` pair in a ``headers`` list), and an empty value (``""``,
+``{}``, ``[]``) under either: it is not a reference. Refusals never show the
+refused value.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BeforeValidator, ValidationError, WithJsonSchema
 
 from .base import spec_error
+from .credential_keys import CREDENTIAL_KEYS, CREDENTIAL_WORDS, is_credential_header, is_credential_key, is_headers_key
 from .fields import check_json, has_password, password_error
 
 __all__ = [
@@ -28,12 +34,6 @@ __all__ = [
     "check_storage_options", "is_credential_key", "reference_of",
 ]
 
-#: Keys containing one of these (case-insensitive) hold credentials.
-CREDENTIAL_WORDS = (
-    "secret", "password", "passwd", "token", "credential", "sas", "account_key", "connection_string", "private_key",
-)
-#: Keys that hold credentials when they are exactly one of these (case-insensitive).
-CREDENTIAL_KEYS = frozenset({"key", "aws_access_key_id", "aws_secret_access_key", "aws_session_token"})
 #: The keys of a reference: ``{secret: BLOCK_NAME}`` or ``{env: VAR_NAME}``.
 REFERENCE_KINDS = ("secret", "env")
 BLOCK_NAME = r"^[a-z0-9-]+$"
@@ -52,19 +52,9 @@ LITERAL_FIX = (
     "standard environment variables (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS, "
     "AZURE_STORAGE_ACCOUNT_KEY)"
 )
+EMPTY_MESSAGE = "an empty credential is not a reference: it would be passed to the store as the credential"
 OPTIONS_HELP = "fsspec options for the url (endpoint_url, client_kwargs...); credentials as {secret: BLOCK} or {env: VAR}."
 JSON_FIX = "storage options are passed to fsspec as JSON; write other values out as strings"
-
-
-def is_credential_key(key: object) -> bool:
-    """True for a key that names a credential (case-insensitive): one containing
-    secret, password, passwd, token, credential, sas, account_key,
-    connection_string or private_key, or exactly key, aws_access_key_id,
-    aws_secret_access_key or aws_session_token. False for non-strings."""
-    if not isinstance(key, str):
-        return False
-    name = key.strip().lower()
-    return name in CREDENTIAL_KEYS or any(word in name for word in CREDENTIAL_WORDS)
 
 
 def reference_of(value: object) -> tuple[str, str] | None:
@@ -106,14 +96,46 @@ def _reference_problems(value: Mapping, loc: tuple) -> list[tuple[tuple, Any]]:
     return [((*loc, kind), spec_error(message, fix=fix, got=_what(name)))]
 
 
-def _problems(value: object, loc: tuple, secret: bool) -> list[tuple[tuple, Any]]:
-    """Refusals inside one option value at ``loc``; ``secret``: under a credential-looking key."""
+def _empty(value: object) -> str | None:
+    """What an empty value is (``""``, ``{}``, ``[]``), or None for any other value."""
+    if isinstance(value, str) and not value.strip():
+        return "an empty string"
+    if isinstance(value, (Mapping, list, tuple)) and not value:
+        return "an empty mapping" if isinstance(value, Mapping) else "an empty list"
+    return None
+
+
+def _entries(value: Mapping, loc: tuple, secret: bool, headers: bool) -> list[tuple[tuple, Any]]:
+    """Refusals in the items of a mapping at ``loc``; ``headers``: its keys are HTTP header names."""
+    return [
+        p for key, item in value.items()
+        for p in _problems(item, (*loc, key), secret or _secret_name(key, headers), headers or is_headers_key(key))
+    ]
+
+
+def _secret_name(key: object, headers: bool) -> bool:
+    return is_credential_header(key) if headers else is_credential_key(key)
+
+
+def _header_pair(value: object) -> bool:
+    """True for ``[NAME, VALUE]`` with a credential-looking header NAME (a pair in a ``headers`` list)."""
+    return isinstance(value, (list, tuple)) and len(value) == 2 and is_credential_header(value[0])
+
+
+def _problems(value: object, loc: tuple, secret: bool, headers: bool = False) -> list[tuple[tuple, Any]]:
+    """Refusals inside one option value at ``loc``; ``secret``: under a credential-looking key;
+    ``headers``: inside a ``headers`` option."""
     if _looks_like_reference(value):
         return _reference_problems(value, loc)
+    empty = _empty(value) if secret else None
+    if empty:
+        return [(loc, spec_error(EMPTY_MESSAGE, fix=LITERAL_FIX, got=empty))]
     if isinstance(value, Mapping):
-        return [p for key, item in value.items() for p in _problems(item, (*loc, key), secret or is_credential_key(key))]
+        return _entries(value, loc, secret, headers)
     if isinstance(value, (list, tuple)):
-        return [p for index, item in enumerate(value) for p in _problems(item, (*loc, index), secret)]
+        pair = headers and _header_pair(value)
+        return [p for index, item in enumerate(value)
+                for p in _problems(item, (*loc, index), secret or (pair and index == 1), headers)]
     if secret and value is not None and not isinstance(value, bool):  # null and true/false hold no secret
         return [(loc, spec_error(LITERAL_MESSAGE, fix=LITERAL_FIX, got="a literal value"))]
     if isinstance(value, str) and has_password(value):
@@ -125,11 +147,12 @@ def check_storage_options(value: dict[str, Any]) -> dict[str, Any]:
     """Validate storage options (see the module docstring).
 
     Raises pydantic.ValidationError with one line per problem, at the path of
-    the refused value (its input recorded as ``***``): a literal under a
-    credential-looking key, a reference with other keys or a bad name, a URL
-    with a password, or a value that is not JSON.
+    the refused value (its input recorded as ``***``): a literal or empty
+    value under a credential-looking key or HTTP header name, a reference
+    with other keys or a bad name, a URL with a password, or a value that is
+    not JSON.
     """
-    problems = [p for key, item in value.items() for p in _problems(item, (key,), is_credential_key(key))]
+    problems = _entries(value, (), False, False)
     if not problems:
         return check_json(value, fix=JSON_FIX)
     try:

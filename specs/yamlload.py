@@ -17,7 +17,7 @@ import yaml
 
 from .errors import Problem, format_loc
 
-__all__ = ["SpecLoader", "YamlSyntaxError", "load_yaml", "parse_yaml_value"]
+__all__ = ["OverrideLoader", "SpecLoader", "YamlSyntaxError", "load_yaml", "parse_yaml_value"]
 
 
 class SpecLoader(yaml.SafeLoader):
@@ -38,7 +38,7 @@ SpecLoader.add_implicit_resolver(
 )
 SpecLoader.add_implicit_resolver(
     "tag:yaml.org,2002:int",
-    re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+    re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),  # no '_': 1_000 is a string
     list("-+0123456789"),
 )
 SpecLoader.add_implicit_resolver(
@@ -64,6 +64,20 @@ def _construct_int(loader: SpecLoader, node: yaml.ScalarNode) -> int:
 
 
 SpecLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
+class OverrideLoader(SpecLoader):
+    """SpecLoader for ``--set`` values: an integer whose decimal form differs from
+    its text (``007``, ``+4``, ``0x1F``, a digest of zeros) stays the text."""
+
+
+def _construct_exact_int(loader: SpecLoader, node: yaml.ScalarNode) -> int | str:
+    text = str(loader.construct_scalar(node))
+    number = _construct_int(loader, node)
+    return number if str(number) == text else text
+
+
+OverrideLoader.add_constructor("tag:yaml.org,2002:int", _construct_exact_int)
 
 
 class YamlSyntaxError(Exception):
@@ -145,8 +159,8 @@ def _expanded_size(node: yaml.Node | None) -> int:
     return size(node) if node is not None else 0
 
 
-def load_yaml(text: str, source: str) -> tuple[Any, list[Problem]]:
-    """Parse one YAML document with :class:`SpecLoader`.
+def load_yaml(text: str, source: str, loader_class: type[SpecLoader] = SpecLoader) -> tuple[Any, list[Problem]]:
+    """Parse one YAML document with :class:`SpecLoader` (or ``loader_class``).
 
     Returns ``(data, problems)`` where problems lists duplicate keys (the
     last value wins in ``data`` so validation can continue).
@@ -155,7 +169,7 @@ def load_yaml(text: str, source: str) -> tuple[Any, list[Problem]]:
         YamlSyntaxError: the text is not valid YAML (or holds several
             documents); its problem path is ``SOURCE:LINE:COLUMN``, 1-based.
     """
-    loader = SpecLoader(text)
+    loader = loader_class(text)
     try:
         node = loader.get_single_node()
         if _expanded_size(node) > MAX_EXPANDED_NODES:
@@ -178,11 +192,16 @@ def load_yaml(text: str, source: str) -> tuple[Any, list[Problem]]:
 def parse_yaml_value(text: str) -> Any:
     """Parse an override VALUE as a YAML scalar or flow value (``20s``, ``3``, ``[a, b]``).
 
+    As in a spec file, except that an integer whose decimal form differs from
+    its text (leading zeros, a leading ``+``, ``0x``/``0o`` forms) stays the
+    text: ``--set data[0].sha256=000...0`` keeps its 64 zeros, while ``4``
+    and ``-2`` are numbers (:class:`OverrideLoader`).
+
     Raises:
         ValueError: the text is not valid YAML.
     """
     try:
-        data, _ = load_yaml(text, "value")
+        data, _ = load_yaml(text, "value", OverrideLoader)
     except YamlSyntaxError as exc:
         raise ValueError(exc.problem.message.removeprefix("YAML syntax error: ")) from None
     return data

@@ -366,3 +366,44 @@ def test_alias_bomb_is_refused_quickly(tmp_path):
         f"invalid job spec {path} (1 problem)\n"
         f"  {path}: YAML syntax error: aliases expand to more than 100,000 values; write the values out"
     )
+
+
+def test_override_keeps_digit_strings_that_a_number_would_change(tmp_path):
+    path = write(tmp_path, MINIMAL + "data: [{name: a, url: /a}, {name: b, url: /b}, {name: c, url: /c}]\n")
+    zeros, leading = "0" * 64, "0078" + "1" * 60
+    spec = load_spec(path, [
+        f"data[2].sha256={zeros}",
+        f"data[1].sha256={leading}",
+        "data[0].sha256=0012ab" + "c" * 58,
+        "request.cpus=4",
+        "work.params.count=12",
+        "work.params.neg=-3",
+        "work.params.code=007",
+        "work.params.plus=+4",
+        "work.params.hex=0x1F",
+        "work.params.oct=0o17",
+        "work.params.under=1_000",
+        "work.params.seeds=[007, 8, '09']",
+        "work.params.lr=1e-3",
+    ])
+    assert spec.data[2].sha256 == zeros
+    assert spec.data[1].sha256 == leading
+    assert spec.data[0].sha256 == "0012ab" + "c" * 58
+    assert spec.request.cpus == 4 and type(spec.request.cpus) is int
+    assert spec.work.params == {
+        "count": 12, "neg": -3, "code": "007", "plus": "+4", "hex": "0x1F", "oct": "0o17", "under": "1_000",
+        "seeds": ["007", 8, "09"], "lr": 0.001,
+    }
+    assert type(spec.work.params["count"]) is int
+
+
+def test_override_of_an_int_field_with_a_signed_number_names_it(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    with pytest.raises(SpecError) as info:
+        load_spec(path, ["request.cpus=+4"])
+    assert str(info.value) == f"invalid job spec {path} (1 problem)\n  request.cpus: must be a whole number (got '+4')"
+
+
+def test_spec_files_keep_yaml_numbers():
+    spec = parse_spec(MINIMAL.replace("entrypoint: pkg.mod:main}", "entrypoint: pkg.mod:main, params: {dec: 010, hex: 0x1F}}"))
+    assert spec.work.params == {"dec": 10, "hex": 31}

@@ -33,6 +33,21 @@ LITERAL = (
     "AZURE_STORAGE_ACCOUNT_KEY)"
 )
 BLOCK = "must name a Prefect Secret block: lowercase letters, digits and dashes"
+EMPTY = (
+    "an empty credential is not a reference: it would be passed to the store as the credential (got {}); "
+    "use {{secret: BLOCK_NAME}} (a Prefect Secret block) or {{env: VAR_NAME}}, or leave it out and set the store's "
+    "standard environment variables (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS, "
+    "AZURE_STORAGE_ACCOUNT_KEY)"
+)
+GLOB = (
+    "must name one folder, not a pattern: '*', '?' and '[' are glob characters (got {}); "
+    "remove them; files are written into this folder by name, so it cannot hold a wildcard or a ?query"
+)
+OVERLAP = (
+    "{0}: must not overlap an input: the job would write into its own inputs (got {1}); "
+    "give {0} a folder of its own, outside every input"
+)
+TRIAL_INPUTS = "data:\n  - {name: a, url: /in/a.csv}\n  - {name: b, url: /in/b.csv}\n  - {name: c, url: /in/c.csv}\n"
 
 
 def doc(**sections: str | None) -> str:
@@ -366,6 +381,77 @@ CASES = [
     ("options-not-a-mapping", doc(output="output: {kind: results, url: /o, files: [m.json], storage_options: [anon]}"), [
         "output.storage_options: must be a mapping (got ['anon'])",
     ]),
+    # --- found by a new-user trial: credentials under other names, in headers, or empty ---
+    ("literal-authorization-header",
+     doc(data=TRIAL_INPUTS + "  - {name: d, url: 'https://h/x.csv', storage_options: "
+                             "{headers: {Authorization: 'Bearer TRIAL-secret-Zq9', Accept: text/csv}}}"), [
+        f"data[3].storage_options.headers.Authorization: {LITERAL}",
+    ]),
+    ("literal-credentials-under-other-names",
+     doc(output="output: {kind: results, url: /o, files: [m.json], storage_options: {api_key: k1, apiKey: k2, "
+                "accessKey: k3, Access-Key-Id: k4, secret_key: k5, client-secret: k6, SESSION_TOKEN: k7, "
+                "connectionString: k8, passwd: k9, private-key: k10, region_name: eu, key_prefix: p}}"), [
+        f"output.storage_options.{key}: {LITERAL}"
+        for key in ("api_key", "apiKey", "accessKey", "Access-Key-Id", "secret_key", "client-secret", "SESSION_TOKEN",
+                    "connectionString", "passwd", "private-key")
+    ]),
+    ("empty-credentials",
+     doc(output="output: {kind: results, url: /o, files: [m.json], storage_options: "
+                "{secret: '', sas_token: '  ', credentials: {}, password: [], token: null, anon: true}}"), [
+        "output.storage_options.secret: " + EMPTY.format("an empty string"),
+        "output.storage_options.sas_token: " + EMPTY.format("an empty string"),
+        "output.storage_options.credentials: " + EMPTY.format("an empty mapping"),
+        "output.storage_options.password: " + EMPTY.format("an empty list"),
+    ]),
+    ("literal-credential-headers-in-client-kwargs",
+     doc(data="data: [{name: d, url: 'https://h/x', storage_options: {client_kwargs: {headers: {"
+              "X-Api-Key: k1, Cookie: 'session=k2', X-Amz-Security-Token: k3, Proxy-Authorization: 'Basic k4', "
+              "X-Auth-Token: k5, Ocp-Apim-Subscription-Key: k6, Authorization: '', "
+              "Accept: text/csv, User-Agent: e31, Range: 'bytes=0-9'}}}}]"), [
+        f"data[0].storage_options.client_kwargs.headers.{name}: {LITERAL}"
+        for name in ("X-Api-Key", "Cookie", "X-Amz-Security-Token", "Proxy-Authorization", "X-Auth-Token",
+                     "Ocp-Apim-Subscription-Key")
+    ] + ["data[0].storage_options.client_kwargs.headers.Authorization: " + EMPTY.format("an empty string")]),
+    ("literal-header-pair",
+     doc(data="data: [{name: d, url: 'https://h/x', storage_options: "
+              "{headers: [[Authorization, 'Bearer k1'], [Accept, text/csv], [X-Api-Key, {env: API_KEY}]]}}]"), [
+        f"data[0].storage_options.headers[0][1]: {LITERAL}",
+    ]),
+    # --- found by a new-user trial: output URLs that cannot work ---
+    ("output-url-without-bucket",
+     doc(output="output: {kind: results, url: 's3://', files: [m.json], checkpoint: {url: 'gs:///ck/'}}"), [
+        "output.url: must name a bucket or host after 's3://' (got 's3://'); e.g. s3://my-bucket/results/NAME/",
+        "output.checkpoint.url: must name a bucket or host after 'gs://' (got 'gs:///ck/'); "
+        "e.g. gs://my-bucket/results/NAME/",
+    ]),
+    ("output-url-file-protocol-only", doc(output="output: {kind: results, url: 'file://', files: [m.json]}"), [
+        "output.url: must name a folder after 'file://' (got 'file://'); e.g. file:///srv/results/NAME/",
+    ]),
+    ("glob-output-urls",
+     doc(output="output: {kind: results, url: 's3://b/out/*', files: [m.json], "
+                "checkpoint: {url: 's3://b/ck/?token=t0k3n'}}"), [
+        "output.url: " + GLOB.format("'s3://b/out/*'"),
+        "output.checkpoint.url: " + GLOB.format("'s3://b/ck/?token=***'"),
+    ]),
+    ("bracket-in-output-url", doc(output="output: {kind: results, url: '/out/run[1]/', files: [m.json]}"), [
+        "output.url: " + GLOB.format("'/out/run[1]/'"),
+    ]),
+    ("output-url-is-an-input",
+     doc(data="data: [{name: a, url: /in/a.csv}, {name: frames, url: /in/frames/}]",
+         output="output: {kind: results, url: 'file:///in/frames', files: [m.json]}"), [
+        OVERLAP.format("output.url", "the same place as data[1].url"),
+    ]),
+    ("output-url-inside-and-checkpoint-holding-inputs",
+     doc(data="data: [{name: frames, url: 'file:///in/frames'}, {name: shards, url: 's3://bkt/shards/*.parquet'}]",
+         output="output: {kind: results, url: 's3a://bkt/shards/out/', files: [m.json], checkpoint: {url: /in/}}"), [
+        OVERLAP.format("output.url", "a folder inside data[1].url"),
+        OVERLAP.format("output.checkpoint.url", "a folder that holds data[0].url"),
+    ]),
+    ("checkpoint-url-inside-an-input",
+     doc(data="data: [{name: frames, url: /in/frames}]",
+         output="output: {kind: results, url: /out/, files: [m.json], checkpoint: {url: /in/frames/./ck/}}"), [
+        OVERLAP.format("output.checkpoint.url", "a folder inside data[0].url"),
+    ]),
 ]
 
 
@@ -379,6 +465,13 @@ def test_bad_spec_reports_exact_problems(text, lines):
     assert str(info.value) == expected
     assert info.value.source == "job.yaml"
     assert [str(p) for p in info.value.problems] == lines
+
+
+def test_refusals_never_echo_the_credential():
+    text = dict((c[0], c[1]) for c in CASES)["literal-authorization-header"]
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, source="job.yaml")
+    assert "TRIAL" not in str(info.value) and "Zq9" not in str(info.value) and "Traceback" not in str(info.value)
 
 
 def test_case_table_is_large_enough():

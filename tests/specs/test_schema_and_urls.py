@@ -141,3 +141,85 @@ def test_query_parameters_named_like_secrets_are_masked():
     assert mask_url("https://h/x?secret_access_key=abc&region=eu&session_token=t&X-Amz-Signature=s") == (
         "https://h/x?secret_access_key=***&region=eu&session_token=***&X-Amz-Signature=***"
     )
+
+
+def _job(data_urls: list[str], output_url: str, checkpoint_url: str | None = None) -> str:
+    data = ", ".join(f"{{name: d{i}, url: '{url}'}}" for i, url in enumerate(data_urls))
+    checkpoint = f", checkpoint: {{url: '{checkpoint_url}'}}" if checkpoint_url else ""
+    return (
+        "name: job\nwork: {kind: training, entrypoint: a:b}\nrequest: {limit: 1m}\n"
+        f"data: [{data}]\noutput: {{kind: results, url: '{output_url}', files: [m.json]{checkpoint}}}\n"
+    )
+
+
+@pytest.mark.parametrize(("data_urls", "output_url", "checkpoint_url"), [
+    (["/in/frames"], "/in/frames-out/", "/in/frames.ck"),
+    (["/in/frames/"], "file:///in/framesout", None),
+    (["s3://b/in/x.csv"], "s3://b/input/", "s3://b/in-ck/"),
+    (["s3://b/out/"], "gs://b/out/", "memory://b/out/"),
+    (["gs://b/shards/*.parquet"], "gs://b/shards-out/", None),
+    (["https://h/data/x.csv?X-Amz-Signature=abc"], "s3://h/data/", None),
+    (["simplecache::s3://b/in/x.csv"], "s3://b/out/", None),
+    (["/in/a.csv", "s3://b/in/"], "memory://results/job/", "file:///ck/job/"),
+])
+def test_output_urls_beside_inputs_are_accepted(data_urls, output_url, checkpoint_url):
+    from specs import parse_spec
+
+    spec = parse_spec(_job(data_urls, output_url, checkpoint_url))
+    assert spec.output.url == output_url and spec.output.checkpoint.url == checkpoint_url
+
+
+@pytest.mark.parametrize(("data_url", "output_url", "how"), [
+    ("/in/frames", "/in/frames/", "the same place as data[0].url"),
+    ("file:///in/frames/", "/in//frames", "the same place as data[0].url"),
+    ("local:///in/frames", "file:///in/x/../frames/", "the same place as data[0].url"),
+    ("s3://b/in", "s3a://b/in/", "the same place as data[0].url"),
+    ("simplecache::s3://b/in/", "s3://b/in/sub", "a folder inside data[0].url"),
+    ("memory:///in/x.csv", "memory://in", "a folder that holds data[0].url"),
+    ("gcs://b/shards/*.parquet", "gs://b/shards", "the same place as data[0].url"),
+    ("/in/x.csv", "/", "a folder that holds data[0].url"),
+    ("https://h/data/x.csv?sig=1", "https://h/data/", "a folder that holds data[0].url"),
+])
+def test_output_url_overlapping_an_input_is_refused(data_url, output_url, how):
+    from specs import SpecError, parse_spec
+
+    with pytest.raises(SpecError) as info:
+        parse_spec(_job([data_url], output_url))
+    assert [str(p) for p in info.value.problems] == [
+        f"output.url: must not overlap an input: the job would write into its own inputs (got {how}); "
+        "give output.url a folder of its own, outside every input",
+    ]
+
+
+def test_relative_output_and_inputs_compare_against_the_same_folder(tmp_path):
+    from specs import SpecError, load_spec
+
+    path = tmp_path / "job.yaml"
+    path.write_text(_job(["data/frames/"], "data"), encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert [p.path for p in info.value.problems] == ["output.url"]
+    assert "(got a folder that holds data[0].url)" in info.value.problems[0].message
+
+
+def test_masked_output_urls_validate_again():
+    from specs import JobSpec, parse_spec, spec_payload
+
+    spec = parse_spec(_job(["s3://tok@b/in/"], "s3://tok@b/out/", "s3://tok@b/ck/"))
+    masked = spec_payload(spec, reveal=False)
+    assert masked["output"]["url"] == "s3://***@b/out/"
+    assert JobSpec.model_validate(masked).output.checkpoint.url == "s3://***@b/ck/"
+
+
+def test_output_url_rules_apply_to_models_built_in_python():
+    from pydantic import ValidationError
+
+    from specs import DataInput, JobSpec, OutputSpec, RequestSpec, WorkSpec
+
+    with pytest.raises(ValidationError) as info:
+        JobSpec(name="j", work=WorkSpec(kind="processing", command=["x"]), request=RequestSpec(limit=60),
+                data=[DataInput(name="d", url="/in/d/")], output=OutputSpec(kind="files", url="/in/d/out", files=["f"]))
+    assert [e["loc"] for e in info.value.errors()] == [("output", "url")]
+    with pytest.raises(ValidationError) as info:
+        OutputSpec(kind="files", url="s3://", files=["f"])
+    assert [e["loc"] for e in info.value.errors()] == [("url",)]

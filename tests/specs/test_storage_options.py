@@ -27,7 +27,7 @@ output:
     credentials: {{secret: gcs-sa}}
     anon: false
     headers: [{{env: HEADER_1}}, plain]
-  checkpoint: {{url: 's3://b/ck/?token=t0k3n', storage_options: {{aws_session_token: {{env: AWS_SESSION_TOKEN}}}}}}
+  checkpoint: {{url: 's3://t0k3n@b/ck/', storage_options: {{aws_session_token: {{env: AWS_SESSION_TOKEN}}}}}}
 """
 
 
@@ -78,9 +78,60 @@ def test_python_validation_error_does_not_echo_the_literal():
     ("connection_string", True), ("private_key", True), ("key", True), ("KEY", True), ("aws_access_key_id", True),
     ("aws_secret_access_key", True), ("endpoint_url", False), ("region_name", False), ("anon", False),
     ("project", False), ("account_name", False), ("key_prefix", False), ("client_kwargs", False), (3, False),
+    # normalised: case, '_' and '-' do not matter
+    ("api_key", True), ("apikey", True), ("API-Key", True), ("apiKey", True), ("access_key", True), ("accessKey", True),
+    ("access_key_id", True), ("AccessKeyId", True), ("secret_key", True), ("secret_access_key", True),
+    ("client-secret", True), ("session_token", True), ("SAS", True), ("Account-Key", True), ("connectionString", True),
+    ("credential", True), ("private-key", True), ("PWD", True), ("auth", True), ("Authorization", True),
+    ("cookies", True), ("headers", False), ("sse_kms_key_id", False), ("requester_pays", False),
+    ("default_block_size", False), ("version_aware", False), ("has_assets", False), ("keys", False),
 ])
 def test_credential_keys(key, credential):
     assert is_credential_key(key) is credential
+
+
+@pytest.mark.parametrize(("name", "credential"), [
+    ("Authorization", True), ("authorization", True), ("Proxy-Authorization", True), ("Cookie", True),
+    ("Set-Cookie", True), ("X-Api-Key", True), ("X-Auth-Token", True), ("X-Amz-Security-Token", True),
+    ("Ocp-Apim-Subscription-Key", True), ("X-Secret", True), ("x_password", True),
+    ("Accept", False), ("Content-Type", False), ("User-Agent", False), ("Range", False), ("Keep-Alive", False),
+    ("X-Amz-Content-Sha256", False), (None, False),
+])
+def test_credential_header_names(name, credential):
+    from specs.credential_keys import is_credential_header
+
+    assert is_credential_header(name) is credential
+
+
+def test_references_and_plain_headers_are_accepted():
+    options = (
+        "{headers: {Authorization: {env: MY_TOKEN}, Accept: text/csv, X-Request-Id: '42'}, "
+        "client_kwargs: {headers: {X-Api-Key: {secret: api-key}, Cookie: {env: COOKIE}}}, "
+        "default_headers: [[Authorization, {env: MY_TOKEN}], [Accept, '*/*']], "
+        "api_key: {env: API_KEY}, accessKey: {secret: s3-creds}, password: null, token: false}"
+    )
+    spec = parse_spec(f"""
+name: job
+work: {{kind: training, entrypoint: pkg.mod:main}}
+data: [{{name: d, url: 'https://h/x.csv', storage_options: {options}}}]
+request: {{limit: 30m}}
+output: {{kind: results, url: /o, files: [m.json]}}
+""")
+    got = spec.data[0].storage_options
+    assert got["headers"] == {"Authorization": {"env": "MY_TOKEN"}, "Accept": "text/csv", "X-Request-Id": "42"}
+    assert got["client_kwargs"]["headers"] == {"X-Api-Key": {"secret": "api-key"}, "Cookie": {"env": "COOKIE"}}
+    assert got["default_headers"] == [["Authorization", {"env": "MY_TOKEN"}], ["Accept", "*/*"]]
+    assert got["api_key"] == {"env": "API_KEY"} and got["accessKey"] == {"secret": "s3-creds"}
+
+
+def test_bad_reference_in_a_header_names_its_path():
+    data = parse_spec(SPEC).model_dump()
+    data["data"][0]["storage_options"] = {"client_kwargs": {"headers": {"Authorization": {"env": "1BAD"}}}}
+    with pytest.raises(ValidationError) as info:
+        JobSpec.model_validate(data)
+    assert [e["loc"] for e in info.value.errors()] == [
+        ("data", 0, "storage_options", "client_kwargs", "headers", "Authorization", "env"),
+    ]
 
 
 @pytest.mark.parametrize(("value", "ref"), [
@@ -98,7 +149,7 @@ def test_url_fields_are_masked_in_json_mode_only():
     spec = parse_spec(SPEC)
     encoded = jsonable_encoder(spec)  # what Prefect stores as the flow run's parameters
     assert encoded["data"][0]["url"] == "https://h/x?X-Amz-Signature=***"
-    assert encoded["output"]["checkpoint"]["url"] == "s3://b/ck/?token=***"
+    assert encoded["output"]["checkpoint"]["url"] == "s3://***@b/ck/"
     assert encoded["output"]["url"] == "s3://b/out/"
     assert spec.data[0].url == SIGNED
     assert JobSpec.model_validate(spec).data[0].url == SIGNED
@@ -114,11 +165,11 @@ def test_spec_payload_and_secrets_in():
     shown = spec_payload(spec, reveal=False)
     assert shown["data"][0]["url"] == "https://h/x?X-Amz-Signature=***"
     real = spec_payload(spec, reveal=True)
-    assert real["data"][0]["url"] == SIGNED and real["output"]["checkpoint"]["url"] == "s3://b/ck/?token=t0k3n"
+    assert real["data"][0]["url"] == SIGNED and real["output"]["checkpoint"]["url"] == "s3://t0k3n@b/ck/"
     assert JobSpec.model_validate(real) == spec
     assert real["output"]["storage_options"] == shown["output"]["storage_options"]  # references are not secret
     assert secrets_in(spec) == ["data[0].url", "output.checkpoint.url"]
-    assert secrets_in(parse_spec(SPEC.replace(SIGNED, "/data/x").replace("?token=t0k3n", ""))) == []
+    assert secrets_in(parse_spec(SPEC.replace(SIGNED, "/data/x").replace("t0k3n@", ""))) == []
 
 
 def test_schema_describes_storage_options():

@@ -1,0 +1,138 @@
+"""Output and checkpoint URLs that cannot work: no bucket or host, a pattern, or a place the inputs are read from.
+
+``output.url`` and ``output.checkpoint.url`` name one folder that files are
+written into by name, so they must name a bucket or host after the protocol
+(``s3://`` alone names nothing), and hold no glob character (``*``, ``?``,
+``[``; a ``?query`` included: file names are appended to the path). Neither
+may be, lie inside, or hold a ``data[].url``: the job would write into its
+own inputs. Places are compared after normalising: a trailing ``/``,
+``file://`` against a plain path, ``.``/``..`` in local paths, the last part
+of an fsspec ``a::b`` chain, a glob input by the folder before its wildcard.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
+
+from .base import RuleError, spec_error
+from .errors import format_loc, short_repr
+from .fields import Url
+from .urls import mask_url
+
+__all__ = ["GLOB_CHARS", "OutputUrl", "check_output_url", "overlap_problems"]
+
+#: Characters fsspec expands as a pattern.
+GLOB_CHARS = "*?["
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_LOCAL = ("file", "local")
+_HOSTLESS = (*_LOCAL, "memory")  # protocols whose URLs name no bucket or host
+_ALIASES = {"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az", "local": "file"}
+_WEB = ("http", "https")
+
+
+def _split(part: str) -> tuple[str, str]:
+    """(protocol in lower case or "", the rest without user info) of one part of a URL."""
+    match = _SCHEME.match(part)
+    if not match:
+        return "", part
+    rest = part[match.end():]
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if "@" in authority:  # "token@host" or a masked "***@host": not part of the place
+        rest = rest[authority.rindex("@") + 1:]
+    return match.group(1).lower(), rest
+
+
+def _problem(url: str) -> Any:
+    """The refusal of an output URL that cannot work, or None."""
+    got = short_repr(mask_url(url))
+    for part in url.split("::"):
+        protocol, rest = _split(part)
+        if protocol and not rest.strip("/"):
+            what = "a folder" if protocol in _HOSTLESS else "a bucket or host"
+            example = "file:///srv/results/NAME/" if protocol in _LOCAL else f"{protocol}://my-bucket/results/NAME/"
+            return spec_error(f"must name {what} after '{protocol}://'", fix=f"e.g. {example}", got=got)
+        if protocol and protocol not in _HOSTLESS and not re.split(r"[/?#]", rest, maxsplit=1)[0]:
+            return spec_error(f"must name a bucket or host after '{protocol}://'",
+                              fix=f"e.g. {protocol}://my-bucket/results/NAME/", got=got)
+        if any(char in rest for char in GLOB_CHARS):
+            return spec_error(
+                "must name one folder, not a pattern: '*', '?' and '[' are glob characters", got=got,
+                fix="remove them; files are written into this folder by name, so it cannot hold a wildcard or a ?query",
+            )
+    return None
+
+
+def check_output_url(value: str) -> str:
+    """Refuse an output or checkpoint URL that cannot work (see the module
+    docstring): no bucket or host after the protocol, or a glob character.
+    Returns ``value``; raises a pydantic error naming the fix (the URL shown masked)."""
+    error = _problem(value)
+    if error is not None:
+        raise error
+    return value
+
+
+#: A :data:`specs.fields.Url` that can be written to: one folder, with a bucket or host.
+OutputUrl = Annotated[Url, AfterValidator(check_output_url)]
+
+
+def _place(url: str) -> tuple[str, str]:
+    """(protocol, path) of the place ``url`` reads or writes, normalised for comparing."""
+    protocol, rest = _split(url.split("::")[-1])
+    protocol = _ALIASES.get(protocol, protocol)
+    if protocol in _WEB:
+        rest = re.split(r"[?#]", rest, maxsplit=1)[0]
+    wildcard = min((rest.find(c) for c in GLOB_CHARS if c in rest), default=-1)
+    if wildcard >= 0:  # a glob input: the folder before its wildcard
+        rest = rest[: rest.rfind("/", 0, wildcard) + 1]
+    if protocol in ("", "file"):
+        return "", os.path.abspath(os.path.expanduser(rest or "."))
+    return protocol, (rest.lstrip("/") if protocol == "memory" else rest).rstrip("/")
+
+
+def _within(inner: tuple[str, str], outer: tuple[str, str]) -> bool:
+    return inner[0] == outer[0] and (inner[1] == outer[1] or inner[1].startswith(outer[1].rstrip("/") + "/"))
+
+
+def _overlap(url: str, data_urls: list[tuple[int, str]]) -> str | None:
+    """How ``url`` overlaps the first input it does (``the same place as data[0].url``...), or None."""
+    place = _place(url)
+    for index, data_url in data_urls:
+        other = _place(data_url)
+        if place == other:
+            return f"the same place as data[{index}].url"
+        if _within(place, other):
+            return f"a folder inside data[{index}].url"
+        if _within(other, place):
+            return f"a folder that holds data[{index}].url"
+    return None
+
+
+def _get(item: Any, key: str) -> Any:
+    return item.get(key) if isinstance(item, Mapping) else getattr(item, key, None)
+
+
+def overlap_problems(data: Mapping[str, Any]) -> list[RuleError]:
+    """Problems at ``output.url`` and ``output.checkpoint.url`` in raw JobSpec input ``data``
+    where the URL is, lies inside, or holds a ``data[].url`` (the first such input is named).
+    Values that are not strings, and URLs refused for another reason, are left to their own checks."""
+    inputs = data.get("data")
+    data_urls = [(index, url) for index, item in enumerate(inputs if isinstance(inputs, list) else [])
+                 if isinstance(url := _get(item, "url"), str) and url.strip()]
+    output = data.get("output")
+    checkpoint = _get(output, "checkpoint")
+    problems: list[RuleError] = []
+    for loc, url in ((("output", "url"), _get(output, "url")), (("output", "checkpoint", "url"), _get(checkpoint, "url"))):
+        if not isinstance(url, str) or not url.strip() or _problem(url) is not None:
+            continue
+        how = _overlap(url, data_urls)
+        if how:
+            err = spec_error("must not overlap an input: the job would write into its own inputs", got=how,
+                             fix=f"give {format_loc(loc)} a folder of its own, outside every input")
+            problems.append((loc, err, url))
+    return problems
