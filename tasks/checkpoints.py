@@ -8,12 +8,14 @@ files do not match the marker's hashes, is not a checkpoint and is ignored.
 
 Writes are atomic and split in two so the work pays only for serialising:
 1. :func:`write_state` (the work's process): ``torch.save`` into
-   ``step-<N>/`` -- or, under a supervisor, the cheaper raw form of
-   :mod:`tasks.handoff` -- then a ``PENDING`` note of the files' sizes,
-   written only once every byte is.  No fsync and no hashing here.
-2. :func:`commit` (the supervisor's process, or inline without one): turn a
-   handed-over state into ``state.pt`` with ``torch.save``, check the
-   sizes, fsync the files and folders, hash them, then write the
+   ``step-<N>/``, then a ``PENDING`` note of the files' sizes, written only
+   once every byte is -- or, under a supervisor, one file
+   ``step-<N>.handoff`` in the cheaper raw form of :mod:`tasks.handoff`,
+   renamed into place when whole.  No fsync and no hashing here.
+2. :func:`commit_pending` / :func:`commit` (the supervisor's process, or
+   inline without one): turn a hand-over file into ``step-<N>/state.pt``
+   with ``torch.save``, check the sizes, fsync the files and folders, hash
+   them, then write the
    ``COMMITTED`` marker (sha256 of each file) under a temporary name, fsync
    it and rename it into place.
 A folder without ``COMMITTED`` never counts.  A kill at any moment leaves a
@@ -40,7 +42,7 @@ from tasks.storage import fsync_path, sha256_file
 MARKER = "COMMITTED"
 PENDING = "PENDING"
 STATE_FILE = "state.pt"
-HANDOFF_FILE = "state.handoff"  # an uncommitted state in the raw form of tasks.handoff
+HANDOFF_SUFFIX = ".handoff"  # step-<N>.handoff: an uncommitted state in the raw form of tasks.handoff
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -92,73 +94,97 @@ def write_marker(folder: Path, step: int, files: dict[str, dict[str, Any]] | Non
 
 
 def write_state(root: Path, state: dict[str, Any], step: int, handoff: bool = False) -> Path:
-    """Write ``state`` as the uncommitted checkpoint folder ``root/step-<N>``
-    (step 1 above); returns the folder.
+    """Write ``state`` as the uncommitted checkpoint of ``step`` under ``root``
+    (step 1 above); returns the folder ``root/step-<N>`` it is (or will be,
+    once committed) in.
 
     ``state`` must hold tensors and plain values only (see :func:`snapshot`);
     anything else is refused with :class:`CheckpointError` before a file is
-    written.  An existing folder of the same step is replaced.  ``handoff``
-    (the work's process under a supervisor): write the state in the raw form
-    of :mod:`tasks.handoff` (~3x cheaper for the work), which :func:`commit`
-    turns into the ``torch.save`` file; states that form would not keep
-    exactly are saved with ``torch.save`` at once.
+    written.  An existing checkpoint of the same step is replaced.
+    ``handoff`` (the work's process under a supervisor): write the single
+    file ``step-<N>.handoff`` in the raw form of :mod:`tasks.handoff` (about
+    half the work's time of ``torch.save``), which :func:`commit_pending`
+    turns into the folder with ``torch.save``'s file; states that form would
+    not keep exactly are saved with ``torch.save`` at once.
     """
-    snapshot(state, copy=False)  # refuse what weights_only loading could not read
     final = root / step_dir_name(step)
+    encoded = None
+    if handoff:
+        try:
+            encoded = handoff_format.encode(state)
+        except handoff_format.NotPlain:
+            snapshot(state, copy=False)  # raises CheckpointError naming the entry
+        except handoff_format.NotHandedOver:
+            pass
+    else:
+        snapshot(state, copy=False)  # refuse what weights_only loading could not read
     if final.exists():
         shutil.rmtree(final)
+    if encoded is not None:
+        try:
+            handoff_format.write_file(handoff_path(final), encoded)
+        except FileNotFoundError:  # the first checkpoint: no folder yet (one mkdir, not one per checkpoint)
+            root.mkdir(parents=True, exist_ok=True)
+            handoff_format.write_file(handoff_path(final), encoded)
+        return final
+    import torch
+
     final.mkdir(parents=True)
-    name = _save(final, state, handoff)
-    size = (final / name).stat().st_size
+    with open(final / STATE_FILE, "wb") as fh:
+        torch.save(state, fh)
+        size = fh.tell()
     # The note is written only once every byte of the state is: it marks the folder whole.
     note = final / f".{PENDING}"
-    note.write_text(json.dumps({"step": int(step), "files": {name: {"bytes": size}}}))
+    note.write_text(json.dumps({"step": int(step), "files": {STATE_FILE: {"bytes": size}}}))
     os.replace(note, final / PENDING)
     return final
 
 
-def _save(folder: Path, state: Any, handoff: bool) -> str:
-    """Write ``state`` into ``folder``; returns the file name used."""
-    if handoff:
-        with open(folder / HANDOFF_FILE, "wb") as fh:
-            try:
-                handoff_format.write(fh, state)
-                return HANDOFF_FILE
-            except handoff_format.NotHandedOver:
-                pass
-        (folder / HANDOFF_FILE).unlink()
+def handoff_path(folder: Path) -> Path:
+    """The hand-over file of the checkpoint folder ``folder`` (``step-<N>``
+    -> ``step-<N>.handoff`` beside it)."""
+    return folder.with_name(folder.name + HANDOFF_SUFFIX)
+
+
+def written(folder: Path) -> bool:
+    """Whether the checkpoint of ``folder`` exists in any state: committed,
+    noted, being written, or handed over."""
+    return folder.is_dir() or handoff_path(folder).is_file()
+
+
+def _convert_handoff(folder: Path) -> bool:
+    """Turn ``step-<N>.handoff`` into the folder ``step-<N>/`` holding
+    ``state.pt`` (``torch.save``, fsynced, renamed into place) and its
+    ``PENDING`` note, then remove the hand-over file; returns whether the
+    folder is ready to commit.  A conversion interrupted at any point is
+    redone; a hand-over file that is not whole, or names anything outside
+    the allow-list, is removed (False)."""
     import torch
 
-    with open(folder / STATE_FILE, "wb") as fh:
-        torch.save(state, fh)
-    return STATE_FILE
-
-
-def _convert_handoff(folder: Path, pending: dict[str, Any]) -> dict[str, Any] | None:
-    """Turn a folder's handed-over state into ``state.pt`` (``torch.save``,
-    fsynced, renamed into place), rewrite the note to name it, then remove
-    the raw file; returns the new note, or None when the raw file is not
-    whole.  Each step can be interrupted and redone."""
-    import torch
-
-    raw = folder / HANDOFF_FILE
-    if not raw.is_file() or raw.stat().st_size != pending["files"][HANDOFF_FILE]["bytes"]:
-        return None
+    raw = handoff_path(folder)
+    if (folder / PENDING).is_file() or (folder / MARKER).is_file():  # converted before an interruption
+        raw.unlink(missing_ok=True)
+        return True
+    if folder.exists():
+        shutil.rmtree(folder)  # a conversion interrupted before its note
     try:
         state = handoff_format.read(raw)
-    except Exception:  # not whole, or not this format: not a checkpoint
-        return None
-    tmp = folder / f".{STATE_FILE}.{uuid.uuid4().hex[:8]}"
+    except FileNotFoundError:
+        return False
+    except Exception:  # not whole, or not this format, or hostile: not a checkpoint
+        raw.unlink(missing_ok=True)
+        return False
+    folder.mkdir()
+    tmp = folder / f".{STATE_FILE}.part"
     with open(tmp, "wb") as fh:
         torch.save(state, fh)
-    fsync_path(tmp)
+        size = fh.tell()
     os.replace(tmp, folder / STATE_FILE)
-    note = {"step": pending["step"], "files": {STATE_FILE: {"bytes": (folder / STATE_FILE).stat().st_size}}}
-    tmp = folder / f".{PENDING}.{uuid.uuid4().hex[:8]}"
-    tmp.write_text(json.dumps(note))
-    os.replace(tmp, folder / PENDING)
+    note = folder / f".{PENDING}"
+    note.write_text(json.dumps({"step": parse_step(folder.name), "files": {STATE_FILE: {"bytes": size}}}))
+    os.replace(note, folder / PENDING)
     raw.unlink()
-    return note
+    return True
 
 
 def commit(folder: Path) -> dict[str, Any] | None:
@@ -175,11 +201,6 @@ def commit(folder: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):  # unreadable note: not a whole checkpoint
         shutil.rmtree(folder, ignore_errors=True)
         return None
-    if HANDOFF_FILE in pending.get("files", {}):
-        pending = _convert_handoff(folder, pending)
-        if pending is None:
-            shutil.rmtree(folder, ignore_errors=True)
-            return None
     files = {}
     for name, meta in pending["files"].items():
         path = folder / name
@@ -194,22 +215,38 @@ def commit(folder: Path) -> dict[str, Any] | None:
 
 
 def commit_pending(root: Path, newest_only: bool = False) -> list[int]:
-    """Commit the written-but-uncommitted checkpoints under ``root``; returns
-    the committed steps.  ``newest_only``: commit only the newest and delete
-    the older uncommitted ones (only the newest is needed to resume, and each
-    commit's fsync slows the work's own writes)."""
-    pending = []
+    """Commit the written-but-uncommitted checkpoints under ``root`` (noted
+    folders, and hand-over files converted first); returns the committed
+    steps.  ``newest_only``: commit only the newest and delete the older
+    uncommitted ones (only the newest is needed to resume, and each commit's
+    fsync slows the work's own writes)."""
+    pending: dict[int, Path] = {}
     if root.is_dir():
         for child in root.iterdir():
-            step = parse_step(child.name)
+            name = child.name
+            if name.endswith(HANDOFF_SUFFIX):
+                step = parse_step(name[:-len(HANDOFF_SUFFIX)])
+                if step is not None:
+                    pending[step] = root / step_dir_name(step)
+                continue
+            step = parse_step(name)
             if step is not None and (child / PENDING).is_file() and not (child / MARKER).exists():
-                pending.append((step, child))
-    pending.sort()
-    if newest_only and len(pending) > 1:
-        for _, stale in pending[:-1]:
-            shutil.rmtree(stale, ignore_errors=True)
-        pending = pending[-1:]
-    return [step for step, child in pending if commit(child) is not None]
+                pending[step] = child
+    steps = sorted(pending)
+    if newest_only and len(steps) > 1:
+        for step in steps[:-1]:
+            handoff_path(pending[step]).unlink(missing_ok=True)
+            if not (pending[step] / MARKER).exists():
+                shutil.rmtree(pending[step], ignore_errors=True)
+        steps = steps[-1:]
+    done = []
+    for step in steps:
+        folder = pending[step]
+        if handoff_path(folder).exists() and not _convert_handoff(folder):
+            continue
+        if commit(folder) is not None:
+            done.append(step)
+    return done
 
 
 def discard_torn(root: Path) -> list[str]:
@@ -219,9 +256,14 @@ def discard_torn(root: Path) -> list[str]:
     gone = []
     if root.is_dir():
         for child in root.iterdir():
-            half = parse_step(child.name) is not None and not (child / MARKER).exists() and not (child / PENDING).exists()
-            if half or child.name.startswith(".tmp-"):
-                shutil.rmtree(child, ignore_errors=True)
+            half = (parse_step(child.name) is not None and not (child / MARKER).exists()
+                    and not (child / PENDING).exists() and not handoff_path(child).exists())
+            part = child.name.startswith(".step-") and child.name.endswith(".part")  # a hand-over being written
+            if half or part or child.name.startswith(".tmp-"):
+                if child.is_dir():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
                 gone.append(child.name)
     return sorted(gone)
 

@@ -190,7 +190,7 @@ class WorkContext:
             return
         deadline = time.monotonic() + timeout_s
         while not (folder / checkpoints.MARKER).is_file():
-            if time.monotonic() > deadline or not folder.is_dir():
+            if time.monotonic() > deadline or not checkpoints.written(folder):
                 raise checkpoints.CheckpointError(f"{folder}: not committed within {timeout_s:g} s")
             time.sleep(0.02)
 

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from tasks import handoff
-from tasks.checkpoints import (HANDOFF_FILE, MARKER, PENDING, STATE_FILE, commit, commit_pending, latest_valid,
-                               load_state, write_state)
+from tasks.checkpoints import (MARKER, PENDING, STATE_FILE, CheckpointError, commit, commit_pending, discard_torn,
+                               handoff_path, latest_valid, load_state, write_state)
 
 
 def _training_state() -> dict:
@@ -73,12 +73,22 @@ def _torch_round_trip(state):
 def test_committed_hand_over_loads_exactly_as_torch_save(tmp_path):
     state = _training_state()
     folder = write_state(tmp_path, state, 4, handoff=True)
-    assert sorted(p.name for p in folder.iterdir()) == [PENDING, HANDOFF_FILE]
-    marker = commit(folder)
+    assert folder == tmp_path / "step-4"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-4.handoff"]  # one file, renamed in when whole
+    assert commit_pending(tmp_path) == [4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-4"]
     assert sorted(p.name for p in folder.iterdir()) == [MARKER, PENDING, STATE_FILE]
-    assert list(marker["files"]) == [STATE_FILE] and marker["step"] == 4
+    assert list(json.loads((folder / MARKER).read_text())["files"]) == [STATE_FILE]
     assert latest_valid(tmp_path).step == 4
     _same(load_state(folder / STATE_FILE), _torch_round_trip(state))
+
+
+def test_newest_only_converts_the_newest_hand_over_and_drops_the_rest(tmp_path):
+    for step in (1, 2, 3):
+        write_state(tmp_path, {"w": torch.full((10,), float(step))}, step, handoff=True)
+    assert commit_pending(tmp_path, newest_only=True) == [3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-3"]
+    assert torch.equal(load_state(tmp_path / "step-3" / STATE_FILE)["w"], torch.full((10,), 3.0))
 
 
 @pytest.mark.parametrize("case", ["view", "shared", "parameter", "sparse"])
@@ -88,6 +98,7 @@ def test_states_the_raw_form_would_change_are_saved_with_torch_save(tmp_path, ca
              "parameter": {"p": nn.Parameter(torch.ones(2))},
              "sparse": {"s": torch.eye(3).to_sparse()}}[case]
     folder = write_state(tmp_path, state, 1, handoff=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1"]
     assert sorted(p.name for p in folder.iterdir()) == [PENDING, STATE_FILE]
     commit(folder)
     _same(load_state(folder / STATE_FILE), _torch_round_trip(state))
@@ -98,62 +109,58 @@ def test_interrupted_conversion_is_redone_at_each_step(tmp_path):
     commit finishes it and the checkpoint equals the state."""
     state = {"w": torch.arange(100, dtype=torch.float64), "step": 9}
     expected = _torch_round_trip(state)
-
-    def fresh(name):
-        folder = write_state(tmp_path / name, state, 9, handoff=True)
-        return folder, json.loads((folder / PENDING).read_text())
-
-    # 1. killed while writing the temporary state.pt
-    folder, note = fresh("a")
-    (folder / f".{STATE_FILE}.dead").write_bytes(b"half a zip")
-    assert commit(folder) is not None
-    # 2. killed after state.pt was renamed in, before the note was rewritten
-    folder, note = fresh("b")
-    torch.save(state, folder / STATE_FILE)
-    assert commit(folder) is not None
-    # 3. killed after the note was rewritten, before the raw file was removed
-    folder, note = fresh("c")
+    # 1. killed while writing the temporary state.pt (the folder has no note yet)
+    folder = write_state(tmp_path / "a", state, 9, handoff=True)
+    folder.mkdir()
+    (folder / f".{STATE_FILE}.part").write_bytes(b"half a zip")
+    # 2. killed after the note was written, before the hand-over file was removed
+    folder = write_state(tmp_path / "b", state, 9, handoff=True)
+    folder.mkdir()
     torch.save(state, folder / STATE_FILE)
     (folder / PENDING).write_text(json.dumps({"step": 9, "files": {STATE_FILE: {
         "bytes": (folder / STATE_FILE).stat().st_size}}}))
-    assert commit(folder) is not None
-    for name in "abc":
+    for name in "ab":
+        assert commit_pending(tmp_path / name) == [9]
+        assert sorted(p.name for p in (tmp_path / name).iterdir()) == ["step-9"]
         ckpt = latest_valid(tmp_path / name)
         assert ckpt.step == 9
-        assert not (ckpt.path / HANDOFF_FILE).exists() or name == "c"
+        assert sorted(p.name for p in ckpt.path.iterdir()) == [MARKER, PENDING, STATE_FILE]
         _same(load_state(ckpt.path / STATE_FILE), expected)
 
 
 def test_torn_or_hostile_hand_over_is_never_committed(tmp_path):
+    """A hand-over being written (its temporary name) is removed at the next
+    start; one that is cut short, or whose skeleton names code to run, is
+    removed without being committed or unpickled."""
     state = {"w": torch.ones(1000)}
-    torn = write_state(tmp_path / "torn", state, 1, handoff=True)
-    raw = torn / HANDOFF_FILE
-    size = raw.stat().st_size
-    with open(raw, "r+b") as fh:
-        fh.truncate(size - 100)
-    (torn / PENDING).write_text(json.dumps({"step": 1, "files": {HANDOFF_FILE: {"bytes": size - 100}}}))
-    assert commit(torn) is None and not torn.exists()
+    write_state(tmp_path / "torn", state, 1, handoff=True)
+    raw = handoff_path(tmp_path / "torn" / "step-1")
+    body = raw.read_bytes()
+    raw.write_bytes(body[:-100])
+    (tmp_path / "torn" / ".step-2.handoff.1a2b3c4d.part").write_bytes(body[:50])
+    assert commit_pending(tmp_path / "torn") == []
+    assert discard_torn(tmp_path / "torn") == [".step-2.handoff.1a2b3c4d.part"]
+    assert list((tmp_path / "torn").iterdir()) == []
 
     class Boom:
         def __reduce__(self):
             return (os.system, ("touch " + str(tmp_path / "pwned"),))
 
-    hostile = tmp_path / "hostile" / "step-2"
-    hostile.mkdir(parents=True)
-    skeleton = pickle.dumps(Boom())
-    header = pickle.dumps({"skeleton": skeleton, "tensors": []})
-    body = handoff.MAGIC + len(header).to_bytes(8, "little") + header
-    (hostile / HANDOFF_FILE).write_bytes(body)
-    (hostile / PENDING).write_text(json.dumps({"step": 2, "files": {HANDOFF_FILE: {"bytes": len(body)}}}))
+    hostile = tmp_path / "hostile"
+    hostile.mkdir()
+    header = pickle.dumps({"skeleton": pickle.dumps(Boom()), "tensors": []})
+    (hostile / "step-2.handoff").write_bytes(handoff.MAGIC + len(header).to_bytes(8, "little") + header)
     with pytest.raises(pickle.UnpicklingError, match=r"^posix\.system is not allowed in a checkpoint state$"):
-        handoff.read(hostile / HANDOFF_FILE)
-    assert commit_pending(tmp_path / "hostile") == []
-    assert not hostile.exists() and not (tmp_path / "pwned").exists()
+        handoff.read(hostile / "step-2.handoff")
+    assert commit_pending(hostile) == []
+    assert list(hostile.iterdir()) == [] and not (tmp_path / "pwned").exists()
 
 
-def test_refused_state_writes_nothing(tmp_path):
-    from tasks.checkpoints import CheckpointError
-
-    with pytest.raises(CheckpointError, match=r"^state\['x'\]: a builtins.object is not a tensor"):
-        write_state(tmp_path, {"x": object()}, 1, handoff=True)
+@pytest.mark.parametrize("handoff_on", [True, False])
+def test_refused_state_names_the_entry_and_writes_nothing(tmp_path, handoff_on):
+    for bad, where in (({"x": object()}, r"state\['x'\]: a builtins.object"),
+                       ({"ok": torch.ones(2), "deep": [1, {"n": frozenset({1})}]}, r"state\['deep'\]\[1\]\['n'\]: a "
+                                                                                 r"builtins.frozenset")):
+        with pytest.raises(CheckpointError, match=rf"^{where} is not a tensor or plain value"):
+            write_state(tmp_path, bad, 1, handoff=handoff_on)
     assert list(tmp_path.iterdir()) == []
