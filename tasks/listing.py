@@ -22,6 +22,10 @@ import fsspec
 from tasks.storage import filesystem, protocols
 
 
+class OnlyFolders(FileNotFoundError):
+    """A glob matched folders only (staging copies the files a glob matches)."""
+
+
 class Entry(NamedTuple):
     """One source file of an input: ``rel`` its POSIX path under the input's
     root, ``path`` its path on the filesystem, ``size`` in bytes, ``version``
@@ -86,6 +90,10 @@ def list_input(url: str) -> Listing:
         entries = [_entry(fs, name, posixpath.relpath(name, base), info) for name, info in sorted(found.items())
                    if info.get("type") != "directory"]
         if not entries:
+            folders = sum(1 for info in found.values() if info.get("type") == "directory")
+            if folders:
+                raise OnlyFolders(f"the pattern matches {folders} folder(s) and no file; stage a folder with its "
+                                  "URL (no wildcard), or match files inside (e.g. .../*/**)")
             raise FileNotFoundError(f"no file matches {path}")
         return Listing(url, "glob", entries, local=local, root=base)
     path = path.rstrip("/") or path

@@ -34,7 +34,7 @@ from prefect.tasks import exponential_backoff
 
 from specs import DataInput, mask_url
 from tasks import settings, storage, transfer
-from tasks.listing import Listing, list_input
+from tasks.listing import Listing, OnlyFolders, list_input
 from tasks.retrying import retry_unless
 from tasks.transferbar import TransferProgress
 
@@ -73,6 +73,8 @@ def list_one(item: DataInput) -> Listing:
     shown = mask_url(item.url)
     try:
         listing = list_input(item.url)
+    except OnlyFolders as exc:
+        raise StageError(f"data '{item.name}': {shown}: {exc}") from None
     except FileNotFoundError:
         raise StageError(f"data '{item.name}': {shown}: not found") from None
     except Exception as exc:

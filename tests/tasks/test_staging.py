@@ -185,6 +185,17 @@ def test_preflight_glob_matching_nothing_is_not_found(s3_prefix, writer):
     assert str(err.value) == f"data 'pngs': {url}: not found"
 
 
+def test_preflight_glob_matching_only_folders_says_so(s3_prefix, writer, tmp_path):
+    writer.pipe({s3_prefix + "frames/a/1.jpg": b"1", s3_prefix + "frames/b/2.jpg": b"2"})
+    (tmp_path / "local" / "x").mkdir(parents=True)
+    (tmp_path / "local" / "x" / "f.txt").write_text("f")
+    for url in (s3_prefix + "fr*", f"{tmp_path}/local/*"):
+        with pytest.raises(StageError) as err:
+            preflight([DataInput(name="frames", url=url)])
+        assert str(err.value) == (f"data 'frames': {url}: the pattern matches 1 folder(s) and no file; stage a folder "
+                                  "with its URL (no wildcard), or match files inside (e.g. .../*/**)")
+
+
 def test_sha256_declared_for_a_folder_or_glob_is_refused(s3_prefix, writer, tmp_path):
     writer.pipe({s3_prefix + "d/a": b"a", s3_prefix + "d/s/b": b"b"})
     for url, kind in ((s3_prefix + "d/", "folder"), (s3_prefix + "d/**", "glob")):
