@@ -297,12 +297,13 @@ def snapshot(state: Any, copy: bool = True, path: str = "state") -> Any:
 
     if isinstance(state, torch.Tensor):
         return state.detach().to("cpu", copy=True) if copy else state
-    if isinstance(state, (*_PLAIN, torch.Size, torch.dtype, torch.device)):
+    # exact types: a subclass (numpy.float64 of float, an IntEnum of int) pickles as its own class
+    if type(state) in _PLAIN or type(state) in (torch.Size, torch.dtype, torch.device):
         return state
     if isinstance(state, dict) and type(state) in (dict, collections.OrderedDict):
         items = {}
         for key, value in state.items():
-            if not isinstance(key, (*_PLAIN,)):
+            if type(key) not in _PLAIN:
                 raise CheckpointError(f"{path}: key {key!r} is a {type(key).__name__}; use str or int keys")
             items[key] = snapshot(value, copy, f"{path}[{key!r}]")
         return type(state)(items) if copy else state

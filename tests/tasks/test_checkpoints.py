@@ -91,6 +91,37 @@ def test_state_needing_arbitrary_classes_is_refused(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == []
 
 
+@pytest.mark.parametrize("handoff", [True, False])
+def test_subclasses_of_plain_types_are_refused_before_anything_is_written(tmp_path, handoff):
+    """numpy scalars subclass float, an IntEnum int: torch.load(weights_only=True)
+    could not read them back, so a checkpoint holding one would make the job
+    unresumable; they are refused at ctx.checkpoint, naming the entry."""
+    import enum
+
+    import numpy as np
+
+    from tasks.checkpoints import write_state
+
+    class Mode(enum.IntEnum):
+        TRAIN = 1
+
+    class LocalFloat(float):
+        pass
+
+    for bad, where, kind in (({"lr": np.float64(0.1)}, "state['lr']", "numpy.float64"),
+                             ({"m": [Mode.TRAIN]}, "state['m'][0]", f"{__name__}.test_subclasses_of_plain_types_are_"
+                                                                    "refused_before_anything_is_written.<locals>.Mode"),
+                             ({"x": {"y": LocalFloat(2.0)}}, "state['x']['y']", f"{__name__}.test_subclasses_of_plain_"
+                              "types_are_refused_before_anything_is_written.<locals>.LocalFloat")):
+        with pytest.raises(CheckpointError) as err:
+            write_state(tmp_path, bad, 1, handoff=handoff)
+        assert str(err.value).startswith(f"{where}: a {kind} is not a tensor or plain value, so "
+                                         "torch.load(weights_only=True) could not read it back.")
+    with pytest.raises(CheckpointError, match=r"^state: key np\.int64\(2\) is a int64; use str or int keys$"):
+        write_state(tmp_path, {np.int64(2): 1}, 1, handoff=handoff)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_plain_containers_round_trip(tmp_path):
     state = {"od": collections.OrderedDict(a=torch.ones(2)), "lst": [1, 2.5, "x"], "t": (1, 2)}
     save_state(tmp_path, state, step=4)
