@@ -192,7 +192,7 @@ def _return_later(job: str) -> int:
     from specs.fields import SAFE_NAME
     from tasks.credentials import CredentialError, uses_secret_blocks
     from flows.tempserver import prefect_api
-    from tasks.pending import PENDING, load_pending
+    from tasks.pending import PENDING, load_pending, pending_checkpoints
 
     if not re.fullmatch(SAFE_NAME, job) or len(job) > 63:
         print(f"e31: return: {job!r} is not a job name (1-63 letters, digits, '.', '_', '-'; the spec's name, "
@@ -215,7 +215,8 @@ def _return_later(job: str) -> int:
         print(f"e31: {exc}", file=sys.stderr)
         return EXIT_FAILED
     try:
-        with prefect_api() if uses_secret_blocks(pending[2]) else _nothing():  # Secret blocks need the Prefect API
+        secrets = uses_secret_blocks(pending[2]) or uses_secret_blocks((pending_checkpoints(scratch) or {}).get("options"))
+        with prefect_api() if secrets else _nothing():  # Secret blocks need the Prefect API
             manifest = deliver_pending(scratch)
     except KeptOutputGone as exc:
         print(f"e31: cannot return the output of {job}: {exc}", file=sys.stderr)

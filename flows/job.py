@@ -9,6 +9,7 @@ manifest), from the ``e31`` CLI, and as a deployment entrypoint
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 import time
@@ -23,13 +24,14 @@ from flows.compile import Plan, compile_plan, describe_markdown
 from flows.placement import PlacementError, check_fits
 from flows.resume import Resume, end_attempt, open_scratch, resume_step
 from specs import JobSpec, mask_url
-from tasks.checkpoint import latest_durable
+from tasks.checkpoint import latest_durable, upload
+from tasks.checkpoints import latest_valid
 from tasks.context import ChildConfig
 from tasks.deliver import ReturnTarget, check_destination, deliver, return_task, write_failure_manifest
 from tasks.outcome import ChildLost, RunOutcome
 from tasks.process import signals_deferred
 from tasks.run import RunSettings, run_task
-from tasks.pending import clear_pending, kept_missing, load_pending, save_pending
+from tasks.pending import clear_pending, kept_missing, load_pending, pending_checkpoints, save_pending
 from tasks.stage import StageError, preflight, stage_task
 from tasks.storage import scrub, use_options
 from tasks.storage_setup import register_storage
@@ -153,10 +155,14 @@ def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) ->
         raise
     target.staging_s = time.monotonic() - started
     outcome = _run(spec, plan, staged, code_dir, target, time.time())
-    return _finish(plan, outcome.manifest or _return(plan, target, outcome, spec.output.storage_options))
+    checkpoints = {"url": plan.checkpoint_url, "keep": plan.checkpoint_keep, "work_sha256": plan.work_sha256,
+                   "dir": str(plan.checkpoint_dir),
+                   "options": spec.output.checkpoint.storage_options or spec.output.storage_options}
+    return _finish(plan, outcome.manifest or _return(plan, target, outcome, spec.output.storage_options, checkpoints))
 
 
-def _return(plan: Plan, target: ReturnTarget, outcome: RunOutcome, output_options: dict | None = None) -> dict[str, Any]:
+def _return(plan: Plan, target: ReturnTarget, outcome: RunOutcome, output_options: dict | None = None,
+            checkpoints: dict | None = None) -> dict[str, Any]:
     """The return task (retried with backoff); without the Prefect API (it
     may be gone) the same delivery runs in this thread.  A Ctrl-C or SIGTERM
     during it is noted, not obeyed: the output is on its way.  When the
@@ -171,7 +177,7 @@ def _return(plan: Plan, target: ReturnTarget, outcome: RunOutcome, output_option
             except Exception as exc:
                 cause = exc if str(exc) else first
                 save_pending(Path(plan.scratch), target, outcome, f"{type(cause).__name__}: {scrub(str(cause))}",
-                             output_options)
+                             output_options, checkpoints)
                 raise ReturnFailed(plan, cause) from None
 
 
@@ -208,12 +214,31 @@ def deliver_pending(scratch: Path, drop_if_gone: bool = False) -> dict[str, Any]
         from tasks.credentials import resolve_options
 
         use_options(target.output_url, resolve_options(options, "output.storage_options"))
+    outcome = _upload_kept_checkpoint(scratch, outcome)
     manifest = deliver(target, outcome)
     clear_pending(scratch)
     if manifest["status"] == "completed":
         shutil.rmtree(scratch / "output", ignore_errors=True)
         shutil.rmtree(scratch / "checkpoints", ignore_errors=True)
     return manifest
+
+
+def _upload_kept_checkpoint(scratch: Path, outcome: RunOutcome) -> RunOutcome:
+    """Upload the newest checkpoint kept in scratch when it is newer than the
+    one the run made durable (the destination was down for its uploads too);
+    returns the outcome naming it.  Raises what the upload raises."""
+    kept = pending_checkpoints(scratch)
+    if not kept:
+        return outcome
+    newest = latest_valid(Path(kept["dir"]))
+    if newest is None or (outcome.checkpoint is not None and outcome.checkpoint.step >= newest.step):
+        return outcome
+    if kept.get("options"):
+        from tasks.credentials import resolve_options
+
+        use_options(kept["url"], resolve_options(kept["options"], "output.checkpoint.storage_options"))
+    durable = upload(newest.path, kept["url"], int(kept["keep"]), kept.get("work_sha256"))
+    return dataclasses.replace(outcome, checkpoint=durable)
 
 
 def _warn(line: str) -> None:

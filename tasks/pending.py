@@ -29,14 +29,18 @@ PENDING = "return-pending.json"
 
 
 def save_pending(scratch: Path, target: ReturnTarget, outcome: RunOutcome, error: str,
-                 output_options: dict[str, Any] | None = None) -> Path:
-    """Write ``<scratch>/return-pending.json`` (atomically); returns its path."""
+                 output_options: dict[str, Any] | None = None, checkpoints: dict[str, Any] | None = None) -> Path:
+    """Write ``<scratch>/return-pending.json`` (atomically); returns its path.
+    ``checkpoints``: where the job's checkpoints go (``url``, ``keep``,
+    ``work_sha256``, local ``dir``, unresolved ``options``), so a later
+    delivery also uploads the newest one kept in scratch."""
     outcome_d = asdict(outcome)
     outcome_d["manifest"] = None
     record = {
         "target": asdict(target),
         "outcome": outcome_d,
         "output_options": output_options or {},
+        "checkpoints": checkpoints,
         "error": error,
         "failed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "manifest": {"job": target.job, "reason": outcome.reason, "step": outcome.checkpoint.step if outcome.checkpoint else None,
@@ -66,6 +70,15 @@ def load_pending(scratch: Path) -> tuple[ReturnTarget, RunOutcome, dict[str, Any
     out["checkpoint"] = DurableCheckpoint(**out["checkpoint"]) if out.get("checkpoint") else None
     out["uploads"] = [DurableCheckpoint(**u) for u in out.get("uploads") or []]
     return ReturnTarget(**record["target"]), RunOutcome(**out), record.get("output_options") or {}
+
+
+def pending_checkpoints(scratch: Path) -> dict[str, Any] | None:
+    """The ``checkpoints`` entry of the pending record in ``scratch`` (see
+    :func:`save_pending`), or None."""
+    try:
+        return json.loads((Path(scratch) / PENDING).read_text()).get("checkpoints")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def kept_missing(scratch: Path) -> str:

@@ -50,6 +50,7 @@ def kill_store_then_write(ctx):
         os.killpg(int(ctx.params["store_pgid"]), signal.SIGKILL)
     except ProcessLookupError:  # a later run: that server is gone already
         pass
+    ctx.checkpoint({"made": "while the store was down"}, step=7, wait=True)  # committed here, cannot be uploaded
     (ctx.output_dir / "result.txt").write_text("made while the store was down\\n")
 '''
 
@@ -236,6 +237,11 @@ def test_unreachable_destination_keeps_output_for_e31_return(e31, tmp_path, pref
         assert fs.cat(f"{S3_BUCKET}/laterjob/out/result.txt") == b"made while the store was down\n"
         assert manifest["files"] == [{"path": "result.txt", "bytes": 30,
                                       "sha256": _sha(b"made while the store was down\n")}]
+        # the checkpoint committed while the store was down went with it
+        assert (manifest["step"], manifest["checkpoint"]) == (7, f"s3://{S3_BUCKET}/laterjob/out/checkpoints/step-7")
+        assert sorted(fs.ls(f"{S3_BUCKET}/laterjob/out/checkpoints/step-7/")) == [
+            f"{S3_BUCKET}/laterjob/out/checkpoints/step-7/COMMITTED",
+            f"{S3_BUCKET}/laterjob/out/checkpoints/step-7/state.pt"]
         assert not (job_scratch / "return-pending.json").exists()
         assert not (job_scratch / "output").exists()  # deleted only after the destination verified it
         again = e31("return", "laterjob", env=store2.env())
@@ -260,8 +266,9 @@ def test_running_the_job_again_delivers_the_kept_output_without_running_the_work
         assert again.stdout.startswith(f"completed (finished): rerunjob -> s3://{S3_BUCKET}/rerunjob/out/\n")
         assert (tmp_path / "runs.log").read_text() == "ran\n"  # the work did not run a second time
         fs = store2.filesystem()
-        assert sorted(fs.ls(f"{S3_BUCKET}/rerunjob/out/")) == [f"{S3_BUCKET}/rerunjob/out/manifest.json",
-                                                               f"{S3_BUCKET}/rerunjob/out/result.txt"]
+        assert sorted(fs.find(f"{S3_BUCKET}/rerunjob/out/")) == [
+            f"{S3_BUCKET}/rerunjob/out/{name}" for name in (
+                "checkpoints/step-7/COMMITTED", "checkpoints/step-7/state.pt", "manifest.json", "result.txt")]
         assert json.loads(fs.cat(f"{S3_BUCKET}/rerunjob/out/manifest.json"))["status"] == "completed"
         assert fs.cat(f"{S3_BUCKET}/rerunjob/out/result.txt") == b"made while the store was down\n"
         assert not (job_scratch / "return-pending.json").exists() and not (job_scratch / "output").exists()
