@@ -91,7 +91,7 @@ def _place(url: str) -> tuple[str, str]:
     if wildcard >= 0:  # a glob input: the folder before its wildcard
         rest = rest[: rest.rfind("/", 0, wildcard) + 1]
     if protocol in ("", "file"):
-        return "", os.path.abspath(os.path.expanduser(rest or "."))
+        return "", os.path.realpath(os.path.expanduser(rest or "."))  # symbolic links resolved where they exist
     return protocol, (rest.lstrip("/") if protocol == "memory" else rest).rstrip("/")
 
 

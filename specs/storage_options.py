@@ -26,7 +26,8 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BeforeValidator, ValidationError, WithJsonSchema
 
 from .base import spec_error
-from .credential_keys import CREDENTIAL_KEYS, CREDENTIAL_WORDS, is_credential_header, is_credential_key, is_headers_key
+from .credential_keys import (CREDENTIAL_KEYS, CREDENTIAL_WORDS, is_auth_mode, is_credential_header, is_credential_key,
+                              is_headers_key)
 from .fields import check_json, has_password, password_error
 
 __all__ = [
@@ -108,7 +109,7 @@ def _empty(value: object) -> str | None:
 def _entries(value: Mapping, loc: tuple, secret: bool, headers: bool) -> list[tuple[tuple, Any]]:
     """Refusals in the items of a mapping at ``loc``; ``headers``: its keys are HTTP header names."""
     return [
-        p for key, item in value.items()
+        p for key, item in value.items() if not (not headers and is_auth_mode(key, item))
         for p in _problems(item, (*loc, key), secret or _secret_name(key, headers), headers or is_headers_key(key))
     ]
 

@@ -191,6 +191,19 @@ def test_output_url_overlapping_an_input_is_refused(data_url, output_url, how):
     ]
 
 
+def test_overlap_through_a_symbolic_link_is_refused(tmp_path):
+    from specs import SpecError, parse_spec
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "dlink").symlink_to(tmp_path / "d")
+    for data_url, output_url in ((f"{tmp_path}/d/", f"{tmp_path}/dlink/out"), (f"{tmp_path}/dlink/", f"{tmp_path}/d/out")):
+        with pytest.raises(SpecError) as info:
+            parse_spec(_job([data_url], output_url))
+        assert [str(p) for p in info.value.problems] == [
+            "output.url: must not overlap an input: the job would write into its own inputs (got a folder inside "
+            "data[0].url); give output.url a folder of its own, outside every input"]
+
+
 def test_relative_output_and_inputs_compare_against_the_same_folder(tmp_path):
     from specs import SpecError, load_spec
 

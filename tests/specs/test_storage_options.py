@@ -85,6 +85,9 @@ def test_python_validation_error_does_not_echo_the_literal():
     ("credential", True), ("private-key", True), ("PWD", True), ("auth", True), ("Authorization", True),
     ("cookies", True), ("headers", False), ("sse_kms_key_id", False), ("requester_pays", False),
     ("default_block_size", False), ("version_aware", False), ("has_assets", False), ("keys", False),
+    # found by a fresh-user trial: SSH/SFTP and token names; paths to credential files are not credentials
+    ("passphrase", True), ("pkey", True), ("bearer", True), ("bearer_token", True), ("jwt", True),
+    ("token_file", False), ("key_file", False), ("credentials_path", False), ("private_key_filename", False),
 ])
 def test_credential_keys(key, credential):
     assert is_credential_key(key) is credential
@@ -190,3 +193,18 @@ def test_schema_describes_storage_options():
         ({"key": {"env": "1A"}}, False),
     ]:
         assert validator.is_valid({**base, "output": {**base["output"], "storage_options": options}}) is ok, options
+
+
+@pytest.mark.parametrize("mode", ["anon", "google_default", "cache", "cloud", "browser"])
+def test_gcsfs_token_modes_are_not_secrets(mode):
+    """gcsfs's token: anon (public buckets) and the other modes name how to
+    authenticate; any other literal token is still refused."""
+    from specs import SpecError, parse_spec
+
+    spec = {"name": "gcs", "work": {"kind": "processing", "command": ["true"]}, "request": {"limit": "1m"},
+            "output": {"kind": "results", "url": "gs://bkt/out/", "files": ["r.txt"], "storage_options": {"token": mode}}}
+    assert parse_spec(spec).output.storage_options == {"token": mode}
+    spec["output"]["storage_options"] = {"token": "ya29.literal-oauth-token"}
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec)
+    assert "ya29" not in str(info.value) and str(info.value.problems[0]).startswith("output.storage_options.token: ")
