@@ -34,6 +34,7 @@ from tasks.deliver import ReturnTarget, deliver
 from tasks.outcome import ChildLost, RunOutcome
 from tasks.process import die_with_parent
 from tasks.progress import ProgressReporter
+from tasks.retrying import retry_only
 from tasks.uploader import Uploader
 
 POLL_S = 0.2  # seconds between supervisor checks
@@ -128,15 +129,8 @@ def _tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def _lost_retry(task, task_run, state) -> bool:
-    """Retry only a lost child; never the work's own failure or a bad spec."""
-    try:
-        state.result()
-    except ChildLost:
-        return True
-    except BaseException:
-        return False
-    return False
+#: Retry only a lost child; never the work's own failure or a bad spec.
+_lost_retry = retry_only(ChildLost)
 
 
 @task(name="run", task_run_name="run", retry_condition_fn=_lost_retry)
