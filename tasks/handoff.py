@@ -166,17 +166,8 @@ def write_file(path: Path, encoded: Encoded) -> None:
     os.replace(tmp, path)
 
 
-def write(fh: BinaryIO, state: Any) -> int:
-    """Write ``state`` to the open binary file ``fh`` (see :func:`encode`
-    for what it raises); returns the bytes written."""
-    encoded = encode(state)
-    for buffer in encoded.buffers:
-        fh.write(buffer)
-    return encoded.size
-
-
 def read(path: Path) -> Any:
-    """The state written by :func:`write` to ``path``, its tensors backed by
+    """The state written by :func:`write_file` to ``path``, its tensors backed by
     one buffer holding the file.  Raises ``ValueError`` for a file that is
     not whole or not in this format, ``pickle.UnpicklingError`` for a
     skeleton naming anything outside the allow-list."""

@@ -5,35 +5,28 @@ from __future__ import annotations
 from typing import Callable
 
 
-def retry_unless(*permanent: type[BaseException]) -> Callable:
-    """A Prefect ``retry_condition_fn`` that retries a failed task run after
-    any ``Exception`` except the ``permanent`` ones (a bad input, a refused
-    destination: retrying cannot help)."""
+def _retry_if(decide: Callable[[BaseException], bool]) -> Callable:
+    """A ``retry_condition_fn`` that retries a failed task run when
+    ``decide(exception)`` is true (never a run that did not raise)."""
 
     def condition(task, task_run, state) -> bool:
         try:
             state.result()
-        except permanent:
-            return False
-        except Exception:
-            return True
+        except BaseException as exc:  # noqa: BLE001 - classified by decide
+            return decide(exc)
         return False
 
     return condition
+
+
+def retry_unless(*permanent: type[BaseException]) -> Callable:
+    """Retry a failed task run after any ``Exception`` except the
+    ``permanent`` ones (a bad input, a refused destination: retrying cannot
+    help)."""
+    return _retry_if(lambda exc: isinstance(exc, Exception) and not isinstance(exc, permanent))
 
 
 def retry_only(*transient: type[BaseException]) -> Callable:
-    """A Prefect ``retry_condition_fn`` that retries a failed task run only
-    after one of the ``transient`` exceptions (e.g. a lost child process),
-    never after any other failure."""
-
-    def condition(task, task_run, state) -> bool:
-        try:
-            state.result()
-        except transient:
-            return True
-        except BaseException:
-            return False
-        return False
-
-    return condition
+    """Retry a failed task run only after one of the ``transient``
+    exceptions (e.g. a lost child process), never after any other failure."""
+    return _retry_if(lambda exc: isinstance(exc, transient))
