@@ -1,7 +1,8 @@
 """Output and checkpoint URLs that cannot work: no bucket or host, a pattern, or a place the inputs are read from.
 
 ``output.url`` and ``output.checkpoint.url`` name one folder that files are
-written into by name, so they must name a bucket or host after the protocol
+written into by name, so they cannot be ``http(s)://`` (fsspec's HTTP
+filesystem reads only), must name a bucket or host after the protocol
 (``s3://`` alone names nothing), and hold no glob character (``*``, ``?``,
 ``[``; a ``?query`` included: file names are appended to the path). Neither
 may be, lie inside, or hold a ``data[].url``: the job would write into its
@@ -52,6 +53,11 @@ def _problem(url: str) -> Any:
     got = short_repr(mask_url(url))
     for part in url.split("::"):
         protocol, rest = _split(part)
+        if protocol in _WEB:
+            return spec_error(
+                f"cannot be written to: fsspec's {protocol}:// filesystem only reads", got=got,
+                fix="return to an object store (s3://, gs://, az://) or a folder, and serve the files over HTTP from there",
+            )
         if protocol and not rest.strip("/"):
             what = "a folder" if protocol in _HOSTLESS else "a bucket or host"
             example = "file:///srv/results/NAME/" if protocol in _LOCAL else f"{protocol}://my-bucket/results/NAME/"

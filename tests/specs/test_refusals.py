@@ -433,6 +433,16 @@ CASES = [
         "output.url: " + GLOB.format("'s3://b/out/*'"),
         "output.checkpoint.url: " + GLOB.format("'s3://b/ck/?token=***'"),
     ]),
+    ("http-output-urls",  # fsspec's HTTP filesystem cannot write: the job would run, then fail to return
+     doc(output="output: {kind: results, url: 'https://files.example.org/out/', files: [m.json], "
+                "checkpoint: {url: 'http://files.example.org/ck/?sig=s3cr3t'}}"), [
+        "output.url: cannot be written to: fsspec's https:// filesystem only reads (got "
+        "'https://files.example.org/out/'); return to an object store (s3://, gs://, az://) or a folder, and serve "
+        "the files over HTTP from there",
+        "output.checkpoint.url: cannot be written to: fsspec's http:// filesystem only reads (got "
+        "'http://files.example.org/ck/?sig=***'); return to an object store (s3://, gs://, az://) or a folder, "
+        "and serve the files over HTTP from there",
+    ]),
     ("bracket-in-output-url", doc(output="output: {kind: results, url: '/out/run[1]/', files: [m.json]}"), [
         "output.url: " + GLOB.format("'/out/run[1]/'"),
     ]),
