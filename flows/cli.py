@@ -177,6 +177,19 @@ def _unusable_urls(spec: JobSpec) -> list[str]:
     return [f"{field}: {mask_url(url)}: {problem}" for field, url in urls if (problem := backend_problem(url))]
 
 
+def _in_memory_outputs(spec: JobSpec) -> list[str]:
+    """``field: URL: reason`` for an output or checkpoint URL on fsspec's
+    ``memory://`` filesystem, which lives in one process: a job run by
+    ``e31 run`` or a deployment's worker would return into memory that is
+    gone when that process ends (calling the flow from Python can use it)."""
+    urls = [("output.url", spec.output.url)]
+    if spec.output.checkpoint and spec.output.checkpoint.url:
+        urls.append(("output.checkpoint.url", spec.output.checkpoint.url))
+    return [f"{field}: {mask_url(url)}: memory:// lives only inside one Python process and would be gone when this "
+            "run ends; return to a folder or an object store (s3://, gs://, az://)"
+            for field, url in urls if url.split("::")[-1].lower().startswith("memory://")]
+
+
 def _duration(seconds: float) -> str:
     """``seconds`` as ``12 s``, ``35 min``, ``7.5 h`` or ``3.2 d``."""
     for unit, size, limit in (("s", 1, 120), ("min", 60, 120 * 60), ("h", 3600, 72 * 3600)):
@@ -334,6 +347,10 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "validate":
         print(_summary(spec))
         return EXIT_OK
+    vanishing = _in_memory_outputs(spec) if args.command in ("run", "deploy") else []
+    if vanishing:
+        print("\n".join(f"e31: {line}" for line in vanishing), file=sys.stderr)
+        return EXIT_INVALID
     if args.command == "deploy":
         return _deploy(spec, args)
     if args.command == "compile":

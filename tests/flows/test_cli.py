@@ -181,3 +181,20 @@ def test_urls_without_a_backend_are_refused_by_validate_compile_and_run(e31, tmp
             "e31: output.checkpoint.url: az://container/ck/: Install adlfs to access Azure Datalake Gen2 and "
             "Azure Blob Storage\n")
     assert not (tmp_path / "scratch").exists()
+
+
+def test_memory_outputs_are_refused_by_run_and_deploy_but_validate(e31, tmp_path):
+    """memory:// lives in one process: e31 run (or a worker) would return into
+    memory that is gone when it exits.  The spec itself is valid (calling the
+    flow from Python can use it), so validate accepts it."""
+    args = ["--set", "output.url=memory://results/digits/", "--set", "output.checkpoint.url=memory://ck/digits/"]
+    env = {"E31_SCRATCH": str(tmp_path / "scratch")}
+    assert e31("validate", str(EXAMPLE), *args, env=env).returncode == 0
+    reason = ("memory:// lives only inside one Python process and would be gone when this run ends; return to a "
+              "folder or an object store (s3://, gs://, az://)\n")
+    for command in (["run"], ["deploy", "--pool", "nowhere"]):
+        result = e31(*command, str(EXAMPLE), *args, env=env)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == (f"e31: output.url: memory://results/digits/: {reason}"
+                                 f"e31: output.checkpoint.url: memory://ck/digits/: {reason}")
+    assert not (tmp_path / "scratch").exists()
