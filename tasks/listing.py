@@ -54,6 +54,9 @@ class Listing:
     dirs: list[str] = field(default_factory=list)
     local: bool = False
     root: str = ""  # the folder's (or the glob base's) path on its filesystem
+    #: sha256 of the raw scan (:func:`find_output`) a local folder was listed
+    #: from, "" otherwise: an equal scan later means an unchanged folder.
+    scan: str = ""
 
     @property
     def bytes(self) -> int:
@@ -98,8 +101,11 @@ def list_input(url: str) -> Listing:
     if info.get("type") != "directory":
         name = posixpath.basename(path.split("?", 1)[0].split("#", 1)[0]) if not local else posixpath.basename(path)
         return Listing(url, "file", [_entry(fs, path, name or "data", info)], local=local)  # no query (a signature) in names
+    scan = ""
     if local:
-        entries, dirs = _walk_local(path)
+        raw = find_output(path)
+        scan = hashlib.sha256(raw).hexdigest() if raw is not None else ""
+        entries, dirs = _walk_local(path, raw)
     else:
         found = fs.find(path, withdirs=True, detail=True)
         entries, folders = [], []
@@ -113,45 +119,77 @@ def list_input(url: str) -> Listing:
             else:
                 entries.append(_entry(fs, stripped, rel, meta))
         dirs = _empty_dirs(folders, [e.rel for e in entries])
-    return Listing(url, "folder", entries, dirs, local=local, root=path)
+    return Listing(url, "folder", entries, dirs, local=local, root=path, scan=scan)
 
 
-def _walk_local(root: str) -> tuple[list[Entry], list[str]]:
+def unchanged(listing: Listing) -> bool:
+    """True when a local folder listed by GNU find scans now exactly as it
+    did (every name, type, size and mtime, in the same order): no need to
+    list it again.  False when it differs, cannot be scanned, or was not
+    listed that way (then list it again and compare)."""
+    if not listing.scan:
+        return False
+    try:
+        raw = find_output(listing.root)
+    except OSError:
+        return False
+    return raw is not None and hashlib.sha256(raw).hexdigest() == listing.scan
+
+
+def _walk_local(root: str, raw: bytes | None = None) -> tuple[list[Entry], list[str]]:
     """List a local folder (symbolic links followed, as staging copies what
-    they point to): files sorted by ``rel`` and the empty leaf folders."""
-    files, folders = scan_local(root)
+    they point to): files sorted by ``rel`` and the empty leaf folders
+    (``raw``: its :func:`find_output`, when already taken)."""
+    files, folders = scan_local(root, raw)
     entries = [Entry(rel, f"{root}/{rel}", size, version) for rel, (size, version) in sorted(files.items())]
     return entries, _empty_dirs(folders, files)
 
 
-def scan_local(root: str) -> tuple[dict[str, tuple[int, str]], list[str]]:
-    """Every file under the local folder ``root`` as ``{rel: (size in bytes,
-    mtime)}`` and every sub-folder, symbolic links followed.
+def find_output(root: str) -> bytes | None:
+    """The raw output of one GNU ``find -L ROOT -mindepth 1 -printf``
+    pass over the local folder ``root``: for each entry below it, its type,
+    size in bytes, mtime and path relative to ``root``, NUL-terminated, in
+    directory order.  None when GNU find is not available.  Raises
+    ``OSError`` naming the first path that cannot be read.
 
-    One GNU ``find -printf`` pass (C; 10,000 files in ~0.02 s, 3-4x faster
-    than ``os.scandir`` plus a stat per file in Python), else ``os.scandir``.
+    (C; 10,000 files in ~0.02 s on 2 cores, 3-4x faster than ``os.scandir``
+    plus a stat per file in Python.)
+    """
+    if not _GNU_FIND:
+        return None
+    done = subprocess.run([_GNU_FIND, "-L", root, "-mindepth", "1", "-printf", "%y %s %T@ %P\\0"],
+                          capture_output=True)
+    if done.returncode != 0:
+        problem = os.fsdecode(done.stderr).strip().splitlines()
+        raise OSError(problem[0] if problem else f"find failed with exit code {done.returncode}")
+    return done.stdout
+
+
+def scan_local(root: str, raw: bytes | None = None) -> tuple[dict[str, tuple[int, str]], list[str]]:
+    """Every file under the local folder ``root`` as ``{rel: (size in bytes,
+    mtime)}`` and every sub-folder, symbolic links followed: parsed from
+    ``raw`` (its :func:`find_output`) or from a new scan, else by
+    ``os.scandir`` where there is no GNU find.
+
     The mtime is a string whose form depends on the scanner: compare only
     values from this function.  Raises ``OSError`` naming the first path
     that cannot be read or a broken symbolic link.
     """
-    if _GNU_FIND:
-        done = subprocess.run([_GNU_FIND, "-L", root, "-mindepth", "1", "-printf", "%y %s %T@ %P\\0"],
-                              capture_output=True)
-        if done.returncode == 0:
-            files: dict[str, tuple[int, str]] = {}
-            folders: list[str] = []
-            for item in os.fsdecode(done.stdout).split("\0")[:-1]:
-                kind, size, mtime, rel = item.split(" ", 3)
-                if kind == "d":
-                    folders.append(rel)
-                elif kind == "l":
-                    raise OSError(f"{rel}: broken symbolic link")
-                else:
-                    files[rel] = (int(size), mtime)
-            return files, folders
-        problem = os.fsdecode(done.stderr).strip().splitlines()
-        raise OSError(problem[0] if problem else f"find failed with exit code {done.returncode}")
-    return _scandir(root)
+    if raw is None:
+        raw = find_output(root)
+    if raw is None:
+        return _scandir(root)
+    files: dict[str, tuple[int, str]] = {}
+    folders: list[str] = []
+    for item in os.fsdecode(raw).split("\0")[:-1]:
+        kind, size, mtime, rel = item.split(" ", 3)
+        if kind == "d":
+            folders.append(rel)
+        elif kind == "l":
+            raise OSError(f"{rel}: broken symbolic link")
+        else:
+            files[rel] = (int(size), mtime)
+    return files, folders
 
 
 def _scandir(root: str) -> tuple[dict[str, tuple[int, str]], list[str]]:

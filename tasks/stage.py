@@ -10,7 +10,9 @@ whole and verified (:mod:`tasks.transfer`).  A source changed while being
 copied is listed and copied again (up to :data:`ATTEMPTS` times), so a
 spliced file is never staged.  A record ``<data_dir>/<name>.stage.json``
 keeps the listing's digest (URL hash, every file's size and ETag/mtime) and
-the staged copy's size/mtime: an unchanged input is not copied again.
+the staged copy's identity (:func:`tasks.transfer.identity`: for a folder,
+a scan of every name, size and mtime in it): an unchanged input whose copy
+is as it was staged is not copied again.
 Transient errors (network, throttling) are retried by Prefect with
 exponential backoff; a missing input or a sha256 mismatch is not.
 """
@@ -34,7 +36,7 @@ from prefect.tasks import exponential_backoff
 
 from specs import DataInput, mask_url
 from tasks import settings, storage, transfer
-from tasks.listing import Listing, OnlyFolders, list_input
+from tasks.listing import Listing, OnlyFolders, list_input, unchanged
 from tasks.retrying import retry_unless
 from tasks.transferbar import TransferProgress
 
@@ -116,9 +118,9 @@ def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None)
             with TransferProgress(f"stage-{item.name}", listing.bytes, len(listing.entries)) as progress:
                 checked = transfer.fetch(listing, tmp, progress)
             with ThreadPoolExecutor(1) as pool:  # list the source again while the copy is checked
-                again = pool.submit(list_one, item)
+                again = pool.submit(_changed_since_listed, item, listing)
                 staged_identity = transfer.verify(listing, tmp, checked)
-                changed = transfer.changed_since(listing, again.result())
+                changed = again.result()
             if changed:
                 raise transfer.ChangedWhileCopying(changed)
             if item.sha256:
@@ -142,6 +144,15 @@ def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None)
         record_path.write_text(json.dumps(record, indent=1))
         return Staged(item.name, str(local), listing.bytes, True, time.monotonic() - started, len(listing.entries))
     raise AssertionError("unreachable")
+
+
+def _changed_since_listed(item: DataInput, listing: Listing) -> list[str]:
+    """The files of ``item`` that changed since ``listing`` was made (see
+    :func:`tasks.transfer.changed_since`); a local folder whose scan is
+    byte-for-byte the same is not parsed again."""
+    if unchanged(listing):
+        return []
+    return transfer.changed_since(listing, list_one(item))
 
 
 def _check_sha256(item: DataInput, path: Path) -> None:

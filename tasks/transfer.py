@@ -27,7 +27,7 @@ from fsspec.asyn import AsyncFileSystem
 from fsspec.callbacks import Callback
 
 from tasks import etag, settings, storage
-from tasks.listing import Entry, Listing, scan_local
+from tasks.listing import Entry, Listing, find_output, scan_local
 from tasks.transferbar import TransferProgress
 
 BATCH_SIZE = settings.value("E31_TRANSFER_BATCH")  # concurrent file transfers from a store
@@ -147,7 +147,11 @@ def verify(listing: Listing, dest: Path, checked: dict[str, bool | None] | None 
     again).  Returns :func:`identity` of the copies; raises
     :class:`VerifyError` naming the first bad files."""
     checked = checked or {}
-    copies = _copies(listing, dest)
+    try:
+        raw = _scan(listing, dest)
+    except OSError:
+        raw = None  # gone or unreadable: the stat per file below says which
+    copies = scan_local(str(dest), raw)[0] if raw is not None else _copies(listing, dest)
     bad = []
     for e in listing.entries:
         got = copies.get(e.rel)
@@ -160,14 +164,36 @@ def verify(listing: Listing, dest: Path, checked: dict[str, bool | None] | None 
             bad.append(f"{e.rel}: content differs from the store's ETag {e.etag}")
     if bad:
         raise VerifyError("; ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""))
-    return _identity(listing, copies)
+    return _scan_identity(raw) if raw is not None else _identity(listing, copies)
 
 
 def identity(listing: Listing, base: Path) -> str | None:
-    """sha256 over the size and mtime of each listed file's copy under
-    ``base`` (None when one is missing): a staged copy changed in place since
-    it was staged has another identity."""
-    return _identity(listing, _copies(listing, base))
+    """What the copy of ``listing`` under ``base`` looks like now, as a
+    string (None when a file is missing or the copy cannot be read): a copy
+    changed in place, grown or shrunk since it was staged has another one.
+
+    A folder of several files: the sha256 of its :func:`find_output` scan
+    (every name, size and mtime; files added count too).  Else (or without
+    GNU find) a sha256 over the size and mtime of each listed file's copy.
+    """
+    try:
+        raw = _scan(listing, base)
+    except OSError:
+        return None
+    return _scan_identity(raw) if raw is not None else _identity(listing, _copies(listing, base))
+
+
+def _scan(listing: Listing, base: Path) -> bytes | None:
+    """:func:`find_output` of the copy when it is a folder of several files
+    (None: no GNU find, or a single file).  Raises ``OSError`` when the
+    copy cannot be scanned."""
+    if listing.kind == "folder" and len(listing.entries) > 1:
+        return find_output(str(base))
+    return None
+
+
+def _scan_identity(raw: bytes) -> str:
+    return "scan:" + hashlib.sha256(raw).hexdigest()
 
 
 def _copies(listing: Listing, base: Path) -> dict[str, tuple[int, str]]:

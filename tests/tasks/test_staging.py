@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -578,3 +579,71 @@ def test_missing_http_input_is_not_retried(http_store, tmp_path, prefect_api):
     # (404 here) falls back to a GET before raising FileNotFoundError: 1 HEAD + 1 GET.
     assert dict(http_store.seen) == {("HEAD", "/missing.bin"): 1, ("GET", "/missing.bin"): 1}
     assert not (tmp_path / "data").exists()
+
+
+def test_local_source_changed_during_the_copy_is_copied_again(tmp_path, scanner, monkeypatch):
+    """Another writer rewrites a source file while cp runs: the relisting
+    after the copy sees it and the input is copied again, so the staged
+    tree holds the new bytes, never the old ones with the new listing."""
+    from tasks import transfer
+
+    src = tmp_path / "src"
+    for i in range(12):
+        (src / f"d{i % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 2}" / f"f{i}.bin").write_bytes(b"old-%02d" % i)
+    real_cp, copies = transfer._cp_tree, []
+
+    def cp_then_rewrite(root, dest):
+        real_cp(root, dest)
+        copies.append(dest)
+        if len(copies) == 1:  # during the first copy only
+            (src / "d1" / "f3.bin").write_bytes(b"rewritten during the copy")
+
+    monkeypatch.setattr(transfer, "_cp_tree", cp_then_rewrite)
+    item, data = DataInput(name="t", url=str(src)), tmp_path / "data"
+    staged = stage_input(item, data)
+    assert staged.copied is True and len(copies) == 2
+    assert (data / "t" / "d1" / "f3.bin").read_bytes() == b"rewritten during the copy"
+    assert staged.bytes == 11 * 6 + len(b"rewritten during the copy")
+    assert sorted(p.name for p in data.iterdir()) == ["t", "t.stage.json"]  # no temporary copy left
+
+
+def test_local_copy_with_a_file_added_by_the_work_is_copied_again(tmp_path, scanner):
+    """The staged copy must be what the source holds: a file the previous
+    run's work left inside it makes the next run copy the input again."""
+    src = tmp_path / "src"
+    for i in range(6):
+        (src / f"d{i % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 2}" / f"f{i}.bin").write_bytes(b"%d" % i)
+    item, data = DataInput(name="t", url=str(src)), tmp_path / "data"
+    assert stage_input(item, data).copied is True
+    assert stage_input(item, data).copied is False
+    (data / "t" / "d0" / "scratch.tmp").write_bytes(b"left by the work")
+    again = stage_input(item, data)
+    expected_copied = scanner == "find"  # the scandir fallback checks the listed files only
+    assert again.copied is expected_copied
+    assert (data / "t" / "d0" / "scratch.tmp").exists() is not expected_copied
+
+
+def test_unchanged_compares_a_new_scan_of_a_local_folder(tmp_path):
+    from tasks import listing as listing_module
+
+    if listing_module._GNU_FIND is None:
+        pytest.skip("no GNU find on this machine")
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "x").write_bytes(b"1")
+    (src / "y").write_bytes(b"22")
+    listed = listing_module.list_input(str(src))
+    assert len(listed.scan) == 64 and listing_module.unchanged(listed) is True
+    os.utime(src / "y", ns=(5, 5))  # same size, another mtime
+    assert listing_module.unchanged(listed) is False
+    listed = listing_module.list_input(str(src))
+    (src / "a" / "new").write_bytes(b"")
+    assert listing_module.unchanged(listed) is False
+    listed = listing_module.list_input(str(src))
+    shutil.rmtree(src)
+    assert listing_module.unchanged(listed) is False
+    (tmp_path / "f.bin").write_bytes(b"f")
+    single = listing_module.list_input(str(tmp_path / "f.bin"))
+    assert single.scan == "" and listing_module.unchanged(single) is False  # files are listed again, not scanned
