@@ -495,14 +495,19 @@ def test_local_broken_symlink_fails_the_preflight_naming_it(tmp_path, scanner):
     assert str(err.value) == f"data 'tree': {src}: cannot read (OSError: sub/gone.bin: broken symbolic link)"
 
 
+def _tree(root, *, files: int, folders: int, content):
+    """``root/d<i % folders>/f<i>.bin`` holding ``content(i)`` for i < files; returns ``root``."""
+    for i in range(files):
+        (root / f"d{i % folders}").mkdir(parents=True, exist_ok=True)
+        (root / f"d{i % folders}" / f"f{i}.bin").write_bytes(content(i))
+    return root
+
+
 def test_local_folder_cache_sees_changed_sources_and_changed_copies(tmp_path, scanner):
     """Unchanged: reused.  A source file rewritten with the same size: copied
     again.  The staged copy changed in place by a previous run's work:
     copied again (the cache checks the copy's size and mtime too)."""
-    src = tmp_path / "src"
-    for i in range(30):
-        (src / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
-        (src / f"d{i % 3}" / f"f{i}.bin").write_bytes(b"%04d" % i)
+    src = _tree(tmp_path / "src", files=30, folders=3, content=lambda i: b"%04d" % i)
     item, data = DataInput(name="t", url=str(src)), tmp_path / "data"
     assert stage_input(item, data).copied is True
     assert stage_input(item, data).copied is False
@@ -587,10 +592,7 @@ def test_local_source_changed_during_the_copy_is_copied_again(tmp_path, scanner,
     tree holds the new bytes, never the old ones with the new listing."""
     from tasks import transfer
 
-    src = tmp_path / "src"
-    for i in range(12):
-        (src / f"d{i % 2}").mkdir(parents=True, exist_ok=True)
-        (src / f"d{i % 2}" / f"f{i}.bin").write_bytes(b"old-%02d" % i)
+    src = _tree(tmp_path / "src", files=12, folders=2, content=lambda i: b"old-%02d" % i)
     real_cp, copies = transfer._cp_tree, []
 
     def cp_then_rewrite(root, dest):
@@ -611,10 +613,7 @@ def test_local_source_changed_during_the_copy_is_copied_again(tmp_path, scanner,
 def test_local_copy_with_a_file_added_by_the_work_is_copied_again(tmp_path, scanner):
     """The staged copy must be what the source holds: a file the previous
     run's work left inside it makes the next run copy the input again."""
-    src = tmp_path / "src"
-    for i in range(6):
-        (src / f"d{i % 2}").mkdir(parents=True, exist_ok=True)
-        (src / f"d{i % 2}" / f"f{i}.bin").write_bytes(b"%d" % i)
+    src = _tree(tmp_path / "src", files=6, folders=2, content=lambda i: b"%d" % i)
     item, data = DataInput(name="t", url=str(src)), tmp_path / "data"
     assert stage_input(item, data).copied is True
     assert stage_input(item, data).copied is False
