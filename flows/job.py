@@ -22,7 +22,7 @@ from prefect.runtime import flow_run
 
 from flows.compile import Plan, compile_plan, describe_markdown
 from flows.placement import PlacementError, check_fits
-from flows.resume import Resume, end_attempt, open_scratch, resume_step
+from flows.resume import Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
 from specs import JobSpec, mask_url
 from tasks.checkpoint import latest_durable, upload
 from tasks.checkpoints import latest_valid
@@ -154,6 +154,8 @@ def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) ->
         write_failure_manifest(target, str(exc))
         raise
     target.staging_s = time.monotonic() - started
+    if resume.step is None:  # a fresh run starts now: an earlier run's durable checkpoints make way
+        remove_stale_checkpoints(plan)
     outcome = _run(spec, plan, staged, code_dir, target, time.time())
     checkpoints = {"url": plan.checkpoint_url, "keep": plan.checkpoint_keep, "work_sha256": plan.work_sha256,
                    "dir": str(plan.checkpoint_dir),

@@ -5,9 +5,10 @@ out its scratch folder.
 - Else, durable checkpoints at the checkpoint URL while the destination has
   no ``completed`` manifest (a run that died with its machine) are fetched
   back and resumed from.
-- Else the run is fresh: local output and checkpoints are cleared, and
-  stale durable checkpoints (``step-<N>`` folders, nothing else) of an
-  earlier completed run are removed.
+- Else the run is fresh: local output and checkpoints are cleared; the
+  durable checkpoints of an earlier run (committed ``step-<N>`` folders,
+  nothing else) are removed only once the inputs are staged and the work
+  is about to start (:func:`remove_stale_checkpoints`).
 One run of a job at a time per machine: the scratch folder is locked.
 """
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from flows.compile import Plan
 from tasks import storage
 from tasks.checkpoint import latest_durable
-from tasks.checkpoints import commit_pending, discard_torn, latest_valid, parse_step, step_dir_name
+from tasks.checkpoints import MARKER, commit_pending, discard_torn, latest_valid, parse_step, step_dir_name
 from tasks.deliver import existing_manifest
 
 WORK_HASH_FILE = "work.sha256"
@@ -162,10 +163,24 @@ def resume_step(plan: Plan) -> int | None:
             return durable.step
         shutil.rmtree(target, ignore_errors=True)
     _clear(plan.output_dir, plan.checkpoint_dir)
-    for name in storage.list_dirs(plan.checkpoint_url):  # stale checkpoints of a completed run; nothing else
-        if parse_step(name) is not None:
-            storage.remove(storage.join(plan.checkpoint_url, name))
     return None
+
+
+def remove_stale_checkpoints(plan: Plan) -> list[int]:
+    """Remove the durable checkpoints an earlier run left at the checkpoint
+    URL (``step-<N>`` folders holding E31's ``COMMITTED`` marker; nothing
+    else), so a fresh run neither resumes from nor keeps them in place of
+    its own.  Called once a fresh run has staged its inputs and is about to
+    start the work: a run that fails before that leaves them.  Returns the
+    removed steps."""
+    removed = []
+    for name in storage.list_dirs(plan.checkpoint_url):
+        step = parse_step(name)
+        url = storage.join(plan.checkpoint_url, name)
+        if step is not None and storage.exists(storage.join(url, MARKER)):
+            storage.remove(url)
+            removed.append(step)
+    return sorted(removed)
 
 
 def _clear(*folders: Path) -> None:

@@ -209,6 +209,8 @@ def _file_name(value: str) -> str:
         raise spec_error("must use '/' as the separator (a POSIX path)", fix=fix)
     if value.endswith("/"):
         raise spec_error("must name a file, not a folder", fix="list a file that the work writes inside it, e.g. plots/loss.png")
+    if posixpath.normpath(value) == ".":
+        raise spec_error("must name a file, not the output folder itself", fix=fix)
     if posixpath.normpath(value) == "manifest.json":
         raise spec_error("manifest.json is written by E31 itself", fix="give the work's file another name, e.g. results.json")
     return value

@@ -254,6 +254,13 @@ class OutputSpec(SpecModel):
                 problems.append((("files", index), err, item))
             else:
                 seen[key] = index
+            checkpoint = data.get("checkpoint")
+            own_checkpoints = not (isinstance(checkpoint, Mapping) and checkpoint.get("url"))
+            if own_checkpoints and key.split("/", 1)[0] == "checkpoints":
+                err = spec_error("checkpoints/ in the output holds E31's durable checkpoints, which are replaced "
+                                 "as a run goes on", fix="give the work's file a path outside it, e.g. final/model.pt, "
+                                 "or set output.checkpoint.url to another folder")
+                problems.append((("files", index), err, item))
         return problems
 
 

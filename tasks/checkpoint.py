@@ -63,14 +63,15 @@ def upload(local_dir: Path, durable_root: str, keep: int, work_sha256: str | Non
 
 
 def prune(durable_root: str, keep: int) -> list[int]:
-    """Delete durable ``step-<N>`` folders older than the newest ``keep``
-    committed ones; returns the deleted steps."""
+    """Delete the committed durable ``step-<N>`` folders (``COMMITTED``
+    marker present) older than the newest ``keep``; returns the deleted
+    steps.  Folders without the marker are never E31's whole checkpoints
+    and are left alone."""
     steps = sorted(s for s in (parse_step(n) for n in storage.list_dirs(durable_root)) if s is not None)
     committed = [s for s in steps if storage.exists(storage.join(durable_root, step_dir_name(s), MARKER))]
     if len(committed) <= keep:
         return []
-    cutoff = committed[-keep]
-    doomed = [s for s in steps if s < cutoff]
+    doomed = committed[:-keep]
     for s in doomed:
         storage.remove(storage.join(durable_root, step_dir_name(s)))
     return doomed
@@ -83,10 +84,10 @@ def latest_durable(durable_root: str) -> DurableCheckpoint | None:
         url = storage.join(durable_root, step_dir_name(s))
         try:
             marker = json.loads(storage.read_bytes(storage.join(url, MARKER)))
-        except (FileNotFoundError, ValueError):
-            continue
-        return DurableCheckpoint(step=s, url=url, bytes=sum(m["bytes"] for m in marker["files"].values()),
-                                 work_sha256=marker.get("work_sha256"))
+            size = sum(int(m["bytes"]) for m in marker["files"].values())
+        except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # no marker, or not one E31 wrote
+        return DurableCheckpoint(step=s, url=url, bytes=size, work_sha256=marker.get("work_sha256"))
     return None
 
 

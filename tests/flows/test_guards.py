@@ -76,6 +76,37 @@ def test_fresh_start_removes_only_stale_step_folders(prefect_api, scratch, tmp_p
     assert (shared / "important.txt").read_text() == "keep me"
 
 
+def test_a_run_that_fails_staging_keeps_the_earlier_runs_checkpoints(prefect_api, scratch, tmp_path):
+    """Found by a fresh-user trial: a rerun whose input was missing deleted
+    the durable checkpoints of the last completed run before it failed.
+    They make way only once a fresh run has staged its inputs; step folders
+    without E31's marker are never removed."""
+    durable = tmp_path / "out" / "checkpoints"
+    for step, marker in ((3, True), (1, False)):
+        (durable / f"step-{step}").mkdir(parents=True)
+        (durable / f"step-{step}" / "state.pt").write_bytes(b"s%d" % step)
+        if marker:
+            (durable / f"step-{step}" / "COMMITTED").write_text(json.dumps(
+                {"step": step, "files": {"state.pt": {"bytes": 2, "sha256": "0" * 64}}, "work_sha256": "other"}))
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps({"status": "completed", "run_id": "older"}))
+    (tmp_path / "in.txt").write_text("input")
+    code = "import os, pathlib; pathlib.Path(os.environ['E31_OUTPUT_DIR'], 'result.txt').write_text('ok')"
+    spec = _cmd(tmp_path, "keeps-ck", [sys.executable, "-c", code])
+    spec["data"] = [{"name": "inp", "url": str(tmp_path / "missing.txt")}]
+    from tasks.stage import StageError
+
+    with pytest.raises(StageError):
+        run_job(parse_spec(spec))
+    assert sorted(p.name for p in durable.iterdir()) == ["step-1", "step-3"]
+    assert (durable / "step-3" / "state.pt").read_bytes() == b"s3"
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["status"] == "failed"
+
+    spec["data"] = [{"name": "inp", "url": str(tmp_path / "in.txt")}]
+    assert run_job(parse_spec(spec))["status"] == "completed"
+    assert sorted(p.name for p in durable.iterdir()) == ["step-1"]  # the committed one made way; not the other
+    assert (durable / "step-1" / "state.pt").read_bytes() == b"s1"
+
+
 def test_command_checkpoints_with_an_empty_marker_and_cwd_beside_the_spec(prefect_api, scratch, tmp_path):
     script = tmp_path / "job.py"
     script.write_text(

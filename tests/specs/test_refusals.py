@@ -433,6 +433,16 @@ CASES = [
         "output.url: " + GLOB.format("'s3://b/out/*'"),
         "output.checkpoint.url: " + GLOB.format("'s3://b/ck/?token=***'"),
     ]),
+    ("output-files-dot-and-inside-checkpoints",  # found by a fresh-user trial: could never complete / be replaced
+     doc(output="output: {kind: results, url: /out/job/, files: ['.', checkpoints/x.pt, ./checkpoints/y.pt]}"), [
+        f"output.files[0]: must name a file, not the output folder itself (got '.'); {FILES_FIX}",
+        "output.files[1]: checkpoints/ in the output holds E31's durable checkpoints, which are replaced as a run goes "
+        "on (got 'checkpoints/x.pt'); give the work's file a path outside it, e.g. final/model.pt, or set "
+        "output.checkpoint.url to another folder",
+        "output.files[2]: checkpoints/ in the output holds E31's durable checkpoints, which are replaced as a run goes "
+        "on (got './checkpoints/y.pt'); give the work's file a path outside it, e.g. final/model.pt, or set "
+        "output.checkpoint.url to another folder",
+    ]),
     ("http-output-urls",  # fsspec's HTTP filesystem cannot write: the job would run, then fail to return
      doc(output="output: {kind: results, url: 'https://files.example.org/out/', files: [m.json], "
                 "checkpoint: {url: 'http://files.example.org/ck/?sig=s3cr3t'}}"), [

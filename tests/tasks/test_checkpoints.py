@@ -205,3 +205,20 @@ def test_restore_refuses_a_checkpoint_that_needs_arbitrary_classes(tmp_path):
     with pytest.raises(CheckpointError) as err:
         ctx.restore()
     assert str(err.value).startswith(f"{folder / STATE_FILE}: Weights only load failed.")
+
+
+def test_prune_keeps_the_newest_committed_and_never_touches_unmarked_folders(tmp_path):
+    """keep=2 of committed steps 1, 4, 9: step-1 goes; step-2 (no marker:
+    not a whole checkpoint E31 wrote) and other names stay."""
+    from tasks.checkpoint import prune
+
+    for step in (1, 2, 4, 9):
+        folder = tmp_path / f"step-{step}"
+        folder.mkdir()
+        (folder / "state.pt").write_bytes(b"x")
+        if step != 2:
+            (folder / "COMMITTED").write_text("{}")
+    (tmp_path / "notes").mkdir()
+    assert prune(str(tmp_path), 2) == [1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "step-2", "step-4", "step-9"]
+    assert prune(str(tmp_path), 2) == []
