@@ -26,8 +26,8 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BeforeValidator, ValidationError, WithJsonSchema
 
 from .base import spec_error
-from .credential_keys import (CREDENTIAL_KEYS, CREDENTIAL_WORDS, is_auth_mode, is_credential_header, is_credential_key,
-                              is_headers_key)
+from .credential_keys import (CREDENTIAL_KEYS, CREDENTIAL_WORDS, PATH_SUFFIXES, TOKEN_MODES, is_auth_mode,
+                              is_credential_header, is_credential_key, is_headers_key)
 from .fields import check_json, has_password, password_error
 
 __all__ = [
@@ -178,10 +178,36 @@ _OTHER_JSON = {
     "not": {"type": "object", "anyOf": [{"required": ["secret"]}, {"required": ["env"]}]},
 }
 
+
+
+def _loose(word: str) -> str:
+    """A regular expression matching ``word`` in any case with ``_``, ``-``
+    or whitespace between its letters (what :func:`normalise_name` drops),
+    in the syntax JSON Schema, Python and JavaScript share."""
+    return "[-_\\s]*".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
+
+
+#: JSON Schema pattern of the top-level option keys :func:`is_credential_key`
+#: calls credentials, so a Prefect server refuses a literal credential typed
+#: into a deployment's run form before storing it as a parameter.
+CREDENTIAL_KEY_PATTERN = (
+    "^(?!.*(?:" + "|".join(_loose(s) for s in PATH_SUFFIXES) + ")[-_\\s]*$)"
+    "(?:.*(?:" + "|".join(_loose(w) for w in CREDENTIAL_WORDS) + ").*"
+    "|[-_\\s]*(?:" + "|".join(_loose(k) for k in sorted(CREDENTIAL_KEYS)) + ")[-_\\s]*)$"
+)
+_CREDENTIAL_VALUE = {
+    "description": "A credential: a reference only (or null / true / false, or a gcsfs token mode).",
+    "anyOf": [*_REFERENCE_SCHEMAS, {"type": ["null", "boolean"]}, {"enum": sorted(TOKEN_MODES)}],
+}
+
 #: fsspec filesystem options (``endpoint_url``, ``client_kwargs``, ``anon``...): JSON values or references.
+#: The JSON Schema (what Prefect checks a run's parameters against before
+#: storing them) refuses literals under top-level credential keys; the
+#: validator refuses them at any depth and in HTTP headers.
 StorageOptions = Annotated[
     dict[str, Any],
     BeforeValidator(lambda value: {} if value is None else value),  # "storage_options:" with nothing under it
     AfterValidator(check_storage_options),
-    WithJsonSchema({"type": "object", "additionalProperties": {"anyOf": [*_REFERENCE_SCHEMAS, _OTHER_JSON]}}),
+    WithJsonSchema({"type": "object", "patternProperties": {CREDENTIAL_KEY_PATTERN: _CREDENTIAL_VALUE},
+                    "additionalProperties": {"anyOf": [*_REFERENCE_SCHEMAS, _OTHER_JSON]}}),
 ]

@@ -136,3 +136,33 @@ def test_serve_serves_the_nightly_deployment_without_a_pool(prefect_api, tmp_pat
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_a_literal_credential_typed_into_a_run_form_is_refused_before_it_is_stored(prefect_api, e31, tmp_path):
+    """Found by a fresh-user trial: a run created from a deployment with a
+    literal secret in storage_options was stored as a parameter on the
+    server and refused only by the worker.  The parameter schema now makes
+    the server refuse it (HTTP 409) and store nothing; a reference passes."""
+    import httpx
+    from prefect.client.orchestration import get_client
+
+    subprocess.run([*PREFECT, "work-pool", "create", "form-pool", "--type", "process"], check=True, capture_output=True)
+    result = e31("deploy", str(EXAMPLE), "--pool", "form-pool", "--name", "form-secret")
+    assert result.returncode == 0, result.stderr
+    deployment = _deployment("e31-job/form-secret")
+    spec = dict(deployment.parameters["spec"])
+    planted = "literal-pw-9f3c2a"
+    with get_client(sync_client=True) as client:
+        for options in ({"secret": planted}, {"Secret-Access-Key": planted, "endpoint_url": "http://127.0.0.1:9"}):
+            spec["output"] = {**spec["output"], "storage_options": options}
+            try:
+                client.create_flow_run_from_deployment(deployment.id, parameters={"spec": spec})
+                raise AssertionError(f"accepted {options}")
+            except httpx.HTTPStatusError as exc:
+                assert exc.response.status_code == 409
+                assert "storage_options" in exc.response.text
+        spec["output"] = {**spec["output"], "storage_options": {"secret": {"env": "E31_TEST_SECRET"}, "anon": False}}
+        accepted = client.create_flow_run_from_deployment(deployment.id, parameters={"spec": spec})
+        runs = client.read_flow_runs()
+    assert accepted.parameters["spec"]["output"]["storage_options"]["secret"] == {"env": "E31_TEST_SECRET"}
+    assert planted not in json.dumps([r.parameters for r in runs], default=str)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from pydantic import ValidationError
 
@@ -191,6 +193,10 @@ def test_schema_describes_storage_options():
           "client_kwargs": {"region_name": "eu"}, "anon": True}, True),
         ({"key": {"secret": 5}}, False), ({"key": {"secret": "a", "env": "b"}}, False), ({"key": {"secret": ""}}, False),
         ({"key": {"env": "1A"}}, False),
+        # literals under credential keys: refused by the schema too (a Prefect server checks run parameters with it)
+        ({"secret": "literal-pw"}, False), ({"Secret-Access-Key": "x"}, False), ({"aws_access_key_id": 1}, False),
+        ({"token": "anon", "password": None, "use_token": True, "token_file": "/run/t"}, True),
+        ({"key_prefix": "a/", "endpoint_url": "http://x"}, True),
     ]:
         assert validator.is_valid({**base, "output": {**base["output"], "storage_options": options}}) is ok, options
 
@@ -208,3 +214,17 @@ def test_gcsfs_token_modes_are_not_secrets(mode):
     with pytest.raises(SpecError) as info:
         parse_spec(spec)
     assert "ya29" not in str(info.value) and str(info.value.problems[0]).startswith("output.storage_options.token: ")
+
+
+@pytest.mark.parametrize("key", [
+    "key", "KEY", "secret", "Secret_Access_Key", "aws_access_key_id", "accessKey", "api-key", "sas_token", "sas",
+    "auth", "pwd", "pkey", "jwt", "client_secret", "connection_string", "passphrase", "Authorization", "my key",
+    "token_file", "credentials_path", "sas_token_file", "key_prefix", "endpoint_url", "client_kwargs", "anon",
+    "region_name", "account_name", "keys", "monkey", "keyfile", "tokenfilename", "use_ssl",
+])
+def test_schema_credential_key_pattern_agrees_with_is_credential_key(key):
+    """The JSON Schema pattern (JavaScript/Python regex, no flags) and the
+    validator's rule name the same keys."""
+    from specs.storage_options import CREDENTIAL_KEY_PATTERN, is_credential_key
+
+    assert bool(re.search(CREDENTIAL_KEY_PATTERN, key)) is is_credential_key(key)
