@@ -19,6 +19,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
+from prefect.states import Completed
 
 from flows.compile import Plan, compile_plan, describe_markdown
 from flows.placement import PlacementError, check_fits
@@ -27,7 +28,8 @@ from specs import JobSpec, mask_url
 from tasks.checkpoint import latest_durable, upload
 from tasks.checkpoints import latest_valid
 from tasks.context import ChildConfig
-from tasks.deliver import ReturnTarget, check_destination, deliver, return_task, write_failure_manifest
+from tasks.deliver import (ReturnTarget, check_destination, deliver, publish_artifacts, return_task,
+                           write_failure_manifest)
 from tasks.outcome import ChildLost, RunOutcome
 from tasks.process import signals_deferred
 from tasks.run import RunSettings, run_task
@@ -80,10 +82,26 @@ def _child_config(spec: JobSpec, plan: Plan, staged: dict[str, str], code_dir: s
     )
 
 
-@flow(name="e31-job", flow_run_name="{spec.name}", persist_result=False)
+def _settle_cancelled(flow: Any, run: Any, state: Any) -> None:
+    """Prefect ``on_cancellation`` hook: move a run that is still
+    ``Cancelling`` once E31 stopped its work and returned what it had to
+    ``Cancelled``.  Prefect calls it only where no runner or worker owns the
+    cancellation (``e31 run``, a call from Python); without it the server
+    refuses the engine's final state and the run stays ``Cancelling``."""
+    from prefect import get_client
+    from prefect.states import Cancelled
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run.id, Cancelled(message="cancelled: E31 stopped the work and returned its latest "
+                                                            "output and checkpoint (see the manifest)"))
+
+
+@flow(name="e31-job", flow_run_name="{spec.name}", persist_result=False, on_cancellation=[_settle_cancelled])
 def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     """Run one declared job to its end and return its manifest (a dict, see
-    DESIGN.md §2).
+    DESIGN.md §2).  A ``partial`` job's flow run ends ``Completed`` with the
+    state name ``Partial`` (the UI tells it from a whole one); a cancelled
+    one ends ``Cancelled``.
 
     ``code_dir``: a folder put first on the work's ``sys.path`` (the CLI
     passes the spec file's folder, so work code can sit beside its spec).
@@ -98,6 +116,15 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     :class:`ReturnFailed` (the destination refused the output, which stays in
     scratch).
     """
+    manifest = _run_job(spec, code_dir)
+    if manifest["status"] != "partial" or manifest["reason"] == "cancelled":
+        return manifest  # (a cancelled run's state is Prefect's: a State returned here would make the call raise)
+    return Completed(name="Partial", data=manifest,
+                     message=f"partial ({manifest['reason']}): step {manifest['step']}; {manifest.get('message') or ''}"
+                             .rstrip("; "))
+
+
+def _run_job(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
     scheduled = flow_run.scheduled_start_time  # a relative deadline counts from the scheduled start
     plan = compile_plan(spec, start=scheduled if scheduled else None)
     create_markdown_artifact(markdown=describe_markdown(spec, plan), key="job-spec",
@@ -175,12 +202,14 @@ def _return(plan: Plan, target: ReturnTarget, outcome: RunOutcome, output_option
             return return_task(target, outcome)
         except Exception as first:
             try:
-                return deliver(target, outcome)
+                manifest = deliver(target, outcome)
             except Exception as exc:
                 cause = exc if str(exc) else first
                 save_pending(Path(plan.scratch), target, outcome, f"{type(cause).__name__}: {scrub(str(cause))}",
                              output_options, checkpoints)
                 raise ReturnFailed(plan, cause) from None
+            publish_artifacts(target, manifest)
+            return manifest
 
 
 class KeptOutputGone(RuntimeError):

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.logging import get_run_logger
 from prefect.tasks import exponential_backoff
 from prefect.artifacts import create_link_artifact, create_table_artifact
 
@@ -200,6 +201,29 @@ def return_task(req: ReturnTarget, outcome: RunOutcome) -> dict[str, Any]:
     delay ``E31_TRANSFER_BACKOFF_S``, default 2 s, doubling); adds a table
     artifact of the returned files and the job's status."""
     manifest = deliver(req, outcome)
+    publish_artifacts(req, manifest)
+    return manifest
+
+
+def publish_artifacts(req: ReturnTarget, manifest: dict[str, Any]) -> bool:
+    """Show a delivered manifest in the Prefect UI: a ``manifest`` table
+    artifact (each returned file with the job's status, reason, step and
+    meter) and an ``output`` link artifact to the destination (masked).
+    Returns False -- the output is delivered all the same -- when the
+    Prefect API cannot take them (logged as a warning)."""
+    try:
+        _artifacts(req, manifest)
+        return True
+    except Exception as exc:
+        try:
+            get_run_logger().warning("manifest artifacts not created (%s: %s)", type(exc).__name__,
+                                     storage.scrub(str(exc))[:300])
+        except Exception:
+            pass
+        return False
+
+
+def _artifacts(req: ReturnTarget, manifest: dict[str, Any]) -> None:
     meter = manifest["meter"]
     verdict_columns = {"status": manifest["status"], "reason": manifest["reason"], "step": manifest["step"], **meter}
     files = manifest["files"] or [{"path": "(none)", "bytes": 0, "sha256": ""}]
@@ -217,4 +241,3 @@ def return_task(req: ReturnTarget, outcome: RunOutcome) -> dict[str, Any]:
         key="output",
         description=f"{manifest['job']}: output ({manifest['status']})",
     )
-    return manifest

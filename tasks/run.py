@@ -30,7 +30,7 @@ from prefect import task
 
 from tasks.cancel import CancelWatcher
 from tasks.context import ChildConfig, command_environment
-from tasks.deliver import ReturnTarget, deliver
+from tasks.deliver import ReturnTarget, deliver, publish_artifacts
 from tasks.outcome import ChildLost, RunOutcome
 from tasks.process import die_with_parent
 from tasks.progress import ProgressReporter
@@ -221,8 +221,9 @@ def supervise(settings: RunSettings) -> RunOutcome:
     outcome.checkpoint, outcome.uploads = latest, uploader.done
     if uploader.failures:
         outcome.message = "; ".join(filter(None, [outcome.message, "checkpoint upload failed: " + uploader.failures[-1]]))
-    if cancelled:
+    if cancelled:  # delivered now, in this task: a worker may end the process soon after a cancel
         outcome.manifest = deliver(settings.target, outcome)
+        publish_artifacts(settings.target, outcome.manifest)
     return outcome
 
 

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from flows.job import run_job
-from tests.flows.test_stops import _assert_returned_checkpoint, _durable_steps, _pid_gone, _spec, _wait_for
+from tests.flows.test_stops import _artifacts, _assert_returned_checkpoint, _durable_steps, _pid_gone, _spec, _wait_for
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -46,6 +46,9 @@ def test_cancel_from_the_api_returns_partial_and_stops_the_child(process_worker,
         _wait_for(lambda: client.read_flow_run(flow_run.id).state.is_final(), timeout=60)
         assert client.read_flow_run(flow_run.id).state.type.value == "CANCELLED"
         task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+    artifacts = _artifacts(str(flow_run.id))  # the run task delivered the output itself: its artifacts too
+    assert {(row["status"], row["reason"]) for row in artifacts["manifest"]} == {("partial", "cancelled")}
+    assert "output" in artifacts
     names = sorted(t.name for t in task_runs)
     assert "return" not in names  # no task starts after the cancel: the run task returned the output itself
     assert "run" in names and "stage" not in " ".join(names)  # no inputs declared

@@ -67,6 +67,54 @@ def test_time_limit_warns_then_returns_the_final_checkpoint(prefect_api, scratch
     _assert_returned_checkpoint(tmp_path / "out", manifest)
     assert 4.0 <= manifest["timings"]["run_s"] <= 6.5
     assert [f["path"] for f in manifest["files"]] == ["pid.txt", "resumed_from.txt", "stopped_at.txt"]
+    state = _flow_run_state(manifest["run_id"])  # a partial job is told apart from a whole one in the UI
+    assert (state.type.value, state.name) == ("COMPLETED", "Partial")
+    assert state.message == f"partial (time_limit): step {manifest['step']}; stopped early (time_limit)"
+
+
+def _flow_run_state(run_id: str):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(run_id).state
+
+
+def _artifacts(run_id: str) -> dict:
+    """``{key: data}`` of the flow run's artifacts (table data parsed)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
+    return {a.key: json.loads(a.data) if isinstance(a.data, str) and a.type == "table" else a.data for a in found}
+
+
+def test_cancel_of_a_local_run_ends_cancelled_with_the_manifest_in_the_ui(prefect_api, scratch, tmp_path):
+    """Found by a fresh-user trial: cancelling an `e31 run` from the UI left
+    the flow run Cancelling forever and showed no manifest artifact.  The
+    partial output comes back, e31 exits 3, the run ends Cancelled and the
+    manifest and output artifacts are there."""
+    out = tmp_path / "out"
+    proc = _start_cli(tmp_path, _spec(tmp_path, "local-cancel", limit="5m", step_s=0.1))
+    _wait_for(lambda: len(_durable_steps(out)) >= 1)
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        (run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["local-cancel"])))
+    run_id = str(run.id)
+    subprocess.run([sys.executable, "-m", "prefect", "flow-run", "cancel", run_id], check=True, capture_output=True)
+    stdout, stderr = proc.communicate(timeout=90)
+    assert proc.returncode == 3, stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["status"], manifest["reason"], manifest["run_id"]) == ("partial", "cancelled", run_id)
+    _assert_returned_checkpoint(out, manifest)
+    _wait_for(lambda: _flow_run_state(run_id).type.value == "CANCELLED", timeout=20)
+    artifacts = _artifacts(run_id)
+    assert {"manifest", "output", "job-spec"} <= set(artifacts)
+    assert {(row["status"], row["reason"], row["step"]) for row in artifacts["manifest"]} == {
+        ("partial", "cancelled", manifest["step"])}
+    assert "Traceback" not in stderr
 
 
 @pytest.mark.parametrize("how", ["ignore_stop", "block_after"])
