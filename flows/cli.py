@@ -21,6 +21,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from specs import JobSpec, SpecError, json_schema, load_spec, mask_url
 from tasks import settings
@@ -50,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     deploy.add_argument("spec", help="job spec file")
     deploy.add_argument("--pool", required=True, help="Prefect work pool (e.g. a process pool: prefect work-pool create P --type process)")
     deploy.add_argument("--cron", help='cron schedule, e.g. "0 2 * * *" (none: runs only when triggered)')
-    deploy.add_argument("--timezone", default="UTC", help="IANA timezone of the schedule, e.g. Europe/London (default UTC)")
+    deploy.add_argument("--timezone", help="IANA timezone of the --cron schedule, e.g. Europe/London (default UTC)")
     deploy.add_argument("--name", help="deployment name (default: the job's name)")
     deploy.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a field by dotted path")
@@ -268,22 +269,81 @@ def _deploy(spec: JobSpec, args: argparse.Namespace) -> int:
 
     from flows.deploy import SecretInSpec, deploy_spec
 
-    if not PREFECT_API_URL.value():
+    problems = _schedule_problems(spec, args.cron, args.timezone)
+    if problems:
+        print("\n".join(f"e31: deploy refused: {line}" for line in problems), file=sys.stderr)
+        return EXIT_INVALID
+    api = PREFECT_API_URL.value()
+    if not api:
         print("e31: deploy needs a Prefect server that workers also reach: start one (prefect server start) "
               "and set PREFECT_API_URL", file=sys.stderr)
         return EXIT_FAILED
+    timezone = args.timezone or "UTC"
+    name = args.name or spec.name
     try:
+        earlier = _schedules_of(f"e31-job/{name}")
         deployment_id = deploy_spec(spec, str(Path(args.spec).resolve().parent), pool=args.pool, cron=args.cron,
-                                    timezone=args.timezone if args.cron else None, name=args.name)
+                                    timezone=timezone if args.cron else None, name=args.name)
     except SecretInSpec as exc:
         print(f"e31: deploy refused: {exc}", file=sys.stderr)
         return EXIT_INVALID
-    except Exception as exc:  # bad cron or timezone, unknown pool, unreachable API
-        print(f"e31: deploy failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except Exception as exc:  # unknown pool, unreachable API
+        reach = f" (the Prefect API at {api})" if isinstance(exc, (OSError, ConnectionError)) or \
+            type(exc).__module__.startswith(("httpx", "httpcore")) else ""
+        print(f"e31: deploy failed{reach}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    schedule = f"cron {args.cron!r} in {args.timezone}" if args.cron else "no schedule"
-    print(f"deployed e31-job/{args.name or spec.name} ({deployment_id}) on pool {args.pool}, {schedule}")
+    schedule = f"cron {args.cron!r} in {timezone}" if args.cron else "no schedule"
+    if not args.cron and earlier:
+        schedule += f" (its earlier schedule {', '.join(earlier)} was removed; pass --cron to keep one)"
+    print(f"deployed e31-job/{name} ({deployment_id}) on pool {args.pool}, {schedule}")
     return EXIT_OK
+
+
+def _schedule_problems(spec: JobSpec, cron: str | None, timezone: str | None) -> list[str]:
+    """What is wrong with a deployment's ``--cron`` / ``--timezone`` for
+    ``spec``, before anything is sent to the server: a timezone without a
+    cron, an invalid cron string (croniter's five fields) or IANA timezone,
+    and an absolute ``request.deadline`` on a schedule (every run after it
+    would be refused)."""
+    problems = []
+    if timezone and not cron:
+        problems.append("--timezone applies to a --cron schedule; give --cron too (e.g. --cron '0 2 * * *')")
+    from prefect.client.schemas.schedules import CronSchedule  # Prefect's own checks of both
+
+    if timezone and not _valid(CronSchedule, cron="0 0 * * *", timezone=timezone):
+        problems.append(f"--timezone {timezone!r} is not an IANA timezone; e.g. UTC, Europe/London, America/New_York")
+    if cron:
+        if not _valid(CronSchedule, cron=cron):
+            problems.append(f"--cron {cron!r} is not a cron schedule; five fields: minute hour day-of-month month "
+                            "day-of-week, e.g. '0 2 * * *' (02:00 every day)")
+        if spec.request.deadline is not None:
+            problems.append(f"request.deadline {spec.request.deadline.isoformat()} is one moment, and every scheduled "
+                            "run after it would be refused; for a schedule use request.deadline_within (e.g. 4h after "
+                            "each scheduled start) or request.deadline_at (e.g. \"06:00 Europe/London\")")
+    return problems
+
+
+def _valid(model: Any, **fields: Any) -> bool:
+    try:
+        model(**fields)
+    except ValueError:  # pydantic's ValidationError included
+        return False
+    return True
+
+
+def _schedules_of(deployment: str) -> list[str]:
+    """The cron schedules (``'0 2 * * *' in Europe/London``) of an existing
+    deployment, or [] when there is none by that name."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            found = client.read_deployment_by_name(deployment)
+        except ObjectNotFound:
+            return []
+    return [f"cron {getattr(s.schedule, 'cron', s.schedule)!r} in {getattr(s.schedule, 'timezone', None) or 'UTC'}"
+            for s in found.schedules]
 
 
 class _QuietFormatter(logging.Formatter):

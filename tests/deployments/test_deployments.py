@@ -166,3 +166,44 @@ def test_a_literal_credential_typed_into_a_run_form_is_refused_before_it_is_stor
         runs = client.read_flow_runs()
     assert accepted.parameters["spec"]["output"]["storage_options"]["secret"] == {"env": "E31_TEST_SECRET"}
     assert planted not in json.dumps([r.parameters for r in runs], default=str)
+
+
+def test_deploy_refuses_bad_schedules_before_contacting_the_server(e31, tmp_path):
+    """Found by a fresh-user trial: --timezone without --cron was ignored,
+    bad cron strings and timezones came back as library errors, and an
+    absolute deadline was deployed on a schedule that would refuse every
+    run after it.  No server is needed to refuse these (none is set here)."""
+    env = {"PREFECT_API_URL": "http://127.0.0.1:9/api"}
+    cases = [
+        (["--timezone", "Europe/London"],
+         ["--timezone applies to a --cron schedule; give --cron too (e.g. --cron '0 2 * * *')"]),
+        (["--cron", "61 2 * * *", "--timezone", "Mars/Base"],
+         ["--timezone 'Mars/Base' is not an IANA timezone; e.g. UTC, Europe/London, America/New_York",
+          "--cron '61 2 * * *' is not a cron schedule; five fields: minute hour day-of-month month day-of-week, "
+          "e.g. '0 2 * * *' (02:00 every day)"]),
+        (["--cron", "0 2 * * *", "--set", "request.deadline_within=null",
+          "--set", "request.deadline=2026-12-01T06:00:00+00:00"],
+         ["request.deadline 2026-12-01T06:00:00+00:00 is one moment, and every scheduled run after it would be "
+          "refused; for a schedule use request.deadline_within (e.g. 4h after each scheduled start) or "
+          "request.deadline_at (e.g. \"06:00 Europe/London\")"]),
+    ]
+    for extra, lines in cases:
+        result = e31("deploy", str(EXAMPLE), "--pool", "nowhere", *extra, env=env)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines() == [f"e31: deploy refused: {line}" for line in lines]
+    result = e31("deploy", str(EXAMPLE), "--pool", "nowhere", "--cron", "0 2 * * *", env=env)
+    assert result.returncode == 1
+    assert result.stderr.startswith("e31: deploy failed (the Prefect API at http://127.0.0.1:9/api): ConnectError: ")
+
+
+def test_redeploying_without_cron_says_the_schedule_was_removed(prefect_api, e31, tmp_path):
+    subprocess.run([*PREFECT, "work-pool", "create", "resched-pool", "--type", "process"], check=True, capture_output=True)
+    base = ["deploy", str(EXAMPLE), "--pool", "resched-pool", "--name", "resched"]
+    first = e31(*base, "--cron", "0 2 * * *", "--timezone", "Europe/London")
+    assert first.returncode == 0, first.stderr
+    again = e31(*base)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1].endswith(
+        "on pool resched-pool, no schedule (its earlier schedule cron '0 2 * * *' in Europe/London was removed; "
+        "pass --cron to keep one)")
+    assert _deployment("e31-job/resched").schedules == []
