@@ -77,8 +77,8 @@ def list_one(item: DataInput) -> Listing:
         listing = list_input(item.url)
     except OnlyFolders as exc:
         raise StageError(f"data '{item.name}': {shown}: {exc}") from None
-    except FileNotFoundError:
-        raise StageError(f"data '{item.name}': {shown}: not found") from None
+    except FileNotFoundError as exc:
+        raise StageError(f"data '{item.name}': {shown}: {_not_found(exc)}") from None
     except Exception as exc:
         raise StageError(f"data '{item.name}': {shown}: cannot read ({type(exc).__name__}: "
                          f"{storage.scrub(str(exc))})") from None
@@ -86,6 +86,20 @@ def list_one(item: DataInput) -> Listing:
         raise StageError(f"data '{item.name}': {shown}: sha256 is declared but the URL is a {listing.kind} of "
                          f"{len(listing.entries)} file(s); declare sha256 for single files")
     return listing
+
+
+def _not_found(exc: FileNotFoundError) -> str:
+    """Why a URL counts as missing.  fsspec's HTTP filesystem raises
+    ``FileNotFoundError`` for any failed request, chained to the response
+    error: a refusal (401, 403) or another status is said as such."""
+    status = getattr(exc.__cause__, "status", None)
+    if isinstance(status, int) and status != 404:
+        reason = getattr(exc.__cause__, "message", "") or ""
+        if status in (401, 403):
+            return (f"the server refused access (HTTP {status} {reason}".rstrip() +
+                    "); check the credentials in storage_options (headers) or the URL's signature")
+        return f"the server answered HTTP {status} {reason}".rstrip()
+    return "not found"
 
 
 def preflight(inputs: list[DataInput]) -> dict[str, Listing]:

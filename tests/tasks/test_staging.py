@@ -265,6 +265,7 @@ class _Store:
     def __init__(self):
         self.files: dict[str, tuple[bytes, str | None]] = {}
         self.fail_gets: dict[str, int] = {}
+        self.statuses: dict[str, int] = {}  # path -> the status every request of it gets
         self.seen: collections.Counter = collections.Counter()
         self.lock = threading.Lock()
 
@@ -281,6 +282,13 @@ def http_store():
             with store.lock:
                 store.seen[(self.command, self.path)] += 1
                 found = store.files.get(self.path)
+                status = store.statuses.get(self.path)
+            if status is not None:
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            with store.lock:
                 fail = not head and found is not None and store.fail_gets.get(self.path, 0) > 0
                 if fail:
                     store.fail_gets[self.path] -= 1
@@ -495,7 +503,7 @@ def test_local_broken_symlink_fails_the_preflight_naming_it(tmp_path, scanner):
     assert str(err.value) == f"data 'tree': {src}: cannot read (OSError: sub/gone.bin: broken symbolic link)"
 
 
-def _tree(root, *, files: int, folders: int, content):
+def _make_tree(root, *, files: int, folders: int, content):
     """``root/d<i % folders>/f<i>.bin`` holding ``content(i)`` for i < files; returns ``root``."""
     for i in range(files):
         (root / f"d{i % folders}").mkdir(parents=True, exist_ok=True)
@@ -507,7 +515,7 @@ def test_local_folder_cache_sees_changed_sources_and_changed_copies(tmp_path, sc
     """Unchanged: reused.  A source file rewritten with the same size: copied
     again.  The staged copy changed in place by a previous run's work:
     copied again (the cache checks the copy's size and mtime too)."""
-    src = _tree(tmp_path / "src", files=30, folders=3, content=lambda i: b"%04d" % i)
+    src = _make_tree(tmp_path / "src", files=30, folders=3, content=lambda i: b"%04d" % i)
     item, data = DataInput(name="t", url=str(src)), tmp_path / "data"
     assert stage_input(item, data).copied is True
     assert stage_input(item, data).copied is False
@@ -586,13 +594,34 @@ def test_missing_http_input_is_not_retried(http_store, tmp_path, prefect_api):
     assert not (tmp_path / "data").exists()
 
 
+def test_http_refusals_are_not_reported_as_missing(http_store, tmp_path):
+    """Found by a fresh-user trial: a wrong token (HTTP 401) read 'not
+    found'.  fsspec raises FileNotFoundError for any failed request; the
+    status it chains is said instead."""
+    http_store.statuses.update({"/private.bin": 401, "/forbidden.bin": 403, "/broken.bin": 500})
+    cases = {
+        "/private.bin": "the server refused access (HTTP 401 Unauthorized); check the credentials in "
+                        "storage_options (headers) or the URL's signature",
+        "/forbidden.bin": "the server refused access (HTTP 403 Forbidden); check the credentials in "
+                          "storage_options (headers) or the URL's signature",
+        "/broken.bin": "the server answered HTTP 500 Internal Server Error",
+        "/missing.bin": "not found",
+    }
+    for path, why in cases.items():
+        url = http_store.base + path
+        with pytest.raises(StageError) as err:
+            preflight([DataInput(name="x", url=url)])
+        assert str(err.value) == f"data 'x': {url}: {why}"
+    assert not (tmp_path / "data").exists()
+
+
 def test_local_source_changed_during_the_copy_is_copied_again(tmp_path, scanner, monkeypatch):
     """Another writer rewrites a source file while cp runs: the relisting
     after the copy sees it and the input is copied again, so the staged
     tree holds the new bytes, never the old ones with the new listing."""
     from tasks import transfer
 
-    src = _tree(tmp_path / "src", files=12, folders=2, content=lambda i: b"old-%02d" % i)
+    src = _make_tree(tmp_path / "src", files=12, folders=2, content=lambda i: b"old-%02d" % i)
     real_cp, copies = transfer._cp_tree, []
 
     def cp_then_rewrite(root, dest):
@@ -613,7 +642,7 @@ def test_local_source_changed_during_the_copy_is_copied_again(tmp_path, scanner,
 def test_local_copy_with_a_file_added_by_the_work_is_copied_again(tmp_path, scanner):
     """The staged copy must be what the source holds: a file the previous
     run's work left inside it makes the next run copy the input again."""
-    src = _tree(tmp_path / "src", files=6, folders=2, content=lambda i: b"%d" % i)
+    src = _make_tree(tmp_path / "src", files=6, folders=2, content=lambda i: b"%d" % i)
     item, data = DataInput(name="t", url=str(src)), tmp_path / "data"
     assert stage_input(item, data).copied is True
     assert stage_input(item, data).copied is False
