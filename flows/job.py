@@ -13,6 +13,7 @@ import dataclasses
 import shutil
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -157,8 +158,7 @@ def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) ->
     stop_at, stop_reason = plan.stop_at(now)
     if stop_at - plan.grace_s <= now:
         if not (resume.crashed or resume.step is not None):
-            raise PlacementError(f"request.deadline: {stop_reason} leaves no time to run: the stop would come before "
-                                 f"the start (return reserve {plan.return_reserve_s:g} s, grace {plan.grace_s:g} s)")
+            raise PlacementError(_no_time(spec, plan, now, stop_at))
         # An earlier attempt stopped (or died with its process) and this one has no time left to run.
         earlier = "was lost" if resume.crashed else "stopped early"
         outcome = RunOutcome(reason="crashed" if resume.crashed else stop_reason, exit_code=None, run_s=0.0,
@@ -188,6 +188,22 @@ def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) ->
                    "dir": str(plan.checkpoint_dir),
                    "options": spec.output.checkpoint.storage_options or spec.output.storage_options}
     return _finish(plan, outcome.manifest or _return(plan, target, outcome, spec.output.storage_options, checkpoints))
+
+
+def _no_time(spec: JobSpec, plan: Plan, now: float, stop_at: float) -> str:
+    """Why a run cannot start before its deadline, naming the deadline field
+    the spec gave, the resolved times (UTC) and the fix."""
+    req = spec.request
+    field = ("request.deadline_within" if req.deadline_within is not None else
+             "request.deadline_at" if req.deadline_at is not None else "request.deadline")
+
+    def utc(seconds: float) -> str:
+        return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds")
+
+    deadline = plan.deadline.timestamp() if plan.deadline else stop_at
+    return (f"{field}: the deadline {utc(deadline)} ({plan.deadline_kind or 'absolute'}) leaves no time to run: the "
+            f"work would have to stop by {utc(stop_at)} ({plan.return_reserve_s:g} s before it, to return the output) "
+            f"and it is {utc(now)}, with {plan.grace_s:g} s of grace; give a later deadline or start the job sooner")
 
 
 def _return(plan: Plan, target: ReturnTarget, outcome: RunOutcome, output_options: dict | None = None,

@@ -146,6 +146,29 @@ def test_deadline_stops_before_it_with_the_return_reserve(prefect_api, scratch, 
     assert deadline - timedelta(seconds=6) <= arrived <= deadline - timedelta(seconds=2)
 
 
+def test_a_deadline_too_close_to_start_names_its_field_and_times(prefect_api, scratch, tmp_path, monkeypatch):
+    """Found by a fresh-user trial: the refusal named request.deadline for a
+    deadline_within and gave no times.  deadline_within 20s with a 30 s
+    return reserve cannot start; nothing runs and nothing is written."""
+    import re
+
+    from flows.placement import PlacementError
+
+    monkeypatch.setenv("E31_RETURN_RESERVE_S", "30")
+    raw = _spec(tmp_path, "too-close", limit="10m", grace="2s", step_s=0.1)
+    raw["request"]["deadline_within"] = "20s"
+    with pytest.raises(PlacementError) as err:
+        run_job(parse_spec(raw), code_dir=str(HERE))
+    utc = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00"
+    assert re.fullmatch(
+        rf"request.deadline_within: the deadline ({utc}) \(within 0:00:20 of the scheduled start\) leaves no time to "
+        rf"run: the work would have to stop by ({utc}) \(30 s before it, to return the output\) and it is ({utc}), "
+        r"with 2 s of grace; give a later deadline or start the job sooner", str(err.value)), str(err.value)
+    deadline, stop, now = (datetime.fromisoformat(t) for t in re.findall(utc, str(err.value)))
+    assert deadline - stop == timedelta(seconds=30) and timedelta(0) <= deadline - now <= timedelta(seconds=21)
+    assert not (tmp_path / "out" / "pid.txt").exists()
+
+
 @pytest.mark.parametrize("crash, code", [("exit", 1), ("segfault", -signal.SIGSEGV), ("raise", 1)])
 def test_crashed_work_fails_with_exit_code_and_returns_checkpoint(prefect_api, scratch, tmp_path, crash, code):
     spec = parse_spec(_spec(tmp_path, f"crash-{crash}", crash_after=3, crash=crash, step_s=0.05))
