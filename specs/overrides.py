@@ -81,7 +81,8 @@ def _set(data: dict[str, Any], parts: list[str | int], value: Any) -> tuple:
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> tuple[list[tuple], list[Problem]]:
     """Apply ``DOTTED.PATH=VALUE`` overrides to ``data`` in place, in order.
 
-    VALUE is parsed as a YAML scalar or flow value with the spec loader;
+    VALUE is parsed as a YAML scalar or flow value with the spec loader (an
+    empty VALUE is the empty string; ``null`` clears an optional field);
     missing intermediate mappings are created. Returns the locations set
     (for path resolution) and one problem per malformed override, with path
     ``--set OVERRIDE`` (URL credentials masked).
@@ -98,7 +99,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> tuple[lis
             continue
         path, _, text = override.partition("=")
         try:
-            value = parse_yaml_value(text)
+            value = parse_yaml_value(text) if text.strip() else ""  # "name=" is an empty value; null clears a field
             trial = copy.deepcopy(data)  # a failed override leaves no half-made mappings
             locations.append(_set(trial, parse_override_path(path.strip()), value))
         except _OverrideError as exc:

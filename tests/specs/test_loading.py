@@ -407,3 +407,16 @@ def test_override_of_an_int_field_with_a_signed_number_names_it(tmp_path):
 def test_spec_files_keep_yaml_numbers():
     spec = parse_spec(MINIMAL.replace("entrypoint: pkg.mod:main}", "entrypoint: pkg.mod:main, params: {dec: 010, hex: 0x1F}}"))
     assert spec.work.params == {"dec": 10, "hex": 31}
+
+
+def test_an_empty_override_value_is_the_empty_string_and_null_clears(tmp_path):
+    """Found by a fresh-user trial: `--set name=` said 'must be a string (got
+    None)'; it is the empty string, refused with the full rule."""
+    path = write(tmp_path, MINIMAL)
+    with pytest.raises(SpecError) as info:
+        load_spec(path, ["name="])
+    assert [str(p) for p in info.value.problems] == [
+        "name: must be 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit (got ''); it names "
+        "the run and its folder, e.g. digits-nightly-retrain"]
+    spec = load_spec(path, ["work.params.note=", "work.params.gone=null"])
+    assert spec.work.params["note"] == "" and spec.work.params["gone"] is None
