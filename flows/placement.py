@@ -57,11 +57,15 @@ def check_fits(plan: Plan, node: Node | None = None) -> Node:
     node = node or this_node()
     short = []
     if plan.gpus > node.gpus:
-        short.append(f"request.gpus: {plan.gpus} requested, {node.name} has {node.gpus}")
+        short.append(f"request.gpus: {plan.gpus} requested, this machine has {node.gpus}")
     if plan.cpus > node.cpus:
-        short.append(f"request.cpus: {plan.cpus} requested, {node.name} has {node.cpus}")
+        short.append(f"request.cpus: {plan.cpus} requested, this machine has {node.cpus}")
     if plan.memory and plan.memory > node.memory:
-        short.append(f"request.memory: {plan.memory / GIB:.1f} GiB requested, {node.name} has {node.memory / GIB:.1f} GiB")
+        short.append(f"request.memory: {plan.memory / GIB:.1f} GiB requested, this machine has "
+                     f"{node.memory / GIB:.1f} GiB")
     if short:
-        raise PlacementError("request does not fit this machine:\n  " + "\n  ".join(short))
+        raise PlacementError(
+            f"request does not fit this machine ({node.name}):\n  " + "\n  ".join(short) +
+            "\n  ask for no more than it has, or deploy the job (e31 deploy) to a work pool whose workers run "
+            "where the resources are")
     return node

@@ -119,7 +119,11 @@ def test_run_refuses_a_request_larger_than_this_machine(e31, prefect_api, tmp_pa
         env={"E31_SCRATCH": str(tmp_path / "scratch"), "CUDA_VISIBLE_DEVICES": ""},
     )
     assert result.returncode == 1
-    assert "e31: request does not fit this machine:\n  request.gpus: 8 requested," in result.stderr
+    import os
+
+    assert (f"e31: request does not fit this machine ({os.uname().nodename}):\n  request.gpus: 8 requested, this "
+            "machine has 0\n  ask for no more than it has, or deploy the job (e31 deploy) to a work pool whose workers "
+            "run where the resources are\n") in result.stderr
     assert "Traceback" not in result.stderr
 
 
