@@ -31,6 +31,7 @@ class ProgressReporter:
         self._artifact_id = None
         self._artifact_at = 0.0
         self._log_at = 0.0
+        self._logged: str | None = None  # the last progress line logged
         self._bar = None
         self._task_id = None
         self.last: dict | None = None
@@ -81,7 +82,10 @@ class ProgressReporter:
         elif final or now - self._log_at >= LOG_EVERY_S:
             self._log_at = now
             of = f"/{total:g}" if total else ""
-            get_run_logger().info("progress %g%s %s", done, of, metrics)
+            line = f"progress {done:g}{of} {metrics}".rstrip()
+            if line != self._logged:  # the final poll of a report already logged adds nothing
+                self._logged = line
+                get_run_logger().info("%s", line)
         if percent is not None and (final or now - self._artifact_at >= ARTIFACT_EVERY_S):
             self._artifact_at = now
             self._pending = (percent, f"{self.job}: {done:g}/{total:g} {metrics}")
