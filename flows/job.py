@@ -20,17 +20,17 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
-from prefect.states import Completed
+from prefect.states import Completed, Failed
 
 from flows.compile import Plan, compile_plan, describe_markdown
 from flows.placement import PlacementError, check_fits
-from flows.resume import Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
+from flows.resume import JobBusy, Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
 from specs import JobSpec, mask_url
 from tasks.checkpoint import latest_durable, upload
 from tasks.checkpoints import latest_valid
 from tasks.context import ChildConfig
-from tasks.deliver import (ReturnTarget, check_destination, deliver, publish_artifacts, return_task,
-                           write_failure_manifest)
+from tasks.deliver import (DestinationError, ReturnTarget, check_destination, deliver, publish_artifacts,
+                           return_task, write_failure_manifest)
 from tasks.outcome import ChildLost, RunOutcome
 from tasks.process import signals_deferred
 from tasks.run import RunSettings, run_task
@@ -117,12 +117,22 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     :class:`ReturnFailed` (the destination refused the output, which stays in
     scratch).
     """
-    manifest = _run_job(spec, code_dir)
+    try:
+        manifest = _run_job(spec, code_dir)
+    except _expected() as exc:  # explained in one line: the flow run fails with it, no traceback in the logs
+        get_run_logger().error("%s", scrub(str(exc)))
+        return Failed(message=scrub(str(exc)), data=exc)  # a caller (Python, a parent flow) gets exc raised
     if manifest["status"] != "partial" or manifest["reason"] == "cancelled":
         return manifest  # (a cancelled run's state is Prefect's: a State returned here would make the call raise)
     return Completed(name="Partial", data=manifest,
                      message=f"partial ({manifest['reason']}): step {manifest['step']}; {manifest.get('message') or ''}"
                              .rstrip("; "))
+
+
+def _expected() -> tuple[type[BaseException], ...]:
+    from tasks.credentials import CredentialError
+
+    return (PlacementError, StageError, DestinationError, JobBusy, CredentialError, JobFailed, ReturnFailed)
 
 
 def _run_job(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:

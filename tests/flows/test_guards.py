@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,34 @@ def test_command_checkpoints_with_an_empty_marker_and_cwd_beside_the_spec(prefec
     assert (durable / "weights.bin").read_bytes() == bytes([2]) * 10
     marker = json.loads((durable / "COMMITTED").read_text())
     assert marker["step"] == 2 and marker["files"]["weights.bin"]["bytes"] == 10
+
+
+def test_expected_refusals_fail_the_flow_run_with_one_line_and_no_traceback(prefect_api, scratch, tmp_path,
+                                                                            monkeypatch):
+    """Found by a fresh-user trial: a request too large for the machine
+    logged two full tracebacks in the flow run's log (the UI).  The caller
+    still gets the exception; the run fails with its one-line message."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from flows.placement import PlacementError
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    spec = _cmd(tmp_path, "too-big", [sys.executable, "-c", "open('ran', 'w')"])
+    spec["request"]["gpus"] = 8
+    state = run_job(parse_spec(spec), return_state=True)
+    with pytest.raises(PlacementError) as err:
+        state.result()
+    assert str(err.value).startswith("request does not fit this machine (")
+    assert (state.type.value, state.message) == ("FAILED", str(err.value))
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler().flush()  # logs reach the API in batches
+    only_run = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+    deadline, text = time.monotonic() + 20, ""
+    while str(err.value) not in text and time.monotonic() < deadline:
+        time.sleep(0.5)
+        with get_client(sync_client=True) as client:
+            text = "\n".join(log.message for log in client.read_logs(log_filter=only_run))
+    assert str(err.value) in text and "Traceback" not in text
+    assert not (tmp_path / "ran").exists()
