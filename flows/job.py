@@ -29,6 +29,7 @@ from specs import JobSpec, mask_url
 from tasks.checkpoint import latest_durable, upload
 from tasks.checkpoints import latest_valid
 from tasks.context import ChildConfig
+from tasks.credentials import CredentialError
 from tasks.deliver import (DestinationError, ReturnTarget, check_destination, deliver, publish_artifacts,
                            return_task, write_failure_manifest)
 from tasks.outcome import ChildLost, RunOutcome
@@ -37,7 +38,7 @@ from tasks.run import RunSettings, run_task
 from tasks.pending import clear_pending, kept_missing, load_pending, pending_checkpoints, save_pending
 from tasks.stage import StageError, preflight, stage_task
 from tasks.storage import scrub, use_options
-from tasks.storage_setup import register_storage
+from tasks.storage_setup import register_destination, register_inputs
 
 
 class ReturnFailed(RuntimeError):
@@ -130,8 +131,6 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
 
 
 def _expected() -> tuple[type[BaseException], ...]:
-    from tasks.credentials import CredentialError
-
     return (PlacementError, StageError, DestinationError, JobBusy, CredentialError, JobFailed, ReturnFailed)
 
 
@@ -141,10 +140,15 @@ def _run_job(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
     create_markdown_artifact(markdown=describe_markdown(spec, plan), key="job-spec",
                              description=f"{spec.name}: the four declarations")
     check_fits(plan)
-    register_storage(spec, plan)
+    register_destination(spec, plan)
     check_destination(plan.output_url, "output.url")
     if not plan.checkpoint_url.startswith(plan.output_url.rstrip("/") + "/"):
         check_destination(plan.checkpoint_url, "output.checkpoint.url")
+    try:
+        register_inputs(spec)
+    except CredentialError as exc:  # an input that cannot be read: said at the destination, as a missing one is
+        write_failure_manifest(_target(plan), str(exc))
+        raise
     crashed = open_scratch(plan)
     try:
         try:  # an earlier attempt's undelivered output first, before anything in scratch is cleared
@@ -158,12 +162,17 @@ def _run_job(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
         end_attempt(plan)
 
 
-def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) -> dict[str, Any]:
-    run_id = str(flow_run.id) if flow_run.id else None
-    target = ReturnTarget(
-        job=plan.job, run_id=run_id, output_dir=str(plan.output_dir), output_url=plan.output_url,
-        declared=plan.output_files, gpus=plan.gpus, cpus=plan.cpus, spec_sha256=plan.spec_sha256,
+def _target(plan: Plan) -> ReturnTarget:
+    """Where this flow run's output goes, and what it declared."""
+    return ReturnTarget(
+        job=plan.job, run_id=str(flow_run.id) if flow_run.id else None, output_dir=str(plan.output_dir),
+        output_url=plan.output_url, declared=plan.output_files, gpus=plan.gpus, cpus=plan.cpus,
+        spec_sha256=plan.spec_sha256,
     )
+
+
+def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) -> dict[str, Any]:
+    target = _target(plan)
     now = time.time()
     stop_at, stop_reason = plan.stop_at(now)
     if stop_at - plan.grace_s <= now:

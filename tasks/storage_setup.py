@@ -15,16 +15,32 @@ from tasks import storage
 
 
 def register_storage(spec: Any, plan: Any) -> None:
-    """Resolve and register the storage options of every input, the output
-    (``plan.output_url``) and the checkpoint folder (``plan.checkpoint_url``).
-    Raises ``tasks.credentials.CredentialError`` naming the field when a
-    referenced Secret block or environment variable is missing."""
+    """Resolve and register the storage options of the output
+    (``plan.output_url``), the checkpoint folder (``plan.checkpoint_url``)
+    and every input (:func:`register_destination`, then
+    :func:`register_inputs`).  Raises ``tasks.credentials.CredentialError``
+    naming the field when a referenced Secret block or environment variable
+    is missing."""
+    register_destination(spec, plan)
+    register_inputs(spec)
+
+
+def register_inputs(spec: Any) -> None:
+    """Resolve and register the storage options of every ``data[]`` input;
+    raises ``CredentialError`` naming the first field that cannot be."""
     from tasks.credentials import resolve_options
 
     for index, item in enumerate(spec.data):
         options = getattr(item, "storage_options", None)
         if options:
             storage.use_options(item.url, resolve_options(options, f"data[{index}].storage_options"))
+
+
+def register_destination(spec: Any, plan: Any) -> None:
+    """Resolve and register the storage options of the output and the
+    checkpoint folder; raises ``CredentialError`` naming the field."""
+    from tasks.credentials import resolve_options
+
     out = getattr(spec.output, "storage_options", None)
     if out:
         storage.use_options(plan.output_url, resolve_options(out, "output.storage_options"))

@@ -159,3 +159,26 @@ def test_expected_refusals_fail_the_flow_run_with_one_line_and_no_traceback(pref
             text = "\n".join(log.message for log in client.read_logs(log_filter=only_run))
     assert str(err.value) in text and "Traceback" not in text
     assert not (tmp_path / "ran").exists()
+
+
+def test_an_input_whose_credential_is_missing_fails_with_a_manifest_saying_so(prefect_api, scratch, tmp_path,
+                                                                               monkeypatch):
+    """Found by a fresh-user trial: an input credential's environment
+    variable missing on the worker left the previous run's manifest at the
+    destination; like a missing input, it now writes a failed one."""
+    from tasks.credentials import CredentialError
+
+    monkeypatch.delenv("E31_TEST_UNSET_TOKEN", raising=False)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps({"status": "completed", "run_id": "older"}))
+    spec = _cmd(tmp_path, "no-token", [sys.executable, "-c", "open('ran', 'w')"])
+    spec["data"] = [{"name": "table", "url": "https://127.0.0.1:9/table.csv",
+                     "storage_options": {"headers": {"Authorization": {"env": "E31_TEST_UNSET_TOKEN"}}}}]
+    with pytest.raises(CredentialError) as err:
+        run_job(parse_spec(spec), code_dir=str(tmp_path))
+    assert str(err.value).startswith("data[0].storage_options.headers.Authorization: the environment variable "
+                                     "E31_TEST_UNSET_TOKEN is not set on this worker")
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert (manifest["status"], manifest["reason"], manifest["message"]) == ("failed", "error", str(err.value))
+    assert manifest["run_id"] != "older" and manifest["files"] == []
+    assert not (tmp_path / "ran").exists()
