@@ -26,8 +26,8 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BeforeValidator, ValidationError, WithJsonSchema
 
 from .base import spec_error
-from .credential_keys import (CREDENTIAL_KEYS, CREDENTIAL_WORDS, PATH_SUFFIXES, TOKEN_MODES, is_auth_mode,
-                              is_credential_header, is_credential_key, is_headers_key)
+from .credential_keys import (CREDENTIAL_KEYS, CREDENTIAL_WORDS, HEADER_WORDS, PATH_SUFFIXES, TOKEN_MODES,
+                              is_auth_mode, is_credential_header, is_credential_key, is_headers_key)
 from .fields import check_json, has_password, password_error
 
 __all__ = [
@@ -195,19 +195,35 @@ CREDENTIAL_KEY_PATTERN = (
     "(?:.*(?:" + "|".join(_loose(w) for w in CREDENTIAL_WORDS) + ").*"
     "|[-_\\s]*(?:" + "|".join(_loose(k) for k in sorted(CREDENTIAL_KEYS)) + ")[-_\\s]*)$"
 )
+#: JSON Schema pattern of the HTTP header names :func:`is_credential_header`
+#: calls credentials (``Authorization``, ``Cookie``, ``X-Api-Key``...).
+CREDENTIAL_HEADER_PATTERN = (
+    f"(?:{CREDENTIAL_KEY_PATTERN})|^.*(?:" + "|".join(_loose(w) for w in HEADER_WORDS) + ").*$"
+)
 _CREDENTIAL_VALUE = {
     "description": "A credential: a reference only (or null / true / false, or a gcsfs token mode).",
     "anyOf": [*_REFERENCE_SCHEMAS, {"type": ["null", "boolean"]}, {"enum": sorted(TOKEN_MODES)}],
 }
 
+#: HTTP headers as fsspec's HTTP filesystem takes them (``headers`` or
+#: ``client_kwargs.headers``): credential header values must be references.
+_HEADERS = {"description": "HTTP headers; credentials ({secret:} or {env:}) only under names such as Authorization.",
+            "anyOf": [{"type": "object", "patternProperties": {CREDENTIAL_HEADER_PATTERN: _CREDENTIAL_VALUE}},
+                      {"not": {"type": "object"}}]}
+
 #: fsspec filesystem options (``endpoint_url``, ``client_kwargs``, ``anon``...): JSON values or references.
 #: The JSON Schema (what Prefect checks a run's parameters against before
-#: storing them) refuses literals under top-level credential keys; the
-#: validator refuses them at any depth and in HTTP headers.
+#: storing them) refuses literals under top-level credential keys and
+#: credential header names in ``headers`` / ``client_kwargs.headers``; the
+#: validator refuses them at any depth.
 StorageOptions = Annotated[
     dict[str, Any],
     BeforeValidator(lambda value: {} if value is None else value),  # "storage_options:" with nothing under it
     AfterValidator(check_storage_options),
-    WithJsonSchema({"type": "object", "patternProperties": {CREDENTIAL_KEY_PATTERN: _CREDENTIAL_VALUE},
-                    "additionalProperties": {"anyOf": [*_REFERENCE_SCHEMAS, _OTHER_JSON]}}),
+    WithJsonSchema({
+        "type": "object",
+        "properties": {"headers": _HEADERS, "client_kwargs": {"type": "object", "properties": {"headers": _HEADERS}}},
+        "patternProperties": {CREDENTIAL_KEY_PATTERN: _CREDENTIAL_VALUE},
+        "additionalProperties": {"anyOf": [*_REFERENCE_SCHEMAS, _OTHER_JSON]},
+    }),
 ]

@@ -153,7 +153,8 @@ def test_a_literal_credential_typed_into_a_run_form_is_refused_before_it_is_stor
     spec = dict(deployment.parameters["spec"])
     planted = "literal-pw-9f3c2a"
     with get_client(sync_client=True) as client:
-        for options in ({"secret": planted}, {"Secret-Access-Key": planted, "endpoint_url": "http://127.0.0.1:9"}):
+        for options in ({"secret": planted}, {"Secret-Access-Key": planted, "endpoint_url": "http://127.0.0.1:9"},
+                        {"client_kwargs": {"headers": {"Authorization": f"Bearer {planted}"}}}):
             spec["output"] = {**spec["output"], "storage_options": options}
             try:
                 client.create_flow_run_from_deployment(deployment.id, parameters={"spec": spec})

@@ -197,6 +197,10 @@ def test_schema_describes_storage_options():
         ({"secret": "literal-pw"}, False), ({"Secret-Access-Key": "x"}, False), ({"aws_access_key_id": 1}, False),
         ({"token": "anon", "password": None, "use_token": True, "token_file": "/run/t"}, True),
         ({"key_prefix": "a/", "endpoint_url": "http://x"}, True),
+        ({"headers": {"Authorization": "Bearer x"}}, False), ({"headers": {"X-Api-Key": "k"}}, False),
+        ({"client_kwargs": {"headers": {"Cookie": "s=1"}}}, False),
+        ({"headers": {"Authorization": {"env": "TOKEN"}, "Accept": "text/csv"},
+          "client_kwargs": {"headers": {"Cookie": {"secret": "c"}}, "trust_env": True}}, True),
     ]:
         assert validator.is_valid({**base, "output": {**base["output"], "storage_options": options}}) is ok, options
 
@@ -228,3 +232,15 @@ def test_schema_credential_key_pattern_agrees_with_is_credential_key(key):
     from specs.storage_options import CREDENTIAL_KEY_PATTERN, is_credential_key
 
     assert bool(re.search(CREDENTIAL_KEY_PATTERN, key)) is is_credential_key(key)
+
+
+
+@pytest.mark.parametrize("name", [
+    "Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "X-Auth-Token", "X-Amz-Security-Token",
+    "Ocp-Apim-Subscription-Key", "bearer", "Accept", "User-Agent", "Range", "Content-Type", "If-None-Match",
+])
+def test_schema_credential_header_pattern_agrees_with_is_credential_header(name):
+    from specs.credential_keys import is_credential_header
+    from specs.storage_options import CREDENTIAL_HEADER_PATTERN
+
+    assert bool(re.search(CREDENTIAL_HEADER_PATTERN, name)) is is_credential_header(name)
