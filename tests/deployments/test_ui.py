@@ -36,3 +36,22 @@ def test_flow_run_page_shows_the_job_in_headless_chromium(prefect_api, scratch, 
                          check=True, capture_output=True, text=True, timeout=120).stdout
     for text in ("digits-nightly-retrain", "kind:training", "gpus:0", "Completed"):
         assert text in dom, text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium; .ci/run installs it)")
+def test_a_deployments_custom_run_form_renders_the_spec_schema(prefect_api, e31, tmp_path):
+    """The run form of an e31 deployment is built from the spec's JSON Schema
+    (with the credential patterns of storage_options): the page renders it."""
+    import sys
+
+    subprocess.run([sys.executable, "-m", "prefect", "work-pool", "create", "ui-pool", "--type", "process"],
+                   check=True, capture_output=True)
+    result = e31("deploy", str(REPO / "specs/examples/digits-nightly-retrain.yaml"), "--pool", "ui-pool",
+                 "--name", "ui-form")
+    assert result.returncode == 0, result.stderr
+    deployment_id = result.stdout.splitlines()[-1].split("(")[1].split(")")[0]
+    page = f"{prefect_ui_url()}/deployments/deployment/{deployment_id}/run"
+    dom = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page],
+                         check=True, capture_output=True, text=True, timeout=120).stdout
+    for text in ("ui-form", "Spec", "Output", "Storage Options"):
+        assert text in dom, text
