@@ -86,9 +86,15 @@ def _run(spec: JobSpec, spec_path: str) -> int:
         if os.environ.get("E31_DEBUG"):
             raise
         api = os.environ.get("PREFECT_API_URL")
-        hint = f" (PREFECT_API_URL={api})" if api else ""
+        hint = f" (PREFECT_API_URL={api})" if api and _api_error(exc) else ""
         print(f"e31: {type(exc).__name__}: {exc}{hint}; set E31_DEBUG=1 for the traceback", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _api_error(exc: BaseException) -> bool:
+    """True for an error reaching the Prefect API (httpx / Prefect's own)."""
+    module = type(exc).__module__
+    return module.startswith(("httpx", "httpcore", "prefect")) or "Failed to reach API" in str(exc)
 
 
 def _run_with_api(spec: JobSpec, spec_path: str) -> int:
@@ -302,18 +308,20 @@ def _deploy(spec: JobSpec, args: argparse.Namespace) -> int:
 def _schedule_problems(spec: JobSpec, cron: str | None, timezone: str | None) -> list[str]:
     """What is wrong with a deployment's ``--cron`` / ``--timezone`` for
     ``spec``, before anything is sent to the server: a timezone without a
-    cron, an invalid cron string (croniter's five fields) or IANA timezone,
+    cron, an empty or invalid cron string (five fields, or an @daily-style
+    name; a sixth, seconds field would start a run every second) or IANA timezone,
     and an absolute ``request.deadline`` on a schedule (every run after it
     would be refused)."""
     problems = []
-    if timezone and not cron:
+    if timezone is not None and cron is None:
         problems.append("--timezone applies to a --cron schedule; give --cron too (e.g. --cron '0 2 * * *')")
     from prefect.client.schemas.schedules import CronSchedule  # Prefect's own checks of both
 
-    if timezone and not _valid(CronSchedule, cron="0 0 * * *", timezone=timezone):
+    if timezone is not None and not (timezone.strip() and _valid(CronSchedule, cron="0 0 * * *", timezone=timezone)):
         problems.append(f"--timezone {timezone!r} is not an IANA timezone; e.g. UTC, Europe/London, America/New_York")
-    if cron:
-        if not _valid(CronSchedule, cron=cron):
+    if cron is not None:
+        five = cron.strip().startswith("@") or len(cron.split()) == 5  # Prefect also takes a 6th field: seconds
+        if not (five and _valid(CronSchedule, cron=cron)):
             problems.append(f"--cron {cron!r} is not a cron schedule; five fields: minute hour day-of-month month "
                             "day-of-week, e.g. '0 2 * * *' (02:00 every day)")
         if spec.request.deadline is not None:

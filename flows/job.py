@@ -28,6 +28,7 @@ from flows.resume import JobBusy, Resume, end_attempt, open_scratch, remove_stal
 from specs import JobSpec, mask_url
 from tasks.checkpoint import latest_durable, upload
 from tasks.checkpoints import latest_valid
+from tasks.cancel import cancel_requested
 from tasks.context import ChildConfig
 from tasks.credentials import CredentialError
 from tasks.deliver import (DestinationError, ReturnTarget, check_destination, deliver, publish_artifacts,
@@ -84,18 +85,22 @@ def _child_config(spec: JobSpec, plan: Plan, staged: dict[str, str], code_dir: s
     )
 
 
-def _settle_cancelled(flow: Any, run: Any, state: Any) -> None:
-    """Prefect ``on_cancellation`` hook: move a run that is still
-    ``Cancelling`` once E31 stopped its work and returned what it had to
-    ``Cancelled``.  Prefect calls it only where no runner or worker owns the
-    cancellation (``e31 run``, a call from Python); without it the server
-    refuses the engine's final state and the run stays ``Cancelling``."""
+def _settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
+    """Prefect ``on_cancellation`` hook (Prefect passes ``flow``, ``flow_run``
+    and ``state`` by name): move a run that is still ``Cancelling`` once E31
+    stopped its work and returned what it had to ``Cancelled``.  Where no
+    runner or worker owns the cancellation (``e31 run``, a call from
+    Python) the server would otherwise refuse the engine's final state and
+    the run would stay ``Cancelling``; a runner settles it itself."""
     from prefect import get_client
     from prefect.states import Cancelled
 
     with get_client(sync_client=True) as client:
-        client.set_flow_run_state(run.id, Cancelled(message="cancelled: E31 stopped the work and returned its latest "
-                                                            "output and checkpoint (see the manifest)"))
+        now = client.read_flow_run(flow_run.id).state
+        if now is not None and now.is_cancelling():
+            client.set_flow_run_state(flow_run.id, Cancelled(
+                message="cancelled: E31 stopped the work and returned its latest output and checkpoint (see the "
+                        "manifest)"))
 
 
 @flow(name="e31-job", flow_run_name="{spec.name}", persist_result=False, on_cancellation=[_settle_cancelled])
@@ -195,11 +200,16 @@ def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) ->
         futures = [stage_task.with_options(task_run_name=f"stage-{item.name}").submit(
                        item, str(plan.data_dir), listings[item.name]) for item in plan.inputs]
         staged = {s.name: s.path for s in (f.result() for f in futures)}
-    except StageError as exc:
+    except Exception as exc:
         # Nothing ran; say so at the destination, so an older manifest there is not taken for this run's.
-        write_failure_manifest(target, str(exc))
+        write_failure_manifest(target, str(exc) if isinstance(exc, StageError) else
+                               f"staging failed: {type(exc).__name__}: {scrub(str(exc))}")
         raise
     target.staging_s = time.monotonic() - started
+    if cancel_requested(target.run_id):  # cancelled while staging: the work never starts, nothing is removed
+        outcome = RunOutcome(reason="cancelled", exit_code=None, run_s=0.0,
+                             message="cancelled while the inputs were staged; the work did not start")
+        return _finish(plan, _return(plan, target, outcome, spec.output.storage_options))
     if resume.step is None:  # a fresh run starts now: an earlier run's durable checkpoints make way
         remove_stale_checkpoints(plan)
     outcome = _run(spec, plan, staged, code_dir, target, time.time())

@@ -18,6 +18,19 @@ from prefect.client.schemas.objects import StateType
 POLL_EVERY_S = 2.0  # seconds between state reads
 
 
+def cancel_requested(flow_run_id: str | None) -> bool:
+    """True when the flow run ``flow_run_id`` is ``Cancelling`` or
+    ``Cancelled`` now (one read of the API; an error or no id: False)."""
+    if flow_run_id is None:
+        return False
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(flow_run_id).state
+    except Exception:
+        return False
+    return state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED)
+
+
 class CancelWatcher:
     """``cancelled()`` is True once the flow run ``flow_run_id`` was seen
     being cancelled.  An API error counts as "not cancelled" (the run goes

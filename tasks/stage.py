@@ -94,12 +94,33 @@ def _not_found(exc: FileNotFoundError) -> str:
     error: a refusal (401, 403) or another status is said as such."""
     status = getattr(exc.__cause__, "status", None)
     if isinstance(status, int) and status != 404:
-        reason = getattr(exc.__cause__, "message", "") or ""
-        if status in (401, 403):
-            return (f"the server refused access (HTTP {status} {reason}".rstrip() +
-                    "); check the credentials in storage_options (headers) or the URL's signature")
-        return f"the server answered HTTP {status} {reason}".rstrip()
+        return _http_answer(status, getattr(exc.__cause__, "message", ""))
     return "not found"
+
+
+def _http_answer(status: int, reason: str | None) -> str:
+    if status in (401, 403):
+        return (f"the server refused access (HTTP {status} {reason or ''}".rstrip() +
+                "); check the credentials in storage_options (headers) or the URL's signature")
+    return f"the server answered HTTP {status} {reason or ''}".rstrip()
+
+
+#: HTTP statuses of a download that retrying will not change.
+FINAL_STATUSES = frozenset({400, 401, 403, 404, 405, 410, 451})
+
+
+def _final_refusal(exc: BaseException) -> str | None:
+    """Why a copy failed for good -- the file vanished after the preflight,
+    or the server refused it with a status in :data:`FINAL_STATUSES` (an
+    ``aiohttp`` response error, possibly chained) -- or None for errors a
+    retry may cure."""
+    for err in (exc, exc.__cause__):
+        status = getattr(err, "status", None)
+        if isinstance(status, int) and status in FINAL_STATUSES:
+            return "gone since the preflight" if status in (404, 410) else _http_answer(status, getattr(err, "message", ""))
+    if isinstance(exc, FileNotFoundError):
+        return "gone since the preflight"
+    return None
 
 
 def preflight(inputs: list[DataInput]) -> dict[str, Listing]:
@@ -148,8 +169,11 @@ def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None)
             listing = list_one(item)
             local = folder / listing.entries[0].rel if listing.kind == "file" else folder
             continue
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            why = _final_refusal(exc) if isinstance(exc, Exception) else None
+            if why:
+                raise StageError(f"data '{item.name}': {mask_url(item.url)}: {why}") from None
             raise
         record_path.unlink(missing_ok=True)
         shutil.rmtree(folder, ignore_errors=True)

@@ -182,6 +182,13 @@ def test_deploy_refuses_bad_schedules_before_contacting_the_server(e31, tmp_path
          ["--timezone 'Mars/Base' is not an IANA timezone; e.g. UTC, Europe/London, America/New_York",
           "--cron '61 2 * * *' is not a cron schedule; five fields: minute hour day-of-month month day-of-week, "
           "e.g. '0 2 * * *' (02:00 every day)"]),
+        (["--cron", "0 2 * * * *"],  # Prefect takes a sixth field, seconds: a run every second of 02:00
+         ["--cron '0 2 * * * *' is not a cron schedule; five fields: minute hour day-of-month month day-of-week, "
+          "e.g. '0 2 * * *' (02:00 every day)"]),
+        (["--cron", "", "--timezone", ""],
+         ["--timezone '' is not an IANA timezone; e.g. UTC, Europe/London, America/New_York",
+          "--cron '' is not a cron schedule; five fields: minute hour day-of-month month day-of-week, "
+          "e.g. '0 2 * * *' (02:00 every day)"]),
         (["--cron", "0 2 * * *", "--set", "request.deadline_within=null",
           "--set", "request.deadline=2026-12-01T06:00:00+00:00"],
          ["request.deadline 2026-12-01T06:00:00+00:00 is one moment, and every scheduled run after it would be "

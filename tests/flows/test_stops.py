@@ -338,3 +338,65 @@ def test_next_attempt_kills_what_a_killed_flow_left_running(prefect_api, scratch
     stdout, stderr = again.communicate(timeout=120)
     assert again.returncode == 0, stderr
     _wait_for(lambda: _pid_gone(grandchild), timeout=5)  # the next attempt cleaned it up
+
+
+def test_cancel_while_inputs_stage_keeps_the_earlier_checkpoints_and_runs_nothing(prefect_api, scratch, tmp_path):
+    """Found by a fresh-user trial: a cancel during a slow download let the
+    work start once staging ended, and the fresh run removed the earlier
+    run's durable checkpoints.  Now the work never starts, nothing is
+    removed, and the manifest says what happened."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    class Slow(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_HEAD(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "6")
+            self.end_headers()
+
+        def do_GET(self):
+            time.sleep(8)
+            self.do_HEAD()
+            self.wfile.write(b"inputs")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    out = tmp_path / "out"
+    earlier = out / "checkpoints" / "step-2"
+    earlier.mkdir(parents=True)
+    (earlier / "state.pt").write_bytes(b"older run")
+    (earlier / MARKER).write_text(json.dumps({"step": 2, "files": {"state.pt": {"bytes": 9, "sha256": "0" * 64}},
+                                              "work_sha256": "older"}))
+    spec = _spec(tmp_path, "cancel-staging", step_s=0.1)
+    spec["data"] = [{"name": "inp", "url": f"http://127.0.0.1:{server.server_address[1]}/inputs.txt"}]
+    try:
+        proc = _start_cli(tmp_path, spec)
+        run_filter = FlowRunFilter(name=FlowRunFilterName(any_=["cancel-staging"]))
+
+        def started() -> bool:
+            with get_client(sync_client=True) as client:
+                return bool(client.read_flow_runs(flow_run_filter=run_filter))
+
+        _wait_for(started, timeout=60)
+        with get_client(sync_client=True) as client:
+            (run,) = client.read_flow_runs(flow_run_filter=run_filter)
+        time.sleep(1)  # staging under way
+        subprocess.run([sys.executable, "-m", "prefect", "flow-run", "cancel", str(run.id)], check=True,
+                       capture_output=True)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 3, stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["status"], manifest["reason"], manifest["files"]) == ("partial", "cancelled", [])
+    assert manifest["message"] == "cancelled while the inputs were staged; the work did not start"
+    assert (earlier / "state.pt").read_bytes() == b"older run"
+    assert not (out / "pid.txt").exists()  # the work never ran
+    _wait_for(lambda: _flow_run_state(str(run.id)).type.value == "CANCELLED", timeout=20)

@@ -266,6 +266,7 @@ class _Store:
         self.files: dict[str, tuple[bytes, str | None]] = {}
         self.fail_gets: dict[str, int] = {}
         self.statuses: dict[str, int] = {}  # path -> the status every request of it gets
+        self.get_statuses: dict[str, int] = {}  # path -> the status its GETs get (HEADs answer normally)
         self.seen: collections.Counter = collections.Counter()
         self.lock = threading.Lock()
 
@@ -282,7 +283,7 @@ def http_store():
             with store.lock:
                 store.seen[(self.command, self.path)] += 1
                 found = store.files.get(self.path)
-                status = store.statuses.get(self.path)
+                status = store.statuses.get(self.path) or (None if head else store.get_statuses.get(self.path))
             if status is not None:
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
@@ -613,6 +614,29 @@ def test_http_refusals_are_not_reported_as_missing(http_store, tmp_path):
             preflight([DataInput(name="x", url=url)])
         assert str(err.value) == f"data 'x': {url}: {why}"
     assert not (tmp_path / "data").exists()
+
+
+def test_a_download_refused_after_the_preflight_fails_once_and_says_why(http_store, tmp_path, prefect_api):
+    """Found by a fresh-user trial: HEAD answered 200 and GET 401; the raw
+    client error was retried and surfaced as a traceback-like line.  A
+    refusal that retrying cannot change fails the stage at once, named."""
+    from prefect import flow
+
+    http_store.files["/a.txt"] = (b"secret table", None)
+    http_store.get_statuses["/a.txt"] = 401
+    url = http_store.base + "/a.txt"
+    task = stage_task.with_options(retries=2, retry_delay_seconds=[0.1, 0.1])
+
+    @flow
+    def run():
+        return task(DataInput(name="a", url=url), str(tmp_path / "data"))
+
+    with pytest.raises(StageError) as err:
+        run()
+    assert str(err.value) == (f"data 'a': {url}: the server refused access (HTTP 401 Unauthorized); check the "
+                              "credentials in storage_options (headers) or the URL's signature")
+    assert http_store.seen[("GET", "/a.txt")] == 1  # not retried
+    assert _leftovers(tmp_path / "data") == []
 
 
 def test_local_source_changed_during_the_copy_is_copied_again(tmp_path, scanner, monkeypatch):
