@@ -22,7 +22,7 @@ from .units import (
     parse_duration,
     parse_memory,
 )
-from .urls import mask_url
+from .urls import SECRET_URL_PATTERN, mask_url
 
 __all__ = [
     "Deadline", "Duration", "FileName", "Grace", "InputName", "JobName", "Memory", "NonEmpty",
@@ -147,7 +147,9 @@ Url = Annotated[
     str,
     AfterValidator(_url),
     PlainSerializer(_serialize_url, return_type=str),
-    WithJsonSchema({"type": "string", "minLength": 1}),
+    # a URL carrying a credential is refused by the schema too: a Prefect server checks a deployment run's
+    # parameters against it before storing them
+    WithJsonSchema({"type": "string", "minLength": 1, "not": {"pattern": SECRET_URL_PATTERN}}),
 ]
 
 

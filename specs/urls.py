@@ -6,7 +6,7 @@ import os
 import re
 from urllib.parse import unquote
 
-__all__ = ["SECRET_QUERY_KEYS", "has_protocol", "mask_url", "resolve_path"]
+__all__ = ["SECRET_QUERY_KEYS", "SECRET_URL_PATTERN", "has_protocol", "mask_url", "resolve_path"]
 
 #: Query parameters whose values are masked (compared case-insensitively).
 SECRET_QUERY_KEYS = frozenset({
@@ -23,6 +23,23 @@ _MASK = "***"
 
 # query parameters whose name contains one of these are masked too (e.g. secret_access_key)
 _SECRET_WORDS = ("secret", "token", "password", "passwd", "signature", "credential", "apikey", "api_key", "access_key")
+
+
+def _ci(word: str) -> str:
+    """``word`` as a case-insensitive regular expression without flags
+    (JSON Schema patterns take none)."""
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
+
+
+#: A JSON Schema pattern (Python and JavaScript alike) found in a URL that
+#: carries a credential :func:`mask_url` would hide: user info before a
+#: host (``s3://KEY:SECRET@bucket``, ``https://token@host``) or a
+#: secret-looking query parameter (``X-Amz-Signature=``, ``sig=``...).
+SECRET_URL_PATTERN = (
+    r"(?:^|::)[A-Za-z][A-Za-z0-9+.-]*://(?:[^/?#@]*@|[^/?#@:]+:(?![0-9]*(?:/|$))[^?#@]*@)"
+    r"|[?&](?:" + "|".join(_ci(k) for k in sorted(SECRET_QUERY_KEYS)) + r")="
+    r"|[?&][^=&#]*(?:" + "|".join(_ci(w) for w in _SECRET_WORDS) + r")[^=&#]*="
+)
 
 
 def _mask_userinfo(url: str) -> str:

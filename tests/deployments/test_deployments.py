@@ -162,6 +162,18 @@ def test_a_literal_credential_typed_into_a_run_form_is_refused_before_it_is_stor
             except httpx.HTTPStatusError as exc:
                 assert exc.response.status_code == 409
                 assert "storage_options" in exc.response.text
+        for field, url in (("output", f"s3://user:{planted}@bucket/out/"),
+                           ("data", f"https://store.example/t.csv?X-Amz-Signature={planted}")):
+            bad = dict(spec)
+            if field == "output":
+                bad["output"] = {**spec["output"], "url": url}
+            else:
+                bad["data"] = [{**spec["data"][0], "url": url}]
+            try:
+                client.create_flow_run_from_deployment(deployment.id, parameters={"spec": bad})
+                raise AssertionError(f"accepted {field} {url}")
+            except httpx.HTTPStatusError as exc:
+                assert exc.response.status_code == 409
         spec["output"] = {**spec["output"], "storage_options": {"secret": {"env": "E31_TEST_SECRET"}, "anon": False}}
         accepted = client.create_flow_run_from_deployment(deployment.id, parameters={"spec": spec})
         runs = client.read_flow_runs()

@@ -235,3 +235,20 @@ def test_output_url_rules_apply_to_models_built_in_python():
     with pytest.raises(ValidationError) as info:
         OutputSpec(kind="files", url="s3://", files=["f"])
     assert [e["loc"] for e in info.value.errors()] == [("url",)]
+
+
+@pytest.mark.parametrize("url", [
+    "s3://bucket/key", "s3://KEY:SECRET@bucket/x", "s3://KEY:SEC/RET@bucket/x", "https://token@host/x",
+    "https://h/x.csv?X-Amz-Signature=abc&X-Amz-Credential=AK", "https://h/x?sig=1", "https://h/x?Key=1",
+    "https://h/x?keyword=1", "https://h/x?secret_access_key=z", "https://h/x?page=2", "/local/path",
+    "file:///a/b", "simplecache::s3://K:S@b/x", "https://h:8080/p@x", "gs://b/shards/*.parquet",
+    "https://h/x?a=1&Signature=2", "https://host/path?sig", "http://h:80/a?b=c",
+])
+def test_schema_secret_url_pattern_agrees_with_mask_url(url):
+    """The JSON Schema refuses (so a Prefect server does not store) exactly
+    the URLs mask_url would hide something in."""
+    import re
+
+    from specs.urls import SECRET_URL_PATTERN, mask_url
+
+    assert bool(re.search(SECRET_URL_PATTERN, url)) is (mask_url(url) != url)
