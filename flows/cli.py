@@ -21,7 +21,6 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
 from specs import JobSpec, SpecError, json_schema, load_spec, mask_url
 from tasks import settings
@@ -273,9 +272,9 @@ def _print_manifest(manifest: dict, job: str, url: str) -> int:
 def _deploy(spec: JobSpec, args: argparse.Namespace) -> int:
     from prefect.settings import PREFECT_API_URL
 
-    from flows.deploy import SecretInSpec, deploy_spec
+    from flows.deploy import SecretInSpec, deploy_spec, existing_schedules, schedule_problems
 
-    problems = _schedule_problems(spec, args.cron, args.timezone)
+    problems = schedule_problems(spec, args.cron, args.timezone)
     if problems:
         print("\n".join(f"e31: deploy refused: {line}" for line in problems), file=sys.stderr)
         return EXIT_INVALID
@@ -287,7 +286,7 @@ def _deploy(spec: JobSpec, args: argparse.Namespace) -> int:
     timezone = args.timezone or "UTC"
     name = args.name or spec.name
     try:
-        earlier = _schedules_of(f"e31-job/{name}")
+        earlier = existing_schedules(f"e31-job/{name}")
         deployment_id = deploy_spec(spec, str(Path(args.spec).resolve().parent), pool=args.pool, cron=args.cron,
                                     timezone=timezone if args.cron else None, name=args.name)
     except SecretInSpec as exc:
@@ -303,55 +302,6 @@ def _deploy(spec: JobSpec, args: argparse.Namespace) -> int:
         schedule += f" (its earlier schedule {', '.join(earlier)} was removed; pass --cron to keep one)"
     print(f"deployed e31-job/{name} ({deployment_id}) on pool {args.pool}, {schedule}")
     return EXIT_OK
-
-
-def _schedule_problems(spec: JobSpec, cron: str | None, timezone: str | None) -> list[str]:
-    """What is wrong with a deployment's ``--cron`` / ``--timezone`` for
-    ``spec``, before anything is sent to the server: a timezone without a
-    cron, an empty or invalid cron string (five fields, or an @daily-style
-    name; a sixth, seconds field would start a run every second) or IANA timezone,
-    and an absolute ``request.deadline`` on a schedule (every run after it
-    would be refused)."""
-    problems = []
-    if timezone is not None and cron is None:
-        problems.append("--timezone applies to a --cron schedule; give --cron too (e.g. --cron '0 2 * * *')")
-    from prefect.client.schemas.schedules import CronSchedule  # Prefect's own checks of both
-
-    if timezone is not None and not (timezone.strip() and _valid(CronSchedule, cron="0 0 * * *", timezone=timezone)):
-        problems.append(f"--timezone {timezone!r} is not an IANA timezone; e.g. UTC, Europe/London, America/New_York")
-    if cron is not None:
-        five = cron.strip().startswith("@") or len(cron.split()) == 5  # Prefect also takes a 6th field: seconds
-        if not (five and _valid(CronSchedule, cron=cron)):
-            problems.append(f"--cron {cron!r} is not a cron schedule; five fields: minute hour day-of-month month "
-                            "day-of-week, e.g. '0 2 * * *' (02:00 every day)")
-        if spec.request.deadline is not None:
-            problems.append(f"request.deadline {spec.request.deadline.isoformat()} is one moment, and every scheduled "
-                            "run after it would be refused; for a schedule use request.deadline_within (e.g. 4h after "
-                            "each scheduled start) or request.deadline_at (e.g. \"06:00 Europe/London\")")
-    return problems
-
-
-def _valid(model: Any, **fields: Any) -> bool:
-    try:
-        model(**fields)
-    except ValueError:  # pydantic's ValidationError included
-        return False
-    return True
-
-
-def _schedules_of(deployment: str) -> list[str]:
-    """The cron schedules (``'0 2 * * *' in Europe/London``) of an existing
-    deployment, or [] when there is none by that name."""
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    with get_client(sync_client=True) as client:
-        try:
-            found = client.read_deployment_by_name(deployment)
-        except ObjectNotFound:
-            return []
-    return [f"cron {getattr(s.schedule, 'cron', s.schedule)!r} in {getattr(s.schedule, 'timezone', None) or 'UTC'}"
-            for s in found.schedules]
 
 
 class _QuietFormatter(logging.Formatter):

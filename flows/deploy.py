@@ -2,8 +2,9 @@
 Prefect API as the flow's typed ``spec`` parameter (its schema in the UI is
 the spec's JSON Schema), with a cron schedule in a named timezone.
 
-Used by ``e31 deploy`` (to a work pool) and ``deployments/serve.py`` (served
-from one process, no work pool).
+Used by ``e31 deploy`` (to a work pool; :func:`schedule_problems` checks its
+``--cron``/``--timezone`` first) and ``deployments/serve.py`` (served from
+one process, no work pool).
 """
 
 from __future__ import annotations
@@ -79,3 +80,52 @@ def deploy_spec(
         ignore_warnings=True,  # Prefect's hint that a process pool suits local development
     )
     return str(deployment_id)
+
+
+def schedule_problems(spec: JobSpec, cron: str | None, timezone: str | None) -> list[str]:
+    """What is wrong with a deployment's ``--cron`` / ``--timezone`` for
+    ``spec``, before anything is sent to the server: a timezone without a
+    cron, an empty or invalid cron string (five fields, or an @daily-style
+    name; a sixth, seconds field would start a run every second) or IANA timezone,
+    and an absolute ``request.deadline`` on a schedule (every run after it
+    would be refused).  Returns one line per problem, [] when none."""
+    problems = []
+    if timezone is not None and cron is None:
+        problems.append("--timezone applies to a --cron schedule; give --cron too (e.g. --cron '0 2 * * *')")
+    from prefect.client.schemas.schedules import CronSchedule  # Prefect's own checks of both
+
+    if timezone is not None and not (timezone.strip() and _valid(CronSchedule, cron="0 0 * * *", timezone=timezone)):
+        problems.append(f"--timezone {timezone!r} is not an IANA timezone; e.g. UTC, Europe/London, America/New_York")
+    if cron is not None:
+        five = cron.strip().startswith("@") or len(cron.split()) == 5  # Prefect also takes a 6th field: seconds
+        if not (five and _valid(CronSchedule, cron=cron)):
+            problems.append(f"--cron {cron!r} is not a cron schedule; five fields: minute hour day-of-month month "
+                            "day-of-week, e.g. '0 2 * * *' (02:00 every day)")
+        if spec.request.deadline is not None:
+            problems.append(f"request.deadline {spec.request.deadline.isoformat()} is one moment, and every scheduled "
+                            "run after it would be refused; for a schedule use request.deadline_within (e.g. 4h after "
+                            "each scheduled start) or request.deadline_at (e.g. \"06:00 Europe/London\")")
+    return problems
+
+
+def _valid(model: Any, **fields: Any) -> bool:
+    try:
+        model(**fields)
+    except ValueError:  # pydantic's ValidationError included
+        return False
+    return True
+
+
+def existing_schedules(deployment: str) -> list[str]:
+    """The cron schedules (``'0 2 * * *' in Europe/London``) of an existing
+    deployment, or [] when there is none by that name."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            found = client.read_deployment_by_name(deployment)
+        except ObjectNotFound:
+            return []
+    return [f"cron {getattr(s.schedule, 'cron', s.schedule)!r} in {getattr(s.schedule, 'timezone', None) or 'UTC'}"
+            for s in found.schedules]

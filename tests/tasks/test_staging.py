@@ -576,18 +576,23 @@ def test_transient_http_errors_are_retried_by_the_stage_task(http_store, tmp_pat
     assert dict(http_store.seen) == {("HEAD", "/data.bin"): 4, ("GET", "/data.bin"): 3}
 
 
-def test_missing_http_input_is_not_retried(http_store, tmp_path, prefect_api):
+def _stage_in_a_flow(item: DataInput, data_dir: Path):
+    """Run the stage task (2 quick retries) for ``item`` inside a flow."""
     from prefect import flow
 
-    url = http_store.base + "/missing.bin"
     task = stage_task.with_options(retries=2, retry_delay_seconds=[0.1, 0.1])
 
     @flow
     def run():
-        return task(DataInput(name="gone", url=url), str(tmp_path / "data"))
+        return task(item, str(data_dir))
 
+    return run()
+
+
+def test_missing_http_input_is_not_retried(http_store, tmp_path, prefect_api):
+    url = http_store.base + "/missing.bin"
     with pytest.raises(StageError) as err:
-        run()
+        _stage_in_a_flow(DataInput(name="gone", url=url), tmp_path / "data")
     assert str(err.value) == f"data 'gone': {url}: not found"
     # One listing only (no retry): fsspec's HTTP `info` tries a HEAD, and when that fails
     # (404 here) falls back to a GET before raising FileNotFoundError: 1 HEAD + 1 GET.
@@ -620,19 +625,12 @@ def test_a_download_refused_after_the_preflight_fails_once_and_says_why(http_sto
     """Found by a fresh-user trial: HEAD answered 200 and GET 401; the raw
     client error was retried and surfaced as a traceback-like line.  A
     refusal that retrying cannot change fails the stage at once, named."""
-    from prefect import flow
 
     http_store.files["/a.txt"] = (b"secret table", None)
     http_store.get_statuses["/a.txt"] = 401
     url = http_store.base + "/a.txt"
-    task = stage_task.with_options(retries=2, retry_delay_seconds=[0.1, 0.1])
-
-    @flow
-    def run():
-        return task(DataInput(name="a", url=url), str(tmp_path / "data"))
-
     with pytest.raises(StageError) as err:
-        run()
+        _stage_in_a_flow(DataInput(name="a", url=url), tmp_path / "data")
     assert str(err.value) == (f"data 'a': {url}: the server refused access (HTTP 401 Unauthorized); check the "
                               "credentials in storage_options (headers) or the URL's signature")
     assert http_store.seen[("GET", "/a.txt")] == 1  # not retried
