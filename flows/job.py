@@ -66,6 +66,10 @@ class JobFailed(RuntimeError):
         super().__init__(f"job {manifest.get('job')} failed: {detail}" + (f"\n--- stderr (last lines) ---\n{tail}" if tail else ""))
 
 
+#: E31's own refusals and failures, each explained in one line (no traceback needed).
+_EXPECTED = (PlacementError, StageError, DestinationError, JobBusy, CredentialError, JobFailed, ReturnFailed)
+
+
 def _child_config(spec: JobSpec, plan: Plan, staged: dict[str, str], code_dir: str | None) -> ChildConfig:
     return ChildConfig(
         entrypoint=spec.work.entrypoint,
@@ -125,7 +129,7 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     """
     try:
         manifest = _run_job(spec, code_dir)
-    except _expected() as exc:  # explained in one line: the flow run fails with it, no traceback in the logs
+    except _EXPECTED as exc:  # explained in one line: the flow run fails with it, no traceback in the logs
         get_run_logger().error("%s", scrub(str(exc)))
         return Failed(message=scrub(str(exc)), data=exc)  # a caller (Python, a parent flow) gets exc raised
     if manifest["status"] != "partial" or manifest["reason"] == "cancelled":
@@ -133,10 +137,6 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     return Completed(name="Partial", data=manifest,
                      message=f"partial ({manifest['reason']}): step {manifest['step']}; {manifest.get('message') or ''}"
                              .rstrip("; "))
-
-
-def _expected() -> tuple[type[BaseException], ...]:
-    return (PlacementError, StageError, DestinationError, JobBusy, CredentialError, JobFailed, ReturnFailed)
 
 
 def _run_job(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
