@@ -28,7 +28,7 @@ from flows.resume import JobBusy, Resume, end_attempt, open_scratch, remove_stal
 from specs import JobSpec, mask_url
 from tasks.checkpoint import latest_durable, upload
 from tasks.checkpoints import latest_valid
-from tasks.cancel import cancel_requested
+from tasks.cancel import cancel_requested, cancel_stops_staging
 from tasks.context import ChildConfig
 from tasks.credentials import CredentialError
 from tasks.deliver import (DestinationError, ReturnTarget, check_destination, deliver, publish_artifacts,
@@ -37,7 +37,7 @@ from tasks.outcome import ChildLost, RunOutcome
 from tasks.process import signals_deferred
 from tasks.run import RunSettings, run_task
 from tasks.pending import clear_pending, kept_missing, load_pending, pending_checkpoints, save_pending
-from tasks.stage import StageError, preflight, stage_task
+from tasks.stage import StageError, StagingCancelled, preflight, stage_task
 from tasks.storage import scrub, use_options
 from tasks.storage_setup import register_destination, register_inputs
 
@@ -191,22 +191,26 @@ def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) ->
                                      f"its {stop_reason.replace('_', ' ')}, less the return reserve, has passed")
         return _finish(plan, _return(plan, target, outcome, spec.output.storage_options))
     started = time.monotonic()
-    try:
-        listings = preflight(plan.inputs)  # every input listed before anything is copied
-        if listings:
-            total = sum(x.bytes for x in listings.values())
-            files = sum(len(x.entries) for x in listings.values())
-            get_run_logger().info("data: %d input(s), %d file(s), %d bytes to stage", len(listings), files, total)
-        futures = [stage_task.with_options(task_run_name=f"stage-{item.name}").submit(
-                       item, str(plan.data_dir), listings[item.name]) for item in plan.inputs]
-        staged = {s.name: s.path for s in (f.result() for f in futures)}
-    except Exception as exc:
-        # Nothing ran; say so at the destination, so an older manifest there is not taken for this run's.
-        write_failure_manifest(target, str(exc) if isinstance(exc, StageError) else
-                               f"staging failed: {type(exc).__name__}: {scrub(str(exc))}")
-        raise
+    stopped = False
+    with cancel_stops_staging(target.run_id, str(plan.data_dir)):  # a cancel ends the transfers within a chunk
+        try:
+            listings = preflight(plan.inputs)  # every input listed before anything is copied
+            if listings:
+                total = sum(x.bytes for x in listings.values())
+                files = sum(len(x.entries) for x in listings.values())
+                get_run_logger().info("data: %d input(s), %d file(s), %d bytes to stage", len(listings), files, total)
+            futures = [stage_task.with_options(task_run_name=f"stage-{item.name}").submit(
+                           item, str(plan.data_dir), listings[item.name]) for item in plan.inputs]
+            staged = {s.name: s.path for s in (f.result() for f in futures)}
+        except StagingCancelled:
+            stopped = True
+        except Exception as exc:
+            # Nothing ran; say so at the destination, so an older manifest there is not taken for this run's.
+            write_failure_manifest(target, str(exc) if isinstance(exc, StageError) else
+                                   f"staging failed: {type(exc).__name__}: {scrub(str(exc))}")
+            raise
     target.staging_s = time.monotonic() - started
-    if cancel_requested(target.run_id):  # cancelled while staging: the work never starts, nothing is removed
+    if stopped or cancel_requested(target.run_id):  # cancelled while staging: the work never starts, nothing removed
         outcome = RunOutcome(reason="cancelled", exit_code=None, run_s=0.0,
                              message="cancelled while the inputs were staged; the work did not start")
         return _finish(plan, _return(plan, target, outcome, spec.output.storage_options))

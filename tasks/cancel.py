@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextvars
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
@@ -67,6 +69,11 @@ class CancelWatcher:
         """True once a cancel was seen (never blocks)."""
         return self._seen.is_set()
 
+    @property
+    def seen(self) -> threading.Event:
+        """The event set when a cancel is seen (for others to wait on or test; do not set it)."""
+        return self._seen
+
     def refresh(self, timeout_s: float = 3.0) -> bool:
         """Read the state now (waiting at most ``timeout_s`` seconds for the
         answer) and return :meth:`cancelled`."""
@@ -82,3 +89,31 @@ class CancelWatcher:
         """End the background thread."""
         self._done = True
         self._wake.set()
+
+
+_STAGING: dict[str, threading.Event] = {}  # data folder -> set once its flow run is seen cancelled
+_STAGING_LOCK = threading.Lock()
+
+
+@contextmanager
+def cancel_stops_staging(flow_run_id: str | None, data_dir: str) -> Iterator[CancelWatcher]:
+    """While the inputs are staged into ``data_dir``: watch the flow run
+    (every :data:`POLL_EVERY_S` seconds) and, once it is cancelled, let the
+    transfers into ``data_dir`` see it (:func:`staging_stop`), so they stop
+    within a chunk instead of running to the end."""
+    watcher = CancelWatcher(flow_run_id)
+    with _STAGING_LOCK:
+        _STAGING[data_dir] = watcher.seen
+    try:
+        yield watcher
+    finally:
+        with _STAGING_LOCK:
+            _STAGING.pop(data_dir, None)
+        watcher.stop()
+
+
+def staging_stop(data_dir: str) -> threading.Event | None:
+    """The event set when the flow run staging into ``data_dir`` is
+    cancelled, or None when nobody watches (a stage called on its own)."""
+    with _STAGING_LOCK:
+        return _STAGING.get(data_dir)

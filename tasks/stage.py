@@ -36,9 +36,10 @@ from prefect.tasks import exponential_backoff
 
 from specs import DataInput, mask_url
 from tasks import settings, storage, transfer
+from tasks.cancel import staging_stop
 from tasks.listing import Listing, OnlyFolders, list_input, unchanged
 from tasks.retrying import retry_unless
-from tasks.transferbar import TransferProgress
+from tasks.transferbar import TransferProgress, TransferStopped
 
 ATTEMPTS = 3  # copies of one input tried when its source changes during the copy or fails verification
 RETRIES = settings.value("E31_TRANSFER_RETRIES")  # Prefect retries of a stage task after a transient error
@@ -48,6 +49,11 @@ BACKOFF_S = settings.value("E31_TRANSFER_BACKOFF_S")  # first retry delay (s); d
 class StageError(RuntimeError):
     """An input cannot be staged and retrying will not help: missing,
     unreadable, a sha256 mismatch, or a source that keeps changing."""
+
+
+class StagingCancelled(StageError):
+    """The flow run was cancelled while this input was being copied (the
+    partial copy is removed; the previous staged copy is left as it was)."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +156,8 @@ def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None)
             return Staged(item.name, str(local), listing.bytes, False, time.monotonic() - started, len(listing.entries))
         tmp = data_dir / f".{item.name}.part-{uuid.uuid4().hex[:8]}"
         try:
-            with TransferProgress(f"stage-{item.name}", listing.bytes, len(listing.entries)) as progress:
+            with TransferProgress(f"stage-{item.name}", listing.bytes, len(listing.entries),
+                                  stop=staging_stop(str(data_dir))) as progress:
                 checked = transfer.fetch(listing, tmp, progress)
             with ThreadPoolExecutor(1) as pool:  # list the source again while the copy is checked
                 again = pool.submit(_changed_since_listed, item, listing)
@@ -171,6 +178,8 @@ def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None)
             continue
         except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, TransferStopped) or isinstance(exc.__cause__ or exc.__context__, TransferStopped):
+                raise StagingCancelled(f"data '{item.name}': staging stopped: the flow run was cancelled") from None
             why = _final_refusal(exc) if isinstance(exc, Exception) else None
             if why:
                 raise StageError(f"data '{item.name}': {mask_url(item.url)}: {why}") from None

@@ -64,7 +64,7 @@ def fetch(listing: Listing, dest: Path, progress: TransferProgress) -> dict[str,
     checked: dict[str, bool | None] = {}
     dest = Path(dest)
     if listing.local and listing.kind == "folder" and listing.entries and shutil.which("cp"):
-        _cp_tree(listing.root, dest)
+        _cp_tree(listing.root, dest, progress)
         progress.advance(listing.bytes)
     else:
         dest.mkdir(parents=True, exist_ok=False)
@@ -80,12 +80,26 @@ def fetch(listing: Listing, dest: Path, progress: TransferProgress) -> dict[str,
     return checked
 
 
-def _cp_tree(root: str, dest: Path) -> None:
+def _cp_tree(root: str, dest: Path, progress: TransferProgress) -> None:
+    """``cp`` the folder ``root`` to ``dest``; every 0.2 s ``progress`` is
+    asked whether to go on (``advance(0)`` raises once it is stopped: cp is
+    then killed).  Raises ``OSError`` with cp's message when it fails."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     # -R recursive, -L follow symlinks (stage the data, not links back to the source), -T dest is the copy itself
-    done = subprocess.run(["cp", "-RLT", "--", root, str(dest)], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise OSError(f"cp failed: {done.stderr.strip()[-500:]}")
+    with subprocess.Popen(["cp", "-RLT", "--", root, str(dest)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            while True:
+                try:
+                    _, stderr = proc.communicate(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    progress.advance(0)
+        except BaseException:
+            proc.kill()
+            raise
+    if proc.returncode != 0:
+        raise OSError(f"cp failed: {stderr.strip()[-500:]}")
 
 
 def _copy_local(entry: Entry, target: Path, progress: TransferProgress) -> None:

@@ -4,8 +4,9 @@ Bytes and rate on a rich progress bar when stderr is a terminal (one shared
 display, so concurrent stage tasks each get a line), a log line every
 ``LOG_EVERY_S`` seconds otherwise, and a Prefect progress artifact (key
 ``<label>``) updated every ``ARTIFACT_EVERY_S`` seconds from a background
-thread, so a slow Prefect API never holds up a transfer.  Nothing here
-raises: progress display must not fail a transfer.
+thread, so a slow Prefect API never holds up a transfer.  The display
+never raises: progress must not fail a transfer; only a ``stop`` event
+(a cancelled flow run) ends one, through :meth:`TransferProgress.advance`.
 """
 
 from __future__ import annotations
@@ -33,16 +34,24 @@ def _human(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+class TransferStopped(RuntimeError):
+    """A transfer ended early because its ``stop`` event was set."""
+
+
 class TransferProgress:
     """Counts the bytes of one transfer of ``total`` bytes in ``files`` files.
 
     ``advance(n)`` is thread-safe; ``close()`` shows the final state.  Use it
     as a context manager.  ``label`` names the bar, the log lines and the
-    Prefect artifact key (lowercase letters, digits and dashes).
+    Prefect artifact key (lowercase letters, digits and dashes).  With a
+    ``stop`` event, the transfer is ended (:meth:`advance` raises) once it
+    is set.
     """
 
-    def __init__(self, label: str, total: int, files: int, *, artifact: bool = True):
+    def __init__(self, label: str, total: int, files: int, *, artifact: bool = True,
+                 stop: threading.Event | None = None):
         self.label, self.total, self.files = label, max(0, int(total)), files
+        self._stop = stop
         self.done = 0
         self._lock = threading.Lock()
         self._started = time.monotonic()
@@ -66,7 +75,11 @@ class TransferProgress:
         self.close()
 
     def advance(self, nbytes: int) -> None:
-        """Add ``nbytes`` (may be negative when a retried file starts over)."""
+        """Add ``nbytes`` (may be negative when a retried file starts over).
+        Raises :class:`TransferStopped` once ``stop`` is set, which ends the
+        transfer feeding it (fsspec calls this between chunks)."""
+        if self._stop is not None and self._stop.is_set():
+            raise TransferStopped("the flow run was cancelled")
         with self._lock:
             self.done += nbytes
         if self._task is not None:

@@ -343,8 +343,9 @@ def test_next_attempt_kills_what_a_killed_flow_left_running(prefect_api, scratch
 def test_cancel_while_inputs_stage_keeps_the_earlier_checkpoints_and_runs_nothing(prefect_api, scratch, tmp_path):
     """Found by a fresh-user trial: a cancel during a slow download let the
     work start once staging ended, and the fresh run removed the earlier
-    run's durable checkpoints.  Now the work never starts, nothing is
-    removed, and the manifest says what happened."""
+    run's durable checkpoints.  Now the download is stopped (it would take
+    30 s: 64 KiB a second), the work never starts, nothing is removed, no
+    partial copy is left, and the manifest says what happened."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -357,13 +358,18 @@ def test_cancel_while_inputs_stage_keeps_the_earlier_checkpoints_and_runs_nothin
 
         def do_HEAD(self):
             self.send_response(200)
-            self.send_header("Content-Length", "6")
+            self.send_header("Content-Length", str(30 * 65536))
             self.end_headers()
 
         def do_GET(self):
-            time.sleep(8)
             self.do_HEAD()
-            self.wfile.write(b"inputs")
+            try:
+                for _ in range(30):
+                    self.wfile.write(b"x" * 65536)
+                    self.wfile.flush()
+                    time.sleep(1)
+            except OSError:
+                pass  # the client went away: the stop
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -386,10 +392,12 @@ def test_cancel_while_inputs_stage_keeps_the_earlier_checkpoints_and_runs_nothin
         _wait_for(started, timeout=60)
         with get_client(sync_client=True) as client:
             (run,) = client.read_flow_runs(flow_run_filter=run_filter)
-        time.sleep(1)  # staging under way
+        time.sleep(3)  # staging under way
         subprocess.run([sys.executable, "-m", "prefect", "flow-run", "cancel", str(run.id)], check=True,
                        capture_output=True)
+        cancelled_at = time.monotonic()
         stdout, stderr = proc.communicate(timeout=90)
+        ended_s = time.monotonic() - cancelled_at
     finally:
         server.shutdown()
         server.server_close()
@@ -399,4 +407,6 @@ def test_cancel_while_inputs_stage_keeps_the_earlier_checkpoints_and_runs_nothin
     assert manifest["message"] == "cancelled while the inputs were staged; the work did not start"
     assert (earlier / "state.pt").read_bytes() == b"older run"
     assert not (out / "pid.txt").exists()  # the work never ran
+    assert ended_s < 15, ended_s  # the download alone had about 25 s to go
+    assert not list(scratch.glob("*/data/.inp.part-*")) and not list(scratch.glob("*/data/inp"))
     _wait_for(lambda: _flow_run_state(str(run.id)).type.value == "CANCELLED", timeout=20)

@@ -697,3 +697,24 @@ def test_unchanged_compares_a_new_scan_of_a_local_folder(tmp_path):
     (tmp_path / "f.bin").write_bytes(b"f")
     single = listing_module.list_input(str(tmp_path / "f.bin"))
     assert single.scan == "" and listing_module.unchanged(single) is False  # files are listed again, not scanned
+
+
+def test_a_cancelled_flow_run_stops_a_local_copy_and_keeps_the_staged_one(tmp_path):
+    """The stop a cancel sets (tasks.cancel.cancel_stops_staging) ends a cp
+    of a folder: nothing half-copied is left, the copy staged before stays."""
+    from tasks.cancel import cancel_stops_staging
+    from tasks.stage import StagingCancelled
+
+    src = _make_tree(tmp_path / "src", files=40, folders=4, content=lambda i: b"v1-%02d" % i)
+    item, data = DataInput(name="t", url=str(src)), tmp_path / "data"
+    assert stage_input(item, data).copied is True
+    (src / "d0" / "f0.bin").write_bytes(b"changed")  # so the next stage copies
+    with cancel_stops_staging(None, str(data)) as watcher:
+        watcher.seen.set()  # as the watcher does when the flow run is seen cancelled
+        with pytest.raises(StagingCancelled) as err:
+            stage_input(item, data)
+    assert str(err.value) == "data 't': staging stopped: the flow run was cancelled"
+    assert _leftovers(data) == []
+    assert (data / "t" / "d0" / "f0.bin").read_bytes() == b"v1-00"
+    assert stage_input(item, data).copied is True  # no stop registered any more
+    assert (data / "t" / "d0" / "f0.bin").read_bytes() == b"changed"
