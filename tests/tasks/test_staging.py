@@ -646,8 +646,8 @@ def test_local_source_changed_during_the_copy_is_copied_again(tmp_path, scanner,
     src = _make_tree(tmp_path / "src", files=12, folders=2, content=lambda i: b"old-%02d" % i)
     real_cp, copies = transfer._cp_tree, []
 
-    def cp_then_rewrite(root, dest):
-        real_cp(root, dest)
+    def cp_then_rewrite(root, dest, progress):
+        real_cp(root, dest, progress)
         copies.append(dest)
         if len(copies) == 1:  # during the first copy only
             (src / "d1" / "f3.bin").write_bytes(b"rewritten during the copy")
