@@ -2,7 +2,7 @@
 digits (1,797 8x8 images, 64 features valued 0..16 plus the label per CSV
 row), trained with torch on CPU or CUDA as the context says.
 
-Entry point ``examples.digits:train`` (see
+Entry point ``e31.examples.digits:train`` (see
 ``specs/examples/digits-nightly-retrain.yaml``).  Params (all optional):
 ``epochs`` (30), ``hidden`` (64 units), ``lr`` (0.01), ``batch_size`` (64),
 ``seed`` (0), ``holdout`` (fraction held out for the accuracy, 0.2),

@@ -1,11 +1,11 @@
 """The bulk-inference example work: run a trained digits classifier over
 every row of the UCI handwritten digits and write its predictions.
 
-Entry point ``examples.inference:infer`` (see
+Entry point ``e31.examples.inference:infer`` (see
 ``specs/examples/digits-inference.yaml``).  Data: ``digits`` (the gzipped
-CSV read by :func:`examples.digits.load_digits_csv`) and ``model`` (a
-``state_dict`` of :func:`examples.digits.build_model`, as
-``examples.digits:train`` writes it; the hidden width is read from it).
+CSV read by :func:`e31.examples.digits.load_digits_csv`) and ``model`` (a
+``state_dict`` of :func:`e31.examples.digits.build_model`, as
+``e31.examples.digits:train`` writes it; the hidden width is read from it).
 Params (all optional): ``chunk_size`` (rows per chunk, 100), ``item_sleep``
 (seconds slept per row, to stand in for a slower model in tests of early
 stops; 0).
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from examples.digits import N_CLASSES, build_model, load_digits_csv
+from e31.examples.digits import N_CLASSES, build_model, load_digits_csv
 
 HEADER = "row,label,predicted,confidence"
 PREDICTIONS = "predictions.csv"

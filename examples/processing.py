@@ -1,7 +1,7 @@
 """The image-processing example work: a pass over a backlog of images,
 making a thumbnail and a Sobel edge map of each.
 
-Entry point ``examples.processing:process`` (see
+Entry point ``e31.examples.processing:process`` (see
 ``specs/examples/image-processing.yaml``).  Data: ``backlog``, a folder of
 images (``.png``, ``.jpg``, ``.jpeg``, ``.tif``, ``.tiff``, ``.bmp``; other
 files are ignored), processed in name order.  Params (all optional):

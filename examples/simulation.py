@@ -5,7 +5,7 @@
 (S, I, R fractions of the population), integrated with
 ``scipy.integrate.solve_ivp`` at every point of a beta x gamma grid.
 
-Entry point ``examples.simulation:sweep`` (see
+Entry point ``e31.examples.simulation:sweep`` (see
 ``specs/examples/sir-sweep.yaml``).  Data: ``grid``, a JSON file::
 
     {"beta":  {"start": 0.05, "stop": 1.0, "num": 20},    # np.linspace, per day

@@ -16,16 +16,16 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from specs import DataInput, JobSpec, mask_url
-from tasks import settings
-from tasks.settings import SettingsError
-from specs.deadlines import next_time_of_day
+from e31.specs import DataInput, JobSpec, mask_url
+from e31.tasks import settings
+from e31.tasks.settings import SettingsError
+from e31.specs.deadlines import next_time_of_day
 
 RETURN_RESERVE_FLOOR_S = 30.0  # seconds kept free before a deadline for the return step (floor;
 # $E31_RETURN_RESERVE_S overrides it; the run task raises it for large outputs at 50 MiB/s)
 
 
-class Plan(BaseModel):
+class JobPlan(BaseModel):
     """What ``run_job`` executes, derived only from the spec and settings.
 
     Times are seconds; ``deadline`` is timezone-aware.  ``scratch`` is the
@@ -132,14 +132,14 @@ def resolve_deadline(spec: JobSpec, start: datetime) -> tuple[datetime | None, s
     return req.deadline, "absolute" if req.deadline else ""
 
 
-def compile_plan(spec: JobSpec, scratch_root: Path | None = None, start: datetime | None = None) -> Plan:
-    """Turn a validated :class:`specs.JobSpec` into a :class:`Plan` for a run
+def compile_plan(spec: JobSpec, scratch_root: Path | None = None, start: datetime | None = None) -> JobPlan:
+    """Turn a validated :class:`specs.JobSpec` into a :class:`JobPlan` for a run
     scheduled to start at ``start`` (default: now).
 
     The time limit is ``request.limit``, or ``request.duration`` for a job that
     gives only its expected duration.  The default durable checkpoint
     location is ``<output.url>/checkpoints/``.  Raises :class:`SettingsError`
-    for a bad ``E31_RETURN_RESERVE_S`` or tuning variable (:mod:`tasks.settings`).
+    for a bad ``E31_RETURN_RESERVE_S`` or tuning variable (:mod:`e31.tasks.settings`).
     """
     settings.check()
     req, out = spec.request, spec.output
@@ -147,7 +147,7 @@ def compile_plan(spec: JobSpec, scratch_root: Path | None = None, start: datetim
     limit = req.limit or req.duration
     root = Path(scratch_root) if scratch_root else default_scratch_root()
     policy = out.checkpoint
-    return Plan(
+    return JobPlan(
         job=spec.name,
         spec_sha256=spec_sha256(spec),
         work_sha256=work_sha256(spec),
@@ -171,7 +171,7 @@ def compile_plan(spec: JobSpec, scratch_root: Path | None = None, start: datetim
     )
 
 
-def describe(plan: Plan, now: datetime | None = None) -> str:
+def describe(plan: JobPlan, now: datetime | None = None) -> str:
     """Human-readable plan for ``e31 compile`` (URLs masked)."""
     now = now or datetime.now(timezone.utc)
     start = now.timestamp()
@@ -196,7 +196,7 @@ def describe(plan: Plan, now: datetime | None = None) -> str:
     return "\n".join(lines)
 
 
-def describe_markdown(spec: JobSpec, plan: Plan) -> str:
+def describe_markdown(spec: JobSpec, plan: JobPlan) -> str:
     """The four declarations as markdown for the flow run's page in the
     Prefect UI (URLs masked)."""
     req, work = spec.request, spec.work

@@ -9,13 +9,16 @@ one process, no work pool).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from specs import JobSpec, secrets_in, spec_payload
+from e31.errors import InvalidInput
+from e31.specs import JobSpec, secrets_in, spec_payload
 
-REPO_ROOT = Path(__file__).resolve().parents[1]  # the folder holding flows/, for from_source
-ENTRYPOINT = "flows/job.py:run_job"
+#: The deployment entrypoint: a module path, so a worker loads the installed ``e31`` package
+#: (editable or from a wheel) from any working folder, with no code storage or pull step.
+ENTRYPOINT = "e31.flows.job:run_job"
+#: The flow's name: deployments are ``e31-job/<name>``.
+FLOW_NAME = "e31-job"
 
 
 def job_tags(spec: JobSpec) -> list[str]:
@@ -24,19 +27,19 @@ def job_tags(spec: JobSpec) -> list[str]:
     return ["e31", f"kind:{spec.work.kind}", f"gpus:{spec.request.gpus}", f"cpus:{spec.request.cpus}"]
 
 
-class SecretInSpec(ValueError):
+class SecretInSpecError(InvalidInput):
     """A spec holding a credential (a signed URL) cannot be deployed: its
     parameters would be stored on the Prefect server."""
 
 
 def parameters(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
     """The flow run parameters for ``spec`` (JSON-ready).  Raises
-    :class:`SecretInSpec` naming the fields when a URL carries a credential
+    :class:`SecretInSpecError` naming the fields when a URL carries a credential
     (a presigned signature, a token): deployment parameters are stored on
     the server and shown in the UI, and a masked URL would not work."""
     leaks = secrets_in(spec)
     if leaks:
-        raise SecretInSpec(
+        raise SecretInSpecError(
             f"{', '.join(leaks)}: the URL carries a credential (a signature or token) and deployment parameters are "
             "stored on the Prefect server; use the store's own URL instead (e.g. s3://bucket/key rather than a "
             "presigned https:// URL) with its credentials in the worker's environment or in storage_options as "
@@ -62,24 +65,26 @@ def deploy_spec(
     name: str | None = None,
 ) -> str:
     """Create or update the deployment ``e31-job/<name or spec.name>`` on the
-    work pool ``pool``, running this checkout's ``run_job``; returns its id.
-    Workers must see this folder (one machine, or a shared filesystem)."""
-    from flows.job import run_job
+    work pool ``pool``; returns its id.  Its entrypoint is the module path
+    :data:`ENTRYPOINT`: every worker of the pool runs the ``e31`` installed
+    in its own environment, from any working folder.  ``code_dir`` (work
+    code beside the spec) must be visible to the workers (one machine, or a
+    shared filesystem)."""
+    from prefect.deployments.runner import RunnerDeployment
 
-    flow = run_job.from_source(source=str(REPO_ROOT), entrypoint=ENTRYPOINT)
-    deployment_id = flow.deploy(
+    from e31.flows.job import run_job
+
+    deployment = RunnerDeployment.from_flow(
+        run_job,
         name=name or spec.name,
-        work_pool_name=pool,
         parameters=parameters(spec, code_dir),
         schedules=schedules(cron, timezone),
         tags=job_tags(spec),
         description=f"E31 job {spec.name}: {spec.work.kind}, output {spec.output.kind}",
-        build=False,
-        push=False,
-        print_next_steps=False,
-        ignore_warnings=True,  # Prefect's hint that a process pool suits local development
+        work_pool_name=pool,
     )
-    return str(deployment_id)
+    deployment.entrypoint = ENTRYPOINT
+    return str(deployment.apply(work_pool_name=pool))
 
 
 def schedule_problems(spec: JobSpec, cron: str | None, timezone: str | None) -> list[str]:

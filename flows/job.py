@@ -20,33 +20,36 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
-from prefect.states import Completed, Failed
+from prefect.states import Cancelled, Completed, Failed
 
-from flows.compile import Plan, compile_plan, describe_markdown
-from flows.placement import PlacementError, check_fits
-from flows.resume import JobBusy, Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
-from specs import JobSpec, mask_url
-from tasks.checkpoint import latest_durable, upload
-from tasks.checkpoints import latest_valid
-from tasks.cancel import cancel_requested, cancel_stops_staging
-from tasks.context import ChildConfig
-from tasks.credentials import CredentialError
-from tasks.deliver import (DestinationError, ReturnTarget, check_destination, deliver, publish_artifacts,
+from e31.errors import E31Error
+from e31.flows.compile import JobPlan, compile_plan, describe_markdown
+from e31.flows.admission import AdmissionError, check_fits
+from e31.flows.deploy import FLOW_NAME
+from e31.flows.resume import JobBusyError, Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
+from e31.specs import JobSpec, mask_url
+from e31.tasks.checkpoint import latest_durable, upload
+from e31.tasks.work.local_checkpoints import latest_valid
+from e31.tasks.supervisor.cancel import cancel_requested, cancel_stops_staging
+from e31.tasks.work.context import ChildConfig
+from e31.tasks.storage.credentials import CredentialError
+from e31.tasks.deliver import (DestinationError, ReturnTarget, check_destination, deliver, publish_artifacts,
                            return_task, write_failure_manifest)
-from tasks.outcome import ChildLost, RunOutcome
-from tasks.process import signals_deferred
-from tasks.run import RunSettings, run_task
-from tasks.pending import clear_pending, kept_missing, load_pending, pending_checkpoints, save_pending
-from tasks.stage import StageError, StagingCancelled, preflight, stage_task
-from tasks.storage import scrub, use_options
-from tasks.storage_setup import register_destination, register_inputs
+from e31.tasks.manifest import step_text
+from e31.tasks.outcome import ChildLost, RunOutcome
+from e31.tasks.supervisor.process import signals_deferred
+from e31.tasks.run import SupervisorConfig, run_task
+from e31.tasks.pending import deliver_pending, save_pending
+from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
+from e31.tasks.storage import scrub, use_options
+from e31.tasks.storage.options import register_destination, register_inputs
 
 
-class ReturnFailed(RuntimeError):
+class ReturnError(E31Error, RuntimeError):
     """The output could not be delivered to ``output.url``; it is kept in the
     job's scratch folder (``output/``, ``checkpoints/``), nothing deleted."""
 
-    def __init__(self, plan: Plan, cause: BaseException):
+    def __init__(self, plan: JobPlan, cause: BaseException):
         self.scratch = plan.scratch
         super().__init__(
             f"could not return the output to {mask_url(plan.output_url)}: {type(cause).__name__}: {cause}; "
@@ -55,7 +58,7 @@ class ReturnFailed(RuntimeError):
         )
 
 
-class JobFailed(RuntimeError):
+class JobFailedError(E31Error, RuntimeError):
     """The job ended ``failed``; ``manifest`` is what was written to the
     destination (the latest checkpoint and any output still came back)."""
 
@@ -66,11 +69,7 @@ class JobFailed(RuntimeError):
         super().__init__(f"job {manifest.get('job')} failed: {detail}" + (f"\n--- stderr (last lines) ---\n{tail}" if tail else ""))
 
 
-#: E31's own refusals and failures, each explained in one line (no traceback needed).
-_EXPECTED = (PlacementError, StageError, DestinationError, JobBusy, CredentialError, JobFailed, ReturnFailed)
-
-
-def _child_config(spec: JobSpec, plan: Plan, staged: dict[str, str], code_dir: str | None) -> ChildConfig:
+def _child_config(spec: JobSpec, plan: JobPlan, staged: dict[str, str], code_dir: str | None) -> ChildConfig:
     return ChildConfig(
         entrypoint=spec.work.entrypoint,
         command=spec.work.command,
@@ -107,36 +106,40 @@ def _settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
                         "manifest)"))
 
 
-@flow(name="e31-job", flow_run_name="{spec.name}", persist_result=False, on_cancellation=[_settle_cancelled])
+@flow(name=FLOW_NAME, flow_run_name="{spec.name}", persist_result=False, on_cancellation=[_settle_cancelled])
 def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     """Run one declared job to its end and return its manifest (a dict, see
-    DESIGN.md §2).  A ``partial`` job's flow run ends ``Completed`` with the
+    docs/design.md §2).  A ``partial`` job's flow run ends ``Completed`` with the
     state name ``Partial`` (the UI tells it from a whole one); a cancelled
     one ends ``Cancelled``.
 
     ``code_dir``: a folder put first on the work's ``sys.path`` (the CLI
     passes the spec file's folder, so work code can sit beside its spec).
     Raises, each with a one-line message:
-    :class:`flows.placement.PlacementError` (the request does not fit this
-    machine, or its deadline leaves no time), ``tasks.deliver.DestinationError``
+    :class:`e31.flows.admission.AdmissionError` (the request does not fit this
+    machine, or its deadline leaves no time), ``e31.tasks.deliver.DestinationError``
     (``output.url`` is not writable; checked before anything runs),
-    ``flows.resume.JobBusy`` (the same job runs here already),
-    ``tasks.stage.StageError`` (an input cannot be staged: nothing ran, and a
-    failed manifest says so at the destination), :class:`JobFailed` (the work
+    ``e31.flows.resume.JobBusyError`` (the same job runs here already; the
+    flow run ends ``Cancelled`` named ``Refused``, not ``Failed``),
+    ``e31.tasks.stage.StageError`` (an input cannot be staged: nothing ran, and a
+    failed manifest says so at the destination), :class:`JobFailedError` (the work
     failed, after its output and latest checkpoint were returned), and
-    :class:`ReturnFailed` (the destination refused the output, which stays in
+    :class:`ReturnError` (the destination refused the output, which stays in
     scratch).
     """
     try:
         manifest = _run_job(spec, code_dir)
-    except _EXPECTED as exc:  # explained in one line: the flow run fails with it, no traceback in the logs
+    except JobBusyError as exc:  # refused, not failed: the job's history shows no failure that never ran
+        get_run_logger().warning("%s", scrub(str(exc)))
+        return Cancelled(name="Refused", message=f"refused: {scrub(str(exc))}", data=exc)
+    except E31Error as exc:  # explained in one line: the flow run fails with it, no traceback in the logs
         get_run_logger().error("%s", scrub(str(exc)))
         return Failed(message=scrub(str(exc)), data=exc)  # a caller (Python, a parent flow) gets exc raised
     if manifest["status"] != "partial" or manifest["reason"] == "cancelled":
         return manifest  # (a cancelled run's state is Prefect's: a State returned here would make the call raise)
     return Completed(name="Partial", data=manifest,
-                     message=f"partial ({manifest['reason']}): step {manifest['step']}; {manifest.get('message') or ''}"
-                             .rstrip("; "))
+                     message=f"partial ({manifest['reason']}): {step_text(manifest['step'])}; "
+                             f"{manifest.get('message') or ''}".rstrip("; "))
 
 
 def _run_job(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
@@ -159,7 +162,7 @@ def _run_job(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
         try:  # an earlier attempt's undelivered output first, before anything in scratch is cleared
             earlier = deliver_pending(Path(plan.scratch), drop_if_gone=True)
         except Exception as exc:
-            raise ReturnFailed(plan, exc) from None
+            raise ReturnError(plan, exc) from None
         if earlier is not None and earlier["status"] == "completed":
             return earlier
         return _attempt(spec, plan, Resume(resume_step(plan), crashed), code_dir)
@@ -167,7 +170,7 @@ def _run_job(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
         end_attempt(plan)
 
 
-def _target(plan: Plan) -> ReturnTarget:
+def _target(plan: JobPlan) -> ReturnTarget:
     """Where this flow run's output goes, and what it declared."""
     return ReturnTarget(
         job=plan.job, run_id=str(flow_run.id) if flow_run.id else None, output_dir=str(plan.output_dir),
@@ -176,13 +179,13 @@ def _target(plan: Plan) -> ReturnTarget:
     )
 
 
-def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) -> dict[str, Any]:
+def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None) -> dict[str, Any]:
     target = _target(plan)
     now = time.time()
     stop_at, stop_reason = plan.stop_at(now)
     if stop_at - plan.grace_s <= now:
         if not (resume.crashed or resume.step is not None):
-            raise PlacementError(_no_time(spec, plan, now, stop_at))
+            raise AdmissionError(_no_time(spec, plan, now, stop_at))
         # An earlier attempt stopped (or died with its process) and this one has no time left to run.
         earlier = "was lost" if resume.crashed else "stopped early"
         outcome = RunOutcome(reason="crashed" if resume.crashed else stop_reason, exit_code=None, run_s=0.0,
@@ -223,7 +226,7 @@ def _attempt(spec: JobSpec, plan: Plan, resume: Resume, code_dir: str | None) ->
     return _finish(plan, outcome.manifest or _return(plan, target, outcome, spec.output.storage_options, checkpoints))
 
 
-def _no_time(spec: JobSpec, plan: Plan, now: float, stop_at: float) -> str:
+def _no_time(spec: JobSpec, plan: JobPlan, now: float, stop_at: float) -> str:
     """Why a run cannot start before its deadline, naming the deadline field
     the spec gave, the resolved times (UTC) and the fix."""
     req = spec.request
@@ -239,13 +242,13 @@ def _no_time(spec: JobSpec, plan: Plan, now: float, stop_at: float) -> str:
             f"and it is {utc(now)}, with {plan.grace_s:g} s of grace; give a later deadline or start the job sooner")
 
 
-def _return(plan: Plan, target: ReturnTarget, outcome: RunOutcome, output_options: dict | None = None,
+def _return(plan: JobPlan, target: ReturnTarget, outcome: RunOutcome, output_options: dict | None = None,
             checkpoints: dict | None = None) -> dict[str, Any]:
     """The return task (retried with backoff); without the Prefect API (it
     may be gone) the same delivery runs in this thread.  A Ctrl-C or SIGTERM
     during it is noted, not obeyed: the output is on its way.  When the
     destination stays unreachable the output is kept in scratch with a
-    pending record for ``e31 return JOB``; raises :class:`ReturnFailed`."""
+    pending record for ``e31 return JOB``; raises :class:`ReturnError`."""
     with signals_deferred("e31: returning the output first (kill -9 abandons it)"):
         try:
             return return_task(target, outcome)
@@ -256,92 +259,25 @@ def _return(plan: Plan, target: ReturnTarget, outcome: RunOutcome, output_option
                 cause = exc if str(exc) else first
                 save_pending(Path(plan.scratch), target, outcome, f"{type(cause).__name__}: {scrub(str(cause))}",
                              output_options, checkpoints)
-                raise ReturnFailed(plan, cause) from None
+                raise ReturnError(plan, cause) from None
             publish_artifacts(target, manifest)
             return manifest
 
 
-class KeptOutputGone(RuntimeError):
-    """The output a pending return kept in scratch is no longer there."""
-
-
-def deliver_pending(scratch: Path, drop_if_gone: bool = False) -> dict[str, Any] | None:
-    """Deliver the return an earlier attempt of a job could not (see
-    :mod:`tasks.pending`) from its scratch folder; returns the manifest, or
-    None when none was pending.  The pending record and, for a completed
-    job, the scratch output are removed only after the destination verified
-    every file.  Raises what the delivery raises (the output stays), and
-    :class:`KeptOutputGone` -- with nothing sent to the destination and the
-    record kept -- when the kept output folder, or a declared file of a
-    completed run, has been removed since; with ``drop_if_gone`` (a new run
-    of the job, which will write the output anew) the record is dropped
-    with a warning and None returned instead."""
-    pending = load_pending(scratch)
-    if pending is None:
-        return None
-    target, outcome, options = pending
-    missing = kept_missing(scratch)
-    if missing:
-        problem = (f"the output kept in {target.output_dir} for {mask_url(target.output_url)} is gone "
-                   f"({missing}); nothing was delivered")
-        if not drop_if_gone:
-            raise KeptOutputGone(f"{problem}; run the job again to produce it anew (that drops "
-                                 f"{scratch / 'return-pending.json'})")
-        _warn(f"{problem}; running the job again")
-        clear_pending(scratch)
-        return None
-    if options:
-        from tasks.credentials import resolve_options
-
-        use_options(target.output_url, resolve_options(options, "output.storage_options"))
-    outcome = _upload_kept_checkpoint(scratch, outcome)
-    manifest = deliver(target, outcome)
-    clear_pending(scratch)
-    if manifest["status"] == "completed":
-        shutil.rmtree(scratch / "output", ignore_errors=True)
-        shutil.rmtree(scratch / "checkpoints", ignore_errors=True)
-    return manifest
-
-
-def _upload_kept_checkpoint(scratch: Path, outcome: RunOutcome) -> RunOutcome:
-    """Upload the newest checkpoint kept in scratch when it is newer than the
-    one the run made durable (the destination was down for its uploads too);
-    returns the outcome naming it.  Raises what the upload raises."""
-    kept = pending_checkpoints(scratch)
-    if not kept:
-        return outcome
-    newest = latest_valid(Path(kept["dir"]))
-    if newest is None or (outcome.checkpoint is not None and outcome.checkpoint.step >= newest.step):
-        return outcome
-    if kept.get("options"):
-        from tasks.credentials import resolve_options
-
-        use_options(kept["url"], resolve_options(kept["options"], "output.checkpoint.storage_options"))
-    durable = upload(newest.path, kept["url"], int(kept["keep"]), kept.get("work_sha256"))
-    return dataclasses.replace(outcome, checkpoint=durable)
-
-
-def _warn(line: str) -> None:
-    try:
-        get_run_logger().warning("%s", line)
-    except Exception:
-        print(f"e31: {line}", file=sys.stderr)
-
-
-def _finish(plan: Plan, manifest: dict[str, Any]) -> dict[str, Any]:
+def _finish(plan: JobPlan, manifest: dict[str, Any]) -> dict[str, Any]:
     if manifest["status"] == "completed":
         # Delivered and verified: the next run of this job starts fresh.
         shutil.rmtree(plan.output_dir, ignore_errors=True)
         shutil.rmtree(plan.checkpoint_dir, ignore_errors=True)
     if manifest["status"] == "failed":
-        raise JobFailed(manifest)
+        raise JobFailedError(manifest)
     return manifest
 
 
-def _run(spec: JobSpec, plan: Plan, staged: dict[str, str], code_dir: str | None, target: ReturnTarget, now: float) -> RunOutcome:
+def _run(spec: JobSpec, plan: JobPlan, staged: dict[str, str], code_dir: str | None, target: ReturnTarget, now: float) -> RunOutcome:
     """The run task with the spec's retries; a lost child that is not retried
     any more fails the job (with its exit code and the latest checkpoint)."""
-    settings = RunSettings(
+    settings = SupervisorConfig(
         job=plan.job,
         child=_child_config(spec, plan, staged, code_dir),
         run_dir=str(plan.run_dir),

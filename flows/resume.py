@@ -23,11 +23,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flows.compile import Plan
-from tasks import storage
-from tasks.checkpoint import latest_durable
-from tasks.checkpoints import MARKER, commit_pending, discard_torn, latest_valid, parse_step, step_dir_name
-from tasks.deliver import existing_manifest
+from e31.errors import E31Error
+from e31.flows.compile import JobPlan
+from e31.tasks import storage
+from e31.tasks.checkpoint import latest_durable
+from e31.tasks.work.local_checkpoints import MARKER, commit_pending, discard_torn, latest_valid, parse_step, step_dir_name
+from e31.tasks.deliver import existing_manifest
 
 WORK_HASH_FILE = "work.sha256"
 ATTEMPT_FILE = "attempt.json"
@@ -42,7 +43,7 @@ class Resume:
     crashed: bool
 
 
-class JobBusy(RuntimeError):
+class JobBusyError(E31Error, RuntimeError):
     """Another run of the same job holds its scratch folder on this machine."""
 
 
@@ -52,14 +53,14 @@ _LOCKS: dict[str, int] = {}  # scratch folder -> open file descriptor holding it
 def lock_job(scratch: str, job: str) -> None:
     """Hold an exclusive ``flock`` on ``<scratch>/job.lock`` until
     :func:`end_attempt` / :func:`unlock_job` (or this process's death: the
-    kernel drops it).  Raises :class:`JobBusy` when another run holds it."""
+    kernel drops it).  Raises :class:`JobBusyError` when another run holds it."""
     fd = os.open(Path(scratch) / "job.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise JobBusy(
+        raise JobBusyError(
             f"job {job} is already running on this machine (pid {holder}, scratch {scratch}); "
             "wait for it to end, or run this one under another name (--set name=...)"
         ) from None
@@ -75,19 +76,30 @@ def unlock_job(scratch: str) -> None:
         os.close(fd)
 
 
-def prepare_scratch(plan: Plan) -> Resume:
+def check_not_running(plan: JobPlan) -> None:
+    """Raise :class:`JobBusyError` when a run of the same job holds its
+    scratch folder on this machine now (the lock is taken and let go at
+    once).  The CLI asks before it creates a flow run, so a refused second
+    run leaves nothing in the job's history."""
+    if not (Path(plan.scratch) / "job.lock").exists():
+        return
+    lock_job(plan.scratch, plan.job)
+    unlock_job(plan.scratch)
+
+
+def prepare_scratch(plan: JobPlan) -> Resume:
     """:func:`open_scratch` then :func:`resume_step`: lock the job's scratch
     folder, record this attempt, and decide where the run starts.  Raises
-    :class:`JobBusy` when the same job is running here already."""
+    :class:`JobBusyError` when the same job is running here already."""
     crashed = open_scratch(plan)
     return Resume(resume_step(plan), crashed)
 
 
-def open_scratch(plan: Plan) -> bool:
+def open_scratch(plan: JobPlan) -> bool:
     """Lock the job's scratch folder, create its folders, commit what a
     killed attempt's work wrote whole, and record this attempt; returns
     whether the previous attempt was lost (its process killed).  Nothing
-    kept in scratch is removed here.  Raises :class:`JobBusy` when the same
+    kept in scratch is removed here.  Raises :class:`JobBusyError` when the same
     job is running here already."""
     Path(plan.scratch).mkdir(parents=True, exist_ok=True)
     lock_job(plan.scratch, plan.job)
@@ -103,7 +115,7 @@ def open_scratch(plan: Plan) -> bool:
     return crashed
 
 
-def kill_leftovers(plan: Plan) -> list[int]:
+def kill_leftovers(plan: JobPlan) -> list[int]:
     """SIGKILL what a killed attempt left running: processes of its work's
     process group (recorded by the run task) that still carry this job's
     ``E31_CHECKPOINT_DIR`` (a command's own children outlive a kill -9 of
@@ -127,7 +139,7 @@ def kill_leftovers(plan: Plan) -> list[int]:
     return killed
 
 
-def end_attempt(plan: Plan) -> None:
+def end_attempt(plan: JobPlan) -> None:
     """Record that this attempt ended (whatever its status) and release the
     job's lock."""
     (plan.run_dir / ATTEMPT_FILE).write_text(json.dumps({"state": "ended", "ended": time.time()}))
@@ -141,7 +153,7 @@ def _read_state(path: Path) -> str | None:
         return None
 
 
-def resume_step(plan: Plan) -> int | None:
+def resume_step(plan: JobPlan) -> int | None:
     """The step the run resumes from (see the module docstring), or None for
     a fresh start -- which clears the scratch output and checkpoints, so a
     pending return must have been delivered first."""
@@ -166,7 +178,7 @@ def resume_step(plan: Plan) -> int | None:
     return None
 
 
-def remove_stale_checkpoints(plan: Plan) -> list[int]:
+def remove_stale_checkpoints(plan: JobPlan) -> list[int]:
     """Remove the durable checkpoints an earlier run left at the checkpoint
     URL (``step-<N>`` folders holding E31's ``COMMITTED`` marker; nothing
     else), so a fresh run neither resumes from nor keeps them in place of

@@ -23,7 +23,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 
-from tasks.process import die_with_parent
+from e31.tasks.supervisor.process import die_with_parent
 
 STARTUP_TIMEOUT_S = 120.0  # a fresh PREFECT_HOME migrates its database first (~25 s on 2 cores)
 

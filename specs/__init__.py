@@ -1,7 +1,7 @@
 """E31 job specs: the contract a job declares (work, data, request, output).
 
 Imports only the standard library, pydantic and yaml, so a spec can be
-validated anywhere. See DESIGN.md section 1.
+validated anywhere. See docs/design.md, section 1.
 """
 
 from .errors import Problem, SpecError

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from e31.errors import InvalidInput
+
 __all__ = ["DOCUMENT", "Problem", "SpecError", "format_loc", "short_repr"]
 
 #: Path used for a problem about the whole document (or the file itself).
@@ -32,7 +34,7 @@ class Problem:
         return f"{self.path}: {self.message}"
 
 
-class SpecError(ValueError):
+class SpecError(InvalidInput):
     """An invalid job spec; lists every problem found at once.
 
     ``str(err)`` is a header line ``invalid job spec SOURCE (N problems)``

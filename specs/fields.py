@@ -27,11 +27,17 @@ from .urls import SECRET_URL_PATTERN, mask_url
 __all__ = [
     "Deadline", "Duration", "FileName", "Grace", "InputName", "JobName", "Memory", "NonEmpty",
     "REVEAL_SECRETS", "Sha256", "Url", "check_deadline", "check_entrypoint", "check_json", "file_key", "input_key",
-    "has_password", "password_error", "SAFE_NAME",
+    "has_password", "password_error", "SAFE_NAME", "valid_job_name",
 ]
 
 SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _SAFE = re.compile(SAFE_NAME)
+
+
+def valid_job_name(name: str) -> bool:
+    """True for a job name a spec may give (1-63 letters, digits, ``.``,
+    ``_``, ``-``, starting with a letter or digit): never a path."""
+    return len(name) <= 63 and _SAFE.fullmatch(name) is not None
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 
 _DURATION_SCHEMA = {
@@ -55,7 +61,7 @@ def _duration(value: Any, *, allow_zero: bool) -> timedelta:
     return result
 
 
-#: A duration > 0, in any form :func:`specs.units.parse_duration` accepts.
+#: A duration > 0, in any form :func:`e31.specs.units.parse_duration` accepts.
 Duration = Annotated[
     timedelta,
     BeforeValidator(lambda v: _duration(v, allow_zero=False)),
@@ -141,7 +147,7 @@ def _serialize_url(value: str, info: SerializationInfo) -> str:
     return value
 
 
-#: A non-empty fsspec URL or path without an embedded password; masked (:func:`specs.mask_url`)
+#: A non-empty fsspec URL or path without an embedded password; masked (:func:`e31.specs.mask_url`)
 #: in JSON-mode dumps unless the serialisation context has ``reveal_secrets: True``.
 Url = Annotated[
     str,
@@ -275,8 +281,8 @@ def check_entrypoint(value: str) -> str:
         for part in side.split(".")
     )
     if not ok:
-        fix = "e.g. examples.digits:train"
+        fix = "e.g. e31.examples.digits:train"
         if "/" in value or value.endswith(".py") or ".py:" in value:
-            fix = "use the module's import name, not a file path, e.g. examples.digits:train"
+            fix = "use the module's import name, not a file path, e.g. e31.examples.digits:train"
         raise spec_error("must be 'module:function' with dotted Python names on both sides", fix=fix)
     return value

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +112,13 @@ def _lookup(data: Any, loc: tuple) -> Any:
     return data
 
 
-def _build(data: Any, source: str, base_dir: Any, overrides: Sequence[str], early: list[Problem]) -> JobSpec:
+#: A caller's extra checks of the raw spec (after overrides and path resolution): problems that
+#: need the machine (installed protocols, the entrypoint's module), reported with the schema's.
+Checks = Callable[[Mapping[str, Any]], Iterable[Problem]]
+
+
+def _build(data: Any, source: str, base_dir: Any, overrides: Sequence[str], early: list[Problem],
+           checks: Checks | None = None) -> JobSpec:
     if not isinstance(data, Mapping):
         got = "an empty document" if data is None else short_repr(data)
         raise SpecError(source, [*early, Problem(
@@ -129,12 +135,18 @@ def _build(data: Any, source: str, base_dir: Any, overrides: Sequence[str], earl
         problems += problems_from(exc)
     except Exception as exc:  # never leak a traceback from loading
         problems.append(Problem(DOCUMENT, f"could not be validated: {type(exc).__name__}: {exc}"))
+    if checks is not None:
+        seen = {p.path for p in problems}
+        try:
+            problems += [p for p in checks(data) if p.path not in seen]
+        except Exception as exc:  # a checker's own failure is reported, not raised
+            problems.append(Problem(DOCUMENT, f"could not be checked: {type(exc).__name__}: {exc}"))
     if problems:
         raise SpecError(source, problems)
     return spec
 
 
-def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> JobSpec:
+def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = (), checks: Checks | None = None) -> JobSpec:
     """Load and validate a job spec file (``.json`` as JSON, anything else as YAML).
 
     ``overrides`` are ``DOTTED.PATH=VALUE`` strings (CLI ``--set``) applied
@@ -142,7 +154,9 @@ def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Jo
     ``output.url`` and ``output.checkpoint.url`` become absolute against the
     spec file's directory (against the current directory when they came from
     an override); ``~`` is expanded; URLs with a protocol are kept.
-    Durations are timedeltas, memory is in bytes.
+    Durations are timedeltas, memory is in bytes.  ``checks`` (optional)
+    is called with the raw mapping and returns more problems, reported with
+    the schema's (a field the schema already faults is not reported twice).
 
     Raises:
         SpecError: the file cannot be read, is not valid YAML/JSON, an
@@ -153,7 +167,7 @@ def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Jo
     text = _read(path, source)
     data, early = _parse_text(text, source, as_json=str(source).lower().endswith(".json"))
     base_dir = os.path.dirname(os.path.abspath(source))
-    return _build(data, source, base_dir, overrides, early)
+    return _build(data, source, base_dir, overrides, early, checks)
 
 
 def parse_spec(
@@ -162,13 +176,14 @@ def parse_spec(
     source: str = "<spec>",
     base_dir: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
+    checks: Checks | None = None,
 ) -> JobSpec:
     """Validate a job spec given as a mapping or as YAML text.
 
     Relative local paths resolve against ``base_dir`` (left as given when it
     is None); values set by ``overrides`` resolve against the current
     directory. ``source`` names the spec in messages. The mapping is not
-    modified.
+    modified.  ``checks``: as for :func:`load_spec`.
 
     Raises:
         SpecError: invalid YAML, a malformed override, or an invalid spec;
@@ -177,4 +192,4 @@ def parse_spec(
     early: list[Problem] = []
     if isinstance(data, str):
         data, early = _parse_text(data, source, as_json=False)
-    return _build(data, source, base_dir, overrides, early)
+    return _build(data, source, base_dir, overrides, early, checks)

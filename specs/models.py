@@ -47,7 +47,7 @@ class WorkSpec(SpecModel):
     live_keys_refused = True
 
     kind: WorkKind = Field(description="training, inference, processing or simulation.")
-    entrypoint: str | None = Field(None, description="Python callable 'module:function', e.g. examples.digits:train.")
+    entrypoint: str | None = Field(None, description="Python callable 'module:function', e.g. e31.examples.digits:train.")
     command: list[str] | None = Field(None, min_length=1,
                                       description="Program and arguments, e.g. [python, train.py, --epochs, '20'].")
     params: dict[str, Any] = Field(default_factory=dict, description="Parameters passed to the work.")
@@ -118,7 +118,7 @@ class DataInput(SpecModel):
 
     Raises (on validation) pydantic.ValidationError: an unsafe name, an empty
     url, a sha256 that is not 64 hex characters, or bad ``storage_options``
-    (specs.storage_options). Names must be unique within JobSpec.data.
+    (e31.specs.storage_options). Names must be unique within JobSpec.data.
     """
 
     name: InputName = Field(description="Input name, unique in the job; becomes a folder name.")
@@ -190,7 +190,7 @@ class CheckpointPolicy(SpecModel):
     ``url`` is the durable checkpoint location (None: the flow's default); ``storage_options`` its fsspec options.
     Raises (on validation) pydantic.ValidationError when both ``every`` and
     ``every_steps`` are set, a count is below 1, or ``url`` cannot be written to
-    (no bucket or host, a glob character: :mod:`specs.output_urls`).
+    (no bucket or host, a glob character: :mod:`e31.specs.output_urls`).
     """
 
     every: Duration | None = Field(None, description="Checkpoint at least this often, e.g. 2m.")
@@ -265,14 +265,14 @@ class OutputSpec(SpecModel):
 
 
 class JobSpec(SpecModel):
-    """A batch job: work, data, request and output (see DESIGN.md section 1).
+    """A batch job: work, data, request and output (see docs/design.md, section 1).
 
     Build it from Python (``JobSpec(name=..., work=..., request=..., output=...)``)
-    or load it with :func:`specs.load_spec`; validation errors from Python are
+    or load it with :func:`e31.specs.load_spec`; validation errors from Python are
     pydantic.ValidationError, from loading they are :class:`specs.SpecError`.
-    Across sections: input names must be unique (:mod:`specs.input_names`), and
+    Across sections: input names must be unique (:mod:`e31.specs.input_names`), and
     ``output.url`` and ``output.checkpoint.url`` must not be, lie inside, or
-    hold a ``data[].url`` (:mod:`specs.output_urls`).
+    hold a ``data[].url`` (:mod:`e31.specs.output_urls`).
     """
 
     live_keys_refused = True

@@ -83,7 +83,7 @@ def check_output_url(value: str) -> str:
     return value
 
 
-#: A :data:`specs.fields.Url` that can be written to: one folder, with a bucket or host.
+#: A :data:`e31.specs.fields.Url` that can be written to: one folder, with a bucket or host.
 OutputUrl = Annotated[Url, AfterValidator(check_output_url)]
 
 

@@ -1,7 +1,7 @@
 """A spec as JSON for Prefect: URLs masked, unless the real ones are asked for.
 
 Every ``Url`` field (``data[*].url``, ``output.url``, ``output.checkpoint.url``)
-is masked with :func:`specs.mask_url` in JSON-mode dumps, so the parameters
+is masked with :func:`e31.specs.mask_url` in JSON-mode dumps, so the parameters
 Prefect stores (FastAPI's ``jsonable_encoder`` calls
 ``model_dump(mode="json")``) and shows never hold a signature or token.
 Python-mode dumps and the model itself keep the real URLs.

@@ -1,7 +1,7 @@
 """``storage_options``: fsspec filesystem options for a URL, with credentials by reference only.
 
 A value is any JSON value, or a reference resolved on the worker at run time
-(``tasks.credentials.resolve_options``):
+(``e31.tasks.storage.credentials.resolve_options``):
 
 * ``{secret: NAME}`` -- the value of the Prefect Secret block NAME (lowercase
   letters, digits and dashes);
@@ -10,7 +10,7 @@ A value is any JSON value, or a reference resolved on the worker at run time
 A literal value under a credential-looking key (:func:`is_credential_key`),
 at any depth, is refused: the spec is stored in Prefect parameters and shown
 in logs. So is one under a credential-looking HTTP header name
-(:func:`~specs.credential_keys.is_credential_header`: ``Authorization``,
+(:func:`~e31.specs.credential_keys.is_credential_header`: ``Authorization``,
 ``Cookie``, ``X-Api-Key``...) inside a ``headers`` mapping at any depth (or a
 ``[NAME, VALUE]`` pair in a ``headers`` list), and an empty value (``""``,
 ``{}``, ``[]``) under either: it is not a reference. Refusals never show the

@@ -1,7 +1,7 @@
 """The ``checkpoint`` task: make a locally committed checkpoint durable.
 
 Uploads the files of ``step-<N>/`` with fsspec to ``<durable>/step-<N>/``
-(each published whole and verified: :func:`tasks.storage.publish_file`),
+(each published whole and verified: :func:`e31.tasks.storage.publish_file`),
 marker last, then keeps only the newest ``keep`` durable checkpoints.
 """
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 from prefect import task
 
-from specs import mask_url
-from tasks import storage
-from tasks.checkpoints import MARKER, parse_step, step_dir_name, verify
+from e31.specs import mask_url
+from e31.tasks import storage
+from e31.tasks.work.local_checkpoints import MARKER, parse_step, step_dir_name, verify
 
 
 @dataclass(frozen=True)
@@ -30,15 +30,11 @@ class DurableCheckpoint:
     work_sha256: str | None = None
 
 
-class CheckpointVerifyError(RuntimeError):
-    """A file read back from durable storage did not match its sha256."""
-
-
 def upload(local_dir: Path, durable_root: str, keep: int, work_sha256: str | None = None) -> DurableCheckpoint:
     """Upload one committed local checkpoint folder and prune old ones.
 
     Returns the :class:`DurableCheckpoint`.  Raises
-    :class:`CheckpointVerifyError` when the read-back hash differs, and
+    :class:`storage.VerifyError` when the read-back hash differs, and
     ``ValueError`` when ``local_dir`` is not a whole committed checkpoint.
     """
     marker = verify(local_dir)
@@ -51,10 +47,10 @@ def upload(local_dir: Path, durable_root: str, keep: int, work_sha256: str | Non
         url = storage.join(target, name)
         try:
             size, _ = storage.publish_file(local_dir / name, url, sha256=meta["sha256"])
-        except storage.PublishVerifyError as exc:
-            raise CheckpointVerifyError(f"{mask_url(url)}: {exc}") from None
+        except storage.VerifyError as exc:
+            raise storage.VerifyError(f"{mask_url(url)}: {exc}") from None
         if size != meta["bytes"]:
-            raise CheckpointVerifyError(f"{mask_url(url)}: {size} bytes uploaded, the marker says {meta['bytes']}")
+            raise storage.VerifyError(f"{mask_url(url)}: {size} bytes uploaded, the marker says {meta['bytes']}")
         total += size
     marker = {**marker, "work_sha256": work_sha256}  # a changed work never resumes from it
     storage.write_bytes(storage.join(target, MARKER), json.dumps(marker, indent=1, sort_keys=True).encode())

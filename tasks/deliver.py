@@ -25,12 +25,13 @@ from prefect.logging import get_run_logger
 from prefect.tasks import exponential_backoff
 from prefect.artifacts import create_link_artifact, create_table_artifact
 
-from specs import mask_url
-from tasks import settings, storage
-from tasks.manifest import build_manifest, verdict
-from tasks.outcome import RunOutcome
-from tasks.retrying import retry_unless
-from tasks.transferbar import TransferProgress
+from e31.errors import E31Error
+from e31.specs import mask_url
+from e31.tasks import settings, storage
+from e31.tasks.manifest import build_manifest, step_text, verdict
+from e31.tasks.outcome import RunOutcome
+from e31.tasks.retrying import retry_unless
+from e31.tasks.storage.progress import TransferProgress
 
 MANIFEST = "manifest.json"
 UPLOAD_THREADS = 8  # files uploaded at once by the return step
@@ -38,7 +39,7 @@ RETURN_RETRIES = settings.value("E31_TRANSFER_RETRIES")  # Prefect retries of th
 RETURN_BACKOFF_S = settings.value("E31_TRANSFER_BACKOFF_S")  # first retry delay (s), doubling
 
 
-class DestinationError(RuntimeError):
+class DestinationError(E31Error, RuntimeError):
     """A destination URL cannot be written (unknown protocol, missing fsspec
     backend, a file where a folder should be, no permission)."""
 
@@ -60,8 +61,7 @@ def check_destination(url: str, field: str) -> None:
             storage.write_bytes(probe, b"e31 write probe\n")
             storage.remove(probe)
         except Exception as exc:
-            raise DestinationError(f"{field}: {shown}: cannot write there ({type(exc).__name__}: "
-                                   f"{storage.scrub(str(exc))})") from None
+            raise DestinationError(f"{field}: {shown}: cannot write there ({storage.describe_error(exc)})") from None
         return
     folder = Path(path)
     try:
@@ -89,10 +89,6 @@ def write_failure_manifest(req: ReturnTarget, message: str) -> dict[str, Any] | 
     except Exception:
         return None
     return manifest
-
-
-class ReturnVerifyError(RuntimeError):
-    """A returned file read back with a different size or sha256."""
 
 
 @dataclass
@@ -145,8 +141,8 @@ def _publish_all(pairs: list[tuple[Path, str]], output_url: str) -> list[dict[st
             url = storage.join(output_url, rel)
             try:
                 size, digest = storage.publish_file(path, url, callback=progress.callback())
-            except storage.PublishVerifyError as exc:
-                raise ReturnVerifyError(f"{mask_url(url)}: {exc}") from None
+            except storage.VerifyError as exc:
+                raise storage.VerifyError(f"{mask_url(url)}: {exc}") from None
             return {"path": rel, "bytes": size, "sha256": digest}
 
         if len(pairs) <= 1:
@@ -159,9 +155,9 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
     """Upload the output and write the manifest; returns the manifest dict.
 
     Each file is published whole and verified
-    (:func:`tasks.storage.publish_file`), in parallel; ``manifest.json`` is
+    (:func:`e31.tasks.storage.publish_file`), in parallel; ``manifest.json`` is
     written last, so its presence means the upload is whole.  Raises
-    :class:`ReturnVerifyError` when a file does not verify (the manifest is
+    :class:`storage.VerifyError` when a file does not verify (the manifest is
     then not written), :class:`DestinationError` for a symlink out of the
     output folder, and what the store raises when it cannot be reached.
     """
@@ -231,7 +227,7 @@ def _artifacts(req: ReturnTarget, manifest: dict[str, Any]) -> None:
     create_table_artifact(
         rows,
         key="manifest",
-        description=f"{manifest['job']}: {manifest['status']} ({manifest['reason']}), step {manifest['step']}, "
+        description=f"{manifest['job']}: {manifest['status']} ({manifest['reason']}), {step_text(manifest['step'])}, "
         f"{meter['cpu_seconds']:g} cpu-s, {meter['gpu_seconds']:g} gpu-s -> {mask_url(req.output_url)}",
     )
     shown = mask_url(req.output_url)

@@ -1,4 +1,4 @@
-"""The job's verdict and ``manifest.json`` (DESIGN.md §2): pure functions."""
+"""The job's verdict and ``manifest.json`` (docs/design.md §2): pure functions."""
 
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ class Verdict:
     status: str
     reason: str
     message: str = ""
+
+
+def step_text(step: int | None) -> str:
+    """``step 12``, or ``no checkpoint`` when a run has none (for messages)."""
+    return "no checkpoint" if step is None else f"step {step}"
 
 
 def verdict(reason: str, exit_code: int | None, declared: list[str], present: set[str], message: str = "") -> Verdict:

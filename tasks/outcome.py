@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.checkpoint import DurableCheckpoint
+from e31.tasks.checkpoint import DurableCheckpoint
 
 
 @dataclass

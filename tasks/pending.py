@@ -7,23 +7,31 @@ how the run ended, the output's (unresolved) ``storage_options`` — secret
 references only, never their values — the error, the files kept (``kept``:
 relative path -> bytes, so a later delivery notices files removed since),
 and a preview of the manifest that will be written (``kept_in`` names the
-folder holding the output).  :func:`load_pending` rebuilds the objects for a later
-:func:`tasks.deliver.deliver`.
+folder holding the output).  :func:`load_pending` rebuilds the objects and
+:func:`deliver_pending` delivers them (``e31 return JOB``, or the next run of
+the job, first thing).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
+import sys
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from specs import mask_url
-from tasks.checkpoint import DurableCheckpoint
-from tasks.deliver import ReturnTarget
-from tasks.outcome import RunOutcome
+from e31.errors import E31Error
+from e31.specs import mask_url
+from e31.tasks.checkpoint import DurableCheckpoint, upload
+from e31.tasks.deliver import ReturnTarget, deliver
+from e31.tasks.outcome import RunOutcome
+from e31.tasks.storage import use_options
+from e31.tasks.storage.credentials import resolve_options
+from e31.tasks.work.local_checkpoints import latest_valid
 
 PENDING = "return-pending.json"
 
@@ -57,10 +65,23 @@ def save_pending(scratch: Path, target: ReturnTarget, outcome: RunOutcome, error
     return path
 
 
-def load_pending(scratch: Path) -> tuple[ReturnTarget, RunOutcome, dict[str, Any]] | None:
-    """``(target, outcome, output_options)`` of the pending return in
-    ``scratch``, or None when there is none.  Raises ``ValueError`` for an
-    unreadable record."""
+@dataclasses.dataclass(frozen=True)
+class PendingReturn:
+    """A pending return read back from ``return-pending.json``: where the
+    output goes (``target``), how the run ended (``outcome``), the output's
+    unresolved ``output_options`` and where the job's ``checkpoints`` go
+    (``url``, ``keep``, ``work_sha256``, local ``dir``, unresolved
+    ``options``; None when not recorded)."""
+
+    target: ReturnTarget
+    outcome: RunOutcome
+    output_options: dict[str, Any]
+    checkpoints: dict[str, Any] | None
+
+
+def load_pending(scratch: Path) -> PendingReturn | None:
+    """The pending return in ``scratch``, or None when there is none.
+    Raises ``ValueError``/``KeyError``/``TypeError`` for an unreadable record."""
     path = Path(scratch) / PENDING
     try:
         record = json.loads(path.read_text())
@@ -69,16 +90,8 @@ def load_pending(scratch: Path) -> tuple[ReturnTarget, RunOutcome, dict[str, Any
     out = dict(record["outcome"])
     out["checkpoint"] = DurableCheckpoint(**out["checkpoint"]) if out.get("checkpoint") else None
     out["uploads"] = [DurableCheckpoint(**u) for u in out.get("uploads") or []]
-    return ReturnTarget(**record["target"]), RunOutcome(**out), record.get("output_options") or {}
-
-
-def pending_checkpoints(scratch: Path) -> dict[str, Any] | None:
-    """The ``checkpoints`` entry of the pending record in ``scratch`` (see
-    :func:`save_pending`), or None."""
-    try:
-        return json.loads((Path(scratch) / PENDING).read_text()).get("checkpoints")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return PendingReturn(ReturnTarget(**record["target"]), RunOutcome(**out), record.get("output_options") or {},
+                         record.get("checkpoints"))
 
 
 def kept_missing(scratch: Path) -> str:
@@ -101,3 +114,69 @@ def kept_missing(scratch: Path) -> str:
 def clear_pending(scratch: Path) -> None:
     """Remove the pending record (after a verified delivery)."""
     (Path(scratch) / PENDING).unlink(missing_ok=True)
+
+
+class KeptOutputGoneError(E31Error, RuntimeError):
+    """The output a pending return kept in scratch is no longer there."""
+
+
+def deliver_pending(scratch: Path, drop_if_gone: bool = False) -> dict[str, Any] | None:
+    """Deliver the return an earlier attempt of a job could not (see
+    this module) from its scratch folder; returns the manifest, or
+    None when none was pending.  The pending record and, for a completed
+    job, the scratch output are removed only after the destination verified
+    every file.  Raises what the delivery raises (the output stays), and
+    :class:`KeptOutputGoneError` -- with nothing sent to the destination and the
+    record kept -- when the kept output folder, or a declared file of a
+    completed run, has been removed since; with ``drop_if_gone`` (a new run
+    of the job, which will write the output anew) the record is dropped
+    with a warning and None returned instead."""
+    pending = load_pending(scratch)
+    if pending is None:
+        return None
+    target, outcome, options = pending.target, pending.outcome, pending.output_options
+    missing = kept_missing(scratch)
+    if missing:
+        problem = (f"the output kept in {target.output_dir} for {mask_url(target.output_url)} is gone "
+                   f"({missing}); nothing was delivered")
+        if not drop_if_gone:
+            raise KeptOutputGoneError(f"{problem}; run the job again to produce it anew (that drops "
+                                 f"{scratch / 'return-pending.json'})")
+        warn(f"{problem}; running the job again")
+        clear_pending(scratch)
+        return None
+    if options:
+        use_options(target.output_url, resolve_options(options, "output.storage_options"))
+    outcome = _upload_kept_checkpoint(pending.checkpoints, outcome)
+    manifest = deliver(target, outcome)
+    clear_pending(scratch)
+    if manifest["status"] == "completed":
+        shutil.rmtree(scratch / "output", ignore_errors=True)
+        shutil.rmtree(scratch / "checkpoints", ignore_errors=True)
+    return manifest
+
+
+def _upload_kept_checkpoint(kept: dict[str, Any] | None, outcome: RunOutcome) -> RunOutcome:
+    """Upload the newest checkpoint kept in scratch (``kept``: the record's
+    ``checkpoints``) when it is newer than the one the run made durable (the
+    destination was down for its uploads too); returns the outcome naming
+    it.  Raises what the upload raises."""
+    if not kept:
+        return outcome
+    newest = latest_valid(Path(kept["dir"]))
+    if newest is None or (outcome.checkpoint is not None and outcome.checkpoint.step >= newest.step):
+        return outcome
+    if kept.get("options"):
+        use_options(kept["url"], resolve_options(kept["options"], "output.checkpoint.storage_options"))
+    durable = upload(newest.path, kept["url"], int(kept["keep"]), kept.get("work_sha256"))
+    return dataclasses.replace(outcome, checkpoint=durable)
+
+
+def warn(line: str) -> None:
+    """Log ``line`` as a warning to the run's logger, or to stderr outside a run."""
+    try:
+        from prefect import get_run_logger
+
+        get_run_logger().warning("%s", line)
+    except Exception:
+        print(f"e31: {line}", file=sys.stderr)

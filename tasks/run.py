@@ -1,6 +1,6 @@
 """The ``run`` task: run the work in a supervised child process.
 
-The supervisor owns the clock and the signals (DESIGN.md §2, "Why a child
+The supervisor owns the clock and the signals (docs/design.md §2, "Why a child
 process"): it starts the child in its own process group, has each new
 committed checkpoint made durable while the child keeps working, shows
 progress, and stops the child at the stop time -- SIGTERM
@@ -8,10 +8,10 @@ progress, and stops the child at the stop time -- SIGTERM
 A cancel of the flow run (polled from the Prefect API) or SIGTERM/SIGINT to
 the flow's own process starts the same stop early.
 
-The task returns a :class:`~tasks.outcome.RunOutcome` instead of raising, so
+The task returns a :class:`~e31.tasks.outcome.RunOutcome` instead of raising, so
 the return step always runs; after a cancel it returns the output itself,
 because Prefect starts no new task in a cancelling flow run.  A child lost
-to a SIGKILL that E31 did not send raises :class:`~tasks.outcome.ChildLost`,
+to a SIGKILL that E31 did not send raises :class:`~e31.tasks.outcome.ChildLost`,
 which Prefect retries (``request.retries``) from the newest checkpoint.
 """
 
@@ -28,14 +28,14 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks.cancel import CancelWatcher
-from tasks.context import ChildConfig, command_environment
-from tasks.deliver import ReturnTarget, deliver, publish_artifacts
-from tasks.outcome import ChildLost, RunOutcome
-from tasks.process import die_with_parent
-from tasks.progress import ProgressReporter
-from tasks.retrying import retry_only
-from tasks.uploader import Uploader
+from e31.tasks.supervisor.cancel import CancelWatcher
+from e31.tasks.work.context import ChildConfig, command_environment
+from e31.tasks.deliver import ReturnTarget, deliver, publish_artifacts
+from e31.tasks.outcome import ChildLost, RunOutcome
+from e31.tasks.supervisor.process import die_with_parent
+from e31.tasks.supervisor.progress import ProgressReporter
+from e31.tasks.retrying import retry_only
+from e31.tasks.supervisor.uploader import Uploader
 
 POLL_S = 0.2  # seconds between supervisor checks
 STOP_SEEN = "stop_seen"  # written beside the progress file when the work reads ctx.should_stop as true
@@ -45,8 +45,8 @@ STDERR_TAIL_LINES = 20
 
 
 @dataclass
-class RunSettings:
-    """What the run task needs (built by ``flows.compile``).
+class SupervisorConfig:
+    """What the run task needs (built by ``e31.flows.compile``).
 
     ``limit_at``: the hard stop from the time limit, Unix seconds.
     ``deadline_at``: the deadline, Unix seconds (None: none); the run stops
@@ -87,7 +87,7 @@ class _Stop:
 class _Clock:
     """The stop time: the time limit, or the deadline less the return reserve."""
 
-    def __init__(self, settings: RunSettings):
+    def __init__(self, settings: SupervisorConfig):
         self.s = settings
         self._next = 0.0
         self.stop_at, self.reason = settings.limit_at, "time_limit"
@@ -134,7 +134,7 @@ _lost_retry = retry_only(ChildLost)
 
 
 @task(name="run", task_run_name="run", retry_condition_fn=_lost_retry)
-def run_task(settings: RunSettings) -> RunOutcome:
+def run_task(settings: SupervisorConfig) -> RunOutcome:
     """Run the work to the end or to its stop; see the module docstring.
     Returns a :class:`RunOutcome`; raises :class:`ChildLost` for a lost child."""
     outcome = supervise(settings)
@@ -143,7 +143,7 @@ def run_task(settings: RunSettings) -> RunOutcome:
     return outcome
 
 
-def supervise(settings: RunSettings) -> RunOutcome:
+def supervise(settings: SupervisorConfig) -> RunOutcome:
     """The supervisor loop behind :func:`run_task`."""
     run_dir = Path(settings.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -155,7 +155,7 @@ def supervise(settings: RunSettings) -> RunOutcome:
     stop_seen.unlink(missing_ok=True)
     env = {**os.environ, **command_environment(settings.child)}
     env["PYTHONPATH"] = os.pathsep.join([*settings.child.code_dirs, env.get("PYTHONPATH", "")]).strip(os.pathsep)
-    command = list(settings.child.command or [sys.executable, "-m", "tasks.child", str(config_path)])
+    command = list(settings.child.command or [sys.executable, "-m", "e31.tasks.work.child", str(config_path)])
 
     stop, clock = _Stop(), _Clock(settings)
     uploader = Uploader(Path(settings.child.checkpoint_dir), settings.checkpoint_url, settings.keep, settings.work_sha256)

@@ -12,8 +12,10 @@ import math
 import os
 from dataclasses import dataclass
 
+from e31.errors import InvalidInput
 
-class SettingsError(ValueError):
+
+class SettingsError(InvalidInput):
     """An ``E31_*`` environment variable holds a value E31 cannot use."""
 
 

@@ -6,11 +6,11 @@ input and its masked URL; the sum is the job's data size.  The ``stage``
 task (:func:`stage_input`) then copies one input to
 ``<data_dir>/<name>/`` (a file keeps its base name, a folder or glob its
 tree) through a temporary folder renamed into place only when the copy is
-whole and verified (:mod:`tasks.transfer`).  A source changed while being
+whole and verified (:mod:`e31.tasks.storage.transfer`).  A source changed while being
 copied is listed and copied again (up to :data:`ATTEMPTS` times), so a
 spliced file is never staged.  A record ``<data_dir>/<name>.stage.json``
 keeps the listing's digest (URL hash, every file's size and ETag/mtime) and
-the staged copy's identity (:func:`tasks.transfer.identity`: for a folder,
+the staged copy's identity (:func:`e31.tasks.storage.transfer.identity`: for a folder,
 a scan of every name, size and mtime in it): an unchanged input whose copy
 is as it was staged is not copied again.
 Transient errors (network, throttling) are retried by Prefect with
@@ -34,19 +34,21 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 from prefect.tasks import exponential_backoff
 
-from specs import DataInput, mask_url
-from tasks import settings, storage, transfer
-from tasks.cancel import staging_stop
-from tasks.listing import Listing, OnlyFolders, list_input, unchanged
-from tasks.retrying import retry_unless
-from tasks.transferbar import TransferProgress, TransferStopped
+from e31.errors import E31Error
+from e31.specs import DataInput, mask_url
+from e31.tasks import settings, storage
+from e31.tasks.storage import transfer
+from e31.tasks.supervisor.cancel import staging_stop
+from e31.tasks.storage.listing import Listing, OnlyFolders, list_input, unchanged
+from e31.tasks.retrying import retry_unless
+from e31.tasks.storage.progress import TransferProgress, TransferStopped
 
 ATTEMPTS = 3  # copies of one input tried when its source changes during the copy or fails verification
 RETRIES = settings.value("E31_TRANSFER_RETRIES")  # Prefect retries of a stage task after a transient error
 BACKOFF_S = settings.value("E31_TRANSFER_BACKOFF_S")  # first retry delay (s); doubles each retry
 
 
-class StageError(RuntimeError):
+class StageError(E31Error, RuntimeError):
     """An input cannot be staged and retrying will not help: missing,
     unreadable, a sha256 mismatch, or a source that keeps changing."""
 
@@ -86,8 +88,7 @@ def list_one(item: DataInput) -> Listing:
     except FileNotFoundError as exc:
         raise StageError(f"data '{item.name}': {shown}: {_not_found(exc)}") from None
     except Exception as exc:
-        raise StageError(f"data '{item.name}': {shown}: cannot read ({type(exc).__name__}: "
-                         f"{storage.scrub(str(exc))})") from None
+        raise StageError(f"data '{item.name}': {shown}: cannot read ({storage.describe_error(exc)})") from None
     if item.sha256 and listing.kind != "file":
         raise StageError(f"data '{item.name}': {shown}: sha256 is declared but the URL is a {listing.kind} of "
                          f"{len(listing.entries)} file(s); declare sha256 for single files")
@@ -195,7 +196,7 @@ def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None)
 
 def _changed_since_listed(item: DataInput, listing: Listing) -> list[str]:
     """The files of ``item`` that changed since ``listing`` was made (see
-    :func:`tasks.transfer.changed_since`); a local folder whose scan is
+    :func:`e31.tasks.storage.transfer.changed_since`); a local folder whose scan is
     byte-for-byte the same is not parsed again."""
     if unchanged(listing):
         return []

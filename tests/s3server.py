@@ -13,7 +13,7 @@ benchmark scripts, so nothing here imports pytest::
 its own session, with credentials passed through *its* environment only
 (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``; with them set, keys are
 enforced).  Start-up takes about 1-2 s; stop about 2 s (SIGTERM to the
-group, SIGKILL after 15 s).  See ``shared/storage.md`` for the measurements.
+group, SIGKILL after 15 s).  Measurements: docs/design.md, section 3.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_checkpoint_overhead.py [--repeat N] [--epochs E]
 
-The example work (``examples.digits:train``, one torch thread) runs as E31
+The example work (``e31.examples.digits:train``, one torch thread) runs as E31
 runs it -- a child process (``python -m tasks.child``) whose checkpoints a
 supervisor (this process) commits with fsync and a marker every 0.2 s, the
 newest only, as the run task does -- once with a checkpoint after every epoch and once with none but the
@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tasks.checkpoints import commit_pending
-from tasks.context import ChildConfig
+from e31.tasks.work.local_checkpoints import commit_pending
+from e31.tasks.work.context import ChildConfig
 
 HIDDEN = [64]  # the example's hidden units; --hidden changes it
 DIGITS = Path(__file__).resolve().parents[2] / "specs" / "examples" / "data" / "digits.csv.gz"
@@ -36,12 +36,12 @@ DIGITS = Path(__file__).resolve().parents[2] / "specs" / "examples" / "data" / "
 def _supervised(root: Path, every: int | None, epochs: int) -> float:
     run = Path(tempfile.mkdtemp(dir=root))
     cfg = ChildConfig(
-        entrypoint="examples.digits:train", command=None, params={"epochs": epochs, "hidden": HIDDEN[0]}, data={"digits": str(DIGITS)},
+        entrypoint="e31.examples.digits:train", command=None, params={"epochs": epochs, "hidden": HIDDEN[0]}, data={"digits": str(DIGITS)},
         output_dir=str(run / "out"), checkpoint_dir=str(run / "ck"), progress_file=str(run / "progress.json"),
         device="cpu", cpus=1, gpus=0, checkpoint_every_steps=every, supervised=True,
     )
     cfg.write(run / "child.json")
-    proc = subprocess.Popen([sys.executable, "-m", "tasks.child", str(run / "child.json")], env={"OMP_NUM_THREADS": "1", "PATH": ""})
+    proc = subprocess.Popen([sys.executable, "-m", "e31.tasks.work.child", str(run / "child.json")], env={"OMP_NUM_THREADS": "1", "PATH": ""})
     while proc.poll() is None:
         commit_pending(run / "ck", newest_only=True)
         time.sleep(0.2)
@@ -54,8 +54,8 @@ def _supervised(root: Path, every: int | None, epochs: int) -> float:
 def _inline(root: Path, every: int | None, epochs: int) -> float:
     import torch
 
-    from examples.digits import train
-    from tasks.context import WorkContext
+    from e31.examples.digits import train
+    from e31.tasks.work.context import WorkContext
 
     torch.set_num_threads(1)
     ctx = WorkContext.local({"digits": DIGITS}, Path(tempfile.mkdtemp(dir=root)), {"epochs": epochs, "hidden": HIDDEN[0]}, checkpoint_every_steps=every)

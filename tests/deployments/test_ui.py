@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from flows.deploy import job_tags
-from flows.job import run_job
-from specs import load_spec
+from e31.flows.deploy import job_tags
+from e31.flows.job import run_job
+from e31.specs import load_spec
 from tests.conftest import REPO, prefect_ui_url
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

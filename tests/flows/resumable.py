@@ -17,7 +17,7 @@ import signal
 import torch
 from torch import nn
 
-from examples.digits import load_digits_csv
+from e31.examples.digits import load_digits_csv
 
 
 def train(ctx) -> None:

@@ -9,7 +9,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from flows.job import run_job
+from e31.flows.job import run_job
 from tests.flows.test_stops import _artifacts, _assert_returned_checkpoint, _durable_steps, _pid_gone, _spec, _wait_for
 
 HERE = Path(__file__).resolve().parent

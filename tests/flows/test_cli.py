@@ -18,7 +18,7 @@ def test_validate_example(e31):
     result = e31("validate", str(EXAMPLE))
     assert result.returncode == 0, result.stderr
     assert result.stdout == (
-        "valid: digits-nightly-retrain (training: examples.digits:train); 1 input(s); 0 gpu, 1 cpu, "
+        "valid: digits-nightly-retrain (training: e31.examples.digits:train); 1 input(s); 0 gpu, 1 cpu, "
         f"limit 0:10:00; output model -> {EXAMPLES}/results/digits-nightly-retrain/\n"
     )
 
@@ -172,19 +172,55 @@ def test_bad_tuning_setting_is_named_before_anything_runs(e31, tmp_path, name, v
 
 def test_urls_without_a_backend_are_refused_by_validate_compile_and_run(e31, tmp_path):
     """Unknown protocols and backends not installed here fail before
-    anything runs, each named with its field (gcsfs and adlfs are not
-    installed in the test environment)."""
+    anything runs, reported with every other problem of the spec, each named
+    with its field and the protocols this machine has (gcsfs and adlfs are
+    not installed in the test environment)."""
     args = ["--set", "output.url=s4://bucket/out/", "--set", "data[0].url=gs://bucket/digits.csv.gz",
-            "--set", "output.checkpoint.url=az://container/ck/"]
+            "--set", "output.checkpoint.url=az://container/ck/", "--set", "request.gpus=-1"]
     for command in ("validate", "compile", "run"):
         result = e31(command, str(EXAMPLE), *args, env={"E31_SCRATCH": str(tmp_path / "scratch")})
         assert result.returncode == 2, result.stderr
         assert result.stderr == (
-            "e31: data[0].url: gs://bucket/digits.csv.gz: Please install gcsfs to access Google Storage\n"
-            "e31: output.url: s4://bucket/out/: Protocol not known: s4\n"
-            "e31: output.checkpoint.url: az://container/ck/: Install adlfs to access Azure Datalake Gen2 and "
-            "Azure Blob Storage\n")
+            f"invalid job spec {EXAMPLE} (4 problems)\n"
+            "  request.gpus: must be >= 0 (got -1)\n"
+            "  data[0].url: protocol 'gs' is not installed here (got gs://bucket/digits.csv.gz): Please install "
+            "gcsfs to access Google Storage\n"
+            "  output.url: unknown protocol 's4' (got s4://bucket/out/); use a local path or one of file, memory, "
+            "http, https, s3; with a package installed: gs (gcsfs), az (adlfs), abfs (adlfs)\n"
+            "  output.checkpoint.url: protocol 'az' is not installed here (got az://container/ck/): Install adlfs "
+            "to access Azure Datalake Gen2 and Azure Blob Storage\n")
     assert not (tmp_path / "scratch").exists()
+
+
+def test_a_misspelt_entrypoint_is_refused_with_the_closest_name(e31, tmp_path):
+    """The entrypoint's module is found and its source read (not run): a
+    function it does not define is refused with the closest name; a module
+    not importable here is noted as not checked."""
+    result = e31("validate", str(EXAMPLE), "--set", "work.entrypoint=e31.examples.digits:trian")
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"invalid job spec {EXAMPLE} (1 problem)\n"
+        "  work.entrypoint: e31.examples.digits has no 'trian' (got 'e31.examples.digits:trian'); did you mean "
+        "e31.examples.digits:train?\n")
+    beside = tmp_path / "job.yaml"
+    beside.write_text(EXAMPLE.read_text().replace("e31.examples.digits:train", "mywork:go"))
+    (tmp_path / "mywork.py").write_text("def go(ctx):\n    pass\n")
+    data = f"data[0].url={EXAMPLES / 'data' / 'digits.csv.gz'}"
+    assert e31("validate", str(beside), "--set", data).returncode == 0
+    result = e31("validate", str(beside), "--set", data, "--set", "work.entrypoint=mywork:goo")
+    assert result.returncode == 2 and "did you mean mywork:go?" in result.stderr
+    result = e31("validate", str(EXAMPLE), "--set", "work.entrypoint=somewhere.other:train")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1] == (
+        "note: work.entrypoint 'somewhere.other:train' not checked: module 'somewhere.other' is not importable here "
+        "(it must be where the job runs: installed, or beside the spec)")
+
+
+def test_version(e31):
+    from e31 import __version__
+
+    result = e31("--version")
+    assert (result.returncode, result.stdout) == (0, f"e31 {__version__}\n")
 
 
 def test_memory_outputs_are_refused_by_run_and_deploy_but_validate(e31, tmp_path):

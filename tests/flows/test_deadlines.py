@@ -9,9 +9,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from flows.compile import compile_plan, resolve_deadline
-from flows.job import run_job
-from specs import SpecError, parse_spec
+from e31.flows.compile import compile_plan, resolve_deadline
+from e31.flows.job import run_job
+from e31.specs import SpecError, parse_spec
 
 HERE = Path(__file__).resolve().parent
 UTC = timezone.utc

@@ -21,10 +21,10 @@ from scipy import ndimage
 from scipy.integrate import odeint
 from scipy.optimize import brentq
 
-from examples.digits import build_model
-from flows.job import run_job
-from specs import load_spec
-from tasks.checkpoints import MARKER, STATE_FILE, load_state
+from e31.examples.digits import build_model
+from e31.flows.job import run_job
+from e31.specs import load_spec
+from e31.tasks.work.local_checkpoints import MARKER, STATE_FILE, load_state
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "specs" / "examples"

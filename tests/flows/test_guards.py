@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from flows.job import JobFailed, run_job
-from flows.resume import JobBusy
-from specs import parse_spec
-from tasks.deliver import DestinationError
+from e31.flows.job import JobFailedError, run_job
+from e31.flows.resume import JobBusyError
+from e31.specs import parse_spec
+from e31.tasks.deliver import DestinationError
 
 
 def _cmd(tmp_path: Path, name: str, command: list[str], files=("result.txt",), **output) -> dict:
@@ -27,7 +27,7 @@ def _cmd(tmp_path: Path, name: str, command: list[str], files=("result.txt",), *
 
 
 def test_a_command_that_cannot_start_fails_cleanly(prefect_api, scratch, tmp_path):
-    with pytest.raises(JobFailed) as err:
+    with pytest.raises(JobFailedError) as err:
         run_job(parse_spec(_cmd(tmp_path, "no-program", ["nosuchprog-e31", "a"])))
     manifest = err.value.manifest
     assert (manifest["status"], manifest["exit_code"]) == ("failed", 127)
@@ -48,14 +48,14 @@ def test_unwritable_destination_is_refused_before_anything_runs(prefect_api, scr
 
 
 def test_second_run_of_the_same_job_is_refused_while_the_first_holds_it(prefect_api, scratch, tmp_path):
-    from flows.compile import compile_plan
-    from flows.resume import end_attempt, prepare_scratch
+    from e31.flows.compile import compile_plan
+    from e31.flows.resume import end_attempt, prepare_scratch
 
     spec = parse_spec(_cmd(tmp_path, "busy", [sys.executable, "-c", "pass"]))
     plan = compile_plan(spec)
     prepare_scratch(plan)  # as a first run would, in this process
     try:
-        with pytest.raises(JobBusy) as err:
+        with pytest.raises(JobBusyError) as err:
             run_job(spec)
         assert str(err.value).startswith("job busy is already running on this machine (pid ")
     finally:
@@ -94,7 +94,7 @@ def test_a_run_that_fails_staging_keeps_the_earlier_runs_checkpoints(prefect_api
     code = "import os, pathlib; pathlib.Path(os.environ['E31_OUTPUT_DIR'], 'result.txt').write_text('ok')"
     spec = _cmd(tmp_path, "keeps-ck", [sys.executable, "-c", code])
     spec["data"] = [{"name": "inp", "url": str(tmp_path / "missing.txt")}]
-    from tasks.stage import StageError
+    from e31.tasks.stage import StageError
 
     with pytest.raises(StageError):
         run_job(parse_spec(spec))
@@ -138,13 +138,13 @@ def test_expected_refusals_fail_the_flow_run_with_one_line_and_no_traceback(pref
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-    from flows.placement import PlacementError
+    from e31.flows.admission import AdmissionError
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     spec = _cmd(tmp_path, "too-big", [sys.executable, "-c", "open('ran', 'w')"])
     spec["request"]["gpus"] = 8
     state = run_job(parse_spec(spec), return_state=True)
-    with pytest.raises(PlacementError) as err:
+    with pytest.raises(AdmissionError) as err:
         state.result()
     assert str(err.value).startswith("request does not fit this machine (")
     assert (state.type.value, state.message) == ("FAILED", str(err.value))
@@ -166,7 +166,7 @@ def test_an_input_whose_credential_is_missing_fails_with_a_manifest_saying_so(pr
     """Found by a fresh-user trial: an input credential's environment
     variable missing on the worker left the previous run's manifest at the
     destination; like a missing input, it now writes a failed one."""
-    from tasks.credentials import CredentialError
+    from e31.tasks.storage.credentials import CredentialError
 
     monkeypatch.delenv("E31_TEST_UNSET_TOKEN", raising=False)
     (tmp_path / "out").mkdir()

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from examples.digits import build_model, evaluate, load_digits_csv, split
-from flows.job import JobFailed, run_job
-from specs import load_spec, parse_spec
-from tasks.checkpoints import MARKER, STATE_FILE, load_state
+from e31.examples.digits import build_model, evaluate, load_digits_csv, split
+from e31.flows.job import JobFailedError, run_job
+from e31.specs import load_spec, parse_spec
+from e31.tasks.work.local_checkpoints import MARKER, STATE_FILE, load_state
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "specs" / "examples" / "digits-nightly-retrain.yaml"
@@ -119,7 +119,7 @@ def test_command_work_completes_via_environment(prefect_api, scratch, tmp_path):
 
 def test_failing_work_fails_with_exit_code_and_stderr(prefect_api, scratch, tmp_path):
     spec = parse_spec(_command_spec(tmp_path, "import sys; sys.stderr.write('boom: bad row 17\\n'); sys.exit(7)", "failing"))
-    with pytest.raises(JobFailed) as err:
+    with pytest.raises(JobFailedError) as err:
         run_job(spec)
     manifest = err.value.manifest
     assert manifest["status"] == "failed" and manifest["reason"] == "error" and manifest["exit_code"] == 7
@@ -131,7 +131,7 @@ def test_failing_work_fails_with_exit_code_and_stderr(prefect_api, scratch, tmp_
 
 def test_work_missing_declared_file_fails(prefect_api, scratch, tmp_path):
     spec = parse_spec(_command_spec(tmp_path, "pass", "lazy"))
-    with pytest.raises(JobFailed) as err:
+    with pytest.raises(JobFailedError) as err:
         run_job(spec)
     assert err.value.manifest["message"] == "work finished without writing the declared output files: result.txt"
 
@@ -141,7 +141,7 @@ def test_flow_run_shows_tasks_artifacts_and_tags_in_the_ui(prefect_api, scratch,
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
 
-    from flows.deploy import job_tags
+    from e31.flows.deploy import job_tags
 
     out = tmp_path / "out"
     spec = load_spec(EXAMPLE, overrides=[f"output.url={out}", "work.params.epochs=3", "work.params.epoch_sleep=1.2"])

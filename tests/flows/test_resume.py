@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from flows.job import run_job
-from specs import parse_spec
+from e31.flows.job import run_job
+from e31.specs import parse_spec
 
 HERE = Path(__file__).resolve().parent
 DIGITS = HERE.parents[1] / "specs" / "examples" / "data" / "digits.csv.gz"

@@ -17,9 +17,9 @@ import pytest
 import torch
 import yaml
 
-from flows.job import JobFailed, run_job
-from specs import parse_spec
-from tasks.checkpoints import MARKER, STATE_FILE, load_state
+from e31.flows.job import JobFailedError, run_job
+from e31.specs import parse_spec
+from e31.tasks.work.local_checkpoints import MARKER, STATE_FILE, load_state
 
 HERE = Path(__file__).resolve().parent
 
@@ -152,12 +152,12 @@ def test_a_deadline_too_close_to_start_names_its_field_and_times(prefect_api, sc
     return reserve cannot start; nothing runs and nothing is written."""
     import re
 
-    from flows.placement import PlacementError
+    from e31.flows.admission import AdmissionError
 
     monkeypatch.setenv("E31_RETURN_RESERVE_S", "30")
     raw = _spec(tmp_path, "too-close", limit="10m", grace="2s", step_s=0.1)
     raw["request"]["deadline_within"] = "20s"
-    with pytest.raises(PlacementError) as err:
+    with pytest.raises(AdmissionError) as err:
         run_job(parse_spec(raw), code_dir=str(HERE))
     utc = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00"
     assert re.fullmatch(
@@ -172,7 +172,7 @@ def test_a_deadline_too_close_to_start_names_its_field_and_times(prefect_api, sc
 @pytest.mark.parametrize("crash, code", [("exit", 1), ("segfault", -signal.SIGSEGV), ("raise", 1)])
 def test_crashed_work_fails_with_exit_code_and_returns_checkpoint(prefect_api, scratch, tmp_path, crash, code):
     spec = parse_spec(_spec(tmp_path, f"crash-{crash}", crash_after=3, crash=crash, step_s=0.05))
-    with pytest.raises(JobFailed) as err:
+    with pytest.raises(JobFailedError) as err:
         run_job(spec, code_dir=str(HERE))
     manifest = err.value.manifest
     assert (manifest["status"], manifest["reason"], manifest["exit_code"]) == ("failed", "error", code)
@@ -185,7 +185,7 @@ def test_crashed_work_fails_with_exit_code_and_returns_checkpoint(prefect_api, s
 
 def test_out_of_memory_kill_without_retries_fails_with_checkpoint(prefect_api, scratch, tmp_path):
     spec = parse_spec(_spec(tmp_path, "oom", crash_after=3, crash="sigkill", step_s=0.05))
-    with pytest.raises(JobFailed) as err:
+    with pytest.raises(JobFailedError) as err:
         run_job(spec, code_dir=str(HERE))
     manifest = err.value.manifest
     assert (manifest["status"], manifest["reason"], manifest["exit_code"]) == ("failed", "error", -signal.SIGKILL)
@@ -205,7 +205,7 @@ def test_lost_process_is_retried_and_resumes_from_newest_checkpoint(prefect_api,
 def test_work_exception_is_not_retried(prefect_api, scratch, tmp_path):
     raw = _spec(tmp_path, "not-retried", crash_after=2, crash="raise", step_s=0.05, n=5)
     raw["request"]["retries"] = 2
-    with pytest.raises(JobFailed):
+    with pytest.raises(JobFailedError):
         run_job(parse_spec(raw), code_dir=str(HERE))
     assert (tmp_path / "out" / "resumed_from.txt").read_text() == "0"  # ran once, from scratch
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specs import (
+from e31.specs import (
     CheckpointPolicy, DataInput, JobSpec, OutputSpec, Problem, RequestSpec, SpecError, WorkSpec,
     load_spec, parse_duration, parse_spec,
 )
@@ -45,7 +45,7 @@ def test_example_loads_with_exact_values():
         name="digits-nightly-retrain",
         work=WorkSpec(
             kind="training",
-            entrypoint="examples.digits:train",
+            entrypoint="e31.examples.digits:train",
             params={"epochs": 30, "hidden": 64, "lr": 0.01, "batch_size": 64, "seed": 0, "holdout": 0.2},
         ),
         data=[DataInput(
@@ -347,7 +347,7 @@ def test_python_construction_reports_all_problems_as_validation_error():
 def test_alias_bomb_is_refused_quickly(tmp_path):
     import time
 
-    from specs import SpecError, load_spec
+    from e31.specs import SpecError, load_spec
 
     levels = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     for prev, name in zip("abcdefgh", "bcdefghi"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specs import Problem, SpecError, parse_spec
+from e31.specs import Problem, SpecError, parse_spec
 
 LIVE = (
     "such work does not belong on a batch queue and should run on local infrastructure "
@@ -119,14 +119,14 @@ CASES = [
         "work: exactly one of 'entrypoint' or 'command' is required (got neither); "
         "add entrypoint: module:function for a Python callable, or command: [program, arg, ...]",
     ]),
-    ("entrypoint-without-function", doc(work="work: {kind: training, entrypoint: examples.digits}"), [
+    ("entrypoint-without-function", doc(work="work: {kind: training, entrypoint: e31.examples.digits}"), [
         "work.entrypoint: must be 'module:function' with dotted Python names on both sides "
-        "(got 'examples.digits'); e.g. examples.digits:train",
+        "(got 'e31.examples.digits'); e.g. e31.examples.digits:train",
     ]),
     ("entrypoint-file-path", doc(work="work: {kind: training, entrypoint: 'examples/digits.py:train'}"), [
         "work.entrypoint: must be 'module:function' with dotted Python names on both sides "
         "(got 'examples/digits.py:train'); use the module's import name, not a file path, "
-        "e.g. examples.digits:train",
+        "e.g. e31.examples.digits:train",
     ]),
     ("command-as-string", doc(work="work: {kind: processing, command: python run.py}"), [
         "work.command: must be a list of program and arguments (got 'python run.py'); "
@@ -502,7 +502,7 @@ def test_case_table_is_large_enough():
 def test_design_example_exactly():
     text = (
         "name: digits-nightly-retrain\n"
-        "work: {kind: training, entrypoint: examples.digits:train}\n"
+        "work: {kind: training, entrypoint: e31.examples.digits:train}\n"
         "data:\n  - name: digits\n    urll: data/digits.csv.gz\n"
         "request: {gpus: -1, limit: 10m}\n"
         "output: {kind: model, url: /o/, files: [model.pt]}\n"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from specs import json_schema, mask_url
-from specs.units import DURATION_PATTERN, MEMORY_PATTERN
-from specs.yamlload import load_yaml
+from e31.specs import json_schema, mask_url
+from e31.specs.units import DURATION_PATTERN, MEMORY_PATTERN
+from e31.specs.yamlload import load_yaml
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -121,7 +121,7 @@ def test_specs_imports_only_stdlib_pydantic_and_yaml():
 
 
 def test_public_interface():
-    import specs
+    from e31 import specs
 
     assert sorted(specs.__all__) == sorted([
         "JobSpec", "WorkSpec", "DataInput", "RequestSpec", "OutputSpec", "CheckpointPolicy",
@@ -136,7 +136,7 @@ def test_modules_stay_small():
 
 
 def test_query_parameters_named_like_secrets_are_masked():
-    from specs import mask_url
+    from e31.specs import mask_url
 
     assert mask_url("https://h/x?secret_access_key=abc&region=eu&session_token=t&X-Amz-Signature=s") == (
         "https://h/x?secret_access_key=***&region=eu&session_token=***&X-Amz-Signature=***"
@@ -163,7 +163,7 @@ def _job(data_urls: list[str], output_url: str, checkpoint_url: str | None = Non
     (["/in/a.csv", "s3://b/in/"], "memory://results/job/", "file:///ck/job/"),
 ])
 def test_output_urls_beside_inputs_are_accepted(data_urls, output_url, checkpoint_url):
-    from specs import parse_spec
+    from e31.specs import parse_spec
 
     spec = parse_spec(_job(data_urls, output_url, checkpoint_url))
     assert spec.output.url == output_url and spec.output.checkpoint.url == checkpoint_url
@@ -180,7 +180,7 @@ def test_output_urls_beside_inputs_are_accepted(data_urls, output_url, checkpoin
     ("/in/x.csv", "/", "a folder that holds data[0].url"),
 ])
 def test_output_url_overlapping_an_input_is_refused(data_url, output_url, how):
-    from specs import SpecError, parse_spec
+    from e31.specs import SpecError, parse_spec
 
     with pytest.raises(SpecError) as info:
         parse_spec(_job([data_url], output_url))
@@ -191,7 +191,7 @@ def test_output_url_overlapping_an_input_is_refused(data_url, output_url, how):
 
 
 def test_overlap_through_a_symbolic_link_is_refused(tmp_path):
-    from specs import SpecError, parse_spec
+    from e31.specs import SpecError, parse_spec
 
     (tmp_path / "d").mkdir()
     (tmp_path / "dlink").symlink_to(tmp_path / "d")
@@ -204,7 +204,7 @@ def test_overlap_through_a_symbolic_link_is_refused(tmp_path):
 
 
 def test_relative_output_and_inputs_compare_against_the_same_folder(tmp_path):
-    from specs import SpecError, load_spec
+    from e31.specs import SpecError, load_spec
 
     path = tmp_path / "job.yaml"
     path.write_text(_job(["data/frames/"], "data"), encoding="utf-8")
@@ -215,7 +215,7 @@ def test_relative_output_and_inputs_compare_against_the_same_folder(tmp_path):
 
 
 def test_masked_output_urls_validate_again():
-    from specs import JobSpec, parse_spec, spec_payload
+    from e31.specs import JobSpec, parse_spec, spec_payload
 
     spec = parse_spec(_job(["s3://tok@b/in/"], "s3://tok@b/out/", "s3://tok@b/ck/"))
     masked = spec_payload(spec, reveal=False)
@@ -226,7 +226,7 @@ def test_masked_output_urls_validate_again():
 def test_output_url_rules_apply_to_models_built_in_python():
     from pydantic import ValidationError
 
-    from specs import DataInput, JobSpec, OutputSpec, RequestSpec, WorkSpec
+    from e31.specs import DataInput, JobSpec, OutputSpec, RequestSpec, WorkSpec
 
     with pytest.raises(ValidationError) as info:
         JobSpec(name="j", work=WorkSpec(kind="processing", command=["x"]), request=RequestSpec(limit=60),
@@ -249,6 +249,6 @@ def test_schema_secret_url_pattern_agrees_with_mask_url(url):
     the URLs mask_url would hide something in."""
     import re
 
-    from specs.urls import SECRET_URL_PATTERN, mask_url
+    from e31.specs.urls import SECRET_URL_PATTERN, mask_url
 
     assert bool(re.search(SECRET_URL_PATTERN, url)) is (mask_url(url) != url)

@@ -7,7 +7,7 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from specs import JobSpec, SpecError, is_credential_key, json_schema, parse_spec, reference_of, secrets_in, spec_payload
+from e31.specs import JobSpec, SpecError, is_credential_key, json_schema, parse_spec, reference_of, secrets_in, spec_payload
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -103,7 +103,7 @@ def test_credential_keys(key, credential):
     ("X-Amz-Content-Sha256", False), (None, False),
 ])
 def test_credential_header_names(name, credential):
-    from specs.credential_keys import is_credential_header
+    from e31.specs.credential_keys import is_credential_header
 
     assert is_credential_header(name) is credential
 
@@ -209,7 +209,7 @@ def test_schema_describes_storage_options():
 def test_gcsfs_token_modes_are_not_secrets(mode):
     """gcsfs's token: anon (public buckets) and the other modes name how to
     authenticate; any other literal token is still refused."""
-    from specs import SpecError, parse_spec
+    from e31.specs import SpecError, parse_spec
 
     spec = {"name": "gcs", "work": {"kind": "processing", "command": ["true"]}, "request": {"limit": "1m"},
             "output": {"kind": "results", "url": "gs://bkt/out/", "files": ["r.txt"], "storage_options": {"token": mode}}}
@@ -229,7 +229,7 @@ def test_gcsfs_token_modes_are_not_secrets(mode):
 def test_schema_credential_key_pattern_agrees_with_is_credential_key(key):
     """The JSON Schema pattern (JavaScript/Python regex, no flags) and the
     validator's rule name the same keys."""
-    from specs.storage_options import CREDENTIAL_KEY_PATTERN, is_credential_key
+    from e31.specs.storage_options import CREDENTIAL_KEY_PATTERN, is_credential_key
 
     assert bool(re.search(CREDENTIAL_KEY_PATTERN, key)) is is_credential_key(key)
 
@@ -240,7 +240,7 @@ def test_schema_credential_key_pattern_agrees_with_is_credential_key(key):
     "Ocp-Apim-Subscription-Key", "bearer", "Accept", "User-Agent", "Range", "Content-Type", "If-None-Match",
 ])
 def test_schema_credential_header_pattern_agrees_with_is_credential_header(name):
-    from specs.credential_keys import is_credential_header
-    from specs.storage_options import CREDENTIAL_HEADER_PATTERN
+    from e31.specs.credential_keys import is_credential_header
+    from e31.specs.storage_options import CREDENTIAL_HEADER_PATTERN
 
     assert bool(re.search(CREDENTIAL_HEADER_PATTERN, name)) is is_credential_header(name)

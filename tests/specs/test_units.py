@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from specs import parse_duration, parse_memory
-from specs.units import DURATION_PATTERN, MEMORY_PATTERN, format_duration
+from e31.specs import parse_duration, parse_memory
+from e31.specs.units import DURATION_PATTERN, MEMORY_PATTERN, format_duration
 
 DURATIONS = [
     ("90s", 90),

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from tasks.checkpoints import (
+from e31.tasks.work.local_checkpoints import (
     MARKER,
     STATE_FILE,
     CheckpointError,
@@ -20,7 +20,7 @@ from tasks.checkpoints import (
     save_state,
     verify,
 )
-from tasks.context import WorkContext
+from e31.tasks.work.context import WorkContext
 
 
 def test_save_commits_folder_with_marker_hashes(tmp_path):
@@ -100,7 +100,7 @@ def test_subclasses_of_plain_types_are_refused_before_anything_is_written(tmp_pa
 
     import numpy as np
 
-    from tasks.checkpoints import write_state
+    from e31.tasks.work.local_checkpoints import write_state
 
     class Mode(enum.IntEnum):
         TRAIN = 1
@@ -141,7 +141,7 @@ def test_context_restore_and_checkpoint_due(tmp_path):
 
 
 def test_upload_verifies_and_keeps_newest(tmp_path):
-    from tasks.checkpoint import latest_durable, upload
+    from e31.tasks.checkpoint import latest_durable, upload
 
     local, durable = tmp_path / "local", tmp_path / "durable"
     for step in range(1, 6):
@@ -159,7 +159,7 @@ def test_upload_verifies_and_keeps_newest(tmp_path):
 
 
 def test_upload_refuses_a_torn_checkpoint(tmp_path):
-    from tasks.checkpoint import upload
+    from e31.tasks.checkpoint import upload
 
     ckpt = save_state(tmp_path / "local", {"x": 1}, step=2)
     (ckpt.path / MARKER).unlink()
@@ -198,7 +198,7 @@ def test_restore_refuses_a_checkpoint_that_needs_arbitrary_classes(tmp_path):
     folder = tmp_path / "ck" / "step-1"
     folder.mkdir(parents=True)
     torch.save({"obj": Opaque()}, folder / STATE_FILE)  # written by something other than E31
-    from tasks.checkpoints import write_marker
+    from e31.tasks.work.local_checkpoints import write_marker
 
     write_marker(folder, 1)
     ctx = WorkContext.local({}, tmp_path / "out", checkpoint_dir=tmp_path / "ck")
@@ -210,7 +210,7 @@ def test_restore_refuses_a_checkpoint_that_needs_arbitrary_classes(tmp_path):
 def test_prune_keeps_the_newest_committed_and_never_touches_unmarked_folders(tmp_path):
     """keep=2 of committed steps 1, 4, 9: step-1 goes; step-2 (no marker:
     not a whole checkpoint E31 wrote) and other names stay."""
-    from tasks.checkpoint import prune
+    from e31.tasks.checkpoint import prune
 
     for step in (1, 2, 4, 9):
         folder = tmp_path / f"step-{step}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.credentials import CredentialError, redact, resolve_options
+from e31.tasks.storage.credentials import CredentialError, redact, resolve_options
 
 
 def test_env_references_resolve_at_any_depth(monkeypatch):
@@ -108,7 +108,7 @@ def test_scrub_masks_credentials_and_secret_block_values_but_not_endpoints(prefe
     endpoint and region a user needs to debug stay readable."""
     from prefect.blocks.system import Secret
 
-    from tasks import storage
+    from e31.tasks import storage
 
     Secret(value="block-value-under-odd-key").save("e31-test-scrub", overwrite=True)
     options = resolve_options({"endpoint_url": "http://127.0.0.1:21458", "key": "AKIAEXAMPLE42",
@@ -124,7 +124,7 @@ def test_scrub_masks_credentials_and_secret_block_values_but_not_endpoints(prefe
 
 
 def test_uses_secret_blocks_only_for_secret_references():
-    from tasks.credentials import uses_secret_blocks
+    from e31.tasks.storage.credentials import uses_secret_blocks
 
     assert uses_secret_blocks({"secret": {"env": "X"}, "key": {"env": "Y"}}) is False
     assert uses_secret_blocks({"client_kwargs": {"headers": [{"secret": "b"}]}}) is True

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from tasks.deliver import ReturnTarget, deliver
-from tasks.outcome import RunOutcome
+from e31.tasks.deliver import ReturnTarget, deliver
+from e31.tasks.outcome import RunOutcome
 
 
 def _target(tmp_path, run_id="run-1") -> ReturnTarget:
@@ -47,7 +47,7 @@ def test_signals_are_deferred_while_returning(capsys):
     import os
     import signal
 
-    from tasks.process import signals_deferred
+    from e31.tasks.supervisor.process import signals_deferred
 
     with signals_deferred("returning first"):
         os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt here

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import etag
+from e31.tasks.storage import etag
 
 MIB = 2**20
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch import nn
 
-from tasks import handoff
-from tasks.checkpoints import (MARKER, PENDING, STATE_FILE, CheckpointError, commit, commit_pending, discard_torn,
+from e31.tasks.work import handoff
+from e31.tasks.work.local_checkpoints import (MARKER, PENDING, STATE_FILE, CheckpointError, commit, commit_pending, discard_torn,
                                handoff_path, latest_valid, load_state, write_state)
 
 

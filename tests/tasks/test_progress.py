@@ -6,7 +6,7 @@ import json
 import logging
 import os
 
-from tasks import progress
+from e31.tasks.supervisor import progress
 
 
 def test_the_final_report_is_logged_once(tmp_path, monkeypatch, caplog):

@@ -7,8 +7,10 @@ import pytest
 import s3fs
 from botocore.utils import parse_timestamp as botocore_parse
 
-from tasks import s3session, storage
-from tasks.listing import list_input
+from e31.tasks.storage import s3session
+
+from e31.tasks import storage
+from e31.tasks.storage.listing import list_input
 
 SAMPLES = [
     "2026-11-30T03:22:18.123Z",

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from specs import DataInput
-from tasks.manifest import Verdict, build_manifest, verdict
-from tasks.stage import StageError, stage_input
+from e31.specs import DataInput
+from e31.tasks.manifest import Verdict, build_manifest, verdict
+from e31.tasks.stage import StageError, stage_input
 
 
 def _sha(data: bytes) -> str:

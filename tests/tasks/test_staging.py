@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from specs import DataInput
-from tasks import storage
-from tasks.listing import list_input
-from tasks.stage import ATTEMPTS, StageError, preflight, stage_input, stage_task
+from e31.specs import DataInput
+from e31.tasks import storage
+from e31.tasks.storage.listing import list_input
+from e31.tasks.stage import ATTEMPTS, StageError, preflight, stage_input, stage_task
 
 MIB = 2**20
 
@@ -221,7 +221,7 @@ def test_copy_refused_by_etag_is_listed_and_copied_again(s3_prefix, writer, tmp_
     fetched in one stream and checked while it downloads (etag.Follower)."""
     from prefect import flow
 
-    from tasks import etag, transfer
+    from e31.tasks.storage import etag, transfer
 
     monkeypatch.setattr(transfer, "STREAMS_PER_FILE", 1)
     followed = []
@@ -365,7 +365,7 @@ def test_object_replaced_while_being_copied_is_never_spliced(s3_prefix, writer, 
     server-side copy, so the replacement lands within milliseconds of the
     copy starting (a 64 MiB upload would mostly land after the staging
     ended)."""
-    from tasks import transfer
+    from e31.tasks.storage import transfer
 
     monkeypatch.setattr(transfer, "STREAMS_PER_FILE", streams)
     size = 64 * MIB
@@ -437,7 +437,7 @@ def test_stale_listing_is_listed_and_copied_again(s3_prefix, writer, tmp_path):
 def scanner(request, monkeypatch):
     """Local folders are listed by GNU find, or by os.scandir where there is
     none: both must give the same listing."""
-    from tasks import listing
+    from e31.tasks.storage import listing
 
     if request.param == "scandir":
         monkeypatch.setattr(listing, "_GNU_FIND", None)
@@ -641,7 +641,7 @@ def test_local_source_changed_during_the_copy_is_copied_again(tmp_path, scanner,
     """Another writer rewrites a source file while cp runs: the relisting
     after the copy sees it and the input is copied again, so the staged
     tree holds the new bytes, never the old ones with the new listing."""
-    from tasks import transfer
+    from e31.tasks.storage import transfer
 
     src = _make_tree(tmp_path / "src", files=12, folders=2, content=lambda i: b"old-%02d" % i)
     real_cp, copies = transfer._cp_tree, []
@@ -676,7 +676,7 @@ def test_local_copy_with_a_file_added_by_the_work_is_copied_again(tmp_path, scan
 
 
 def test_unchanged_compares_a_new_scan_of_a_local_folder(tmp_path):
-    from tasks import listing as listing_module
+    from e31.tasks.storage import listing as listing_module
 
     if listing_module._GNU_FIND is None:
         pytest.skip("no GNU find on this machine")
@@ -702,8 +702,8 @@ def test_unchanged_compares_a_new_scan_of_a_local_folder(tmp_path):
 def test_a_cancelled_flow_run_stops_a_local_copy_and_keeps_the_staged_one(tmp_path):
     """The stop a cancel sets (tasks.cancel.cancel_stops_staging) ends a cp
     of a folder: nothing half-copied is left, the copy staged before stays."""
-    from tasks.cancel import cancel_stops_staging
-    from tasks.stage import StagingCancelled
+    from e31.tasks.supervisor.cancel import cancel_stops_staging
+    from e31.tasks.stage import StagingCancelled
 
     src = _make_tree(tmp_path / "src", files=40, folders=4, content=lambda i: b"v1-%02d" % i)
     item, data = DataInput(name="t", url=str(src)), tmp_path / "data"

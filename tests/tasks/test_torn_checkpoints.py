@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from tasks.checkpoints import STATE_FILE, commit_pending, discard_torn, latest_valid, load_state, save_state, write_state
+from e31.tasks.work.local_checkpoints import STATE_FILE, commit_pending, discard_torn, latest_valid, load_state, save_state, write_state
 
 SIZE = 1 << 20  # floats per checkpoint (4 MiB): a write takes a few milliseconds
 
@@ -37,7 +37,7 @@ def test_fifty_random_kills_never_resume_from_a_torn_checkpoint(tmp_path):
     # forkserver: each writer is forked from a clean server that preloaded torch, so it is
     # started in milliseconds and does not inherit this process's threads (OpenMP, Prefect).
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "tasks.checkpoints"])
+    ctx.set_forkserver_preload(["torch", "e31.tasks.work.local_checkpoints"])
     rng = random.Random(31)
     torn_seen = 0
     resumed_steps = []

@@ -1,7 +1,7 @@
 """The work's side of a run: the context object a Python entrypoint receives.
 
-The supervisor (``tasks.run``) writes a :class:`ChildConfig` to a JSON file
-and starts ``python -m tasks.child CONFIG``; the child builds a
+The supervisor (``e31.tasks.run``) writes a :class:`ChildConfig` to a JSON file
+and starts ``python -m e31.tasks.work.child CONFIG``; the child builds a
 :class:`WorkContext` from it and calls the entrypoint with it.  A ``command``
 gets the same information through ``E31_*`` environment variables
 (:func:`command_environment`).
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks import checkpoints
+from e31.tasks.work import local_checkpoints as checkpoints
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Listing what an input URL names, before anything is copied.
 
 A single file, a folder (recursively; empty sub-folders recorded) or a glob,
-on any fsspec filesystem (through :func:`tasks.storage.filesystem`, which
+on any fsspec filesystem (through :func:`e31.tasks.storage.filesystem`, which
 adds the URL's storage options).  The listing's digest is the staging
 cache key; a second listing after a copy shows whether the source changed.
 """
@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import fsspec
 
-from tasks.storage import filesystem, protocols
+from e31.tasks.storage.filesystems import filesystem, protocols
 
 
 class OnlyFolders(FileNotFoundError):
@@ -42,7 +42,7 @@ class Entry(NamedTuple):
 class Listing:
     """What one input URL names, listed before anything is copied.
 
-    ``url`` may hold credentials: show it only through ``specs.mask_url``.
+    ``url`` may hold credentials: show it only through ``e31.specs.mask_url``.
     ``kind`` is ``file``, ``folder`` or ``glob``; ``entries`` the files
     (sorted by ``rel``); ``dirs`` the sub-folders with no files (kept when
     staged); ``local`` whether the source is on this machine's filesystem.

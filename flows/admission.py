@@ -12,13 +12,15 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from flows.compile import Plan
+from e31.errors import E31Error
+from e31.flows.compile import JobPlan
 
 GIB = 1024**3
 
 
-class PlacementError(RuntimeError):
-    """The request is larger than every node of the pool."""
+class AdmissionError(E31Error, RuntimeError):
+    """The job cannot be admitted here: its request is larger than this
+    machine, or its deadline leaves no time to run."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,8 @@ def this_node() -> Node:
     return Node(name=os.uname().nodename, gpus=detect_gpus(), cpus=os.cpu_count() or 1, memory=memory)
 
 
-def check_fits(plan: Plan, node: Node | None = None) -> Node:
-    """Raise :class:`PlacementError` naming each resource the request asks
+def check_fits(plan: JobPlan, node: Node | None = None) -> Node:
+    """Raise :class:`AdmissionError` naming each resource the request asks
     more of than ``node`` (default: this machine) has; returns the node."""
     node = node or this_node()
     short = []
@@ -64,7 +66,7 @@ def check_fits(plan: Plan, node: Node | None = None) -> Node:
         short.append(f"request.memory: {plan.memory / GIB:.1f} GiB requested, this machine has "
                      f"{node.memory / GIB:.1f} GiB")
     if short:
-        raise PlacementError(
+        raise AdmissionError(
             f"request does not fit this machine ({node.name}):\n  " + "\n  ".join(short) +
             "\n  ask for no more than it has, or deploy the job (e31 deploy) to a work pool whose workers run "
             "where the resources are")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tasks.checkpoint import DurableCheckpoint, checkpoint_task, latest_durable, upload
-from tasks.checkpoints import commit_pending, committed
+from e31.tasks.checkpoint import DurableCheckpoint, checkpoint_task, latest_durable, upload
+from e31.tasks.work.local_checkpoints import commit_pending, committed
 
 
 class Uploader:

@@ -1,7 +1,7 @@
 """Notice a cancel of the flow run made through the Prefect API or UI.
 
 A flow called as a plain Python function is left in ``Cancelling`` by the
-API (see ../shared/prefect.md), so the run task watches its flow run's state
+API (see docs/design.md, section 2), so the run task watches its flow run's state
 itself and stops the work when it sees ``CANCELLING`` or ``CANCELLED``.  The
 API is read from a background thread: the supervisor's loop never waits on
 it, so a slow or lost API cannot delay a stop.

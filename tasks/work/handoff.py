@@ -10,7 +10,7 @@ tensor bytes plus a pickled skeleton of everything else, checking on the
 way that it holds only tensors and plain values (one file, one ``writev``);
 the supervisor's process turns it into a regular ``torch.save`` file with
 :func:`read` when it commits the checkpoint
-(:func:`tasks.checkpoints.commit_pending`).  The committed format is
+(:func:`e31.tasks.work.local_checkpoints.commit_pending`).  The committed format is
 torch's own; this one lives only in an uncommitted ``step-<N>.handoff``.
 
 Only states whose every tensor is a plain, dense, contiguous tensor owning
@@ -48,7 +48,7 @@ class NotHandedOver(Exception):
 
 class NotPlain(Exception):
     """The state holds something other than tensors and plain values
-    (:func:`tasks.checkpoints.snapshot` names it)."""
+    (:func:`e31.tasks.work.local_checkpoints.snapshot` names it)."""
 
 
 def _allowed() -> tuple[set, set]:
@@ -62,7 +62,7 @@ def _allowed() -> tuple[set, set]:
 
 class _Pickler(pickle.Pickler):
     """Pickles the skeleton: every object must be a plain value or container
-    (the checks of :func:`tasks.checkpoints.snapshot`, made while pickling);
+    (the checks of :func:`e31.tasks.work.local_checkpoints.snapshot`, made while pickling);
     tensors become persistent ids and are kept aside."""
 
     def __init__(self, fh: BinaryIO, tensors: list):
@@ -175,7 +175,7 @@ def read(path: Path) -> Any:
 
     data = bytearray(Path(path).read_bytes())
     if not data.startswith(MAGIC):
-        raise ValueError(f"{path}: not a state handed over by tasks.handoff")
+        raise ValueError(f"{path}: not a state handed over by e31.tasks.work.handoff")
     start = len(MAGIC) + 8
     length = int.from_bytes(data[len(MAGIC):start], "little")
     header = _Unpickler(io.BytesIO(bytes(data[start:start + length])), []).load()

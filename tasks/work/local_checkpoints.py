@@ -10,7 +10,7 @@ Writes are atomic and split in two so the work pays only for serialising:
 1. :func:`write_state` (the work's process): ``torch.save`` into
    ``step-<N>/``, then a ``PENDING`` note of the files' sizes, written only
    once every byte is -- or, under a supervisor, one file
-   ``step-<N>.handoff`` in the cheaper raw form of :mod:`tasks.handoff`,
+   ``step-<N>.handoff`` in the cheaper raw form of :mod:`e31.tasks.work.handoff`,
    renamed into place when whole.  No fsync and no hashing here.
 2. :func:`commit_pending` / :func:`commit` (the supervisor's process, or
    inline without one): turn a hand-over file into ``step-<N>/state.pt``
@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks import handoff as handoff_format
-from tasks.storage import fsync_path, sha256_file
+from e31.tasks.work import handoff as handoff_format
+from e31.tasks.storage.local import fsync_path, sha256_file
 
 MARKER = "COMMITTED"
 PENDING = "PENDING"
 STATE_FILE = "state.pt"
-HANDOFF_SUFFIX = ".handoff"  # step-<N>.handoff: an uncommitted state in the raw form of tasks.handoff
+HANDOFF_SUFFIX = ".handoff"  # step-<N>.handoff: an uncommitted state in the raw form of e31.tasks.work.handoff
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -102,7 +102,7 @@ def write_state(root: Path, state: dict[str, Any], step: int, handoff: bool = Fa
     anything else is refused with :class:`CheckpointError` before a file is
     written.  An existing checkpoint of the same step is replaced.
     ``handoff`` (the work's process under a supervisor): write the single
-    file ``step-<N>.handoff`` in the raw form of :mod:`tasks.handoff` (about
+    file ``step-<N>.handoff`` in the raw form of :mod:`e31.tasks.work.handoff` (about
     half the work's time of ``torch.save``), which :func:`commit_pending`
     turns into the folder with ``torch.save``'s file; states that form would
     not keep exactly are saved with ``torch.save`` at once.

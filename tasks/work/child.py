@@ -1,7 +1,7 @@
-"""Child-process entry point: ``python -m tasks.child CONFIG.json``.
+"""Child-process entry point: ``python -m e31.tasks.work.child CONFIG.json``.
 
 Imports the work's ``module:function`` entrypoint and calls it with a
-:class:`tasks.context.WorkContext`.  Exit codes: 0 when the function returned,
+:class:`e31.tasks.work.context.WorkContext`.  Exit codes: 0 when the function returned,
 1 when it raised (traceback on stderr), 2 when the entrypoint cannot be
 imported.  SIGTERM sets ``ctx.should_stop`` instead of killing the process.
 """
@@ -13,7 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from tasks.context import ChildConfig, WorkContext
+from e31.tasks.work.context import ChildConfig, WorkContext
 
 EXIT_WORK_RAISED = 1
 EXIT_BAD_ENTRYPOINT = 2

@@ -26,7 +26,7 @@ _display = None  # the shared rich Progress while any bar is open
 _open_bars = 0
 
 
-def _human(n: float) -> str:
+def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -138,7 +138,7 @@ class TransferProgress:
 
     def _line(self) -> str:
         pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
-        return f"{self.label}: {_human(self.done)} of {_human(self.total)}{pct}, {self.files} file(s), {_human(self.rate())}/s"
+        return f"{self.label}: {human_bytes(self.done)} of {human_bytes(self.total)}{pct}, {self.files} file(s), {human_bytes(self.rate())}/s"
 
     def _report_loop(self, artifact: bool) -> None:
         from prefect.artifacts import create_progress_artifact, update_progress_artifact

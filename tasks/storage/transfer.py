@@ -8,7 +8,7 @@
   ``get`` with ``batch_size`` concurrent transfers; other stores use a
   thread pool of ``get_file`` calls.
 * :func:`verify` checks each copy's size, and its MD5 against the store's
-  ETag where the ETag is one (see :mod:`tasks.etag`).
+  ETag where the ETag is one (see :mod:`e31.tasks.storage.etag`).
 
 Everything is written under a destination folder the caller renames into
 place only when the copy is whole.
@@ -26,9 +26,12 @@ from pathlib import Path
 from fsspec.asyn import AsyncFileSystem
 from fsspec.callbacks import Callback
 
-from tasks import etag, settings, storage
-from tasks.listing import Entry, Listing, find_output, scan_local
-from tasks.transferbar import TransferProgress
+from e31.tasks.storage import etag
+
+from e31.tasks import settings, storage
+from e31.tasks.storage.local import VerifyError
+from e31.tasks.storage.listing import Entry, Listing, find_output, scan_local
+from e31.tasks.storage.progress import TransferProgress
 
 BATCH_SIZE = settings.value("E31_TRANSFER_BATCH")  # concurrent file transfers from a store
 THREADS = 8  # get_file threads for stores without an async client
@@ -38,7 +41,7 @@ FOLLOW_BYTES = 16 * 2**20
 #: Concurrent ranged GETs per large object on S3 (s3fs ``max_concurrency``).
 #: Each stream costs client CPU: on 2 cores one stream measured faster than
 #: s3fs's 10 (1 GiB from a local server: 2.1-4.3 s against 6.6-8.2 s), so the
-#: default (:mod:`tasks.settings`) is half the usable cores, between 1 and 10.
+#: default (:mod:`e31.tasks.settings`) is half the usable cores, between 1 and 10.
 STREAMS_PER_FILE = settings.value("E31_STREAMS_PER_FILE")
 
 
@@ -51,15 +54,11 @@ class ChangedWhileCopying(RuntimeError):
         self.files = files
 
 
-class VerifyError(RuntimeError):
-    """A copy does not match its source (size or ETag/MD5)."""
-
-
 def fetch(listing: Listing, dest: Path, progress: TransferProgress) -> dict[str, bool | None]:
     """Copy every entry of ``listing`` to ``dest / entry.rel`` and create its
     empty folders.  ``dest`` must not exist (it is created).  Returns the
     ETag checks already made while downloading (``{rel: True/False/None}``,
-    see :class:`tasks.etag.Follower`) for :func:`verify`.  Raises what the
+    see :class:`e31.tasks.storage.etag.Follower`) for :func:`verify`.  Raises what the
     filesystem raises; the caller removes ``dest`` on failure."""
     checked: dict[str, bool | None] = {}
     dest = Path(dest)
@@ -140,7 +139,7 @@ def _get_remote(listing: Listing, dest: Path, progress: TransferProgress) -> dic
 
 class _Tee(Callback):
     """fsspec callback of one sequential download: bytes to the progress
-    callback and to the ETag :class:`~tasks.etag.Follower`."""
+    callback and to the ETag :class:`~e31.tasks.storage.etag.Follower`."""
 
     def __init__(self, progress: Callback, follower: etag.Follower):
         super().__init__()

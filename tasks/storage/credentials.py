@@ -1,7 +1,7 @@
 """Credentials for storage: resolve the references in ``storage_options`` on the worker.
 
 A spec's ``storage_options`` (on ``data[*]``, ``output``, ``output.checkpoint``)
-hold JSON values and references only (see :mod:`specs.storage_options`):
+hold JSON values and references only (see :mod:`e31.specs.storage_options`):
 
 * ``{secret: NAME}`` -> ``prefect.blocks.system.Secret.load(NAME).get()``
   (a string, or the JSON value the block holds);
@@ -17,17 +17,18 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from specs import is_credential_key, mask_url, reference_of
-from specs.errors import format_loc
-from specs.storage_options import REFERENCE_KINDS
-from tasks.storage import remember_secret
+from e31.errors import E31Error
+from e31.specs import is_credential_key, mask_url, reference_of
+from e31.specs.errors import format_loc
+from e31.specs.storage_options import REFERENCE_KINDS
+from e31.tasks.storage.masking import remember_secret
 
 __all__ = ["CredentialError", "redact", "resolve_options"]
 
 MASK = "***"
 
 
-class CredentialError(RuntimeError):
+class CredentialError(E31Error, RuntimeError):
     """A reference in storage options could not be resolved on this worker.
 
     The message names the field path, the block or variable name and how to
@@ -136,8 +137,8 @@ def _redact(value: Any, secret: bool) -> Any:
 
 def redact(options: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``options`` safe to log: every value under a credential-looking
-    key (:func:`specs.is_credential_key`, at any depth) and every reference
-    becomes ``***``; strings are passed through :func:`specs.mask_url`.
+    key (:func:`e31.specs.is_credential_key`, at any depth) and every reference
+    becomes ``***``; strings are passed through :func:`e31.specs.mask_url`.
 
     Works on unresolved and resolved options alike, but a resolved reference
     under an ordinary key (``endpoint_url: {env: URL}``) cannot be told

@@ -1,0 +1,45 @@
+"""How a run's log looks on the console: E31's own errors, already explained
+in one line, are shown without their traceback (the Prefect API's copy of
+the log keeps it)."""
+
+from __future__ import annotations
+
+import logging
+
+from e31.errors import E31Error
+
+#: Modules of storage clients whose errors (an endpoint down, throttling) are
+#: logged in one line on the console: the traceback says nothing more.
+_STORAGE_CLIENTS = ("botocore.", "aiobotocore.", "aiohttp.", "fsspec.", "s3fs.", "gcsfs.", "adlfs.", "azure.")
+
+
+def _quiet(exc: BaseException | None) -> bool:
+    from e31.tasks.outcome import ChildLost
+
+    return exc is not None and (isinstance(exc, (E31Error, ChildLost, OSError))
+                                or type(exc).__module__.startswith(_STORAGE_CLIENTS))
+
+
+class QuietFormatter(logging.Formatter):
+    """Wraps the console handler's formatter: a record carrying one of E31's
+    errors, a lost child or a storage client's error is shown without its
+    traceback."""
+
+    def __init__(self, inner: logging.Formatter):
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        exc = record.exc_info[1] if record.exc_info else None
+        if _quiet(exc):
+            record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
+        return self.inner.format(record)
+
+
+def hide_tracebacks_on_console() -> None:
+    """Install :class:`QuietFormatter` on Prefect's console handler(s)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler) and not isinstance(handler.formatter, QuietFormatter):
+            handler.setFormatter(QuietFormatter(handler.formatter or logging.Formatter()))

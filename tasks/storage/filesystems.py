@@ -1,0 +1,125 @@
+"""fsspec filesystems for E31's URLs: the per-URL storage options registry,
+``filesystem(url)`` and the small verbs built on it (join, exists, list,
+read, remove).
+
+URLs given here may carry credentials; callers show them only through
+:func:`e31.specs.mask_url`.  Options registered with :func:`use_options`
+(possibly holding resolved secrets) live only in this process's memory.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import threading
+from typing import Any, Mapping
+
+import fsspec
+from fsspec.core import url_to_fs
+
+from e31.tasks.storage import s3session
+
+_OPTIONS: dict[str, dict[str, Any]] = {}  # URL prefix -> resolved storage options (may hold secrets)
+_OPTIONS_LOCK = threading.Lock()
+
+
+def use_options(url: str, options: Mapping[str, Any] | None) -> None:
+    """Remember fsspec storage options (already resolved, possibly holding
+    credentials) for every URL under ``url``; :func:`filesystem` passes them on.
+
+    They live only in this process's memory: never in Prefect parameters,
+    logs or files.  The longest matching prefix wins.
+    """
+    if not options:
+        return
+    with _OPTIONS_LOCK:
+        _OPTIONS[url.rstrip("/")] = dict(options)
+
+
+def _options_for(url: str) -> dict[str, Any]:
+    with _OPTIONS_LOCK:
+        best = ""
+        for prefix in _OPTIONS:
+            if (url == prefix or url.startswith(prefix + "/")) and len(prefix) > len(best):
+                best = prefix
+        return dict(_OPTIONS[best]) if best else {}
+
+
+def registered_options() -> list[dict[str, Any]]:
+    """Copies of every registered storage options mapping (for masking)."""
+    with _OPTIONS_LOCK:
+        return [dict(o) for o in _OPTIONS.values()]
+
+
+def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """Return ``(filesystem, path)`` for an fsspec URL or local path, with the
+    storage options registered by :func:`use_options` for it.
+
+    Raises whatever fsspec raises for an unknown protocol (``ValueError``)
+    or a missing optional backend (``ImportError``).  An s3fs filesystem
+    gets a session that reads timestamps quickly (:mod:`e31.tasks.storage.s3session`).
+    """
+    fs, path = url_to_fs(url, **_options_for(url))
+    s3session.prepare(fs)
+    return fs, path
+
+
+def join(url: str, *parts: str) -> str:
+    """Join POSIX path parts onto ``url`` keeping its protocol, e.g.
+    ``join("s3://b/out/", "model.pt") == "s3://b/out/model.pt"``."""
+    base = url.rstrip("/")
+    return "/".join([base, *[p.strip("/") for p in parts if p]])
+
+
+def is_local(url: str) -> bool:
+    """True when ``url`` names the local filesystem (a path or ``file://``)."""
+    fs, _ = filesystem(url)
+    return "file" in protocols(fs)
+
+
+def backend_problem(url: str) -> str | None:
+    """Why no fsspec filesystem can serve ``url`` here (``Protocol not known:
+    s4``, ``Please install gcsfs ...``), or None when its backend loads.
+    Checks the protocol only: nothing is contacted, no credential is needed."""
+    protocol = fsspec.core.split_protocol(url)[0] or "file"
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except (ValueError, ImportError) as exc:
+        return str(exc)
+    return None
+
+
+def protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    """The protocol names of ``fs`` (e.g. ``("s3", "s3a")``)."""
+    proto = fs.protocol
+    return (proto,) if isinstance(proto, str) else tuple(proto)
+
+
+def read_bytes(url: str) -> bytes:
+    """Read the whole object at ``url``; ``FileNotFoundError`` when absent."""
+    fs, path = filesystem(url)
+    return fs.cat_file(path)
+
+
+def exists(url: str) -> bool:
+    """True when an object or folder is at ``url``."""
+    fs, path = filesystem(url)
+    return fs.exists(path)
+
+
+def list_dirs(url: str) -> list[str]:
+    """Names of the immediate sub-folders of ``url`` ([] when it does not exist)."""
+    fs, path = filesystem(url)
+    try:
+        entries = fs.ls(path, detail=True)
+    except FileNotFoundError:
+        return []
+    return sorted(posixpath.basename(e["name"].rstrip("/")) for e in entries if e.get("type") == "directory")
+
+
+def remove(url: str) -> None:
+    """Delete the file or folder at ``url`` (recursively); absent is fine."""
+    fs, path = filesystem(url)
+    try:
+        fs.rm(path, recursive=True)
+    except FileNotFoundError:
+        pass

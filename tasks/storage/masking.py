@@ -1,0 +1,76 @@
+"""Mask credentials in text E31 stores or shows: the values of registered
+storage options under credential-looking keys and values read from Prefect
+Secret blocks."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterator, Mapping
+
+from e31.specs import is_credential_key
+from e31.tasks.storage.filesystems import registered_options
+
+_SECRET_VALUES: set[str] = set()  # values read from Secret blocks (scrub masks them wherever they appear)
+_LOCK = threading.Lock()
+
+
+def scrub(text: str) -> str:
+    """``text`` with every credential of the registered storage options --
+    string values under a credential-looking key (:func:`e31.specs.is_credential_key`)
+    and values read from Prefect Secret blocks (:func:`remember_secret`), 6
+    characters or longer -- replaced by ``***``, for error messages that may
+    quote a client's request.  Endpoints, regions and other plain options
+    stay readable."""
+    with _LOCK:
+        secrets = set(_SECRET_VALUES)
+    values = {v for opts in registered_options() for v in _credentials(opts) if len(v) >= 6} | secrets
+    for value in sorted(values, key=len, reverse=True):
+        text = text.replace(value, "***")
+    return text
+
+
+def remember_secret(value: Any) -> None:
+    """Have :func:`scrub` mask every string in ``value`` (a Secret block's
+    value, whatever key it is used under), 6 characters or longer."""
+    with _LOCK:
+        _SECRET_VALUES.update(v for v in _strings(value) if len(v) >= 6)
+
+
+def _credentials(options: Mapping[str, Any], under: bool = False) -> Iterator[str]:
+    for key, value in options.items():
+        secret = under or is_credential_key(key)
+        if isinstance(value, Mapping):
+            yield from _credentials(value, secret)
+        elif secret:
+            yield from _strings(value)
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+
+
+#: Exception class names of storage clients that mean "no or incomplete credentials".
+_NO_CREDENTIALS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
+                   "DefaultCredentialsError", "ClientAuthenticationError")
+
+CREDENTIALS_FIX = (
+    "give the store's credentials on the machine that runs the job: for S3 and S3-compatible stores "
+    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), with AWS_ENDPOINT_URL for MinIO/SeaweedFS/Ceph; "
+    "GCS GOOGLE_APPLICATION_CREDENTIALS; Azure AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY; or in the "
+    "spec's storage_options as references, e.g. key: {env: MY_KEY_VAR}, secret: {secret: my-secret-block}")
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` of a storage client's error with credentials masked
+    (:func:`scrub`), and the fix when it says the store has no credentials."""
+    text = f"{type(exc).__name__}: {scrub(str(exc))}"
+    if type(exc).__name__ in _NO_CREDENTIALS:
+        text += f"; {CREDENTIALS_FIX}"
+    return text
