@@ -35,25 +35,28 @@ class Problem:
 
 
 class SpecError(InvalidInput):
-    """An invalid job spec; lists every problem found at once.
+    """An invalid job spec (or pool declaration); lists every problem found at once.
 
     ``str(err)`` is a header line ``invalid job spec SOURCE (N problems)``
-    followed by one indented ``path: message`` line per problem.
+    (``invalid pool ...`` for a pool) followed by one indented ``path: message``
+    line per problem.
 
     Attributes:
         source: the file path as given, or a label such as ``<spec>``.
         problems: the problems, in report order (never empty).
+        what: what the document is: ``job spec`` (default) or ``pool``.
     """
 
-    def __init__(self, source: str, problems: Iterable[Problem]) -> None:
+    def __init__(self, source: str, problems: Iterable[Problem], what: str = "job spec") -> None:
         self.source = str(source)
         self.problems: list[Problem] = list(problems)
+        self.what = what
         super().__init__(self._render())
 
     def _render(self) -> str:
         count = len(self.problems)
         noun = "problem" if count == 1 else "problems"
-        lines = [f"invalid job spec {self.source} ({count} {noun})"]
+        lines = [f"invalid {self.what} {self.source} ({count} {noun})"]
         lines.extend(f"  {problem}" for problem in self.problems)
         return "\n".join(lines)
 
@@ -61,7 +64,7 @@ class SpecError(InvalidInput):
         return self._render()
 
     def __reduce__(self):  # keeps the error picklable across processes
-        return (type(self), (self.source, self.problems))
+        return (type(self), (self.source, self.problems, self.what))
 
 
 def short_repr(value: object, limit: int = _MAX_REPR) -> str:

@@ -25,7 +25,7 @@ from .units import (
 from .urls import SECRET_URL_PATTERN, mask_url
 
 __all__ = [
-    "Deadline", "Duration", "FileName", "Grace", "InputName", "JobName", "Memory", "NonEmpty",
+    "Deadline", "Duration", "FileName", "GpuType", "Grace", "InputName", "JobName", "Memory", "NonEmpty",
     "REVEAL_SECRETS", "Sha256", "Url", "check_deadline", "check_entrypoint", "check_json", "file_key", "input_key",
     "has_password", "password_error", "SAFE_NAME", "valid_job_name",
 ]
@@ -174,6 +174,16 @@ JobName = Annotated[
     AfterValidator(_job_name),
     WithJsonSchema({"type": "string", "pattern": SAFE_NAME, "minLength": 1, "maxLength": 63}),
 ]
+
+
+def _gpu_type(value: str) -> str:
+    if not (len(value) <= 63 and _SAFE.match(value)):
+        raise spec_error("must be 1 to 63 letters, digits, '.', '_' or '-', e.g. H100", fix="name a GPU model")
+    return value
+
+
+#: A GPU model name such as ``H100`` or ``A100-80GB``; the planner matches it case-insensitively.
+GpuType = Annotated[str, AfterValidator(_gpu_type), WithJsonSchema({"type": "string", "pattern": SAFE_NAME})]
 
 
 def _input_name(value: str) -> str:

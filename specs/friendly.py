@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
@@ -11,7 +12,7 @@ from .base import SPEC_ERROR
 from .errors import Problem, format_loc, short_repr
 from .models import CheckpointPolicy, DataInput, JobSpec, OutputSpec, RequestSpec, WorkSpec
 
-__all__ = ["NO_OUTPUT", "problems_from"]
+__all__ = ["JOB_WORDS", "NO_OUTPUT", "Vocabulary", "problems_from"]
 
 # Model found at a location, with list indexes dropped.
 _MODELS: dict[tuple, type[BaseModel]] = {
@@ -53,30 +54,44 @@ _MAPPING_OF = {
 }
 
 
+class Vocabulary(NamedTuple):
+    """What a document's messages know of its models, keyed by location without list indexes:
+    ``models`` (for did-you-mean), ``add`` (the fix for a missing field), ``mapping_of`` (the fields a
+    mapping holds)."""
+
+    models: Mapping[tuple, type[BaseModel]]
+    add: Mapping[tuple, str]
+    mapping_of: Mapping[tuple, str]
+
+
+#: The job spec's vocabulary (the default of :func:`problems_from`).
+JOB_WORDS = Vocabulary(_MODELS, _ADD, _MAPPING_OF)
+
+
 def _shape(loc: tuple) -> tuple:
     return tuple(part for part in loc if not isinstance(part, int))
 
 
-def _suggestion(loc: tuple) -> str | None:
+def _suggestion(loc: tuple, words: Vocabulary = JOB_WORDS) -> str | None:
     """The field an unknown key at ``loc`` was probably meant to be."""
-    model = _MODELS.get(_shape(loc[:-1]))
+    model = words.models.get(_shape(loc[:-1]))
     if model is None:
         return None
     match = difflib.get_close_matches(str(loc[-1]).lower(), list(model.model_fields), n=1, cutoff=0.6)
     return match[0] if match else None
 
 
-def _unknown_field(loc: tuple) -> str:
-    suggestion = _suggestion(loc)
+def _unknown_field(loc: tuple, words: Vocabulary) -> str:
+    suggestion = _suggestion(loc, words)
     if suggestion:
         return f"unknown field; did you mean {suggestion!r}?"
-    model = _MODELS.get(_shape(loc[:-1]))
+    model = words.models.get(_shape(loc[:-1]))
     if model is None:
         return "unknown field"
     return f"unknown field; allowed fields: {', '.join(model.model_fields)}"
 
 
-def _expected(err: dict[str, Any]) -> tuple[str, str | None]:
+def _expected(err: dict[str, Any], words: Vocabulary) -> tuple[str, str | None]:
     """(what was expected, fix or None) for a pydantic error."""
     kind, ctx, shape = err["type"], err.get("ctx") or {}, _shape(err["loc"])
     if kind == SPEC_ERROR:
@@ -103,30 +118,32 @@ def _expected(err: dict[str, Any]) -> tuple[str, str | None]:
         expected = str(ctx.get("expected", ""))
         return (f"must be one of {expected}" if " or " in expected else f"must be {expected}"), None
     if kind in ("dict_type", "model_type", "model_attributes_type"):
-        fields = _MAPPING_OF.get(shape)
+        fields = words.mapping_of.get(shape)
         return (f"must be a mapping of {fields}" if fields else "must be a mapping"), None
     message = err["msg"]
     return message[:1].lower() + message[1:], None
 
 
-def _problem(err: dict[str, Any]) -> Problem:
+def _problem(err: dict[str, Any], words: Vocabulary) -> Problem:
     loc, kind = tuple(err["loc"]), err["type"]
     path = format_loc(loc)
-    if loc == ("output",) and (kind == "missing" or err.get("input") is None):
+    if words is JOB_WORDS and loc == ("output",) and (kind == "missing" or err.get("input") is None):
         return Problem(path, NO_OUTPUT)
     if kind == "missing":
-        fix = _ADD.get(_shape(loc))
+        fix = words.add.get(_shape(loc))
         return Problem(path, "required field is missing" + (f"; {fix}" if fix else ""))
     if kind == "extra_forbidden":
-        return Problem(path, _unknown_field(loc))
-    expected, fix = _expected(err)
+        return Problem(path, _unknown_field(loc, words))
+    expected, fix = _expected(err, words)
     ctx = err.get("ctx") or {}
     got = ctx["got"] if "got" in ctx else short_repr(err.get("input"))
     return Problem(path, f"{expected} (got {got})" + (f"; {fix}" if fix else ""))
 
 
-def problems_from(exc: ValidationError) -> list[Problem]:
+def problems_from(exc: ValidationError, words: Vocabulary = JOB_WORDS) -> list[Problem]:
     """Friendly problems for every error in ``exc``: values first, then unknown fields.
+
+    ``words``: the document's vocabulary (:data:`JOB_WORDS` for a job spec).
 
     A missing field is not reported when a misspelt key nearby is (the
     did-you-mean line says it).
@@ -139,13 +156,13 @@ def problems_from(exc: ValidationError) -> list[Problem]:
     misspelt = {
         (*err["loc"][:-1], suggestion)
         for err in errors
-        if err["type"] == "extra_forbidden" and (suggestion := _suggestion(tuple(err["loc"])))
+        if err["type"] == "extra_forbidden" and (suggestion := _suggestion(tuple(err["loc"]), words))
     }
     problems: list[Problem] = []
     for err in errors:
         if err["type"] == "missing" and tuple(err["loc"]) in misspelt:
             continue
-        problem = _problem(err)
+        problem = _problem(err, words)
         if problem not in problems:
             problems.append(problem)
     return sorted(problems, key=lambda p: p.message.startswith("unknown field"))

@@ -10,8 +10,8 @@ from pydantic import Field, StrictInt, ValidationError, field_validator
 
 from .base import RuleError, SpecModel, spec_error
 from .deadlines import DeadlineAt
-from .fields import (Deadline, Duration, FileName, Grace, InputName, JobName, Memory, Sha256, Url, check_entrypoint,
-                     check_json, file_key)
+from .fields import (Deadline, Duration, FileName, GpuType, Grace, InputName, JobName, Memory, Sha256, Url,
+                     check_entrypoint, check_json, file_key)
 from .input_names import input_name_problems
 from .live import LIVE_KEYS, LIVE_REASON, find_live_keys, got_key, live_kind, live_message
 from .output_urls import OutputUrl, overlap_problems
@@ -140,6 +140,7 @@ class RequestSpec(SpecModel):
     live_keys_refused = True
 
     gpus: StrictInt = Field(0, ge=0, description="Number of GPUs.")
+    gpu_type: GpuType | None = Field(None, description="Run only on nodes with this GPU model, e.g. H100.")
     cpus: StrictInt = Field(1, ge=1, description="Number of CPU cores.")
     memory: Memory | None = Field(None, description="Memory in bytes, or a size such as 4GiB, 512MB.")
     duration: Duration | None = Field(None, description="Expected run time, e.g. 10m, 04:00:00, PT4H, or seconds.")

@@ -127,6 +127,7 @@ def test_public_interface():
         "JobSpec", "WorkSpec", "DataInput", "RequestSpec", "OutputSpec", "CheckpointPolicy",
         "SpecError", "Problem", "load_spec", "parse_spec", "json_schema", "parse_duration",
         "parse_memory", "mask_url", "spec_payload", "secrets_in", "is_credential_key", "reference_of",
+        "NodeSpec", "PoolSpec", "load_pool", "pool_json_schema",
     ])
 
 

@@ -1,0 +1,176 @@
+"""The pool declaration: the machines a queue places jobs on (YAML or JSON, ``pool_version: 1``).
+
+    pool_version: 1
+    name: lab
+    nodes:
+      - {name: a100, count: 125, gpus: 8, gpu_type: A100, cpus: 64, memory: 512GiB}
+      - {name: cpu-big, cpus: 192, memory: 1.5TiB}
+
+A node line with ``count: N`` (N > 1) stands for N identical nodes named
+``NAME-1`` ... ``NAME-N``; with ``count: 1`` (the default) the node is named
+``NAME``.  Node names are unique after this expansion.  Loaded like a job spec
+(:func:`load_pool`): every problem at once, each with its field path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, StrictInt, ValidationError, WithJsonSchema
+
+from .base import RuleError, SpecModel, spec_error
+from .errors import DOCUMENT, Problem, SpecError, short_repr
+from .fields import SAFE_NAME, GpuType, JobName, Memory, valid_job_name
+from .friendly import Vocabulary, problems_from
+from .loader import _parse_text, _read
+
+__all__ = ["MAX_NODES", "NodeSpec", "PoolSpec", "load_pool", "parse_pool", "pool_json_schema"]
+
+#: Most nodes a pool may declare once ``count`` is expanded.
+MAX_NODES = 100_000
+
+
+def _node_name(value: str) -> str:
+    if not valid_job_name(value):
+        raise spec_error("must be 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit",
+                         fix="e.g. gpu or a100 (count: N names the nodes a100-1..a100-N)")
+    return value
+
+
+#: A node name (or the prefix of numbered names).
+NodeName = Annotated[str, AfterValidator(_node_name), WithJsonSchema({"type": "string", "pattern": SAFE_NAME})]
+
+
+class NodeSpec(SpecModel):
+    """One node line of a pool: its resources and how many identical nodes it stands for.
+
+    ``memory`` is in BYTES (``512GiB`` etc. accepted).  Raises (on validation)
+    pydantic.ValidationError: a bad name, a count below 1, negative GPUs, fewer
+    than 1 CPU, a ``gpu_type`` on a node without GPUs.
+    """
+
+    name: NodeName = Field(description="Node name (or the prefix of NAME-1..NAME-N when count > 1).")
+    count: StrictInt = Field(1, ge=1, le=MAX_NODES, description="How many identical nodes this line declares.")
+    gpus: StrictInt = Field(0, ge=0, le=64, description="GPU devices per node (whole devices, numbered from 0; at most 64).")
+    gpu_type: GpuType | None = Field(None, description="GPU model of the node, e.g. H100; jobs naming one run only on such nodes.")
+    cpus: StrictInt = Field(ge=1, description="CPU cores per node.")
+    memory: Memory = Field(description="Memory per node in bytes, or a size such as 512GiB.")
+
+    @classmethod
+    def _rules(cls, data: Mapping[str, Any]) -> list[RuleError]:
+        if data.get("gpu_type") is not None and data.get("gpus", 0) == 0:
+            err = spec_error("names a GPU model for a node without GPUs", fix="add gpus: N or remove gpu_type",
+                             got=short_repr(data["gpu_type"]))
+            return [(("gpu_type",), err, data["gpu_type"])]
+        return []
+
+    def names(self) -> list[str]:
+        """The node names this line stands for: ``[name]``, or ``name-1`` ... ``name-count``."""
+        if self.count == 1:
+            return [self.name]
+        return [f"{self.name}-{i}" for i in range(1, self.count + 1)]
+
+
+class PoolSpec(SpecModel):
+    """A pool of nodes (see the module docstring for the ``count`` naming).
+
+    Raises (on validation) pydantic.ValidationError: no nodes, duplicate node
+    names after expansion, more than :data:`MAX_NODES` nodes, or a bad node line.
+    """
+
+    pool_version: Literal[1] = Field(1, description="Pool format version; 1.")
+    name: JobName = Field("pool", description="Pool name: 1-63 letters, digits, '.', '_', '-'.")
+    nodes: list[NodeSpec] = Field(min_length=1, description="Node lines; each may stand for several identical nodes.")
+
+    @classmethod
+    def _rules(cls, data: Mapping[str, Any]) -> list[RuleError]:
+        nodes = data.get("nodes")
+        if not isinstance(nodes, list):
+            return []
+        owner: dict[str, int] = {}
+        total, problems = 0, []
+        for index, line in enumerate(nodes):
+            if not isinstance(line, Mapping) or not isinstance(line.get("name"), str):
+                continue
+            count = line.get("count", 1)
+            count = count if isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= MAX_NODES else 1
+            total += count
+            names = [line["name"]] if count == 1 else [f"{line['name']}-{i}" for i in range(1, count + 1)]
+            clash = next((n for n in names if n in owner), None)
+            if clash is not None:
+                err = spec_error(f"node name {clash!r} is also declared by nodes[{owner[clash]}]",
+                                 fix="give each node line its own name (count: N names them NAME-1..NAME-N)",
+                                 got=short_repr(line["name"]))
+                problems.append((("nodes", index, "name"), err, line["name"]))
+            for n in names:
+                owner.setdefault(n, index)
+        if total > MAX_NODES:
+            err = spec_error(f"must declare at most {MAX_NODES:,} nodes", got=f"{total:,} with counts expanded")
+            problems.append((("nodes",), err, None))
+        return problems
+
+    def node_lines(self) -> list[tuple[str, NodeSpec]]:
+        """Every node as ``(name, its line)``, in declaration order, ``count`` expanded."""
+        return [(name, line) for line in self.nodes for name in line.names()]
+
+
+_POOL_WORDS = Vocabulary(
+    models={(): PoolSpec, ("nodes",): NodeSpec},
+    add={("nodes",): "add e.g. nodes: [{name: gpu, count: 4, gpus: 8, cpus: 64, memory: 512GiB}]",
+         ("nodes", "name"): "add e.g. name: gpu",
+         ("nodes", "cpus"): "add e.g. cpus: 64",
+         ("nodes", "memory"): "add e.g. memory: 512GiB"},
+    mapping_of={(): "pool_version, name, nodes", ("nodes",): "name, count, gpus, gpu_type, cpus, memory"},
+)
+
+
+def parse_pool(data: Any, source: str = "<pool>") -> PoolSpec:
+    """Validate a pool given as a mapping (parsed YAML/JSON).
+
+    Raises:
+        SpecError: (``invalid pool SOURCE (N problems)``) every problem at once.
+    """
+    if not isinstance(data, Mapping):
+        got = "an empty document" if data is None else short_repr(data)
+        raise SpecError(source, [Problem(DOCUMENT, f"the document must be a mapping of pool_version, name, nodes (got {got})")],
+                        what="pool")
+    try:
+        return PoolSpec.model_validate(dict(data))
+    except ValidationError as exc:
+        raise SpecError(source, problems_from(exc, _POOL_WORDS), what="pool") from None
+
+
+def load_pool(path: str | os.PathLike[str]) -> PoolSpec:
+    """Load and validate a pool file (``.json`` as JSON, anything else as YAML, read as job specs are).
+
+    Raises:
+        SpecError: the file cannot be read, is not valid YAML/JSON, has
+            duplicate keys, or declares an invalid pool; every problem at once,
+            headed ``invalid pool PATH (N problems)``. No other exception escapes.
+    """
+    source = os.fspath(path)
+    try:
+        data, early = _parse_text(_read(path, source), source, as_json=source.lower().endswith(".json"))
+    except SpecError as exc:
+        raise SpecError(source, exc.problems, what="pool") from None
+    try:
+        pool = parse_pool(data, source)
+    except SpecError as exc:
+        raise SpecError(source, early + exc.problems, what="pool") from None
+    if early:
+        raise SpecError(source, early, what="pool")
+    return pool
+
+
+def pool_json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a pool file; a new dict on each call."""
+    schema = PoolSpec.model_json_schema(mode="validation")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "E31 pool",
+        "description": "The nodes an E31 queue places jobs on; a node line with count: N declares N identical nodes.",
+        **{k: v for k, v in schema.items() if k not in ("title", "description")},
+    }
+
