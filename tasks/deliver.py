@@ -183,6 +183,8 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         stderr_tail=out.stderr_tail,
         stop_requested_at=out.stop_requested_at,
+        stdout_tail=out.stdout_tail,
+        output_lines_dropped=out.output_lines_dropped,
     )
     storage.write_bytes(storage.join(req.output_url, MANIFEST), json.dumps(manifest, indent=2).encode())
     return manifest

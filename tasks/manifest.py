@@ -57,12 +57,16 @@ def build_manifest(
     finished_at: str,
     stderr_tail: str = "",
     stop_requested_at: float | None = None,
+    stdout_tail: str = "",
+    output_lines_dropped: int = 0,
 ) -> dict[str, Any]:
     """The manifest as a JSON-ready dict.
 
     ``files``: ``[{"path", "bytes", "sha256"}]`` relative to the output URL.
     ``timings`` in seconds (``staging_s``, ``run_s``, ``return_s``).
-    ``stop_requested_at``: Unix seconds of the stop warning (None: no stop).  The
+    ``stop_requested_at``: Unix seconds of the stop warning (None: no stop).
+    ``logs``: the work's last stdout and stderr lines (masked) and how many
+    lines were not forwarded to the run's log.  The
     meter bills allocated resources from run start to release, as batch
     schedulers do: ``gpu_seconds = gpus * run_s``, ``cpu_seconds = cpus * run_s``.
     """
@@ -83,6 +87,8 @@ def build_manifest(
         "finished_at": finished_at,
         "stop_requested_at": stop_requested_at,
     }
+    manifest["logs"] = {"stdout_tail": stdout_tail, "stderr_tail": stderr_tail,
+                        "lines_not_forwarded": output_lines_dropped}
     if verdict.status == "failed" and stderr_tail:
         manifest["stderr_tail"] = stderr_tail
     return manifest

@@ -19,6 +19,8 @@ class RunOutcome:
     exit.  ``manifest`` is set when the run task already returned the output
     itself (after a cancel, when Prefect starts no new task).
     ``stop_requested_at``: Unix seconds when the stop warning went out.
+    ``stdout_tail`` / ``stderr_tail``: the work's last output lines (masked);
+    ``output_lines_dropped``: lines not forwarded to the run's log (rate limit).
     """
 
     reason: str
@@ -28,6 +30,8 @@ class RunOutcome:
     killed: bool = False
     message: str = ""
     stderr_tail: str = ""
+    stdout_tail: str = ""
+    output_lines_dropped: int = 0
     stop_requested_at: float | None = None
     uploads: list[DurableCheckpoint] = field(default_factory=list)
     manifest: dict[str, Any] | None = None

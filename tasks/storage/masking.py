@@ -1,13 +1,17 @@
 """Mask credentials in text E31 stores or shows: the values of registered
-storage options under credential-looking keys and values read from Prefect
-Secret blocks."""
+storage options under credential-looking keys, values read from Prefect
+Secret blocks, values of credential-looking environment variables, and the
+user info and signatures of every URL quoted in the text (a client's
+exception often quotes the request URL)."""
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 from typing import Any, Iterator, Mapping
 
-from e31.specs import is_credential_key
+from e31.specs import is_credential_key, mask_url
 from e31.tasks.storage.filesystems import registered_options
 
 _SECRET_VALUES: set[str] = set()  # values read from Secret blocks (scrub masks them wherever they appear)
@@ -19,14 +23,23 @@ def scrub(text: str) -> str:
     string values under a credential-looking key (:func:`e31.specs.is_credential_key`)
     and values read from Prefect Secret blocks (:func:`remember_secret`), 6
     characters or longer -- replaced by ``***``, for error messages that may
-    quote a client's request.  Endpoints, regions and other plain options
-    stay readable."""
+    quote a client's request.  So are the values of environment variables
+    with credential-looking names (``AWS_SECRET_ACCESS_KEY``, ``MY_TOKEN``;
+    a work that prints its environment), and every URL in the text is
+    masked as :func:`e31.specs.mask_url` does (user info, signature and token
+    query parameters).  Endpoints, regions and other plain options stay
+    readable."""
     with _LOCK:
         secrets = set(_SECRET_VALUES)
     values = {v for opts in registered_options() for v in _credentials(opts) if len(v) >= 6} | secrets
+    values |= {v for name, v in os.environ.items() if len(v) >= 6 and is_credential_key(name)}
     for value in sorted(values, key=len, reverse=True):
         text = text.replace(value, "***")
-    return text
+    return _URL_IN_TEXT.sub(lambda m: mask_url(m.group(0)), text) if "://" in text else text
+
+
+#: A URL quoted inside free text (up to a space, quote or bracket).
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{}]+")
 
 
 def remember_secret(value: Any) -> None:

@@ -116,26 +116,47 @@ def test_prefect_yaml_deploys_the_nightly_retrain(prefect_api, tmp_path):
     assert deployed["data"][0]["sha256"] == example["data"][0]["sha256"]
 
 
-def _served_with(cron: str) -> bool:
-    deployment = _deployment("e31-job/digits-nightly-retrain")
+def _served_with(name: str, cron: str) -> bool:
+    deployment = _deployment(f"e31-job/{name}")
     return deployment is not None and [(s.schedule.cron, s.schedule.timezone) for s in deployment.schedules] == [
         (cron, "Europe/London")
     ]
 
 
 def test_serve_serves_the_nightly_deployment_without_a_pool(prefect_api, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "e31.deployments.serve", str(EXAMPLE), "--cron", "30 1 * * *"], cwd=REPO,
+    name = "digits-nightly-retrain-served"
+    proc = subprocess.Popen([sys.executable, "-m", "e31.deployments.serve", str(EXAMPLE), "--cron", "30 1 * * *",
+                             "--name", name], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
-        while not _served_with("30 1 * * *"):
+        while not _served_with(name, "30 1 * * *"):
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.5)
-        deployment = _deployment("e31-job/digits-nightly-retrain")
+        deployment = _deployment(f"e31-job/{name}")
         assert deployment.parameters["spec"] == load_spec(EXAMPLE).model_dump(mode="json")
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_serve_never_takes_over_a_deployment_made_for_a_work_pool(prefect_api, e31, tmp_path):
+    """Found by a fresh-user trial: serving the example re-registered the
+    deployment `prefect deploy` had made; after serve stopped it stayed
+    paused with its pull steps gone, and the nightly run silently stopped."""
+    subprocess.run([*PREFECT, "work-pool", "create", "serve-pool", "--type", "process"], capture_output=True)
+    assert e31("deploy", str(EXAMPLE), "--pool", "serve-pool", "--name", "pooled-nightly",
+               "--cron", "0 2 * * *", "--timezone", "Europe/London").returncode == 0
+    before = _deployment("e31-job/pooled-nightly")
+    result = subprocess.run([sys.executable, "-m", "e31.deployments.serve", str(EXAMPLE), "--name", "pooled-nightly"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "e31: serve refused: the deployment e31-job/pooled-nightly runs on the work pool 'serve-pool' (made by prefect "
+        "deploy or e31 deploy); serving it here would replace it and pause it when this process stops. Serve under "
+        "another name: --name pooled-nightly-served\n")
+    after = _deployment("e31-job/pooled-nightly")
+    assert (after.work_pool_name, after.paused, after.updated) == ("serve-pool", False, before.updated)
 
 
 def test_a_literal_credential_typed_into_a_run_form_is_refused_before_it_is_stored(prefect_api, e31, tmp_path):

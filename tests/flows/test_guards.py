@@ -5,11 +5,13 @@ checkpoints removed and nothing else, command checkpoints and cwd."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from e31.flows.job import JobFailedError, run_job
 from e31.flows.resume import JobBusyError
@@ -51,6 +53,9 @@ def test_second_run_of_the_same_job_is_refused_while_the_first_holds_it(prefect_
     from e31.flows.compile import compile_plan
     from e31.flows.resume import end_attempt, prepare_scratch
 
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
     spec = parse_spec(_cmd(tmp_path, "busy", [sys.executable, "-c", "pass"]))
     plan = compile_plan(spec)
     prepare_scratch(plan)  # as a first run would, in this process
@@ -61,6 +66,31 @@ def test_second_run_of_the_same_job_is_refused_while_the_first_holds_it(prefect_
     finally:
         end_attempt(plan)
     assert not (tmp_path / "out" / "manifest.json").exists()
+    # the refused run is no failure in the job's history: Cancelled, named Refused, with the reason
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["busy"])))
+    assert [(r.state.type.value, r.state.name) for r in runs] == [("CANCELLED", "Refused")]
+    assert runs[0].state.message.startswith("refused: job busy is already running on this machine (pid ")
+
+
+def test_the_cli_refuses_a_second_run_before_a_flow_run_exists(e31, prefect_api, scratch, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    from e31.flows.compile import compile_plan
+    from e31.flows.resume import end_attempt, prepare_scratch
+
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_cmd(tmp_path, "busy-cli", [sys.executable, "-c", "pass"])))
+    plan = compile_plan(parse_spec(_cmd(tmp_path, "busy-cli", [sys.executable, "-c", "pass"])))
+    prepare_scratch(plan)
+    try:
+        result = e31("run", str(tmp_path / "job.yaml"), env={"E31_SCRATCH": str(scratch)})
+    finally:
+        end_attempt(plan)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"e31: job busy-cli is already running on this machine (pid {os.getpid()}, ")
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["busy-cli"]))) == []
 
 
 def test_fresh_start_removes_only_stale_step_folders(prefect_api, scratch, tmp_path):

@@ -1,0 +1,261 @@
+"""The supervisor loop of the run task, in the flow's process.
+
+It owns the clock and the signals (docs/design.md §2, "Why a child
+process"): it starts the child in its own process group, has each new
+committed checkpoint made durable while the child keeps working, shows
+progress and forwards the work's output, and stops the child at the stop
+time -- SIGTERM (``ctx.should_stop``) ``grace`` seconds before the hard stop,
+then SIGKILL.  A cancel of the flow run (polled from the Prefect API) or
+SIGTERM/SIGINT to the flow's own process starts the same stop early.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect.logging import get_run_logger
+
+from e31.tasks.deliver import ReturnTarget, deliver, publish_artifacts
+from e31.tasks.outcome import RunOutcome
+from e31.tasks.storage import scrub
+from e31.tasks.supervisor.cancel import CancelWatcher
+from e31.tasks.supervisor.output import OutputForwarder, tail_lines
+from e31.tasks.supervisor.process import die_with_parent
+from e31.tasks.supervisor.progress import ProgressReporter
+from e31.tasks.supervisor.uploader import Uploader
+from e31.tasks.work.context import ChildConfig, command_environment
+
+POLL_S = 0.2  # seconds between supervisor checks
+STOP_SEEN = "stop_seen"  # written beside the progress file when the work reads ctx.should_stop as true
+CHILD_PGID = "child.pgid"  # process group of the running work
+RESERVE_EVERY_S = 2.0  # seconds between re-estimates of the deadline's return reserve
+TAIL_LINES = 20  # lines of the work's stdout and stderr kept in the outcome and the manifest
+
+
+@dataclass
+class SupervisorConfig:
+    """What the run task needs (built by ``e31.flows.compile``).
+
+    ``limit_at``: the hard stop from the time limit, Unix seconds.
+    ``deadline_at``: the deadline, Unix seconds (None: none); the run stops
+    at ``deadline_at`` minus the return reserve, ``max(reserve_floor_s,
+    bytes to return / return_rate)`` re-estimated while it runs (bytes/s).
+    ``grace_s``: seconds between the SIGTERM warning and SIGKILL.
+    ``run_dir`` holds logs and the progress file.
+    """
+
+    job: str
+    child: ChildConfig
+    run_dir: str
+    checkpoint_url: str
+    keep: int
+    grace_s: float
+    limit_at: float
+    target: ReturnTarget
+    deadline_at: float | None = None
+    reserve_floor_s: float = 30.0
+    return_rate: float = 50 * 1024**2
+    flow_run_id: str | None = None
+    work_sha256: str | None = None
+
+
+class _Stop:
+    """The first stop request wins; later ones are ignored."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.warned_at: float | None = None
+        self.hard_at: float | None = None
+
+    def request(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+
+class _Clock:
+    """The stop time: the time limit, or the deadline less the return reserve."""
+
+    def __init__(self, settings: SupervisorConfig):
+        self.s = settings
+        self._next = 0.0
+        self.stop_at, self.reason = settings.limit_at, "time_limit"
+
+    def update(self, now: float) -> None:
+        if self.s.deadline_at is None or now < self._next:
+            return
+        self._next = now + RESERVE_EVERY_S
+        pending = _folder_bytes(Path(self.s.child.output_dir)) + _folder_bytes(Path(self.s.child.checkpoint_dir))
+        by_deadline = self.s.deadline_at - max(self.s.reserve_floor_s, pending / self.s.return_rate)
+        self.stop_at, self.reason = (
+            (by_deadline, "deadline") if by_deadline < self.s.limit_at else (self.s.limit_at, "time_limit")
+        )
+
+
+def _folder_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            try:
+                total += os.stat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def supervise(settings: SupervisorConfig) -> RunOutcome:
+    """The supervisor loop behind :func:`run_task`."""
+    run_dir = Path(settings.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "child.json"
+    settings.child.write(config_path)
+    stdout_path, stderr_path = run_dir / "stdout.log", run_dir / "stderr.log"
+    Path(settings.child.progress_file).unlink(missing_ok=True)  # no stale progress from an earlier run
+    stop_seen = Path(settings.child.progress_file).with_name(STOP_SEEN)
+    stop_seen.unlink(missing_ok=True)
+    env = {**os.environ, **command_environment(settings.child)}
+    env["PYTHONPATH"] = os.pathsep.join([*settings.child.code_dirs, env.get("PYTHONPATH", "")]).strip(os.pathsep)
+    command = list(settings.child.command or [sys.executable, "-m", "e31.tasks.work.child", str(config_path)])
+
+    stop, clock = _Stop(), _Clock(settings)
+    uploader = Uploader(Path(settings.child.checkpoint_dir), settings.checkpoint_url, settings.keep, settings.work_sha256)
+    progress = ProgressReporter(settings.job, Path(settings.child.progress_file))
+    output = OutputForwarder(run_dir, emit=_run_log, mask=scrub)
+    cancel = CancelWatcher(settings.flow_run_id)
+    restore = _install_signal_handlers(stop)
+    started = time.time()
+    # A command runs in the spec's folder (so `python train.py` finds its script); a Python
+    # entrypoint in its output folder.  Either way outputs go to E31_OUTPUT_DIR.
+    cwd = settings.child.code_dirs[0] if settings.child.command and settings.child.code_dirs else settings.child.output_dir
+    try:
+        with _log_file(stdout_path) as out, _log_file(stderr_path) as err:
+            proc = subprocess.Popen(
+                command, cwd=cwd, env=env, stdout=out, stderr=err,
+                start_new_session=True,  # its own process group: signals reach the whole tree
+                preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else None,
+            )
+    except OSError as exc:  # a command that does not exist or cannot be executed
+        restore()
+        cancel.stop()
+        return RunOutcome(reason="error", exit_code=127, run_s=0.0,
+                          message=f"cannot start work.command {command!r}: {exc.strerror}",
+                          checkpoint=uploader.finish())
+    (run_dir / CHILD_PGID).write_text(str(proc.pid))  # lets the next attempt clean up after a kill -9
+    killed = False
+    try:
+        while proc.poll() is None:
+            now = time.time()
+            clock.update(now)
+            if now >= clock.stop_at - settings.grace_s:
+                stop.request(clock.reason)
+            if cancel.cancelled():
+                stop.request("cancelled")
+            if stop.reason and stop.warned_at is None:
+                if stop.reason == "signal" and cancel.refresh():
+                    stop.reason = "cancelled"  # a worker's SIGTERM after a cancel
+                stop.warned_at = now
+                stop.hard_at = min(clock.stop_at, now + settings.grace_s) if stop.reason in ("time_limit", "deadline") else now + settings.grace_s
+                _signal_group(proc, signal.SIGTERM)
+            if stop.hard_at is not None and now >= stop.hard_at:
+                _signal_group(proc, signal.SIGKILL)
+                killed = True
+                proc.wait()
+                break
+            uploader.poll()
+            progress.poll()
+            output.poll()
+            time.sleep(POLL_S)
+    finally:
+        if proc.poll() is None:  # the supervisor itself is being torn down
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+        restore()
+        cancel.stop()
+    run_s = time.time() - started
+    _signal_group(proc, signal.SIGKILL)  # leftovers of the child's process group
+    progress.poll(final=True)
+    output.finish()
+    cancelled = stop.reason == "cancelled"
+    latest = uploader.finish(inline=cancelled)
+    if stop.reason and proc.returncode == 0 and not settings.child.command and not stop_seen.exists():
+        stop.reason = None  # the work finished during the grace period without ever seeing the warning
+    outcome = _outcome(proc.returncode, stop, killed, run_s, tail_lines(stderr_path, TAIL_LINES, scrub))
+    outcome.stdout_tail = tail_lines(stdout_path, TAIL_LINES, scrub)
+    outcome.output_lines_dropped = output.dropped
+    outcome.stop_requested_at = stop.warned_at
+    outcome.checkpoint, outcome.uploads = latest, uploader.done
+    if uploader.failures:
+        outcome.message = "; ".join(filter(None, [outcome.message, "checkpoint upload failed: " + uploader.failures[-1]]))
+    if cancelled:  # delivered now, in this task: a worker may end the process soon after a cancel
+        outcome.manifest = deliver(settings.target, outcome)
+        publish_artifacts(settings.target, outcome.manifest)
+    return outcome
+
+
+@contextlib.contextmanager
+def _log_file(path: Path) -> Iterator[int]:
+    """A fresh log file opened for appending (so a cap that cuts it back
+    leaves the child writing at the new end); yields its descriptor."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _run_log(stream: str, line: str) -> None:
+    """One line of the work's output into the run task's log (the flow run's
+    log in the UI, the terminal under ``e31 run``)."""
+    logger = get_run_logger()
+    if stream == "stdout":
+        logger.info("%s", line)
+    elif stream == "stderr":
+        logger.info("[stderr] %s", line)
+    else:
+        logger.warning("%s", line)
+
+
+def _outcome(code: int, stop: _Stop, killed: bool, run_s: float, tail: str) -> RunOutcome:
+    if stop.reason:
+        reason = stop.reason
+        message = f"stopped early ({reason})" + ("; killed after the grace period" if killed else "")
+    elif code == 0:
+        reason, message = "finished", ""
+    elif code == -signal.SIGKILL:
+        reason, message = "crashed", "work process killed by SIGKILL (out of memory, or killed outside E31)"
+    else:
+        reason, message = "error", f"work exited with code {code}"
+    return RunOutcome(reason=reason, exit_code=code, run_s=run_s, killed=killed, message=message, stderr_tail=tail)
+
+
+def _install_signal_handlers(stop: _Stop):
+    """SIGTERM/SIGINT to the flow process (preemption, Ctrl-C) request a
+    stop with reason ``signal``.  Only possible from the main thread; returns
+    a function restoring the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.getsignal(sig)
+        signal.signal(sig, lambda signum, frame: stop.request("signal"))
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
