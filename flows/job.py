@@ -39,7 +39,7 @@ from e31.tasks.manifest import step_text
 from e31.tasks.outcome import ChildLost, RunOutcome
 from e31.tasks.supervisor.process import signals_deferred
 from e31.tasks.run import SupervisorConfig, run_task
-from e31.tasks.pending import deliver_pending, save_pending
+from e31.tasks.pending import deliver_pending, recorded_return
 from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
 from e31.tasks.storage import scrub, use_options
 from e31.tasks.storage.options import register_destination, register_inputs
@@ -52,7 +52,7 @@ class ReturnError(E31Error, RuntimeError):
     def __init__(self, plan: JobPlan, cause: BaseException):
         self.scratch = plan.scratch
         super().__init__(
-            f"could not return the output to {mask_url(plan.output_url)}: {type(cause).__name__}: {cause}; "
+            f"could not return the output to {mask_url(plan.output_url)}: {type(cause).__name__}: {scrub(str(cause))}; "
             f"it is kept in {plan.output_dir} (checkpoints in {plan.checkpoint_dir}); deliver it later with: "
             f"e31 return {plan.job}"
         )
@@ -175,8 +175,16 @@ def _target(plan: JobPlan) -> ReturnTarget:
     return ReturnTarget(
         job=plan.job, run_id=str(flow_run.id) if flow_run.id else None, output_dir=str(plan.output_dir),
         output_url=plan.output_url, declared=plan.output_files, gpus=plan.gpus, cpus=plan.cpus,
-        spec_sha256=plan.spec_sha256,
+        spec_sha256=plan.spec_sha256, checkpoint_url=plan.checkpoint_url,
     )
+
+
+def _checkpoints(spec: JobSpec, plan: JobPlan, run_id: str | None) -> dict[str, Any]:
+    """Where the job's checkpoints go, for a pending record: URL, ``keep``,
+    work hash, local folder, unresolved storage options (references only)."""
+    return {"url": plan.checkpoint_url, "keep": plan.checkpoint_keep, "work_sha256": plan.work_sha256,
+            "dir": str(plan.checkpoint_dir), "run_id": run_id,
+            "options": spec.output.checkpoint.storage_options or spec.output.storage_options}
 
 
 def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None) -> dict[str, Any]:
@@ -192,7 +200,7 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
                              checkpoint=latest_durable(plan.checkpoint_url),
                              message=f"an earlier attempt {earlier} and the job can no longer run: "
                                      f"its {stop_reason.replace('_', ' ')}, less the return reserve, has passed")
-        return _finish(plan, _return(plan, target, outcome, spec.output.storage_options))
+        return _finish(plan, _return(spec, plan, target, outcome))
     started = time.monotonic()
     stopped = False
     with cancel_stops_staging(target.run_id, str(plan.data_dir)):  # a cancel ends the transfers within a chunk
@@ -216,14 +224,11 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
     if stopped or cancel_requested(target.run_id):  # cancelled while staging: the work never starts, nothing removed
         outcome = RunOutcome(reason="cancelled", exit_code=None, run_s=0.0,
                              message="cancelled while the inputs were staged; the work did not start")
-        return _finish(plan, _return(plan, target, outcome, spec.output.storage_options))
+        return _finish(plan, _return(spec, plan, target, outcome))
     if resume.step is None:  # a fresh run starts now: an earlier run's durable checkpoints make way
         remove_stale_checkpoints(plan)
     outcome = _run(spec, plan, staged, code_dir, target, time.time())
-    checkpoints = {"url": plan.checkpoint_url, "keep": plan.checkpoint_keep, "work_sha256": plan.work_sha256,
-                   "dir": str(plan.checkpoint_dir),
-                   "options": spec.output.checkpoint.storage_options or spec.output.storage_options}
-    return _finish(plan, outcome.manifest or _return(plan, target, outcome, spec.output.storage_options, checkpoints))
+    return _finish(plan, outcome.manifest or _return(spec, plan, target, outcome))
 
 
 def _no_time(spec: JobSpec, plan: JobPlan, now: float, stop_at: float) -> str:
@@ -242,26 +247,31 @@ def _no_time(spec: JobSpec, plan: JobPlan, now: float, stop_at: float) -> str:
             f"and it is {utc(now)}, with {plan.grace_s:g} s of grace; give a later deadline or start the job sooner")
 
 
-def _return(plan: JobPlan, target: ReturnTarget, outcome: RunOutcome, output_options: dict | None = None,
-            checkpoints: dict | None = None) -> dict[str, Any]:
+def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutcome) -> dict[str, Any]:
     """The return task (retried with backoff); without the Prefect API (it
-    may be gone) the same delivery runs in this thread.  A Ctrl-C or SIGTERM
-    during it is noted, not obeyed: the output is on its way.  When the
-    destination stays unreachable the output is kept in scratch with a
-    pending record for ``e31 return JOB``; raises :class:`ReturnError`."""
+    may be gone) the same delivery runs in this thread.  The pending record
+    exists from before the first byte is sent until the destination
+    verified everything (:func:`e31.tasks.pending.recorded_return`), so a
+    return cut in any way is finished by ``e31 return JOB`` or the next run.
+    A Ctrl-C or SIGTERM during it is noted, not obeyed: the output is on its
+    way.  When the destination stays unreachable the output stays in
+    scratch with the record; raises :class:`ReturnError`."""
+    scratch = Path(plan.scratch)
     with signals_deferred("e31: returning the output first (kill -9 abandons it)"):
         try:
-            return return_task(target, outcome)
-        except Exception as first:
-            try:
-                manifest = deliver(target, outcome)
-            except Exception as exc:
-                cause = exc if str(exc) else first
-                save_pending(Path(plan.scratch), target, outcome, f"{type(cause).__name__}: {scrub(str(cause))}",
-                             output_options, checkpoints)
-                raise ReturnError(plan, cause) from None
-            publish_artifacts(target, manifest)
-            return manifest
+            with recorded_return(scratch, target, outcome, spec.output.storage_options,
+                                 _checkpoints(spec, plan, target.run_id)):
+                try:
+                    return return_task(target, outcome)
+                except Exception as first:
+                    try:
+                        manifest = deliver(target, outcome)
+                    except Exception as exc:
+                        raise (exc if str(exc) else first) from None
+                    publish_artifacts(target, manifest)
+                    return manifest
+        except Exception as cause:
+            raise ReturnError(plan, cause) from None
 
 
 def _finish(plan: JobPlan, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -290,6 +300,8 @@ def _run(spec: JobSpec, plan: JobPlan, staged: dict[str, str], code_dir: str | N
         target=target,
         flow_run_id=target.run_id,
         work_sha256=plan.work_sha256,
+        output_options=spec.output.storage_options,
+        checkpoints=_checkpoints(spec, plan, target.run_id),
     )
     state = run_task.with_options(retries=spec.request.retries, retry_delay_seconds=1)(settings, return_state=True)
     try:

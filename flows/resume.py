@@ -2,9 +2,10 @@
 out its scratch folder.
 
 - A verified local checkpoint of the same work (``work_sha256``) resumes.
-- Else, durable checkpoints at the checkpoint URL while the destination has
-  no ``completed`` manifest (a run that died with its machine) are fetched
-  back and resumed from.
+- Else, durable checkpoints at the checkpoint URL of a run that did not
+  complete (a run that stopped early or died with its machine: the
+  destination's completed manifest, if any, names another run) are
+  fetched back and resumed from.
 - Else the run is fresh: local output and checkpoints are cleared; the
   durable checkpoints of an earlier run (committed ``step-<N>`` folders,
   nothing else) are removed only once the inputs are staged and the work
@@ -165,10 +166,9 @@ def resume_step(plan: JobPlan) -> int | None:
     local = latest_valid(plan.checkpoint_dir)
     if local is not None:
         return local.step
-    previous = existing_manifest(plan.output_url)
     durable = latest_durable(plan.checkpoint_url)
     resumable = durable is not None and durable.work_sha256 == plan.work_sha256
-    if resumable and (previous is None or previous.get("status") != "completed"):
+    if resumable and not _completed_by(existing_manifest(plan.output_url), durable):
         target = plan.checkpoint_dir / step_dir_name(durable.step)
         storage.get(durable.url, target)
         if latest_valid(plan.checkpoint_dir) is not None:
@@ -176,6 +176,16 @@ def resume_step(plan: JobPlan) -> int | None:
         shutil.rmtree(target, ignore_errors=True)
     _clear(plan.output_dir, plan.checkpoint_dir)
     return None
+
+
+def _completed_by(top: dict | None, durable) -> bool:
+    """True when the run that made ``durable`` completed: the output URL's
+    top manifest (the newest completed run's) names its flow run.  For a
+    checkpoint that does not record its run (written by an older E31), any
+    completed manifest counts."""
+    if not top or top.get("status") != "completed":
+        return False
+    return durable.run_id is None or durable.run_id == top.get("run_id")
 
 
 def remove_stale_checkpoints(plan: JobPlan) -> list[int]:

@@ -21,16 +21,18 @@ from e31.tasks.work.local_checkpoints import MARKER, parse_step, step_dir_name, 
 @dataclass(frozen=True)
 class DurableCheckpoint:
     """A verified checkpoint on durable storage: its ``step``, ``url``,
-    total size in ``bytes``, and the ``work_sha256`` of the work that wrote
-    it (None when unknown)."""
+    total size in ``bytes``, the ``work_sha256`` of the work that wrote it
+    and the flow run (``run_id``) that made it durable (None when unknown)."""
 
     step: int
     url: str
     bytes: int
     work_sha256: str | None = None
+    run_id: str | None = None
 
 
-def upload(local_dir: Path, durable_root: str, keep: int, work_sha256: str | None = None) -> DurableCheckpoint:
+def upload(local_dir: Path, durable_root: str, keep: int, work_sha256: str | None = None,
+           run_id: str | None = None) -> DurableCheckpoint:
     """Upload one committed local checkpoint folder and prune old ones.
 
     Returns the :class:`DurableCheckpoint`.  Raises
@@ -52,10 +54,10 @@ def upload(local_dir: Path, durable_root: str, keep: int, work_sha256: str | Non
         if size != meta["bytes"]:
             raise storage.VerifyError(f"{mask_url(url)}: {size} bytes uploaded, the marker says {meta['bytes']}")
         total += size
-    marker = {**marker, "work_sha256": work_sha256}  # a changed work never resumes from it
+    marker = {**marker, "work_sha256": work_sha256, "run_id": run_id}  # a changed work never resumes from it
     storage.write_bytes(storage.join(target, MARKER), json.dumps(marker, indent=1, sort_keys=True).encode())
     prune(durable_root, keep)
-    return DurableCheckpoint(step=step, url=target, bytes=total, work_sha256=work_sha256)
+    return DurableCheckpoint(step=step, url=target, bytes=total, work_sha256=work_sha256, run_id=run_id)
 
 
 def prune(durable_root: str, keep: int) -> list[int]:
@@ -83,11 +85,13 @@ def latest_durable(durable_root: str) -> DurableCheckpoint | None:
             size = sum(int(m["bytes"]) for m in marker["files"].values())
         except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
             continue  # no marker, or not one E31 wrote
-        return DurableCheckpoint(step=s, url=url, bytes=size, work_sha256=marker.get("work_sha256"))
+        return DurableCheckpoint(step=s, url=url, bytes=size, work_sha256=marker.get("work_sha256"),
+                                 run_id=marker.get("run_id"))
     return None
 
 
 @task(name="checkpoint", retries=2, retry_delay_seconds=[1, 5])
-def checkpoint_task(local_dir: Path, durable_root: str, keep: int, work_sha256: str | None = None) -> DurableCheckpoint:
+def checkpoint_task(local_dir: Path, durable_root: str, keep: int, work_sha256: str | None = None,
+                    run_id: str | None = None) -> DurableCheckpoint:
     """Prefect task wrapper of :func:`upload` (retried twice on error)."""
-    return upload(Path(local_dir), durable_root, keep, work_sha256)
+    return upload(Path(local_dir), durable_root, keep, work_sha256, run_id)

@@ -1,14 +1,19 @@
-"""The ``return`` task: copy the output to ``output.url``, manifest last.
+"""The ``return`` task: publish the output at ``output.url``, manifest last.
 
-Every file the work wrote under its output folder is uploaded with fsspec,
-read back and checked (bytes and sha256), then ``manifest.json`` is written;
-its presence at the destination means the upload is whole.  A completed
-manifest of the same run is never rewritten.
+A completed run's files go to the top of ``output.url``; a run that did not
+complete (partial, failed) returns into ``<output.url>/partial/`` and never
+touches an earlier complete output.  Either way the folder's manifest is
+first withdrawn (``status: returning``), each file is published whole and
+verified (bytes, ETag or read-back sha256), files an earlier run left are
+removed, and ``manifest.json`` is written last (:mod:`e31.tasks.destination`):
+at every instant a manifest at the destination describes exactly the files
+beside it, or says a return is in progress.  A completed manifest of the same
+run is never rewritten.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import time
 import uuid
@@ -28,12 +33,13 @@ from prefect.artifacts import create_link_artifact, create_table_artifact
 from e31.errors import E31Error
 from e31.specs import mask_url
 from e31.tasks import settings, storage
-from e31.tasks.manifest import build_manifest, step_text, verdict
+from e31.tasks.destination import MANIFEST, PARTIAL, Destination, read_manifest
+from e31.tasks.manifest import Verdict, build_manifest, step_text, verdict
 from e31.tasks.outcome import RunOutcome
 from e31.tasks.retrying import retry_unless
+from e31.tasks.storage.local import regular_files
 from e31.tasks.storage.progress import TransferProgress
 
-MANIFEST = "manifest.json"
 UPLOAD_THREADS = 8  # files uploaded at once by the return step
 RETURN_RETRIES = settings.value("E31_TRANSFER_RETRIES")  # Prefect retries of the return task
 RETURN_BACKOFF_S = settings.value("E31_TRANSFER_BACKOFF_S")  # first retry delay (s), doubling
@@ -74,26 +80,13 @@ def check_destination(url: str, field: str) -> None:
         raise DestinationError(f"{field}: {shown}: not writable by this user")
 
 
-def write_failure_manifest(req: ReturnTarget, message: str) -> dict[str, Any] | None:
-    """Write a ``failed`` manifest (no files) for a run that never started,
-    unless this run already completed there; returns it (None when the
-    destination cannot be written either)."""
-    manifest = build_manifest(
-        job=req.job, run_id=req.run_id, verdict=verdict("error", None, req.declared, set(), message), exit_code=None,
-        step=None, files=[], checkpoint=None, timings={"staging_s": req.staging_s, "run_s": 0.0, "return_s": 0.0},
-        gpus=req.gpus, cpus=req.cpus, spec_sha256=req.spec_sha256,
-        finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    )
-    try:
-        storage.write_bytes(storage.join(req.output_url, MANIFEST), json.dumps(manifest, indent=2).encode())
-    except Exception:
-        return None
-    return manifest
-
-
 @dataclass
 class ReturnTarget:
-    """Where and what the return step delivers.  ``staging_s`` in seconds."""
+    """Where and what the return step delivers: the ``job`` and flow run
+    (``run_id``), the local ``output_dir``, the ``output_url``, the
+    ``declared`` output files, the request's ``gpus``/``cpus`` (for the
+    meter), the spec's sha256, ``staging_s`` (seconds) and the durable
+    ``checkpoint_url`` (a sub-folder of the output URL by default)."""
 
     job: str
     run_id: str | None
@@ -104,41 +97,23 @@ class ReturnTarget:
     cpus: int
     spec_sha256: str
     staging_s: float = 0.0
+    checkpoint_url: str = ""
 
 
 def existing_manifest(output_url: str) -> dict[str, Any] | None:
-    """The manifest now at ``output_url``, or None when absent or unreadable."""
-    try:
-        return json.loads(storage.read_bytes(storage.join(output_url, MANIFEST)))
-    except (FileNotFoundError, ValueError):
-        return None
+    """The manifest now at the top of ``output_url`` (the newest completed
+    run's, or a ``returning`` one), or None when absent or unreadable."""
+    return read_manifest(output_url)
 
 
-def _output_files(root: Path) -> list[tuple[Path, str]]:
-    """``(path, relative POSIX name)`` of every file the work left under
-    ``root``, the manifest excepted.  A symlink that leads out of ``root``
-    is refused: the return never reaches outside the job's output folder."""
-    files = []
-    real_root = root.resolve()
-    for path in storage.walk_files(root):
-        rel = path.relative_to(root).as_posix()
-        if rel == MANIFEST:
-            continue
-        if path.is_symlink() and not path.resolve().is_relative_to(real_root):
-            raise DestinationError(f"output file {rel} is a symlink out of the output folder ({path.resolve()}); "
-                                   "write files, not links, into ctx.output_dir")
-        files.append((path, rel))
-    return files
-
-
-def _publish_all(pairs: list[tuple[Path, str]], output_url: str) -> list[dict[str, Any]]:
+def _publish_all(pairs: list[tuple[Path, str]], root_url: str) -> list[dict[str, Any]]:
     """Upload files in parallel (:data:`UPLOAD_THREADS`), each whole and
     verified; returns the manifest's ``files`` rows in ``pairs`` order."""
     total = sum(p.stat().st_size for p, _ in pairs)
     with TransferProgress("return", total, len(pairs)) as progress:
         def one(pair: tuple[Path, str]) -> dict[str, Any]:
             path, rel = pair
-            url = storage.join(output_url, rel)
+            url = storage.join(root_url, rel)
             try:
                 size, digest = storage.publish_file(path, url, callback=progress.callback())
             except storage.VerifyError as exc:
@@ -151,30 +126,58 @@ def _publish_all(pairs: list[tuple[Path, str]], output_url: str) -> list[dict[st
             return list(pool.map(one, pairs))
 
 
-def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
-    """Upload the output and write the manifest; returns the manifest dict.
+def _skip(req: ReturnTarget) -> tuple[str, ...]:
+    """Top-level sub-folders of the output URL that are not output files:
+    ``partial/`` and the durable checkpoint folder when it lies inside."""
+    skip = [PARTIAL]
+    top = req.output_url.rstrip("/") + "/"
+    if req.checkpoint_url.startswith(top):
+        skip.append(req.checkpoint_url[len(top):].strip("/").split("/", 1)[0])
+    return tuple(skip)
 
-    Each file is published whole and verified
-    (:func:`e31.tasks.storage.publish_file`), in parallel; ``manifest.json`` is
-    written last, so its presence means the upload is whole.  Raises
-    :class:`storage.VerifyError` when a file does not verify (the manifest is
-    then not written), :class:`DestinationError` for a symlink out of the
-    output folder, and what the store raises when it cannot be reached.
+
+def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
+    """Return the output and write the manifest; returns the manifest dict.
+
+    The verdict is decided first (:func:`e31.tasks.manifest.verdict`): output
+    files that may not leave the job (a link out of the output folder, a
+    hard link, a FIFO or device: :func:`e31.tasks.storage.local.regular_files`)
+    fail it, named, and are not sent.  A completed run returns to the top
+    of ``output.url``, any other to ``partial/``, through the protocol of
+    :class:`e31.tasks.destination.Destination`; a completed run then removes
+    a superseded ``partial/``.  Raises :class:`storage.VerifyError` when a
+    file does not verify and what the store raises when it cannot be
+    reached (the manifest stays ``returning``; a later return finishes it).
     """
     started = time.monotonic()
-    previous = existing_manifest(req.output_url)
-    if previous and previous.get("run_id") == req.run_id and previous.get("status") == "completed":
-        return previous  # never downgrade a completed run
-    files = _publish_all(_output_files(Path(req.output_dir)), req.output_url)
-    present = {f["path"] for f in files}
-    v = verdict(out.reason, out.exit_code, req.declared, present, out.message)
+    top = read_manifest(req.output_url)
+    if top and top.get("run_id") == req.run_id and top.get("status") == "completed":
+        return top  # never downgrade a completed run
+    files, refused = regular_files(Path(req.output_dir), skip=(MANIFEST,))
+    reserved = _skip(req)
+    for _, rel in files:
+        if rel.split("/", 1)[0] in reserved:
+            refused.append(f"{rel}: {rel.split('/', 1)[0]}/ at the destination is E31's (partial runs, durable "
+                           "checkpoints); write the file under another folder name")
+    files = [(path, rel) for path, rel in files if rel.split("/", 1)[0] not in reserved]
+    v = verdict(out.reason, out.exit_code, req.declared, {rel for _, rel in files}, out.message)
+    if refused:
+        v = Verdict("failed", "error", "; ".join(filter(None, [
+            "output files refused, not returned: " + "; ".join(refused), v.message if v.status == "failed" else ""])))
+    completed = v.status == "completed"
+    folder = req.output_url if completed else storage.join(req.output_url, PARTIAL)
+    dest = Destination(folder, skip=_skip(req) if completed else ())
+    dest.withdraw(req.job, req.run_id, [rel for _, rel in files])
+    dest.remove_temporaries()
+    rows = _publish_all(files, folder)
+    stale = dest.settle({row["path"] for row in rows}, own_folder=not completed)
     manifest = build_manifest(
         job=req.job,
         run_id=req.run_id,
         verdict=v,
         exit_code=out.exit_code,
         step=out.checkpoint.step if out.checkpoint else None,
-        files=files,
+        files=rows,
         checkpoint=mask_url(out.checkpoint.url) if out.checkpoint else None,
         timings={"staging_s": req.staging_s, "run_s": out.run_s, "return_s": time.monotonic() - started},
         gpus=req.gpus,
@@ -185,9 +188,27 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
         stop_requested_at=out.stop_requested_at,
         stdout_tail=out.stdout_tail,
         output_lines_dropped=out.output_lines_dropped,
+        folder="." if completed else PARTIAL,
+        stale=stale,
     )
-    storage.write_bytes(storage.join(req.output_url, MANIFEST), json.dumps(manifest, indent=2).encode())
+    if completed:
+        Destination(storage.join(req.output_url, PARTIAL)).clear()  # superseded by this complete output
+    dest.publish_manifest(manifest)
     return manifest
+
+
+def write_failure_manifest(req: ReturnTarget, message: str) -> dict[str, Any] | None:
+    """Return a ``failed`` verdict with no files for a run that never
+    started (an input that cannot be staged or read), into
+    ``<output.url>/partial/``: an earlier complete output stays as it was,
+    and the run's failure is said there.  Returns the manifest, or None when
+    the destination cannot be written either."""
+    empty = Path(req.output_dir) / ".e31-nothing"
+    try:
+        return deliver(dataclasses.replace(req, output_dir=str(empty)),
+                       RunOutcome(reason="error", exit_code=None, run_s=0.0, message=message))
+    except Exception:
+        return None
 
 
 @task(name="return", task_run_name="return", retries=RETURN_RETRIES,

@@ -59,6 +59,8 @@ def build_manifest(
     stop_requested_at: float | None = None,
     stdout_tail: str = "",
     output_lines_dropped: int = 0,
+    folder: str = ".",
+    stale: list[str] | None = None,
 ) -> dict[str, Any]:
     """The manifest as a JSON-ready dict.
 
@@ -66,7 +68,10 @@ def build_manifest(
     ``timings`` in seconds (``staging_s``, ``run_s``, ``return_s``).
     ``stop_requested_at``: Unix seconds of the stop warning (None: no stop).
     ``logs``: the work's last stdout and stderr lines (masked) and how many
-    lines were not forwarded to the run's log.  The
+    lines were not forwarded to the run's log.  ``folder``: where the files
+    are, relative to ``output.url`` (``.`` for a completed run, ``partial``
+    for any other); ``stale``: other files found beside the manifest that
+    no E31 run of the job wrote (left in place, not part of the output).  The
     meter bills allocated resources from run start to release, as batch
     schedulers do: ``gpu_seconds = gpus * run_s``, ``cpu_seconds = cpus * run_s``.
     """
@@ -79,7 +84,9 @@ def build_manifest(
         "message": verdict.message,
         "exit_code": exit_code,
         "step": step,
+        "folder": folder,
         "files": files,
+        "stale": list(stale or []),
         "checkpoint": checkpoint,
         "timings": {k: round(float(v), 3) for k, v in timings.items()},
         "meter": {"gpu_seconds": round(gpus * run_s, 3), "cpu_seconds": round(cpus * run_s, 3)},

@@ -14,6 +14,7 @@ the job, first thing).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -22,7 +23,7 @@ import sys
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from e31.errors import E31Error
 from e31.specs import mask_url
@@ -116,6 +117,30 @@ def clear_pending(scratch: Path) -> None:
     (Path(scratch) / PENDING).unlink(missing_ok=True)
 
 
+#: The pending record's ``error`` while a return is under way: what ``e31 return`` says if it was cut.
+IN_PROGRESS = "a return was in progress and did not finish (the process was killed, or is still running)"
+
+
+@contextlib.contextmanager
+def recorded_return(scratch: Path, target: ReturnTarget, outcome: RunOutcome,
+                    output_options: dict[str, Any] | None = None,
+                    checkpoints: dict[str, Any] | None = None) -> Iterator[None]:
+    """Around a return: the pending record is written before the first
+    byte goes to the destination and removed once the block ends without
+    an error, so a return cut in any way (kill -9, a lost machine, the
+    store gone) can be finished by ``e31 return JOB`` or the next run.
+    On an error the record stays, naming it."""
+    save_pending(scratch, target, outcome, IN_PROGRESS, output_options, checkpoints)
+    try:
+        yield
+    except BaseException as exc:
+        from e31.tasks.storage import scrub
+
+        save_pending(scratch, target, outcome, f"{type(exc).__name__}: {scrub(str(exc))}", output_options, checkpoints)
+        raise
+    clear_pending(scratch)
+
+
 class KeptOutputGoneError(E31Error, RuntimeError):
     """The output a pending return kept in scratch is no longer there."""
 
@@ -168,7 +193,7 @@ def _upload_kept_checkpoint(kept: dict[str, Any] | None, outcome: RunOutcome) ->
         return outcome
     if kept.get("options"):
         use_options(kept["url"], resolve_options(kept["options"], "output.checkpoint.storage_options"))
-    durable = upload(newest.path, kept["url"], int(kept["keep"]), kept.get("work_sha256"))
+    durable = upload(newest.path, kept["url"], int(kept["keep"]), kept.get("work_sha256"), kept.get("run_id"))
     return dataclasses.replace(outcome, checkpoint=durable)
 
 

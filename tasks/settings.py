@@ -58,6 +58,8 @@ SETTINGS: dict[str, Setting] = {
     "E31_TRANSFER_BATCH": Setting(int, 32, 1, 1024, "concurrent transfers"),
     "E31_STREAMS_PER_FILE": Setting(int, max(1, min(10, _cores() // 2)), 1, 64, "streams"),
     "E31_STAGE_RATE_MIBS": Setting(float, 200.0, 0, 1e7, "MiB/s", low_open=True),
+    "E31_STORE_CONNECT_TIMEOUT_S": Setting(float, 10.0, 0, 3600, "seconds", low_open=True),
+    "E31_STORE_READ_TIMEOUT_S": Setting(float, 60.0, 0, 3600, "seconds", low_open=True),
 }
 
 

@@ -38,6 +38,7 @@ from e31.errors import E31Error
 from e31.specs import DataInput, mask_url
 from e31.tasks import settings, storage
 from e31.tasks.storage import transfer
+from e31.tasks.storage.local import disk_full
 from e31.tasks.supervisor.cancel import staging_stop
 from e31.tasks.storage.listing import Listing, OnlyFolders, list_input, unchanged
 from e31.tasks.retrying import retry_unless
@@ -160,6 +161,7 @@ def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None)
             with TransferProgress(f"stage-{item.name}", listing.bytes, len(listing.entries),
                                   stop=staging_stop(str(data_dir))) as progress:
                 checked = transfer.fetch(listing, tmp, progress)
+            transfer.make_read_only(listing, tmp)  # the work reads its inputs; it must not change them
             with ThreadPoolExecutor(1) as pool:  # list the source again while the copy is checked
                 again = pool.submit(_changed_since_listed, item, listing)
                 staged_identity = transfer.verify(listing, tmp, checked)
@@ -181,6 +183,9 @@ def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None)
             shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(exc, TransferStopped) or isinstance(exc.__cause__ or exc.__context__, TransferStopped):
                 raise StagingCancelled(f"data '{item.name}': staging stopped: the flow run was cancelled") from None
+            full = disk_full(data_dir, exc, needed=listing.bytes) if isinstance(exc, OSError) else None
+            if full:
+                raise StageError(f"data '{item.name}': cannot stage it: {full}") from None
             why = _final_refusal(exc) if isinstance(exc, Exception) else None
             if why:
                 raise StageError(f"data '{item.name}': {mask_url(item.url)}: {why}") from None

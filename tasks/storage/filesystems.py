@@ -58,9 +58,47 @@ def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     or a missing optional backend (``ImportError``).  An s3fs filesystem
     gets a session that reads timestamps quickly (:mod:`e31.tasks.storage.s3session`).
     """
-    fs, path = url_to_fs(url, **_options_for(url))
+    options = _options_for(url)
+    protocol = fsspec.core.split_protocol(url)[0] or "file"
+    fs, path = url_to_fs(url, **with_timeouts(protocol, options))
     s3session.prepare(fs)
+    if protocol in ("s3", "s3a") and getattr(fs, "retries", 0) > S3FS_RETRIES:
+        fs.retries = S3FS_RETRIES  # s3fs's own retry loop around botocore's (default 5)
     return fs, path
+
+
+#: s3fs's own attempts per call (each under botocore's own attempts).
+S3FS_RETRIES = 2
+
+
+def with_timeouts(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with E31's default time bounds for the store's client,
+    so no call waits forever on a store that stopped answering (a frozen
+    server accepts connections and then says nothing):
+
+    * ``s3``: botocore's ``connect_timeout`` and ``read_timeout`` (seconds
+      without a byte, per request; ``E31_STORE_CONNECT_TIMEOUT_S``, default
+      10, and ``E31_STORE_READ_TIMEOUT_S``, default 60) and 2 attempts;
+    * ``http``/``https``: aiohttp's ``sock_connect`` and ``sock_read`` timeouts.
+
+    What the user gave in ``config_kwargs`` / ``client_kwargs`` wins."""
+    from e31.tasks import settings
+
+    connect = settings.value("E31_STORE_CONNECT_TIMEOUT_S")
+    read = settings.value("E31_STORE_READ_TIMEOUT_S")
+    options = dict(options)
+    if protocol in ("s3", "s3a"):
+        given = dict(options.get("config_kwargs") or {})
+        options["config_kwargs"] = {"connect_timeout": connect, "read_timeout": read,
+                                    "retries": {"max_attempts": 2, "mode": "standard"}, **given}
+    elif protocol in ("http", "https"):
+        import aiohttp
+
+        given = dict(options.get("client_kwargs") or {})
+        given.setdefault("timeout", aiohttp.ClientTimeout(total=None, connect=connect, sock_connect=connect,
+                                                          sock_read=read))
+        options["client_kwargs"] = given
+    return options
 
 
 def join(url: str, *parts: str) -> str:

@@ -148,8 +148,8 @@ def _walk_local(root: str, raw: bytes | None = None) -> tuple[list[Entry], list[
 def find_output(root: str) -> bytes | None:
     """The raw output of one GNU ``find -L ROOT -mindepth 1 -printf``
     pass over the local folder ``root``: for each entry below it, its type,
-    size in bytes, mtime and path relative to ``root``, NUL-terminated, in
-    directory order.  None when GNU find is not available.  Raises
+    size in bytes, ``mtime:inode:ctime`` and path relative to ``root``,
+    NUL-terminated, in directory order.  None when GNU find is not available.  Raises
     ``OSError`` naming the first path that cannot be read.
 
     (C; 10,000 files in ~0.02 s on 2 cores, 3-4x faster than ``os.scandir``
@@ -157,7 +157,7 @@ def find_output(root: str) -> bytes | None:
     """
     if not _GNU_FIND:
         return None
-    done = subprocess.run([_GNU_FIND, "-L", root, "-mindepth", "1", "-printf", "%y %s %T@ %P\\0"],
+    done = subprocess.run([_GNU_FIND, "-L", root, "-mindepth", "1", "-printf", "%y %s %T@:%i:%C@ %P\\0"],
                           capture_output=True)
     if done.returncode != 0:
         problem = os.fsdecode(done.stderr).strip().splitlines()
@@ -171,8 +171,8 @@ def scan_local(root: str, raw: bytes | None = None) -> tuple[dict[str, tuple[int
     ``raw`` (its :func:`find_output`) or from a new scan, else by
     ``os.scandir`` where there is no GNU find.
 
-    The mtime is a string whose form depends on the scanner: compare only
-    values from this function.  Raises ``OSError`` naming the first path
+    The "mtime" is a string of the mtime, inode and ctime whose form
+    depends on the scanner: compare only values from this function.  Raises ``OSError`` naming the first path
     that cannot be read or a broken symbolic link.
     """
     if raw is None:
@@ -209,7 +209,7 @@ def _scandir(root: str) -> tuple[dict[str, tuple[int, str]], list[str]]:
                         st = item.stat()
                     except FileNotFoundError:
                         raise OSError(f"{sub}: broken symbolic link") from None
-                    files[sub] = (st.st_size, str(st.st_mtime_ns))
+                    files[sub] = (st.st_size, f"{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}")
     return files, folders
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Iterator
 
@@ -57,3 +58,116 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     elif path.exists() or path.is_symlink():
         path.unlink(missing_ok=True)
+
+
+def regular_files(root: Path, skip: tuple[str, ...] = ()) -> tuple[list[tuple[Path, str]], list[str]]:
+    """The files under the local folder ``root`` that may leave the job, and
+    why the others may not.
+
+    Returns ``([(path, relative POSIX name)], [refusal])`` in sorted order.
+    A file may leave when it is a regular file with one name, or a symbolic
+    link to such a file inside ``root``.  Refused, each with one line naming
+    it: a link leading out of ``root`` (it would send a host file), a hard
+    link (its content is another name's, possibly a host file's), a FIFO,
+    socket or device.  Temporary ``.e31-part-`` names and top-level names in
+    ``skip`` are left out.  A missing ``root`` has no files."""
+    root = Path(root)
+    real_root = root.resolve()
+    files: list[tuple[Path, str]] = []
+    refused: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        base = Path(dirpath)
+        for name in list(dirnames):
+            sub = base / name
+            if sub.is_symlink():  # os.walk does not enter it: judge it as a file
+                dirnames.remove(name)
+                filenames.append(name)
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = base / name
+            rel = path.relative_to(root).as_posix()
+            if ".e31-part-" in name or rel.split("/", 1)[0] in skip:
+                continue
+            why = _why_not(path, real_root)
+            if why:
+                refused.append(f"{rel}: {why}")
+            else:
+                files.append((path, rel))
+    return sorted(files, key=lambda pair: pair[1]), refused
+
+
+def _why_not(path: Path, real_root: Path) -> str | None:
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        target = path.resolve()
+        if not target.is_relative_to(real_root):
+            return f"a symbolic link to {target}, outside the folder; write the file itself, not a link"
+        if not target.is_file():
+            return f"a symbolic link to {target}, which is not a regular file"
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
+        return f"{kind}, not a regular file"
+    if st.st_nlink > 1:
+        return (f"a hard link ({st.st_nlink} names for one file: its content may be a file outside the job's); "
+                "write a copy instead")
+    return None
+
+
+#: Free bytes below which a disk counts as full when an error does not say so itself.
+NEARLY_FULL_BYTES = 16 * 1024**2
+
+
+def mount_point(path: Path) -> Path:
+    """The mount point of the filesystem holding ``path`` (or its nearest
+    existing parent)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def space(path: Path) -> tuple[int, int]:
+    """``(free bytes, total bytes)`` of the filesystem holding ``path``,
+    as an unprivileged user may use them."""
+    st = os.statvfs(mount_point(path))
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def human_size(n: float) -> str:
+    """``n`` bytes as ``512 B``, ``3.2 MiB``, ``1.5 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+SCRATCH_FIX = "free space there or point E31_SCRATCH at a larger disk"
+
+
+def disk_full(path: Path, exc: BaseException | None = None, needed: int | None = None,
+              fix: str = SCRATCH_FIX) -> str | None:
+    """One line saying that the disk holding ``path`` is full -- when ``exc``
+    is ``ENOSPC``/``EDQUOT`` (or says "No space left on device"), or the disk
+    has less than :data:`NEARLY_FULL_BYTES` free -- with its mount point, what
+    is free, when known ``needed`` bytes, and ``fix``; None when it is not full."""
+    import errno
+
+    said = exc is not None and (getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+                                or "No space left on device" in str(exc))
+    try:
+        free, total = space(path)
+    except OSError:
+        return None
+    if not said and free >= NEARLY_FULL_BYTES:
+        return None
+    need = f"; {human_size(needed)} needed" if needed else ""
+    return (f"disk full: {mount_point(path)} (holding {path}) has {human_size(free)} free of {human_size(total)}"
+            f"{need}; {fix}")

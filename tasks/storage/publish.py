@@ -46,10 +46,6 @@ def get(url: str, local_path: Path) -> Path:
 
 #: Protocols whose stores publish an object only when its upload is whole
 #: (a single PUT, or a completed multipart/resumable/block-list upload).
-
-
-#: Protocols whose stores publish an object only when its upload is whole
-#: (a single PUT, or a completed multipart/resumable/block-list upload).
 ATOMIC_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "memory"})
 
 
@@ -69,9 +65,10 @@ def publish_file(local_path: Path, url: str, *, sha256: str | None = None, callb
 
     Verification: the size always; on stores with MD5-form ETags the ETag
     (:mod:`e31.tasks.storage.etag`); otherwise the object is read back and its sha256
-    compared.  Raises :class:`VerifyError` (the bad object is removed)
-    or what the filesystem raises.  ``sha256`` skips hashing the local file
-    when the caller knows it.
+    compared.  Raises :class:`VerifyError` or what the filesystem raises.
+    A failed or cut upload never removes what was at ``url`` before: only
+    E31's own temporary name (``*.e31-part-<hex>``) is removed.  ``sha256``
+    skips hashing the local file when the caller knows it.
     """
     from e31.tasks.storage import etag  # local import: etag is a leaf module
 
@@ -84,31 +81,53 @@ def publish_file(local_path: Path, url: str, *, sha256: str | None = None, callb
         fs.makedirs(parent, exist_ok=True)
     kwargs = {"callback": callback} if callback is not None else {}
     if "file" in protocols(fs):
-        tmp = f"{path}.part-{uuid.uuid4().hex[:8]}"
+        tmp = temporary_name(path)
         try:
             shutil.copyfile(local_path, tmp)
             _fsync(Path(tmp))
             if os.stat(tmp).st_size != size:
                 raise VerifyError(f"{tmp}: {os.stat(tmp).st_size} bytes written, {size} expected")
             os.replace(tmp, path)
+            _fsync_dir(Path(path).parent)
         finally:
             _remove(Path(tmp))
         if callback is not None:
             callback.relative_update(size)
         return size, digest
-    target = path if _atomic(fs) else f"{path}.e31-part-{uuid.uuid4().hex[:8]}"
+    target = path if _atomic(fs) else temporary_name(path)
     try:
         fs.put_file(str(local_path), target, **kwargs)
         _verify_remote(fs, target, local_path, size, digest, etag)
         if target != path:
             fs.mv(target, path)
     except BaseException:
-        try:
-            fs.rm_file(target)
-        except Exception:
-            pass
+        if target != path:  # never the final key: what was there before stays
+            try:
+                fs.rm_file(target)
+            except Exception:
+                pass
         raise
     return size, digest
+
+
+def temporary_name(path: str) -> str:
+    """The temporary sibling name a write to ``path`` goes through
+    (``<path>.e31-part-<8 hex>``); a return removes leftovers of this form
+    (:class:`e31.tasks.destination.Destination`)."""
+    return f"{path}.e31-part-{uuid.uuid4().hex[:8]}"
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _verify_remote(fs: fsspec.AbstractFileSystem, path: str, local_path: Path, size: int, digest: str, etag) -> None:
@@ -139,18 +158,19 @@ def write_bytes(url: str, data: bytes) -> None:
     if parent:
         fs.makedirs(parent, exist_ok=True)
     if "file" in protocols(fs):
-        tmp = Path(f"{path}.part-{uuid.uuid4().hex[:8]}")
+        tmp = Path(temporary_name(path))
         try:
             with open(tmp, "wb") as fh:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
+            _fsync_dir(Path(path).parent)
         finally:
             _remove(tmp)
     elif _atomic(fs):
         fs.pipe_file(path, data)
     else:
-        tmp = f"{path}.e31-part-{uuid.uuid4().hex[:8]}"
+        tmp = temporary_name(path)
         fs.pipe_file(tmp, data)
         fs.mv(tmp, path)

@@ -180,14 +180,29 @@ def verify(listing: Listing, dest: Path, checked: dict[str, bool | None] | None 
     return _scan_identity(raw) if raw is not None else _identity(listing, copies)
 
 
+def make_read_only(listing: Listing, base: Path) -> None:
+    """Make the staged copy's files read-only (mode 0444): the work reads
+    its inputs and must not change them.  (A process running as root may
+    still write; the copy's identity, which covers inode and ctime, then
+    tells the next run to stage it again.)"""
+    root = str(base)
+    for e in listing.entries:
+        try:
+            os.chmod(f"{root}/{e.rel}", 0o444)
+        except OSError:
+            pass
+
+
 def identity(listing: Listing, base: Path) -> str | None:
     """What the copy of ``listing`` under ``base`` looks like now, as a
     string (None when a file is missing or the copy cannot be read): a copy
-    changed in place, grown or shrunk since it was staged has another one.
+    changed in place, grown or shrunk since it was staged has another one --
+    even one rewritten with the same size and its mtime set back, since the
+    inode number and ctime (which no process can set back) count too.
 
     A folder of several files: the sha256 of its :func:`find_output` scan
-    (every name, size and mtime; files added count too).  Else (or without
-    GNU find) a sha256 over the size and mtime of each listed file's copy.
+    (every name, size, mtime, inode and ctime; files added count too).  Else
+    (or without GNU find) a sha256 over those of each listed file's copy.
     """
     try:
         raw = _scan(listing, base)
@@ -224,7 +239,7 @@ def _copies(listing: Listing, base: Path) -> dict[str, tuple[int, str]]:
             st = os.stat(f"{root}/{e.rel}")
         except OSError:
             continue
-        found[e.rel] = (st.st_size, str(st.st_mtime_ns))
+        found[e.rel] = (st.st_size, f"{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}")
     return found
 
 

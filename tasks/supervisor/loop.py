@@ -12,6 +12,7 @@ SIGTERM/SIGINT to the flow's own process starts the same stop early.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -19,14 +20,16 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect.logging import get_run_logger
 
 from e31.tasks.deliver import ReturnTarget, deliver, publish_artifacts
 from e31.tasks.outcome import RunOutcome
+from e31.tasks.pending import recorded_return
 from e31.tasks.storage import scrub
+from e31.tasks.storage.local import disk_full
 from e31.tasks.supervisor.cancel import CancelWatcher
 from e31.tasks.supervisor.output import OutputForwarder, tail_lines
 from e31.tasks.supervisor.process import die_with_parent
@@ -50,7 +53,10 @@ class SupervisorConfig:
     at ``deadline_at`` minus the return reserve, ``max(reserve_floor_s,
     bytes to return / return_rate)`` re-estimated while it runs (bytes/s).
     ``grace_s``: seconds between the SIGTERM warning and SIGKILL.
-    ``run_dir`` holds logs and the progress file.
+    ``run_dir`` holds logs and the progress file (its parent is the job's
+    scratch folder).  ``output_options`` (unresolved references) and
+    ``checkpoints`` go into the pending record of a return the run task
+    makes itself (after a cancel).
     """
 
     job: str
@@ -66,6 +72,8 @@ class SupervisorConfig:
     return_rate: float = 50 * 1024**2
     flow_run_id: str | None = None
     work_sha256: str | None = None
+    output_options: dict = field(default_factory=dict)
+    checkpoints: dict | None = None
 
 
 class _Stop:
@@ -133,7 +141,8 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     command = list(settings.child.command or [sys.executable, "-m", "e31.tasks.work.child", str(config_path)])
 
     stop, clock = _Stop(), _Clock(settings)
-    uploader = Uploader(Path(settings.child.checkpoint_dir), settings.checkpoint_url, settings.keep, settings.work_sha256)
+    uploader = Uploader(Path(settings.child.checkpoint_dir), settings.checkpoint_url, settings.keep, settings.work_sha256,
+                        settings.flow_run_id)
     progress = ProgressReporter(settings.job, Path(settings.child.progress_file))
     output = OutputForwarder(run_dir, emit=_run_log, mask=scrub)
     cancel = CancelWatcher(settings.flow_run_id)
@@ -199,10 +208,19 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     outcome.output_lines_dropped = output.dropped
     outcome.stop_requested_at = stop.warned_at
     outcome.checkpoint, outcome.uploads = latest, uploader.done
+    if outcome.reason in ("error", "crashed"):  # the work's own writes may have filled the scratch disk
+        full = disk_full(Path(settings.child.output_dir),
+                         OSError(errno.ENOSPC, "No space left on device")
+                         if "No space left on device" in outcome.stderr_tail else None)
+        if full:
+            outcome.message = f"{outcome.message}; {full}"
     if uploader.failures:
-        outcome.message = "; ".join(filter(None, [outcome.message, "checkpoint upload failed: " + uploader.failures[-1]]))
+        last = uploader.failures[-1]
+        outcome.message = "; ".join(filter(None, [
+            outcome.message, last if last.startswith("checkpoint ") else "checkpoint upload failed: " + last]))
     if cancelled:  # delivered now, in this task: a worker may end the process soon after a cancel
-        outcome.manifest = deliver(settings.target, outcome)
+        with recorded_return(run_dir.parent, settings.target, outcome, settings.output_options, settings.checkpoints):
+            outcome.manifest = deliver(settings.target, outcome)
         publish_artifacts(settings.target, outcome.manifest)
     return outcome
 

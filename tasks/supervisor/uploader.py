@@ -21,9 +21,10 @@ class Uploader:
     """Uploads checkpoints from ``local_root`` to ``durable_root`` keeping
     ``keep`` of them on both sides."""
 
-    def __init__(self, local_root: Path, durable_root: str, keep: int, work_sha256: str | None = None):
+    def __init__(self, local_root: Path, durable_root: str, keep: int, work_sha256: str | None = None,
+                 run_id: str | None = None):
         self.root, self.durable_root, self.keep = Path(local_root), durable_root, keep
-        self.work_sha256 = work_sha256
+        self.work_sha256, self.run_id = work_sha256, run_id
         self.done: list[DurableCheckpoint] = []
         self.failures: list[str] = []
         self._future = None
@@ -33,7 +34,7 @@ class Uploader:
     def poll(self) -> None:
         """Commit what the work wrote, collect a finished upload and start the
         next one (as a task)."""
-        commit_pending(self.root, newest_only=True)
+        self._commit()
         if self._future is not None:
             if not self._future.wrapped_future.done():  # local: never waits on the Prefect API
                 return
@@ -43,9 +44,18 @@ class Uploader:
             ckpt = newest[-1]
             self._submitted.add(ckpt.step)
             self._future = checkpoint_task.with_options(task_run_name=f"checkpoint-step-{ckpt.step}").submit(
-                ckpt.path, self.durable_root, self.keep, self.work_sha256
+                ckpt.path, self.durable_root, self.keep, self.work_sha256, self.run_id
             )
             self._future_step = ckpt.step
+
+    def _commit(self) -> None:
+        """Commit what the work wrote; a checkpoint that cannot be committed
+        (disk full, a refused file) is said once in :attr:`failures`."""
+        problems: list[str] = []
+        commit_pending(self.root, newest_only=True, problems=problems)
+        for problem in problems:
+            if problem not in self.failures:
+                self.failures.append(problem)
 
     def _collect(self) -> None:
         try:
@@ -75,7 +85,7 @@ class Uploader:
                 self.failures.append(f"checkpoint task did not finish within {timeout_s:g} s")
                 self._submitted.discard(self._future_step)
                 self._future, inline = None, True
-        commit_pending(self.root, newest_only=True)
+        self._commit()
         newest = committed(self.root)
         if newest and newest[-1].step not in self._submitted:
             ckpt = newest[-1]
@@ -83,7 +93,7 @@ class Uploader:
             try:
                 if not inline:
                     future = checkpoint_task.with_options(task_run_name=f"checkpoint-step-{ckpt.step}").submit(
-                        ckpt.path, self.durable_root, self.keep, self.work_sha256
+                        ckpt.path, self.durable_root, self.keep, self.work_sha256, self.run_id
                     )
                     try:
                         future.wrapped_future.result(timeout=timeout_s)
@@ -91,7 +101,7 @@ class Uploader:
                     except TimeoutError:
                         inline = True
                 if inline:
-                    self._record(upload(ckpt.path, self.durable_root, self.keep, self.work_sha256))
+                    self._record(upload(ckpt.path, self.durable_root, self.keep, self.work_sha256, self.run_id))
             except Exception as exc:
                 self.failures.append(str(exc))
         if self.done:

@@ -37,17 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from e31.tasks.work import handoff as handoff_format
-from e31.tasks.storage.local import fsync_path, sha256_file
+from e31.tasks.storage.local import disk_full, fsync_path, regular_files, sha256_file
+from e31.tasks.work.state import CheckpointError, load_state, snapshot
 
 MARKER = "COMMITTED"
 PENDING = "PENDING"
 STATE_FILE = "state.pt"
 HANDOFF_SUFFIX = ".handoff"  # step-<N>.handoff: an uncommitted state in the raw form of e31.tasks.work.handoff
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read (with the reason and fix)."""
 
 
 @dataclass(frozen=True)
@@ -71,13 +68,14 @@ def parse_step(name: str) -> int | None:
 
 def describe_files(folder: Path) -> dict[str, dict[str, Any]]:
     """``{relative name: {"bytes": int, "sha256": hex}}`` for each file in
-    ``folder`` except the marker and the pending note."""
-    out: dict[str, dict[str, Any]] = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and path.name not in (MARKER, PENDING):
-            rel = path.relative_to(folder).as_posix()
-            out[rel] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
-    return out
+    ``folder`` except the marker and the pending note.  Raises
+    :class:`CheckpointError` naming a file that may not leave the job (a
+    link out of the folder, a hard link, a FIFO or device: the rule of
+    output files, :func:`e31.tasks.storage.local.regular_files`)."""
+    files, refused = regular_files(folder, skip=(MARKER, PENDING))
+    if refused:
+        raise CheckpointError(f"checkpoint {folder.name} refused: " + "; ".join(refused))
+    return {rel: {"bytes": path.stat().st_size, "sha256": sha256_file(path)} for path, rel in files}
 
 
 def write_marker(folder: Path, step: int, files: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -176,9 +174,15 @@ def _convert_handoff(folder: Path) -> bool:
         return False
     folder.mkdir()
     tmp = folder / f".{STATE_FILE}.part"
-    with open(tmp, "wb") as fh:
-        torch.save(state, fh)
-        size = fh.tell()
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(state, fh)
+            size = fh.tell()
+    except Exception as exc:  # e.g. the scratch disk is full: keep the hand-over file for a later try
+        shutil.rmtree(folder, ignore_errors=True)
+        full = disk_full(folder.parent, exc)
+        raise CheckpointError(f"checkpoint {folder.name} could not be written: "
+                              f"{full or f'{type(exc).__name__}: {exc}'}") from None
     os.replace(tmp, folder / STATE_FILE)
     note = folder / f".{PENDING}"
     note.write_text(json.dumps({"step": parse_step(folder.name), "files": {STATE_FILE: {"bytes": size}}}))
@@ -202,6 +206,9 @@ def commit(folder: Path) -> dict[str, Any] | None:
         shutil.rmtree(folder, ignore_errors=True)
         return None
     files = {}
+    _, refused = regular_files(folder, skip=(MARKER, PENDING))
+    if refused:
+        raise CheckpointError(f"checkpoint {folder.name} refused: " + "; ".join(refused))
     for name, meta in pending["files"].items():
         path = folder / name
         if not path.is_file() or path.stat().st_size != meta["bytes"]:
@@ -214,12 +221,15 @@ def commit(folder: Path) -> dict[str, Any] | None:
     return write_marker(folder, pending["step"], files)
 
 
-def commit_pending(root: Path, newest_only: bool = False) -> list[int]:
+def commit_pending(root: Path, newest_only: bool = False, problems: list[str] | None = None) -> list[int]:
     """Commit the written-but-uncommitted checkpoints under ``root`` (noted
     folders, and hand-over files converted first); returns the committed
     steps.  ``newest_only``: commit only the newest and delete the older
     uncommitted ones (only the newest is needed to resume, and each commit's
-    fsync slows the work's own writes)."""
+    fsync slows the work's own writes).  Never raises for one checkpoint:
+    a checkpoint that cannot be committed (disk full: its hand-over file is
+    kept for a later try; a refused file: the folder is removed) is skipped
+    and its reason appended to ``problems``."""
     pending: dict[int, Path] = {}
     if root.is_dir():
         for child in root.iterdir():
@@ -242,10 +252,18 @@ def commit_pending(root: Path, newest_only: bool = False) -> list[int]:
     done = []
     for step in steps:
         folder = pending[step]
-        if handoff_path(folder).exists() and not _convert_handoff(folder):
-            continue
-        if commit(folder) is not None:
-            done.append(step)
+        try:
+            if handoff_path(folder).exists() and not _convert_handoff(folder):
+                continue
+            if commit(folder) is not None:
+                done.append(step)
+        except (CheckpointError, OSError) as exc:
+            if problems is not None:
+                problems.append(str(exc) if isinstance(exc, CheckpointError) else
+                                f"checkpoint {folder.name} could not be committed: "
+                                f"{disk_full(folder.parent, exc) or f'{type(exc).__name__}: {exc}'}")
+            if isinstance(exc, CheckpointError) and "refused" in str(exc):
+                shutil.rmtree(folder, ignore_errors=True)
     return done
 
 
@@ -278,58 +296,6 @@ def save_state(root: Path, state: dict[str, Any], step: int) -> LocalCheckpoint:
     return LocalCheckpoint(folder, int(step))
 
 
-_PLAIN = (bool, int, float, complex, str, bytes, type(None))
-
-
-def snapshot(state: Any, copy: bool = True, path: str = "state") -> Any:
-    """Check that ``state`` holds only what ``torch.load(weights_only=True)``
-    reads -- tensors, numbers, strings, bytes, None, ``torch.Size``, dtypes,
-    devices, and dicts/lists/tuples/sets of those -- and, with ``copy``,
-    return a copy whose tensors are detached CPU clones (safe to write in the
-    background while training changes the originals).
-
-    Raises :class:`CheckpointError` naming the first offending entry, e.g.
-    ``state['obj']: a Opaque is not a tensor or plain value``.
-    """
-    import collections
-
-    import torch
-
-    if isinstance(state, torch.Tensor):
-        return state.detach().to("cpu", copy=True) if copy else state
-    # exact types: a subclass (numpy.float64 of float, an IntEnum of int) pickles as its own class
-    if type(state) in _PLAIN or type(state) in (torch.Size, torch.dtype, torch.device):
-        return state
-    if isinstance(state, dict) and type(state) in (dict, collections.OrderedDict):
-        items = {}
-        for key, value in state.items():
-            if type(key) not in _PLAIN:
-                raise CheckpointError(f"{path}: key {key!r} is a {type(key).__name__}; use str or int keys")
-            items[key] = snapshot(value, copy, f"{path}[{key!r}]")
-        return type(state)(items) if copy else state
-    if type(state) in (list, tuple, set):
-        values = [snapshot(v, copy, f"{path}[{i}]") for i, v in enumerate(state)]
-        return type(state)(values) if copy else state
-    raise CheckpointError(
-        f"{path}: a {type(state).__module__}.{type(state).__qualname__} is not a tensor or plain value, "
-        "so torch.load(weights_only=True) could not read it back. Fix: checkpoint tensors and plain values "
-        "only (e.g. model.state_dict(), optimizer.state_dict(), numbers, lists, dicts; numpy arrays via "
-        "torch.from_numpy), not whole objects."
-    )
-
-
-def load_state(path: Path) -> Any:
-    """Load a state file with ``torch.load(weights_only=True)`` (never the
-    unsafe unpickler). Raises :class:`CheckpointError` when it cannot."""
-    import torch
-
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises UnpicklingError or RuntimeError
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path}: {first}") from None
-
-
 def verify(folder: Path) -> dict[str, Any] | None:
     """The marker of ``folder`` when it is a whole, committed checkpoint whose
     files all match their recorded sizes and sha256; otherwise None."""
@@ -342,9 +308,14 @@ def verify(folder: Path) -> dict[str, Any] | None:
     except ValueError:
         marker = None
     files = marker.get("files") if isinstance(marker, dict) else None
+    if regular_files(folder, skip=(MARKER, PENDING))[1]:
+        return None  # a file that may not leave the job (a link out, a hard link, a device)
     if not isinstance(files, dict) or not files:
         # A command may commit with a marker of its own (empty, or any text): describe its files now.
-        return {"step": parse_step(folder.name), "files": describe_files(folder)}
+        try:
+            return {"step": parse_step(folder.name), "files": describe_files(folder)}
+        except CheckpointError:
+            return None  # a file that may not leave the job: not a usable checkpoint
     for name, meta in files.items():
         path = folder / name
         try:

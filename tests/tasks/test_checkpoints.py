@@ -146,15 +146,17 @@ def test_upload_verifies_and_keeps_newest(tmp_path):
     local, durable = tmp_path / "local", tmp_path / "durable"
     for step in range(1, 6):
         ckpt = save_state(local, {"step": step, "w": torch.full((3,), float(step))}, step=step)
-        record = upload(ckpt.path, str(durable), keep=3, work_sha256="w" * 64)
+        record = upload(ckpt.path, str(durable), keep=3, work_sha256="w" * 64, run_id="run-1")
         assert record.step == step and record.url == str(durable / f"step-{step}")
         assert record.bytes == (ckpt.path / STATE_FILE).stat().st_size
     assert sorted(p.name for p in durable.iterdir()) == ["step-3", "step-4", "step-5"]
     for step in (3, 4, 5):
         local_marker = json.loads((local / f"step-{step}" / MARKER).read_text())
-        assert json.loads((durable / f"step-{step}" / MARKER).read_text()) == {**local_marker, "work_sha256": "w" * 64}
+        assert json.loads((durable / f"step-{step}" / MARKER).read_text()) == {**local_marker, "work_sha256": "w" * 64,
+                                                                                "run_id": "run-1"}
         assert verify(durable / f"step-{step}") is not None
-    assert latest_durable(str(durable)).step == 5 and latest_durable(str(durable)).work_sha256 == "w" * 64
+    newest = latest_durable(str(durable))
+    assert (newest.step, newest.work_sha256, newest.run_id) == (5, "w" * 64, "run-1")
     assert load_state(durable / "step-5" / STATE_FILE)["step"] == 5
 
 

@@ -1,0 +1,147 @@
+"""The destination's word: how a return replaces what is at ``output.url``
+without a consumer ever reading a manifest that does not describe the
+files beside it.
+
+Layout of a destination::
+
+    <output.url>/manifest.json    the newest COMPLETED run: describes exactly the files beside it
+    <output.url>/<files>          that run's output files
+    <output.url>/partial/         the newest run that did not complete (partial or failed):
+    <output.url>/partial/manifest.json   its own manifest, describing exactly the files in partial/
+    <output.url>/checkpoints/     durable checkpoints (by default; named by each manifest's ``checkpoint``)
+
+A run that does not complete never writes at the top: an earlier complete
+output stays whole, and nothing there looks finished that is not.
+
+Every return into a folder (the top, or ``partial/``) follows one protocol
+(:class:`Destination`):
+
+1. **withdraw** -- the folder's ``manifest.json`` is replaced, in one atomic
+   write, by a manifest with ``status: returning`` naming this run, the files
+   it is about to write and the files E31 wrote there before; from here on a
+   consumer sees "a return is in progress", never an old verdict over
+   changing files;
+2. temporary objects a killed return left (``*.e31-part-<hex>``) are removed;
+3. the files are published, each whole (:func:`e31.tasks.storage.publish_file`);
+4. files E31 wrote there before that this run did not write are removed;
+   other files found there are listed in the manifest as ``stale``;
+5. the new manifest is written, last.
+
+A return killed at any step leaves either the old manifest (before step 1)
+or the ``returning`` one; the next return (``e31 return JOB``, or the next
+run) starts again at step 1 and knows from it which files were E31's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+from e31.tasks import storage
+
+MANIFEST = "manifest.json"
+PARTIAL = "partial"
+CHECKPOINTS = "checkpoints"
+#: Statuses of a manifest whose files a consumer may use (``returning`` is not one).
+FINAL_STATUSES = ("completed", "partial", "failed")
+_TEMPORARY = re.compile(r"\.e31-part-[0-9a-f]{8}$")
+
+
+def read_manifest(url: str) -> dict[str, Any] | None:
+    """The manifest at ``url`` (a folder), or None when absent or unreadable."""
+    try:
+        data = json.loads(storage.read_bytes(storage.join(url, MANIFEST)))
+    except (FileNotFoundError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def known_files(manifest: dict[str, Any] | None) -> set[str]:
+    """Relative paths E31 wrote into a folder according to its manifest: the
+    files of a final manifest, or both lists of a ``returning`` one."""
+    if not manifest:
+        return set()
+    names = {f.get("path") for f in manifest.get("files") or [] if isinstance(f, dict)}
+    names |= set(manifest.get("writing") or []) | set(manifest.get("written_before") or [])
+    return {n for n in names if isinstance(n, str) and n}
+
+
+class Destination:
+    """One folder a return writes into: ``url`` (the output URL, or its
+    ``partial/``), with ``skip`` the top-level sub-folders that are not part
+    of its files (``checkpoints``, ``partial``)."""
+
+    def __init__(self, url: str, skip: Iterable[str] = ()):
+        self.url = url.rstrip("/")
+        self.skip = tuple(skip)
+        self.before: set[str] = set()
+
+    def withdraw(self, job: str, run_id: str | None, writing: list[str]) -> None:
+        """Step 1: replace the folder's manifest by a ``returning`` one (a
+        single atomic write), remembering which files E31 had written there."""
+        previous = read_manifest(self.url)
+        self.before = known_files(previous)
+        note = {
+            "job": job,
+            "run_id": run_id,
+            "status": "returning",
+            "message": "a return is in progress: the files here may be from two runs; use them once this manifest "
+                       "says completed",
+            "writing": sorted(writing),
+            "written_before": sorted(self.before),
+            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        storage.write_bytes(storage.join(self.url, MANIFEST), json.dumps(note, indent=2).encode())
+
+    def listing(self) -> list[str]:
+        """Relative paths of every file now in the folder (sub-folders in
+        :attr:`skip` and the manifest left out); [] when it does not exist."""
+        fs, root = storage.filesystem(self.url)
+        root = root.rstrip("/")
+        try:
+            found = fs.find(root, withdirs=False)
+        except FileNotFoundError:
+            return []
+        rels = []
+        for path in found:
+            rel = path[len(root):].lstrip("/") if path.startswith(root) else path
+            if not rel or rel == MANIFEST or rel.endswith("/") or rel.split("/", 1)[0] in self.skip:
+                continue
+            rels.append(rel)
+        return sorted(rels)
+
+    def remove_temporaries(self) -> list[str]:
+        """Step 2: remove ``*.e31-part-<hex>`` objects left by a killed
+        return; returns their relative paths."""
+        gone = [rel for rel in self.listing() if _TEMPORARY.search(rel)]
+        for rel in gone:
+            storage.remove(storage.join(self.url, rel))
+        return gone
+
+    def settle(self, written: set[str], own_folder: bool) -> list[str]:
+        """Step 4: remove what E31 wrote here before and this run did not
+        (with ``own_folder``, every file that is not this run's: ``partial/``
+        holds only E31's files); returns the other files found (``stale``)."""
+        stale = []
+        for rel in self.listing():
+            if rel in written:
+                continue
+            if own_folder or rel in self.before or _TEMPORARY.search(rel):
+                storage.remove(storage.join(self.url, rel))
+            else:
+                stale.append(rel)
+        return stale
+
+    def publish_manifest(self, manifest: dict[str, Any]) -> None:
+        """Step 5: write the final manifest (one atomic write)."""
+        storage.write_bytes(storage.join(self.url, MANIFEST), json.dumps(manifest, indent=2).encode())
+
+    def clear(self) -> None:
+        """Remove the folder's manifest, then its files (a superseded
+        ``partial/`` once a run completed)."""
+        if read_manifest(self.url) is None and not self.listing():
+            return
+        storage.remove(storage.join(self.url, MANIFEST))
+        storage.remove(self.url)
