@@ -147,7 +147,8 @@ def _run_with_api(spec: JobSpec, spec_path: str) -> int:
         print(f"e31: {exc}", file=sys.stderr)
         m = exc.manifest
         kept = f"{len(m['files'])} file(s)" + (f" and the checkpoint of {step_text(m['step'])}" if m.get("checkpoint") else "")
-        print(f"failed: {kept} returned to {mask_url(spec.output.url)}", file=sys.stderr)
+        where = spec.output.url.rstrip("/") + "/" + m.get("folder", "partial") + "/"
+        print(f"failed: {kept} returned to {mask_url(where)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("e31: interrupted; see the destination's manifest.json for what came back", file=sys.stderr)
@@ -161,7 +162,7 @@ def cmd_return(args: argparse.Namespace) -> int:
     from e31.flows.tempserver import prefect_api
     from e31.specs.fields import valid_job_name
     from e31.tasks.pending import PENDING, deliver_pending, load_pending
-    from e31.tasks.storage import scrub
+    from e31.tasks.storage import describe_error
     from e31.tasks.storage.credentials import uses_secret_blocks
 
     job = args.job
@@ -191,8 +192,8 @@ def cmd_return(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     except Exception as exc:  # the store is still unreachable
         print(f"e31: could not return the output of {job} to {mask_url(pending.target.output_url)}: "
-              f"{type(exc).__name__}: {scrub(str(exc))}; it stays in {pending.target.output_dir}; try again later",
-              file=sys.stderr)
+              f"{describe_error(exc, pending.target.output_url)}; it stays in {pending.target.output_dir}; "
+              "try again later", file=sys.stderr)
         return EXIT_FAILED
     finally:
         unlock_job(str(scratch))
@@ -200,7 +201,9 @@ def cmd_return(args: argparse.Namespace) -> int:
 
 
 def _print_manifest(manifest: dict, job: str, url: str) -> int:
-    print(f"{manifest['status']} ({manifest['reason']}): {job} -> {mask_url(url)}")
+    where = mask_url(url) if manifest.get("folder", ".") == "." else \
+        mask_url(url.rstrip("/") + "/" + manifest["folder"] + "/")
+    print(f"{manifest['status']} ({manifest['reason']}): {job} -> {where}")
     for f in manifest["files"]:
         print(f"  {f['path']}  {f['bytes']} bytes  sha256 {f['sha256'][:16]}")
     if manifest.get("checkpoint"):

@@ -41,7 +41,7 @@ from e31.tasks.supervisor.process import signals_deferred
 from e31.tasks.run import SupervisorConfig, run_task
 from e31.tasks.pending import deliver_pending, recorded_return
 from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
-from e31.tasks.storage import scrub, use_options
+from e31.tasks.storage import describe_error, scrub, use_options
 from e31.tasks.storage.options import register_destination, register_inputs
 
 
@@ -52,7 +52,7 @@ class ReturnError(E31Error, RuntimeError):
     def __init__(self, plan: JobPlan, cause: BaseException):
         self.scratch = plan.scratch
         super().__init__(
-            f"could not return the output to {mask_url(plan.output_url)}: {type(cause).__name__}: {scrub(str(cause))}; "
+            f"could not return the output to {mask_url(plan.output_url)}: {describe_error(cause, plan.output_url)}; "
             f"it is kept in {plan.output_dir} (checkpoints in {plan.checkpoint_dir}); deliver it later with: "
             f"e31 return {plan.job}"
         )
@@ -205,7 +205,7 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
     stopped = False
     with cancel_stops_staging(target.run_id, str(plan.data_dir)):  # a cancel ends the transfers within a chunk
         try:
-            listings = preflight(plan.inputs)  # every input listed before anything is copied
+            listings = preflight(plan.inputs, plan.data_dir)  # every input listed, and the space checked, first
             if listings:
                 total = sum(x.bytes for x in listings.values())
                 files = sum(len(x.entries) for x in listings.values())

@@ -30,6 +30,7 @@ from e31.tasks import storage
 from e31.tasks.checkpoint import latest_durable
 from e31.tasks.work.local_checkpoints import MARKER, commit_pending, discard_torn, latest_valid, parse_step, step_dir_name
 from e31.tasks.deliver import existing_manifest
+from e31.tasks.pending import keep_reserve
 
 WORK_HASH_FILE = "work.sha256"
 ATTEMPT_FILE = "attempt.json"
@@ -106,6 +107,7 @@ def open_scratch(plan: JobPlan) -> bool:
     lock_job(plan.scratch, plan.job)
     for folder in (plan.data_dir, plan.output_dir, plan.checkpoint_dir, plan.run_dir):
         folder.mkdir(parents=True, exist_ok=True)
+    keep_reserve(Path(plan.scratch))  # room for a pending return record even if the work fills the disk
     commit_pending(plan.checkpoint_dir)  # written whole by a work whose supervisor died too
     discard_torn(plan.checkpoint_dir)
     attempt = plan.run_dir / ATTEMPT_FILE
@@ -142,8 +144,12 @@ def kill_leftovers(plan: JobPlan) -> list[int]:
 
 def end_attempt(plan: JobPlan) -> None:
     """Record that this attempt ended (whatever its status) and release the
-    job's lock."""
-    (plan.run_dir / ATTEMPT_FILE).write_text(json.dumps({"state": "ended", "ended": time.time()}))
+    job's lock.  A full scratch disk does not stop it: the lock is released
+    all the same (the next attempt then takes this one for a lost one)."""
+    try:
+        (plan.run_dir / ATTEMPT_FILE).write_text(json.dumps({"state": "ended", "ended": time.time()}))
+    except OSError:
+        pass
     unlock_job(plan.scratch)
 
 

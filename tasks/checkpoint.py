@@ -15,7 +15,10 @@ from prefect import task
 
 from e31.specs import mask_url
 from e31.tasks import storage
-from e31.tasks.work.local_checkpoints import MARKER, parse_step, step_dir_name, verify
+from e31.tasks.retrying import retry_unless
+from e31.tasks.storage.local import regular_files
+from e31.tasks.work.local_checkpoints import MARKER, PENDING, parse_step, step_dir_name, verify
+from e31.tasks.work.state import CheckpointError
 
 
 @dataclass(frozen=True)
@@ -36,11 +39,16 @@ def upload(local_dir: Path, durable_root: str, keep: int, work_sha256: str | Non
     """Upload one committed local checkpoint folder and prune old ones.
 
     Returns the :class:`DurableCheckpoint`.  Raises
-    :class:`storage.VerifyError` when the read-back hash differs, and
-    ``ValueError`` when ``local_dir`` is not a whole committed checkpoint.
+    :class:`storage.VerifyError` when the read-back hash differs,
+    :class:`CheckpointError` when a file may not leave the job (a link out
+    of the folder, a hard link, a device), and ``ValueError`` when
+    ``local_dir`` is not a whole committed checkpoint.
     """
     marker = verify(local_dir)
     if marker is None:
+        refused = regular_files(local_dir, skip=(MARKER, PENDING))[1]
+        if refused:
+            raise CheckpointError(f"checkpoint {local_dir.name} refused, not uploaded: " + "; ".join(refused))
         raise ValueError(f"{local_dir} is not a committed checkpoint (marker missing or hashes differ)")
     step = parse_step(local_dir.name)
     target = storage.join(durable_root, step_dir_name(step))
@@ -90,8 +98,10 @@ def latest_durable(durable_root: str) -> DurableCheckpoint | None:
     return None
 
 
-@task(name="checkpoint", retries=2, retry_delay_seconds=[1, 5])
+@task(name="checkpoint", retries=2, retry_delay_seconds=[1, 5],
+      retry_condition_fn=retry_unless(CheckpointError, ValueError))
 def checkpoint_task(local_dir: Path, durable_root: str, keep: int, work_sha256: str | None = None,
                     run_id: str | None = None) -> DurableCheckpoint:
-    """Prefect task wrapper of :func:`upload` (retried twice on error)."""
+    """Prefect task wrapper of :func:`upload` (retried twice after a store
+    error; never for a refused or torn checkpoint)."""
     return upload(Path(local_dir), durable_root, keep, work_sha256, run_id)

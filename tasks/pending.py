@@ -61,9 +61,47 @@ def save_pending(scratch: Path, target: ReturnTarget, outcome: RunOutcome, error
                       for p in sorted(folder.rglob("*")) if p.is_file()} if folder.is_dir() else {}
     path = Path(scratch) / PENDING
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
+    text = json.dumps(record, indent=1)
+    try:
+        tmp.write_text(text)
+    except OSError:  # a full scratch disk: give up the space kept for this record, then write it
+        tmp.unlink(missing_ok=True)
+        if not release_reserve(scratch):
+            raise
+        tmp.write_text(text)
     os.replace(tmp, path)
     return path
+
+
+#: A file of this many bytes kept in each job's scratch folder, released to
+#: write the pending record when the scratch disk is full.
+RESERVE_BYTES = 256 * 1024
+RESERVE = ".e31-reserve"
+
+
+def keep_reserve(scratch: Path) -> None:
+    """Keep :data:`RESERVE_BYTES` of the scratch disk for the pending record
+    (a return must be recordable even when the work filled the disk); a
+    no-op when the space is not there."""
+    path = Path(scratch) / RESERVE
+    if path.is_file() and path.stat().st_size == RESERVE_BYTES:
+        return
+    try:
+        with open(path, "wb") as fh:
+            fh.write(b"\0" * RESERVE_BYTES)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError:
+        path.unlink(missing_ok=True)
+
+
+def release_reserve(scratch: Path) -> bool:
+    """Remove the reserve (see :func:`keep_reserve`); returns whether there was one."""
+    path = Path(scratch) / RESERVE
+    if not path.exists():
+        return False
+    path.unlink()
+    return True
 
 
 @dataclasses.dataclass(frozen=True)

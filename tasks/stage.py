@@ -38,7 +38,7 @@ from e31.errors import E31Error
 from e31.specs import DataInput, mask_url
 from e31.tasks import settings, storage
 from e31.tasks.storage import transfer
-from e31.tasks.storage.local import disk_full
+from e31.tasks.storage.local import SCRATCH_FIX, disk_full, human_size, mount_point, space
 from e31.tasks.supervisor.cancel import staging_stop
 from e31.tasks.storage.listing import Listing, OnlyFolders, list_input, unchanged
 from e31.tasks.retrying import retry_unless
@@ -131,11 +131,31 @@ def _final_refusal(exc: BaseException) -> str | None:
     return None
 
 
-def preflight(inputs: list[DataInput]) -> dict[str, Listing]:
+def preflight(inputs: list[DataInput], data_dir: Path | None = None) -> dict[str, Listing]:
     """List every input before anything is copied; returns ``{name:
     Listing}``.  Raises :class:`StageError` for the first input that is
-    missing or unreadable (nothing has been copied then)."""
-    return {item.name: list_one(item) for item in inputs}
+    missing or unreadable, and -- with ``data_dir`` -- when the scratch disk
+    has less free space than the inputs that must be copied (those not
+    already staged and unchanged) need; nothing has been copied then."""
+    listings = {item.name: list_one(item) for item in inputs}
+    if data_dir is not None:
+        needed = sum(listings[item.name].bytes for item in inputs
+                     if not _cached_now(item, listings[item.name], Path(data_dir)))
+        if needed:
+            free, _ = space(Path(data_dir))
+            if free < needed:
+                raise StageError(f"cannot stage the inputs: the scratch disk {mount_point(Path(data_dir))} has "
+                                 f"{human_size(free)} free and the inputs to copy need {human_size(needed)} "
+                                 f"({needed} bytes); {SCRATCH_FIX}")
+    return listings
+
+
+def _cached_now(item: DataInput, listing: Listing, data_dir: Path) -> bool:
+    """Whether ``item`` is staged under ``data_dir`` and unchanged (nothing to copy)."""
+    folder = data_dir / item.name
+    local = folder / listing.entries[0].rel if listing.kind == "file" else folder
+    record = {"url": _url_key(item.url), "digest": listing.digest(), "sha256": item.sha256, "path": str(local)}
+    return _cached(data_dir / f"{item.name}.stage.json", record, folder, listing)
 
 
 def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None) -> Staged:

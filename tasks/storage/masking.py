@@ -80,10 +80,19 @@ CREDENTIALS_FIX = (
     "spec's storage_options as references, e.g. key: {env: MY_KEY_VAR}, secret: {secret: my-secret-block}")
 
 
-def describe_error(exc: BaseException) -> str:
+def describe_error(exc: BaseException, url: str | None = None) -> str:
     """``Type: message`` of a storage client's error with credentials masked
-    (:func:`scrub`), and the fix when it says the store has no credentials."""
+    (:func:`scrub`), and the fix when it says the store has no credentials;
+    for a local ``url`` whose disk is full, which disk and what is free."""
     text = f"{type(exc).__name__}: {scrub(str(exc))}"
     if type(exc).__name__ in _NO_CREDENTIALS:
         text += f"; {CREDENTIALS_FIX}"
+    if url is not None and isinstance(exc, OSError) and "://" not in url.split("::")[-1].replace("file://", ""):
+        from pathlib import Path
+
+        from e31.tasks.storage.local import disk_full
+
+        full = disk_full(Path(url.replace("file://", "")), fix="free space at the destination")  # if it IS full
+        if full:
+            text += f"; {full}"
     return text

@@ -92,17 +92,18 @@ def _e31_return(job: str, env: dict) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for_withdrawal(fs, folder: str, run_id: str, proc: subprocess.Popen) -> float | None:
-    """Wait until the folder's manifest names ``run_id`` (the return has
-    withdrawn the old one); returns when (monotonic seconds), None when the
-    process ended first."""
+def _wait_for_withdrawal(fs, folder: str, run_id: str | None, proc: subprocess.Popen,
+                         any_run: bool = False) -> float | None:
+    """Wait until the folder's manifest names ``run_id`` (with ``any_run``:
+    says ``returning``): the return has withdrawn the old one; returns when
+    (monotonic seconds), None when the process ended first."""
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
         try:
             manifest = json.loads(fs.cat_file(f"{folder}/manifest.json"))
         except (FileNotFoundError, ValueError):
             manifest = None
-        if manifest and manifest.get("run_id") == run_id:
+        if manifest and (manifest.get("status") == "returning" if any_run else manifest.get("run_id") == run_id):
             return time.monotonic()
         time.sleep(0.005)
     return None
@@ -163,3 +164,351 @@ def test_kill_9_at_random_moments_of_an_s3_return(s3_server, s3_prefix, scratch)
     sizes = {f"part-{i:02d}.bin": 2**20 for i in range(12)}
     sizes["model.pt"] = 2**20
     _kill_during_returns(s3_server.filesystem(), s3_prefix + "out/", scratch, {"E31_SCRATCH": str(scratch)}, sizes)
+
+
+def _command_job(tmp_path: Path, name: str, code: str, files=("model.pt",), **request) -> dict:
+    return {
+        "name": name,
+        "work": {"kind": "training", "command": [sys.executable, "-c", code]},
+        "request": {"limit": "2m", "grace": "2s", **request},
+        "output": {"kind": "model", "url": str(tmp_path / "out"), "files": list(files)},
+    }
+
+
+WRITE_MODEL = """
+import os, pathlib, sys
+out = pathlib.Path(os.environ["E31_OUTPUT_DIR"])
+size = int(sys.argv[1]); fail_after = int(sys.argv[2])
+with open(out / "model.pt", "wb") as fh:
+    for i in range(size // 4096):
+        fh.write(bytes([int(sys.argv[3])]) * 4096)
+        if (i + 1) * 4096 >= fail_after:
+            fh.flush(); sys.exit(1)
+(out / "summary.csv").write_text("done " + sys.argv[3])
+"""
+
+
+def test_a_failed_run_never_overwrites_the_earlier_complete_output(prefect_api, scratch, tmp_path):
+    """Found by an attack: a work that raised halfway through writing
+    model.pt had its half file returned over last night's complete model.
+    Now the failed run's files come back under partial/, and the top keeps
+    the complete output and its manifest, untouched."""
+    from e31.flows.job import JobFailedError, run_job
+    from e31.specs import parse_spec
+
+    def spec(size, fail_after, byte):
+        job = _command_job(tmp_path, "nightly-model", WRITE_MODEL, files=("model.pt", "summary.csv"))
+        job["work"]["command"] += [str(size), str(fail_after), str(byte)]
+        return parse_spec(job)
+
+    good = run_job(spec(10 * 2**20, 10**12, 7))
+    out = tmp_path / "out"
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert good["status"] == "completed" and len(before["model.pt"]) == 10 * 2**20
+    with pytest.raises(JobFailedError) as err:
+        run_job(spec(10 * 2**20, 5 * 2**20, 9))
+    assert err.value.manifest["folder"] == "partial"
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # top untouched
+    failed = json.loads((out / "partial" / "manifest.json").read_text())
+    assert (failed["status"], failed["folder"]) == ("failed", "partial")
+    assert [f["path"] for f in failed["files"]] == ["model.pt"]
+    assert (out / "partial" / "model.pt").read_bytes() == bytes([9]) * (5 * 2**20)
+    assert not (out / "partial" / "summary.csv").exists()
+    import fsspec
+
+    assert_honest(fsspec.filesystem("file"), str(out))
+    again = run_job(spec(4096, 10**12, 3))  # a later complete run replaces the top and clears partial/
+    assert again["status"] == "completed" and not (out / "partial").exists()
+    assert (out / "model.pt").read_bytes() == bytes([3]) * 4096 and (out / "summary.csv").read_text() == "done 3"
+
+
+def test_an_output_link_to_a_host_file_fails_the_job_and_never_wedges_the_next(prefect_api, scratch, tmp_path):
+    """Found by an attack: one output symlink out of the output folder left no
+    manifest and made every rerun fail until scratch was cleaned by hand."""
+    from e31.flows.job import JobFailedError, run_job
+    from e31.specs import parse_spec
+
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("host file content")
+    code = ("import os, pathlib; out = pathlib.Path(os.environ['E31_OUTPUT_DIR']); "
+            f"(out / 'model.pt').write_text('m'); os.symlink({str(secret)!r}, out / 'leak.txt'); "
+            "os.mkfifo(out / 'pipe')")
+    with pytest.raises(JobFailedError) as err:
+        run_job(parse_spec(_command_job(tmp_path, "linker", code)))
+    manifest = err.value.manifest
+    assert manifest["status"] == "failed" and manifest["folder"] == "partial"
+    assert manifest["message"] == (
+        f"output files refused, not returned: leak.txt: a symbolic link to {secret}, outside the folder; write the "
+        "file itself, not a link; pipe: a FIFO, not a regular file")
+    assert [f["path"] for f in manifest["files"]] == ["model.pt"]
+    assert not (tmp_path / "out" / "partial" / "leak.txt").exists()
+    assert not (scratch / "linker" / "return-pending.json").exists()
+    ok = run_job(parse_spec(_command_job(tmp_path, "linker", "import os, pathlib; pathlib.Path("
+                                         "os.environ['E31_OUTPUT_DIR'], 'model.pt').write_text('fine')")))
+    assert ok["status"] == "completed" and (tmp_path / "out" / "model.pt").read_text() == "fine"
+
+
+def test_a_checkpoint_file_linked_to_a_host_file_is_never_uploaded(prefect_api, scratch, tmp_path):
+    from e31.flows.job import run_job
+    from e31.specs import parse_spec
+
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("host file content")
+    code = ("import os, pathlib; ck = pathlib.Path(os.environ['E31_CHECKPOINT_DIR']) / 'step-1'; ck.mkdir(); "
+            f"os.link({str(secret)!r}, ck / 'hard.bin'); (ck / 'COMMITTED').write_text(''); "
+            "ck2 = ck.with_name('step-2'); ck2.mkdir(); "
+            f"os.symlink({str(secret)!r}, ck2 / 'soft.bin'); (ck2 / 'COMMITTED').write_text(''); "
+            "import time; time.sleep(1); "
+            "pathlib.Path(os.environ['E31_OUTPUT_DIR'], 'model.pt').write_text('m')")
+    manifest = run_job(parse_spec(_command_job(tmp_path, "ckpt-linker", code)))
+    assert manifest["status"] == "completed" and manifest["checkpoint"] is None
+    durable = tmp_path / "out" / "checkpoints"
+    assert not durable.exists() or not any(durable.rglob("*.bin"))
+    assert "checkpoint step-" in manifest["message"] and "refused" in manifest["message"]
+
+
+def test_a_staged_input_rewritten_in_place_is_staged_again(tmp_path):
+    """Found by an attack: a work rewrote its staged input with the same size
+    and restored the mtime; the next run reused the poisoned copy without
+    checking the declared sha256.  Staged copies are read-only, and a copy
+    whose inode or ctime changed is staged again."""
+    from e31.specs import DataInput
+    from e31.tasks.stage import stage_input
+
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"a,b\n1,2\n")
+    item = DataInput(name="t", url=str(src), sha256=hashlib.sha256(b"a,b\n1,2\n").hexdigest())
+    first = stage_input(item, tmp_path / "data")
+    staged = Path(first.path)
+    assert staged.stat().st_mode & 0o777 == 0o444
+    st = staged.stat()
+    os.chmod(staged, 0o644)
+    with open(staged, "r+b") as fh:  # same size, other bytes, mtime set back
+        fh.write(b"x")
+    os.utime(staged, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert staged.stat().st_mtime_ns == st.st_mtime_ns and staged.stat().st_size == st.st_size
+    again = stage_input(item, tmp_path / "data")
+    assert again.copied is True and Path(again.path).read_bytes() == b"a,b\n1,2\n"
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_failed_upload_never_removes_the_earlier_object(where, tmp_path, request, monkeypatch):
+    """Found by an attack: publish_file removed the final key on any error,
+    so an upload cut halfway deleted last night's good model.  The cut is
+    made where each store's upload happens: the local copy writes half the
+    file and fails; the S3 client's upload fails."""
+    from e31.tasks import storage
+    from e31.tasks.storage import publish
+
+    if where == "s3":
+        server = request.getfixturevalue("s3_server")
+        url = request.getfixturevalue("s3_prefix") + "model.pt"
+        fs = server.filesystem()
+    else:
+        import fsspec
+
+        url, fs = str(tmp_path / "dest" / "model.pt"), fsspec.filesystem("file")
+    good, new = tmp_path / "good.pt", tmp_path / "new.pt"
+    good.write_bytes(b"g" * (6 * 2**20))
+    new.write_bytes(b"n" * (6 * 2**20))
+    storage.publish_file(good, url)
+
+    def half_then_fail(src, dst, *a, **k):
+        Path(dst).write_bytes(Path(src).read_bytes()[: 3 * 2**20])
+        raise OSError(28, "No space left on device")
+
+    def upload_fails(*a, **k):
+        raise ConnectionResetError("connection reset by peer halfway through the upload")
+
+    if where == "s3":
+        monkeypatch.setattr(storage.filesystem(url)[0], "put_file", upload_fails)  # the instance E31 uses
+    else:
+        monkeypatch.setattr(publish.shutil, "copyfile", half_then_fail)
+    with pytest.raises(OSError):
+        storage.publish_file(new, url)
+    monkeypatch.undo()
+    fs.invalidate_cache()
+    assert fs.cat_file(url) == b"g" * (6 * 2**20)
+    parent = url.rsplit("/", 1)[0]
+    assert not [p for p in fs.find(parent) if ".e31-part-" in p]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 24 MiB tmpfs mounted at ``tmp_path/small`` (needs root, as in CI);
+    the test is skipped, saying why, where it cannot be mounted."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs for the disk-full case here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_inputs_larger_than_the_scratch_disk_are_refused_before_copying(prefect_api, small_disk, tmp_path,
+                                                                        monkeypatch):
+    from e31.flows.job import run_job
+    from e31.specs import parse_spec
+    from e31.tasks.stage import StageError
+
+    monkeypatch.setenv("E31_SCRATCH", str(small_disk / "scratch"))
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"b" * (40 * 2**20))
+    job = _command_job(tmp_path, "too-big", "pass")
+    job["data"] = [{"name": "big", "url": str(big)}]
+    with pytest.raises(StageError) as err:
+        run_job(parse_spec(job))
+    assert str(err.value).startswith(f"cannot stage the inputs: the scratch disk {small_disk} has ")
+    assert str(err.value).endswith("free and the inputs to copy need 40.0 MiB (41943040 bytes); free space there "
+                                   "or point E31_SCRATCH at a larger disk")
+    failed = json.loads((tmp_path / "out" / "partial" / "manifest.json").read_text())
+    assert failed["status"] == "failed" and failed["message"] == str(err.value)
+    assert not list((small_disk / "scratch" / "too-big" / "data").iterdir())  # nothing was copied
+
+
+DISK_WORK = '''
+import os, pathlib, time
+import torch
+
+def run(ctx):
+    restored = ctx.restore()
+    if restored is not None:  # the rerun, given space: resumes
+        (ctx.output_dir / "model.pt").write_text(f"resumed from step {restored[1]}")
+        return
+    ctx.checkpoint({"w": torch.zeros(3 * 2**20 // 4)}, step=1)
+    time.sleep(2)  # the supervisor commits and uploads step 1
+    ballast = pathlib.Path(os.environ["E31_OUTPUT_DIR"]).parent / "ballast.bin"
+    free = os.statvfs(ballast.parent).f_bavail * os.statvfs(ballast.parent).f_frsize
+    with open(ballast, "wb") as fh:
+        fh.write(b"0" * (free - 4 * 2**20))  # leave 4 MiB: the hand-over fits, its conversion does not
+    ctx.checkpoint({"w": torch.ones(3 * 2**20 // 4)}, step=2)
+    time.sleep(2)
+    (ctx.output_dir / "model.pt").write_bytes(b"m" * (8 * 2**20))  # the work's own write: ENOSPC
+'''
+
+
+def test_a_full_scratch_disk_ends_the_job_with_a_manifest_and_the_next_run_resumes(prefect_api, small_disk, tmp_path,
+                                                                                    monkeypatch):
+    """Found by an attack: the supervisor's conversion of a handed-over
+    checkpoint hit ENOSPC and crashed the run with no manifest; a rerun
+    failed the same way before doing anything."""
+    from e31.flows.job import JobFailedError, run_job
+    from e31.specs import parse_spec
+
+    monkeypatch.setenv("E31_SCRATCH", str(small_disk / "scratch"))
+    (tmp_path / "diskwork.py").write_text(DISK_WORK)
+    job = {"name": "fills-disk", "work": {"kind": "training", "entrypoint": "diskwork:run"},
+           "request": {"limit": "2m", "grace": "2s"},
+           "output": {"kind": "model", "url": str(tmp_path / "out"), "files": ["model.pt"],
+                      "checkpoint": {"keep": 3}}}
+    with pytest.raises(JobFailedError) as err:
+        run_job(parse_spec(job), code_dir=str(tmp_path))
+    manifest = err.value.manifest
+    assert manifest["status"] == "failed" and manifest["folder"] == "partial"
+    assert f"disk full: {small_disk} (holding " in manifest["message"]
+    assert "checkpoint step-2 could not be written: disk full" in manifest["message"]
+    assert manifest["step"] == 1 and (tmp_path / "out" / "checkpoints" / "step-1" / "COMMITTED").is_file()
+    (small_disk / "scratch" / "fills-disk" / "ballast.bin").unlink()  # space again
+    again = run_job(parse_spec(job), code_dir=str(tmp_path))
+    assert again["status"] == "completed"
+    assert (tmp_path / "out" / "model.pt").read_text() == "resumed from step 2"  # the kept hand-over, converted now
+
+
+def test_a_full_destination_keeps_the_output_for_e31_return(e31, prefect_api, small_disk, tmp_path, scratch):
+    from e31.tasks.destination import read_manifest
+
+    dest = small_disk / "dest"
+    dest.mkdir()
+    ballast = small_disk / "ballast.bin"
+    ballast.write_bytes(b"0" * (20 * 2**20))  # 4 MiB left; the output is 6 MiB
+    code = ("import os, pathlib; pathlib.Path(os.environ['E31_OUTPUT_DIR'], 'model.pt').write_bytes(b'm' * "
+            f"{6 * 2**20})")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(json.dumps({**_command_job(tmp_path, "fulldest", code), "output": {
+        "kind": "model", "url": str(dest), "files": ["model.pt"]}}))
+    result = e31("run", str(spec), env={"E31_SCRATCH": str(scratch), "E31_TRANSFER_RETRIES": "0"})
+    assert result.returncode == 1
+    assert f"disk full: {small_disk} (holding " in result.stderr and "e31 return fulldest" in result.stderr
+    assert read_manifest(str(dest))["status"] == "returning"  # never a verdict over a half-written folder
+    assert (scratch / "fulldest" / "return-pending.json").exists()
+    ballast.unlink()
+    back = e31("return", "fulldest", env={"E31_SCRATCH": str(scratch)})
+    assert back.returncode == 0, back.stderr
+    assert read_manifest(str(dest))["status"] == "completed" and (dest / "model.pt").stat().st_size == 6 * 2**20
+    import fsspec
+
+    assert_honest(fsspec.filesystem("file"), str(dest))
+
+
+def test_a_frozen_s3_server_fails_the_return_in_bounded_time(e31, s3_server, tmp_path, scratch):
+    """Found by an attack: with the S3 server stopped (SIGSTOP) the return
+    hung for 25 minutes, then deleted the old object.  Every store call has
+    a time bound; the destination stays as it was and the output is kept."""
+    from tests.conftest import S3_BUCKET, S3_KEY, S3_SECRET
+    from tests.s3server import S3Server
+
+    store = S3Server(tmp_path / "frozen", key=S3_KEY, secret=S3_SECRET, bucket=S3_BUCKET).start()
+    try:
+        url = f"s3://{S3_BUCKET}/frozen/out/"
+        env = {**store.env(), "E31_SCRATCH": str(scratch)}
+        _prepare(scratch, "frozen", url, "run-a", "finished", 1, {"model.pt": 2**20})
+        assert e31("return", "frozen", env=env).returncode == 0
+        fs = store.filesystem()
+        before = fs.cat_file(f"{url}model.pt")
+        _prepare(scratch, "frozen", url, "run-b", "finished", 2, {"model.pt": 2**20})
+        os.killpg(store.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            result = e31("return", "frozen", env={**env, "E31_STORE_READ_TIMEOUT_S": "2",
+                                                  "E31_STORE_CONNECT_TIMEOUT_S": "2", "E31_TRANSFER_RETRIES": "0"},
+                         timeout=300)
+            took = time.monotonic() - started
+        finally:
+            os.killpg(store.proc.pid, signal.SIGCONT)
+        assert result.returncode == 1 and took < 120, (took, result.stderr)
+        assert "it stays in" in result.stderr and "try again later" in result.stderr
+        fs.invalidate_cache()
+        assert fs.cat_file(f"{url}model.pt") == before  # the old object is still there
+        assert json.loads(fs.cat_file(f"{url}manifest.json"))["run_id"] in ("run-a", "run-b")
+        back = e31("return", "frozen", env=env)
+        assert back.returncode == 0, back.stderr
+        fs.invalidate_cache()
+        manifest = json.loads(fs.cat_file(f"{url}manifest.json"))
+        assert (manifest["status"], manifest["run_id"]) == ("completed", "run-b")
+        assert_honest(fs, url)
+    finally:
+        store.stop()
+
+
+def test_kill_9_of_e31_run_during_its_return_is_finished_by_e31_return(e31, prefect_api, tmp_path, scratch):
+    """Found by an attack: after a kill -9 during the return, `e31 return JOB`
+    said there was nothing to return; the only way out was running the
+    work again.  The pending record now exists before the first byte."""
+    import fsspec
+
+    code = ("import os, pathlib\nout = pathlib.Path(os.environ['E31_OUTPUT_DIR'])\n"
+            "for i in range(40):\n    (out / f'shard-{i:02d}.bin').write_bytes(os.urandom(2**20))\n"
+            "(out / 'model.pt').write_text('ok')\n")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(json.dumps(_command_job(tmp_path, "killed-return", code)))
+    exe = Path(sys.executable).with_name("e31")
+    proc = subprocess.Popen([str(exe), "run", str(spec)], env={**os.environ, "E31_SCRATCH": str(scratch)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    fs = fsspec.filesystem("file")
+    started = _wait_for_withdrawal(fs, str(tmp_path / "out"), None, proc, any_run=True)
+    assert started is not None, "the run ended before its return began"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    seen = assert_honest(fs, str(tmp_path / "out"))
+    pending = scratch / "killed-return" / PENDING
+    if seen[str(tmp_path / "out")]["status"] == "returning":
+        assert pending.exists()
+        back = e31("return", "killed-return", env={"E31_SCRATCH": str(scratch)})
+        assert back.returncode == 0, back.stderr
+    manifest = assert_honest(fs, str(tmp_path / "out"))[str(tmp_path / "out")]
+    assert manifest["status"] == "completed" and len(manifest["files"]) == 41
+    assert not pending.exists()

@@ -1,0 +1,122 @@
+"""What the planner reads and writes: nodes, running jobs, queued jobs, placements.
+
+Plain frozen dataclasses, standard library only.  Times are Unix seconds
+(floats); durations are seconds; memory is BYTES; GPU devices are the
+node's device numbers ``0 .. gpus-1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from e31.errors import InvalidInput
+
+__all__ = ["Action", "Node", "PlanInputError", "Placement", "QueuedJob", "RunningJob", "RuntimeSource"]
+
+Action = Literal["start", "wait", "refuse"]
+RuntimeSource = Literal["duration", "history", "limit"]
+
+
+class PlanInputError(InvalidInput):
+    """The planner's input contradicts itself: a running job on a node not in
+    the pool, on devices the node lacks, or overlapping another running job;
+    two nodes or two jobs with one name.  Exits 2 from the command line."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine of the pool.
+
+    ``gpus``: GPU devices, numbered ``0 .. gpus-1``; ``gpu_type``: their model
+    (``H100``) or None; ``cpus``: cores; ``memory``: BYTES.
+    """
+
+    name: str
+    gpus: int
+    cpus: int
+    memory: int
+    gpu_type: str | None = None
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A job already running on ``node``, holding ``devices`` (GPU numbers),
+    ``cpus`` and ``memory`` (BYTES) from ``start`` until ``expected_end``
+    (Unix seconds).  Give the end the estimate promised (start + staging +
+    planning runtime); once that has passed, give the job's hard stop (start +
+    staging + limit).  The planner treats an end at or before ``now`` as
+    ``now + 1`` s: the job still holds its resources."""
+
+    id: str
+    node: str
+    devices: tuple[int, ...]
+    cpus: int
+    memory: int
+    start: float
+    expected_end: float
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """A job waiting to be placed.
+
+    Attributes:
+        id: unique among queued and running jobs; named in reasons and used to break ties.
+        name: the job's name (its spec's ``name``; several runs may share it).
+        gpus, cpus, memory: the request (memory in BYTES; 0 means not stated).
+        gpu_type: run only on nodes of this GPU model (case-insensitive), or None.
+        submitted: when it joined the queue (Unix seconds).
+        deadline: finish-by time (Unix seconds) or None.
+        staging_s: seconds to stage its inputs on the node, before the work starts.
+        runtime_s: the planning estimate of the run time in seconds (see ``runtime_source``).
+        limit_s: the hard stop in seconds after the work starts.
+        runtime_source: where ``runtime_s`` came from: the declared ``duration``,
+            the job's own ``history`` (past runs), or its ``limit``.
+        runtime_note: how to say the source in a reason (default: the source's name,
+            e.g. ``p90 of 14 past runs`` for history).
+        preferred_nodes: nodes that already hold its inputs staged; among equal
+            start times the planner picks one of these.
+    """
+
+    id: str
+    name: str
+    gpus: int
+    cpus: int
+    memory: int
+    submitted: float
+    runtime_s: float
+    limit_s: float
+    gpu_type: str | None = None
+    deadline: float | None = None
+    staging_s: float = 0.0
+    runtime_source: RuntimeSource = "limit"
+    runtime_note: str = ""
+    preferred_nodes: tuple[str, ...] = field(default=())
+
+    @property
+    def occupancy_s(self) -> float:
+        """Seconds it holds a node by the plan: staging plus the runtime estimate (never below 1 s)."""
+        return max(self.staging_s + self.runtime_s, 1.0)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The planner's answer for one queued job.
+
+    ``action``: ``start`` (now, on ``node`` with ``devices``), ``wait`` (planned
+    to start at ``start`` on ``node``; ``devices`` as planned) or ``refuse``
+    (``node`` None, ``start``/``end`` None).  ``start``/``end`` are Unix
+    seconds (``end`` = start + staging + runtime estimate).  ``reason`` is one
+    line for a person.
+    """
+
+    job: str
+    action: Action
+    node: str | None
+    devices: tuple[int, ...]
+    cpus: int
+    start: float | None
+    end: float | None
+    reason: str
+    reserved: bool = True

@@ -1,0 +1,96 @@
+"""The one-line reason of each placement, for a person reading the plan.
+
+    starts now on n3, GPUs 0,1, 8 CPUs, 32 GiB; expected end 04:10 UTC (run time 2h: duration)
+    waiting for 6 GPUs on one node (2 free on n3); earliest start 02:40 UTC, after job retrain-7 ends
+    waiting for its turn (first come, first served); earliest start 03:00 UTC, after job a ends
+    waiting: room is free now on n2 but held for jobs ahead of it from 01:30 UTC; estimated start ...
+
+A deadline job's reason ends with its planned end against its deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .capacity import Capacity, devices_of
+from .model import QueuedJob
+from .text import clock, gib, run_time
+
+__all__ = ["Explainer", "start_reason"]
+
+
+def _deadline(job: QueuedJob, end: float, now: float) -> str:
+    if job.deadline is None:
+        return ""
+    if end <= job.deadline:
+        return f"; ends {clock(end, now)}, before its deadline {clock(job.deadline, now)}"
+    return f"; ends {clock(end, now)}, after its deadline {clock(job.deadline, now)}: at risk"
+
+
+def start_reason(job: QueuedJob, node: str, devices: int, end: float, now: float) -> str:
+    """``starts now on NODE, GPUs 0,1, 8 CPUs, 32 GiB; expected end ...`` (devices: a bitmask)."""
+    parts = [f"starts now on {node}"]
+    if devices:
+        parts.append("GPUs " + ",".join(str(d) for d in devices_of(devices)))
+    parts.append(f"{job.cpus} CPU{'s' if job.cpus != 1 else ''}")
+    if job.memory:
+        parts.append(gib(job.memory))
+    when = f"; expected end {clock(end, now)} ({run_time(job)})"
+    return ", ".join(parts) + when + _deadline(job, end, now)
+
+
+class Explainer:
+    """Writes the reasons of one plan from its final capacity (what is idle now, who ends when);
+    what is idle is summed up once per kind of request, not once per job."""
+
+    def __init__(self, cap: Capacity, depth: int, fcfs: bool) -> None:
+        self.cap, self.depth, self.fcfs = cap, depth, fcfs
+        self.free = [cap.free_now(i) for i in range(len(cap.nodes))]
+        self._short: dict[tuple, tuple[str, int, float]] = {}
+
+    def _short_now(self, job: QueuedJob, eligible: Sequence[bool] | None) -> tuple[str, int, float]:
+        """(what keeps the job from starting now, judged on what is idle now; node; room until)."""
+        key = (id(eligible), job.gpus, job.cpus, job.memory)
+        if key in self._short:
+            return self._short[key]
+        cap, free = self.cap, self.free
+        nodes = [i for i in range(len(cap.nodes)) if eligible is None or eligible[i]]
+        answer = None
+        for k, (what, need, show) in enumerate((("GPUs", job.gpus, str), ("CPUs", job.cpus, str),
+                                                 ("memory", job.memory, gib))):
+            most = max(nodes, key=lambda i: (free[i][k], -i))
+            if free[most][k] < need:
+                amount = f"{show(need)} {what}" if what != "memory" else f"{show(need)} of memory"
+                answer = (f"waiting for {amount} on one node ({show(free[most][k])} free on {cap.nodes[most].name})",
+                          most, cap.now)
+                break
+            nodes = [i for i in nodes if free[i][k] >= need]
+        if answer is None:
+            req = (job.gpus, job.cpus, job.memory, 0.0)
+            room = {i: cap.room_until(i, req) for i in nodes}
+            i = max(nodes, key=lambda n: (room[n], -n))
+            answer = ("", i, room[i])
+        self._short[key] = answer
+        return answer
+
+    def wait(self, job: QueuedJob, eligible: Sequence[bool] | None, node: int, start: float, reserved: bool) -> str:
+        """``waiting for ...; earliest start HH:MM UTC, after job X ends`` (or ``estimated start`` for
+        a job beyond the planning depth, whose start is not reserved)."""
+        cap, now = self.cap, self.cap.now
+        text, i, room = self._short_now(job, eligible)
+        if not text:
+            if self.fcfs and room - now >= job.occupancy_s:
+                text = "waiting for its turn (first come, first served)"
+            else:
+                text = (f"waiting: room is free now on {cap.nodes[i].name} but held for jobs ahead of it "
+                        f"from {clock(room, now)}")
+        if reserved:
+            text += f"; earliest start {clock(start, now)}"
+            ender = cap.ender(node, start)
+            if ender is not None and ender != job.id:
+                text += f", after job {ender} ends"
+        else:
+            depth = self.depth
+            text += (f"; estimated start {clock(start, now)} (not reserved: only the first {depth} waiting job"
+                     f"{'s' if depth != 1 else ''} in priority order hold reservations)")
+        return text + _deadline(job, start + job.occupancy_s, now)

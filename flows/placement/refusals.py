@@ -1,0 +1,82 @@
+"""Refusals: a request no node can hold, and a deadline that cannot be met.
+
+A queued job is refused, with the reason, when
+
+* no node of the pool can hold it: no node of its ``gpu_type``, or more GPUs,
+  CPUs or memory than any one (eligible) node has, or no single node with all
+  three at once (a job's GPUs are whole devices on ONE node);
+* its deadline cannot be met even on an empty pool: ``submitted + staging +
+  runtime > deadline`` (refused at submission), or ``now + staging + runtime >
+  deadline`` (it became infeasible while it waited: taken out rather than run
+  to miss it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .model import Node, QueuedJob
+from .text import clock, gib, run_time
+
+__all__ = ["deadline_refusal", "eligible_nodes", "fit_refusal", "same_type"]
+
+
+def same_type(node: Node, gpu_type: str | None) -> bool:
+    """True when ``node`` serves a job asking for ``gpu_type`` (None: any node; case-insensitive)."""
+    return gpu_type is None or (node.gpu_type is not None and node.gpu_type.lower() == gpu_type.lower())
+
+
+def eligible_nodes(nodes: Sequence[Node], job: QueuedJob) -> list[bool]:
+    """For each node: does it have the job's GPU type and at least its GPUs, CPUs and memory?"""
+    return [same_type(n, job.gpu_type) and n.gpus >= job.gpus and n.cpus >= job.cpus and n.memory >= job.memory
+            for n in nodes]
+
+
+def _types(nodes: Sequence[Node]) -> str:
+    counts: dict[str, int] = {}
+    for node in nodes:
+        if node.gpu_type:
+            counts[node.gpu_type] = counts.get(node.gpu_type, 0) + 1
+    if not counts:
+        return "no node of the pool names a GPU type"
+    parts = [f"{name} on {n} node{'s' if n > 1 else ''}" for name, n in sorted(counts.items())]
+    return "the pool has " + ", ".join(parts)
+
+
+def fit_refusal(nodes: Sequence[Node], job: QueuedJob, eligible: Sequence[bool]) -> str | None:
+    """Why no node can hold ``job`` (one line), or None when one can."""
+    if any(eligible):
+        return None
+    typed = [n for n in nodes if same_type(n, job.gpu_type)]
+    if not typed:
+        return f"no node has GPU type {job.gpu_type} ({_types(nodes)})"
+    kind = f"{typed[0].gpu_type} " if job.gpu_type else ""
+    short = []
+    most = max(n.gpus for n in typed)
+    if job.gpus > most:
+        short.append(f"no node can hold {job.gpus} GPUs: the largest {kind}nodes have {most} GPUs")
+    most = max(n.cpus for n in typed)
+    if job.cpus > most:
+        short.append(f"no node can hold {job.cpus} CPUs: the largest {kind}nodes have {most} CPUs")
+    most = max(n.memory for n in typed)
+    if job.memory > most:
+        short.append(f"no node can hold {gib(job.memory)} of memory: the largest {kind}nodes have {gib(most)}")
+    if short:
+        return "; ".join(short)
+    big = max(typed, key=lambda n: (n.gpus, n.cpus, n.memory))
+    return (f"no single {kind}node has {job.gpus} GPUs, {job.cpus} CPUs and {gib(job.memory)} together "
+            f"(largest: {big.name} with {big.gpus} GPUs, {big.cpus} CPUs, {gib(big.memory)})")
+
+
+def deadline_refusal(job: QueuedJob, now: float) -> str | None:
+    """Why ``job``'s deadline cannot be met even if it started at once (one line), or None."""
+    if job.deadline is None:
+        return None
+    need = job.staging_s + job.runtime_s
+    if job.submitted + need > job.deadline:
+        return (f"deadline {clock(job.deadline, now)} cannot be met even on an empty pool: started when submitted "
+                f"({clock(job.submitted, now)}) it would end {clock(job.submitted + need, now)} ({run_time(job)})")
+    if now + need > job.deadline:
+        return (f"deadline became infeasible while queued: started now ({clock(now, now)}) it would end "
+                f"{clock(now + need, now)}, after its deadline {clock(job.deadline, now)} ({run_time(job)})")
+    return None

@@ -1,0 +1,43 @@
+"""How the planner says times, durations and sizes in its one-line reasons."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from e31.specs.units import format_duration
+
+from .model import QueuedJob
+
+__all__ = ["clock", "gib", "run_time", "span"]
+
+_SOURCE = {"duration": "duration", "history": "past runs", "limit": "limit"}
+
+
+def clock(t: float, now: float) -> str:
+    """A Unix time as UTC wall-clock text: ``02:40 UTC`` on ``now``'s date, else with the date
+    (``2026-05-02 02:40 UTC``); seconds are shown only when they are not zero."""
+    t = round(t)
+    fmt = "%H:%M:%S UTC" if t % 60 else "%H:%M UTC"
+    if t // 86400 != round(now) // 86400:
+        fmt = "%Y-%m-%d " + fmt
+    return datetime.fromtimestamp(t, timezone.utc).strftime(fmt)
+
+
+def span(seconds: float) -> str:
+    """Seconds as ``1h30m``, ``45s``, ``2d3h`` (whole seconds)."""
+    return format_duration(timedelta(seconds=round(seconds)))
+
+
+def gib(nbytes: int) -> str:
+    """Bytes as ``32 GiB`` / ``1.5 GiB`` / ``512 MiB``."""
+    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if nbytes >= size:
+            value = nbytes / size
+            return f"{value:.0f} {unit}" if value == int(value) or value >= 100 else f"{value:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def run_time(job: QueuedJob) -> str:
+    """The planning run time and where it came from: ``run time 2h: duration``."""
+    staged = f" + staging {span(job.staging_s)}" if job.staging_s >= 1 else ""
+    return f"run time {span(job.runtime_s)}: {job.runtime_note or _SOURCE[job.runtime_source]}{staged}"
