@@ -20,6 +20,8 @@ import contextlib
 import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -132,14 +134,19 @@ def _run_with_api(spec: JobSpec, spec_path: str) -> int:
     from e31.flows.admission import check_fits
     from e31.flows.compile import compile_plan
     from e31.flows.deploy import job_tags
-    from e31.flows.job import JobFailedError, run_job
+    from e31.flows.job import DELIVERED, JobFailedError, run_job
     from e31.flows.resume import check_not_running
     from e31.flows.runlog import hide_tracebacks_on_console
+    from e31.flows.statesync import apply_pending, remember
 
     hide_tracebacks_on_console()
     plan = compile_plan(spec)
     check_fits(plan)  # refused before a flow run exists
     check_not_running(plan)  # likewise: a second run of a running job leaves no flow run behind
+    apply_pending(Path(plan.scratch).parent)  # states the API missed earlier (it was down)
+    DELIVERED.pop(spec.name, None)
+    threading.Thread(target=_leave_when_the_api_stays_down, args=(spec, plan), daemon=True,
+                     name="e31-api-watch").start()
     try:
         with tags(*job_tags(spec)):
             manifest = run_job(spec, code_dir=str(Path(spec_path).resolve().parent))
@@ -153,7 +160,53 @@ def _run_with_api(spec: JobSpec, spec_path: str) -> int:
     except KeyboardInterrupt:
         print("e31: interrupted; see the destination's manifest.json for what came back", file=sys.stderr)
         return 130
+    except Exception as exc:  # the Prefect API failed; if the output was returned, that is the job's word
+        manifest = DELIVERED.get(spec.name)
+        if manifest is None or not _api_error(exc):
+            raise
+        remember(Path(plan.scratch), manifest)
+        print(f"e31: the Prefect API failed after the output was returned ({type(exc).__name__}); the flow run's "
+              f"state is set to what the manifest says when an API answers again (the next e31 run or e31 return "
+              f"here does it)", file=sys.stderr)
+        if manifest["status"] == "failed":
+            print(f"e31: job {spec.name} failed: {manifest.get('message')}", file=sys.stderr)
     return _print_manifest(manifest, spec.name, spec.output.url)
+
+
+API_GONE_S = 20.0  # seconds the Prefect API must stay unreachable, once the output is returned, before e31 run leaves
+
+
+def _leave_when_the_api_stays_down(spec: JobSpec, plan) -> None:
+    """Once the job's output is returned (its manifest written), the job is
+    done whatever the Prefect API does: if the API then stays unreachable
+    for :data:`API_GONE_S` seconds, Prefect's client would retry its state
+    updates and events for minutes.  Record the state the flow run must get
+    (:mod:`e31.flows.statesync`), print the manifest and exit with its code."""
+    from e31.flows.job import DELIVERED
+    from e31.flows.statesync import remember
+    from e31.flows.tempserver import api_ready
+
+    url = os.environ.get("PREFECT_API_URL", "")
+    down_since = None
+    while True:
+        time.sleep(1.0)
+        manifest = DELIVERED.get(spec.name)
+        if manifest is None or not url:
+            continue
+        if api_ready(url):
+            down_since = None
+            continue
+        down_since = down_since or time.monotonic()
+        if time.monotonic() - down_since < API_GONE_S:
+            continue
+        remember(Path(plan.scratch), manifest)
+        print(f"e31: the Prefect API at {url} stopped answering after the output was returned; the flow run's state "
+              "is set to what the manifest says when an API answers again (the next e31 run or e31 return here "
+              "does it)", file=sys.stderr)
+        code = _print_manifest(manifest, spec.name, spec.output.url)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def cmd_return(args: argparse.Namespace) -> int:
@@ -185,6 +238,10 @@ def cmd_return(args: argparse.Namespace) -> int:
         secrets = uses_secret_blocks(pending.output_options) or uses_secret_blocks((pending.checkpoints or {}).get("options"))
         with prefect_api() if secrets else contextlib.nullcontext():  # Secret blocks need the Prefect API
             manifest = deliver_pending(scratch)
+            if os.environ.get("PREFECT_API_URL") or secrets:
+                from e31.flows.statesync import apply_pending
+
+                apply_pending(default_scratch_root())
     except E31Error as exc:
         print(f"e31: cannot return the output of {job}: {exc}" + (
             "" if "stays in" in str(exc) or "gone" in str(exc) else f"; it stays in {pending.target.output_dir}"),

@@ -274,7 +274,13 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
             raise ReturnError(plan, cause) from None
 
 
+#: The manifest each job's last run in this process delivered (job name -> manifest): the CLI
+#: still reports it, with its exit code, when the Prefect API fails after the output was returned.
+DELIVERED: dict[str, dict[str, Any]] = {}
+
+
 def _finish(plan: JobPlan, manifest: dict[str, Any]) -> dict[str, Any]:
+    DELIVERED[plan.job] = manifest
     if manifest["status"] == "completed":
         # Delivered and verified: the next run of this job starts fresh.
         shutil.rmtree(plan.output_dir, ignore_errors=True)

@@ -36,10 +36,42 @@ class QuietFormatter(logging.Formatter):
         return self.inner.format(record)
 
 
+class ApiOutageFilter(logging.Filter):
+    """While the Prefect API is unreachable, Prefect's background services log
+    every event and log batch they cannot send, each with the whole event
+    (kilobytes a line).  On the console this says it once a minute, in one line."""
+
+    EVERY_S = 60.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._said_at = -1e9
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage() if record.name.startswith(("prefect._internal", "prefect.events")) else ""
+        if "failed to process item" not in text and "Unable to connect to" not in text:
+            return True
+        import time
+
+        now = time.monotonic()
+        if now - self._said_at < self.EVERY_S:
+            return False
+        self._said_at = now
+        record.msg, record.args = "the Prefect API is unreachable: run events and logs are not being sent", ()
+        record.exc_info = record.exc_text = None
+        return True
+
+
 def hide_tracebacks_on_console() -> None:
-    """Install :class:`QuietFormatter` on Prefect's console handler(s)."""
+    """Install :class:`QuietFormatter` and :class:`ApiOutageFilter` on
+    Prefect's console handler(s)."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
+    outage = ApiOutageFilter()
     for handler in logging.getLogger().handlers:
         if isinstance(handler, PrefectConsoleHandler) and not isinstance(handler.formatter, QuietFormatter):
             handler.setFormatter(QuietFormatter(handler.formatter or logging.Formatter()))
+            handler.addFilter(outage)
+    for handler in logging.getLogger("prefect._internal").handlers:  # Prefect's services log here, not propagated
+        if not any(isinstance(f, ApiOutageFilter) for f in handler.filters):
+            handler.addFilter(outage)

@@ -39,6 +39,7 @@ from e31.tasks.work.context import ChildConfig, command_environment
 
 POLL_S = 0.2  # seconds between supervisor checks
 STOP_SEEN = "stop_seen"  # written beside the progress file when the work reads ctx.should_stop as true
+RETURNED = "returned"  # written beside the progress file by the child once the work's function returned
 CHILD_PGID = "child.pgid"  # process group of the running work
 RESERVE_EVERY_S = 2.0  # seconds between re-estimates of the deadline's return reserve
 TAIL_LINES = 20  # lines of the work's stdout and stderr kept in the outcome and the manifest
@@ -136,6 +137,8 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     Path(settings.child.progress_file).unlink(missing_ok=True)  # no stale progress from an earlier run
     stop_seen = Path(settings.child.progress_file).with_name(STOP_SEEN)
     stop_seen.unlink(missing_ok=True)
+    returned = Path(settings.child.progress_file).with_name(RETURNED)
+    returned.unlink(missing_ok=True)
     env = {**os.environ, **command_environment(settings.child)}
     env["PYTHONPATH"] = os.pathsep.join([*settings.child.code_dirs, env.get("PYTHONPATH", "")]).strip(os.pathsep)
     command = list(settings.child.command or [sys.executable, "-m", "e31.tasks.work.child", str(config_path)])
@@ -201,9 +204,12 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     output.finish()
     cancelled = stop.reason == "cancelled"
     latest = uploader.finish(inline=cancelled)
-    if stop.reason and proc.returncode == 0 and not settings.child.command and not stop_seen.exists():
+    code = proc.returncode
+    if killed and returned.exists():  # the work had returned; the kill only cut the interpreter's teardown
+        code, killed = 0, False
+    if stop.reason and code == 0 and not settings.child.command and not stop_seen.exists():
         stop.reason = None  # the work finished during the grace period without ever seeing the warning
-    outcome = _outcome(proc.returncode, stop, killed, run_s, tail_lines(stderr_path, TAIL_LINES, scrub))
+    outcome = _outcome(code, stop, killed, run_s, tail_lines(stderr_path, TAIL_LINES, scrub))
     outcome.stdout_tail = tail_lines(stdout_path, TAIL_LINES, scrub)
     outcome.output_lines_dropped = output.dropped
     outcome.stop_requested_at = stop.warned_at

@@ -23,23 +23,24 @@ def test_cancel_from_the_api_returns_partial_and_stops_the_child(process_worker,
     from prefect.deployments import run_deployment
 
     out = tmp_path / "out"
-    run_job.from_source(source=str(REPO), entrypoint="flows/job.py:run_job").deploy(
-        name="cancel-test", work_pool_name=process_worker, build=False, push=False, print_next_steps=False
-    )
+    from e31.flows.deploy import deploy_spec
+    from e31.specs import parse_spec
+
+    deploy_spec(parse_spec(_spec(tmp_path, "cancelled-job")), str(HERE), pool=process_worker, name="cancel-test")
     spec = _spec(tmp_path, "cancelled-job", limit="10m", grace="3s", step_s=0.1)
     flow_run = run_deployment("e31-job/cancel-test", parameters={"spec": spec, "code_dir": str(HERE)}, timeout=0)
     _wait_for(lambda: len(_durable_steps(out)) >= 2, timeout=120)
     cancelled_at = datetime.now(timezone.utc)
     subprocess.run([*PREFECT, "flow-run", "cancel", str(flow_run.id)], check=True, capture_output=True)
-    _wait_for(lambda: (out / "manifest.json").exists(), timeout=60)
+    _wait_for(lambda: (out / "partial" / "manifest.json").exists(), timeout=60)
     returned_at = datetime.now(timezone.utc)
 
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "partial" / "manifest.json").read_text())
     assert (manifest["status"], manifest["reason"]) == ("partial", "cancelled")
     assert manifest["run_id"] == str(flow_run.id)
     _assert_returned_checkpoint(out, manifest)
     assert (returned_at - cancelled_at).total_seconds() < 3 + 2 + 5  # cancel poll + grace + return
-    child = int((out / "pid.txt").read_text())
+    child = int((out / "partial" / "pid.txt").read_text())
     _wait_for(lambda: _pid_gone(child), timeout=5)
 
     with get_client(sync_client=True) as client:

@@ -106,9 +106,10 @@ def test_run_missing_input_fails_cleanly(e31, prefect_api, tmp_path):
     assert result.returncode == 1
     assert f"e31: data 'digits': {tmp_path}/nope.csv.gz: not found" in result.stderr
     assert "Traceback" not in result.stderr
-    # nothing ran; the destination says so, so an older manifest there is not taken for this run's
-    assert [p.name for p in (tmp_path / "out").iterdir()] == ["manifest.json"]
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    # nothing ran; the destination says so in partial/, so no older manifest is taken for this run's
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["partial"]
+    assert [p.name for p in (tmp_path / "out" / "partial").iterdir()] == ["manifest.json"]
+    manifest = json.loads((tmp_path / "out" / "partial" / "manifest.json").read_text())
     assert (manifest["status"], manifest["reason"], manifest["files"]) == ("failed", "error", [])
     assert manifest["message"] == f"data 'digits': {tmp_path}/nope.csv.gz: not found"
 

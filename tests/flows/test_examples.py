@@ -42,14 +42,16 @@ def _sha(path: Path) -> str:
 
 
 def _returned(out: Path, manifest: dict) -> set[str]:
-    """Check every file the manifest lists against the destination (bytes,
-    sha256) and that nothing else came back; returns the listed paths."""
+    """Check every file the manifest lists against its folder at the
+    destination (the top, or partial/ for a run that did not complete:
+    bytes, sha256) and that nothing else came back; returns the listed paths."""
+    folder = out / manifest["folder"]
     listed = {f["path"] for f in manifest["files"]}
     for f in manifest["files"]:
-        assert f["bytes"] == (out / f["path"]).stat().st_size and f["sha256"] == _sha(out / f["path"]), f["path"]
-    on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-    assert {p for p in on_disk if p != "manifest.json" and not p.startswith("checkpoints/")} == listed
-    assert json.loads((out / "manifest.json").read_text()) == manifest
+        assert f["bytes"] == (folder / f["path"]).stat().st_size and f["sha256"] == _sha(folder / f["path"]), f["path"]
+    on_disk = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    assert {p for p in on_disk if p != "manifest.json" and not p.startswith(("checkpoints/", "partial/"))} == listed
+    assert json.loads((folder / "manifest.json").read_text()) == manifest
     return listed
 
 
@@ -70,9 +72,9 @@ def _stop_early(e31, spec: Path, out: Path, scratch: Path, limit: str, grace: st
     )
     assert result.returncode == 3, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["status"] == "partial" and manifest["reason"] == "time_limit"
-    assert f"partial (time_limit): {manifest['job']} -> {out}" in result.stdout
+    manifest = json.loads((out / "partial" / "manifest.json").read_text())
+    assert manifest["status"] == "partial" and manifest["reason"] == "time_limit" and manifest["folder"] == "partial"
+    assert f"partial (time_limit): {manifest['job']} -> {out}/partial/" in result.stdout
     return manifest
 
 
@@ -135,15 +137,15 @@ def test_inference_stopped_early_returns_finished_rows_then_resumes(prefect_api,
     # 18 chunks of 100 rows at 0.4 s each: the stop warning at 5 s comes part-way
     partial = _stop_early(e31, INFERENCE, out, scratch, limit="7s", grace="2s", item_sleep=0.004)
     assert _returned(out, partial) == {"predictions.csv"}  # metrics only at the end
-    rows = _read_csv(out / "predictions.csv")
+    rows = _read_csv(out / "partial" / "predictions.csv")
     done = len(rows)
     assert 0 < done < 1797 and done % 100 == 0
     assert [int(r["row"]) for r in rows] == list(range(done))
     assert partial["step"] == done and _checkpoint_state(out, partial)["rows_done"] == done
-    first_lines = (out / "predictions.csv").read_text().splitlines()
+    first_lines = (out / "partial" / "predictions.csv").read_text().splitlines()
 
     final = _rerun(INFERENCE, out, item_sleep=0.004)
-    assert _returned(out, final) == {"predictions.csv", "metrics.json"}
+    assert _returned(out, final) == {"predictions.csv", "metrics.json"} and not (out / "partial").exists()
     lines = (out / "predictions.csv").read_text().splitlines()
     assert len(lines) == 1798 and lines[: done + 1] == first_lines
     assert [int(r["row"]) for r in _read_csv(out / "predictions.csv")] == list(range(1797))  # each row once
@@ -203,7 +205,7 @@ def test_processing_stopped_early_returns_finished_images_then_resumes(prefect_a
     out = tmp_path / "out"
     # ten images at ~0.9 s each: the stop warning at 5.5 s comes part-way
     partial = _stop_early(e31, PROCESSING, out, scratch, limit="8s", grace="2.5s", item_sleep=0.8)
-    report = json.loads((out / "report.json").read_text())
+    report = json.loads((out / "partial" / "report.json").read_text())
     done = report["processed"]
     names = [f"{n}.png" for n in BACKLOG]
     assert report["complete"] is False and report["total"] == 10 and 0 < done < 10
@@ -286,14 +288,14 @@ def test_simulation_stopped_early_returns_finished_points_then_resumes(prefect_a
     out = tmp_path / "out"
     # 300 points at ~25 ms each: the stop warning at 5 s comes part-way
     partial = _stop_early(e31, SIMULATION, out, scratch, limit="7s", grace="2s", item_sleep=0.02)
-    report = json.loads((out / "report.json").read_text())
+    report = json.loads((out / "partial" / "report.json").read_text())
     done = report["done"]
     assert report["complete"] is False and report["total"] == 300 and 0 < done < 300
     assert report["attempts"] == [{"attempt": 1, "skipped": 0, "computed": done}]
     finished = POINT_NAMES[:done]  # beta-major order
     assert _returned(out, partial) == {"report.json"} | {f"points/{n}" for n in finished}
     assert partial["step"] == done and sorted(_checkpoint_state(out, partial)["done"]) == sorted(finished)
-    first = {n: _sha(out / "points" / n) for n in finished}
+    first = {n: _sha(out / "partial" / "points" / n) for n in finished}
 
     final = _rerun(SIMULATION, out, item_sleep=0.02)
     assert len(_returned(out, final)) == 303

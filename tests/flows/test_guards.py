@@ -130,7 +130,9 @@ def test_a_run_that_fails_staging_keeps_the_earlier_runs_checkpoints(prefect_api
         run_job(parse_spec(spec))
     assert sorted(p.name for p in durable.iterdir()) == ["step-1", "step-3"]
     assert (durable / "step-3" / "state.pt").read_bytes() == b"s3"
-    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["status"] == "failed"
+    assert json.loads((tmp_path / "out" / "partial" / "manifest.json").read_text())["status"] == "failed"
+    # the earlier complete output's manifest is untouched: a failed run never writes at the top
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text()) == {"status": "completed", "run_id": "older"}
 
     spec["data"] = [{"name": "inp", "url": str(tmp_path / "in.txt")}]
     assert run_job(parse_spec(spec))["status"] == "completed"
@@ -195,7 +197,8 @@ def test_an_input_whose_credential_is_missing_fails_with_a_manifest_saying_so(pr
                                                                                monkeypatch):
     """Found by a fresh-user trial: an input credential's environment
     variable missing on the worker left the previous run's manifest at the
-    destination; like a missing input, it now writes a failed one."""
+    destination as the only word; like a missing input, it now writes a
+    failed one, in partial/ (the earlier complete output stays)."""
     from e31.tasks.storage.credentials import CredentialError
 
     monkeypatch.delenv("E31_TEST_UNSET_TOKEN", raising=False)
@@ -208,7 +211,7 @@ def test_an_input_whose_credential_is_missing_fails_with_a_manifest_saying_so(pr
         run_job(parse_spec(spec), code_dir=str(tmp_path))
     assert str(err.value).startswith("data[0].storage_options.headers.Authorization: the environment variable "
                                      "E31_TEST_UNSET_TOKEN is not set on this worker")
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "out" / "partial" / "manifest.json").read_text())
     assert (manifest["status"], manifest["reason"], manifest["message"]) == ("failed", "error", str(err.value))
     assert manifest["run_id"] != "older" and manifest["files"] == []
     assert not (tmp_path / "ran").exists()

@@ -79,7 +79,7 @@ def test_cli_short_limit_returns_partial_with_last_checkpoint(prefect_api, scrat
         env={"E31_SCRATCH": str(scratch)},
     )
     assert result.returncode == 3, result.stderr
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "partial" / "manifest.json").read_text())
     assert manifest["status"] == "partial" and manifest["reason"] == "time_limit"
     steps = _durable_steps(out / "checkpoints")
     assert steps and manifest["step"] == steps[-1] and 1 <= manifest["step"] < 30
@@ -87,10 +87,11 @@ def test_cli_short_limit_returns_partial_with_last_checkpoint(prefect_api, scrat
     state = load_state(out / "checkpoints" / f"step-{steps[-1]}" / STATE_FILE)
     assert state["epoch"] == manifest["step"]
     assert set(state) == {"model", "optimizer", "scheduler", "rng_cpu", "epoch"}
-    assert f"partial (time_limit): digits-nightly-retrain -> {out}" in result.stdout
+    assert f"partial (time_limit): digits-nightly-retrain -> {out}/partial/" in result.stdout
     assert "Traceback" not in result.stderr
     # the declared files were not produced, and nothing pretends they were
-    assert not (out / "model.pt").exists()
+    assert not (out / "model.pt").exists() and not (out / "partial" / "model.pt").exists()
+    assert not (out / "manifest.json").exists()  # no complete output yet
 
 
 def _command_spec(tmp_path: Path, code: str, name: str = "cmd-job") -> dict:
@@ -126,7 +127,7 @@ def test_failing_work_fails_with_exit_code_and_stderr(prefect_api, scratch, tmp_
     assert manifest["message"] == "work exited with code 7"
     assert manifest["stderr_tail"] == "boom: bad row 17"
     assert "boom: bad row 17" in str(err.value)
-    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["status"] == "failed"
+    assert json.loads((tmp_path / "out" / "partial" / "manifest.json").read_text())["status"] == "failed"
 
 
 def test_work_missing_declared_file_fails(prefect_api, scratch, tmp_path):

@@ -63,7 +63,7 @@ def test_time_limit_warns_then_returns_the_final_checkpoint(prefect_api, scratch
     assert (manifest["status"], manifest["reason"]) == ("partial", "time_limit")
     assert manifest["message"] == "stopped early (time_limit)"  # saved and returned within the grace period
     # checkpoints every 5 steps, plus the one the work saved when warned: that one came back
-    assert manifest["step"] == int((tmp_path / "out" / "stopped_at.txt").read_text())
+    assert manifest["step"] == int((tmp_path / "out" / "partial" / "stopped_at.txt").read_text())
     _assert_returned_checkpoint(tmp_path / "out", manifest)
     assert 4.0 <= manifest["timings"]["run_s"] <= 6.5
     assert [f["path"] for f in manifest["files"]] == ["pid.txt", "resumed_from.txt", "stopped_at.txt"]
@@ -106,7 +106,7 @@ def test_cancel_of_a_local_run_ends_cancelled_with_the_manifest_in_the_ui(prefec
     subprocess.run([sys.executable, "-m", "prefect", "flow-run", "cancel", run_id], check=True, capture_output=True)
     stdout, stderr = proc.communicate(timeout=90)
     assert proc.returncode == 3, stderr
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "partial" / "manifest.json").read_text())
     assert (manifest["status"], manifest["reason"], manifest["run_id"]) == ("partial", "cancelled", run_id)
     _assert_returned_checkpoint(out, manifest)
     _wait_for(lambda: _flow_run_state(run_id).type.value == "CANCELLED", timeout=20)
@@ -131,7 +131,7 @@ def test_time_limit_kills_work_that_ignores_the_warning(prefect_api, scratch, tm
     if how == "block_after":
         assert manifest["step"] == 3  # blocked in time.sleep(3600) after step 3, stopped on time anyway
     assert 5.5 <= manifest["timings"]["run_s"] <= 7.0
-    assert _pid_gone(int((tmp_path / "out" / "pid.txt").read_text()))
+    assert _pid_gone(int((tmp_path / "out" / "partial" / "pid.txt").read_text()))
 
 
 def test_deadline_stops_before_it_with_the_return_reserve(prefect_api, scratch, tmp_path, monkeypatch):
@@ -142,7 +142,7 @@ def test_deadline_stops_before_it_with_the_return_reserve(prefect_api, scratch, 
     manifest = run_job(parse_spec(raw), code_dir=str(HERE))
     assert (manifest["status"], manifest["reason"]) == ("partial", "deadline")
     _assert_returned_checkpoint(tmp_path / "out", manifest)
-    arrived = datetime.fromtimestamp((tmp_path / "out" / "manifest.json").stat().st_mtime, timezone.utc)
+    arrived = datetime.fromtimestamp((tmp_path / "out" / "partial" / "manifest.json").stat().st_mtime, timezone.utc)
     assert deadline - timedelta(seconds=6) <= arrived <= deadline - timedelta(seconds=2)
 
 
@@ -207,7 +207,7 @@ def test_work_exception_is_not_retried(prefect_api, scratch, tmp_path):
     raw["request"]["retries"] = 2
     with pytest.raises(JobFailedError):
         run_job(parse_spec(raw), code_dir=str(HERE))
-    assert (tmp_path / "out" / "resumed_from.txt").read_text() == "0"  # ran once, from scratch
+    assert (tmp_path / "out" / "partial" / "resumed_from.txt").read_text() == "0"  # ran once, from scratch
 
 
 def _start_cli(tmp_path: Path, spec: dict, *extra: str) -> subprocess.Popen:
@@ -236,12 +236,12 @@ def test_signal_to_the_flow_process_returns_partial(prefect_api, scratch, tmp_pa
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 3, stderr
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "partial" / "manifest.json").read_text())
     assert (manifest["status"], manifest["reason"]) == ("partial", "signal")
     _assert_returned_checkpoint(out, manifest)
     assert f"partial (signal): signal-{sig.name.lower()} -> {out}" in stdout
     assert "Traceback" not in stderr
-    assert _pid_gone(int((out / "pid.txt").read_text()))
+    assert _pid_gone(int((out / "partial" / "pid.txt").read_text()))
 
 
 def test_killed_flow_process_resumes_on_the_next_attempt(prefect_api, scratch, tmp_path):
@@ -262,7 +262,7 @@ def test_killed_flow_process_resumes_on_the_next_attempt(prefect_api, scratch, t
     too_late = _start_cli(tmp_path, raw, "--set", f"request.deadline={soon}")
     stdout, stderr = too_late.communicate(timeout=120)
     assert too_late.returncode == 3, stderr
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "partial" / "manifest.json").read_text())
     assert (manifest["status"], manifest["reason"]) == ("partial", "crashed")
     assert manifest["step"] >= newest
     _assert_returned_checkpoint(out, manifest)
@@ -316,7 +316,7 @@ def test_ctrl_c_to_the_whole_process_group_with_the_temporary_server(scratch, tm
     os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 3, stderr
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "partial" / "manifest.json").read_text())
     assert (manifest["status"], manifest["reason"]) == ("partial", "signal")
     _assert_returned_checkpoint(out, manifest)
     assert "Traceback" not in stderr
@@ -402,11 +402,11 @@ def test_cancel_while_inputs_stage_keeps_the_earlier_checkpoints_and_runs_nothin
         server.shutdown()
         server.server_close()
     assert proc.returncode == 3, stderr
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "partial" / "manifest.json").read_text())
     assert (manifest["status"], manifest["reason"], manifest["files"]) == ("partial", "cancelled", [])
     assert manifest["message"] == "cancelled while the inputs were staged; the work did not start"
     assert (earlier / "state.pt").read_bytes() == b"older run"
-    assert not (out / "pid.txt").exists()  # the work never ran
+    assert not (out / "partial" / "pid.txt").exists()  # the work never ran
     assert ended_s < 15, ended_s  # the download alone had about 25 s to go
     assert not list(scratch.glob("*/data/.inp.part-*")) and not list(scratch.glob("*/data/inp"))
     _wait_for(lambda: _flow_run_state(str(run.id)).type.value == "CANCELLED", timeout=20)

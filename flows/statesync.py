@@ -1,0 +1,70 @@
+"""Set a flow run's Prefect state from its manifest once the API answers.
+
+When the Prefect API dies mid-job, E31 still stops the work, returns the
+output and writes the manifest (the destination is the job's word, not the
+API).  The flow run's state, which only the API holds, is then left as it
+was (``Running``).  :func:`remember` keeps what it should be in
+``<scratch>/<job>/flow-run-state.json``; :func:`apply_pending` -- run by the
+next ``e31 run`` or ``e31 return`` on this machine that reaches an API --
+sets it and removes the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+RECORD = "flow-run-state.json"
+
+
+def state_of(manifest: dict[str, Any]) -> dict[str, str]:
+    """The Prefect state a manifest's verdict maps to: ``completed`` ->
+    Completed, ``partial`` -> Completed named Partial, ``partial`` with reason
+    ``cancelled`` -> Cancelled, ``failed`` -> Failed (``type``, ``name``, ``message``)."""
+    status, reason = manifest.get("status"), manifest.get("reason")
+    message = manifest.get("message") or f"{status} ({reason})"
+    if status == "completed":
+        return {"type": "COMPLETED", "name": "Completed", "message": message}
+    if status == "partial" and reason == "cancelled":
+        return {"type": "CANCELLED", "name": "Cancelled", "message": message}
+    if status == "partial":
+        return {"type": "COMPLETED", "name": "Partial", "message": f"partial ({reason}): {message}"}
+    return {"type": "FAILED", "name": "Failed", "message": message}
+
+
+def remember(scratch: Path, manifest: dict[str, Any]) -> Path | None:
+    """Record the state the flow run ``manifest["run_id"]`` must end in;
+    returns the record's path (None without a run id)."""
+    if not manifest.get("run_id"):
+        return None
+    path = Path(scratch) / RECORD
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"run_id": manifest["run_id"], **state_of(manifest)}))
+    os.replace(tmp, path)
+    return path
+
+
+def apply_pending(scratch_root: Path) -> list[str]:
+    """Set the recorded state of every job under ``scratch_root`` whose
+    record is there (forcing it over ``Running``); returns the flow run ids
+    set.  A record the API does not take now stays for a later try."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import State
+
+    done = []
+    for path in sorted(Path(scratch_root).glob(f"*/{RECORD}")):
+        try:
+            record = json.loads(path.read_text())
+            with get_client(sync_client=True) as client:
+                current = client.read_flow_run(record["run_id"]).state
+                if current is None or not current.is_final():
+                    client.set_flow_run_state(record["run_id"], State(
+                        type=StateType(record["type"]), name=record["name"], message=record["message"]), force=True)
+            path.unlink()
+            done.append(record["run_id"])
+        except Exception:  # the API is still away, or the run is gone: try again next time
+            continue
+    return done
