@@ -37,6 +37,7 @@ from e31.tasks.deliver import (DestinationError, ReturnTarget, check_destination
                            return_task, write_failure_manifest)
 from e31.tasks.manifest import step_text
 from e31.tasks.outcome import ChildLost, RunOutcome
+from e31.tasks.supervisor.api import api_answers
 from e31.tasks.supervisor.process import signals_deferred
 from e31.tasks.run import SupervisorConfig, run_task
 from e31.tasks.pending import deliver_pending, recorded_return
@@ -262,12 +263,17 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
             with recorded_return(scratch, target, outcome, spec.output.storage_options,
                                  _checkpoints(spec, plan, target.run_id)):
                 try:
-                    return return_task(target, outcome)
+                    if not api_answers():  # a task cannot start without the API: return from here
+                        raise ConnectionError("the Prefect API does not answer")
+                    manifest = return_task(target, outcome)
+                    DELIVERED[plan.job] = manifest
+                    return manifest
                 except Exception as first:
                     try:
                         manifest = deliver(target, outcome)
                     except Exception as exc:
                         raise (exc if str(exc) else first) from None
+                    DELIVERED[plan.job] = manifest  # the job's word is out, whatever the API does next
                     publish_artifacts(target, manifest)
                     return manifest
         except Exception as cause:

@@ -20,9 +20,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 
+from e31.tasks.supervisor.api import api_ready
 from e31.tasks.supervisor.process import die_with_parent
 
 STARTUP_TIMEOUT_S = 120.0  # a fresh PREFECT_HOME migrates its database first (~25 s on 2 cores)
@@ -67,16 +67,6 @@ def prefect_api() -> Iterator[str | None]:
         os.environ.pop("PREFECT_API_URL", None)
         _stop(proc)
         log.close()
-
-
-def api_ready(url: str) -> bool:
-    """True when the Prefect API at ``url`` (ending in ``/api``) answers its
-    health check with 200 within 2 seconds."""
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
 
 
 def _wait_ready(proc: subprocess.Popen, url: str, log) -> None:

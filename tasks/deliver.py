@@ -39,6 +39,7 @@ from e31.tasks.outcome import RunOutcome
 from e31.tasks.retrying import retry_unless
 from e31.tasks.storage.local import regular_files
 from e31.tasks.storage.progress import TransferProgress
+from e31.tasks.supervisor.api import api_answers
 
 UPLOAD_THREADS = 8  # files uploaded at once by the return step
 RETURN_RETRIES = settings.value("E31_TRANSFER_RETRIES")  # Prefect retries of the return task
@@ -231,6 +232,8 @@ def publish_artifacts(req: ReturnTarget, manifest: dict[str, Any]) -> bool:
     Returns False -- the output is delivered all the same -- when the
     Prefect API cannot take them (logged as a warning)."""
     try:
+        if not api_answers():  # Prefect's client would retry for minutes: the output is delivered all the same
+            raise ConnectionError("the Prefect API does not answer")
         _artifacts(req, manifest)
         return True
     except Exception as exc:

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from .model import Node, PlanInputError, RunningJob
 
 __all__ = ["Capacity", "Request"]
+import os
+AVOID = bool(os.environ.get("E31_AVOID"))
 
 Request = tuple[int, int, int, float]  # gpus, cpus, memory (bytes), seconds on the node
 
@@ -87,6 +89,7 @@ class Capacity:
         for lst in self.index:
             lst.sort()
         self._failed: dict[str | None, list[Request]] = {}
+        self.booked = [0] * len(self.nodes)  # reservations of waiting jobs on each node
 
     def _end(self, job: RunningJob) -> float:
         return job.expected_end if job.expected_end > self.now else self.now + 1.0
@@ -219,7 +222,7 @@ class Capacity:
             return None
         else:
             order = iter(self.index[g])
-        times, rank = self.times, None
+        times, rank, booked = self.times, None, self.booked
         for t, _, i in order:
             if t > best:
                 break
@@ -228,7 +231,7 @@ class Capacity:
             hit = self.fit(i, req, t if t > after else after, best + 1e-9)
             if hit is None or hit[0] > best:
                 continue
-            score = (hit[0], max(0.0, hit[0] + d - times[i][-1]))
+            score = (hit[0], booked[i] if AVOID else 0, max(0.0, hit[0] + d - times[i][-1]))
             if rank is None or score < rank:
                 best, found, rank = hit[0], (hit[0], i, hit[1]), score
         return found
@@ -252,16 +255,16 @@ class Capacity:
             candidates = range(len(self.nodes))
         else:
             candidates = (i for t, _, i in self.index[g] if t <= now) if g <= self.gmax else ()
-        times, found, rank = self.times, None, None
+        times, found, rank, booked = self.times, None, None, self.booked
         for i in candidates:
             if eligible is not None and not eligible[i]:
                 continue
             hit = self.fit(i, req, now, now + 1e-9)
             if hit is not None:
-                score = max(0.0, now + d - times[i][-1])
+                score = (booked[i] if AVOID else 0, max(0.0, now + d - times[i][-1]))
                 if rank is None or score < rank:
                     found, rank = (i, hit[1]), score
-                    if score == 0.0:
+                    if score == (0, 0.0):
                         break
         if found is None:
             failed.append(req)
@@ -294,6 +297,8 @@ class Capacity:
             fc[k] -= cpus
             fm[k] -= memory
         self.enders[i].setdefault(end, label)
+        if start > self.now:
+            self.booked[i] += 1
         first = self.first[i]
         self._index(i, [g for g in range(1, len(first)) if start <= first[g][0] < end], a)
 

@@ -94,31 +94,44 @@ class _Job:
         self.preferred = tuple(where[n] for n in job.preferred_nodes if n in where and eligible[where[n]])
 
 
-def _order(policy: str, jobs: list[_Job], now: float, promoted: dict[str, tuple]) -> list[_Job]:
+def _order(policy: str, jobs: list[_Job], now: float, promoted: dict[str, tuple], AGE=0) -> list[_Job]:
     arrival = lambda j: (j.job.submitted, j.job.id)  # noqa: E731
     if policy in ("fcfs", "easy"):
         return sorted(jobs, key=arrival)
     if policy == "edf":
         return sorted(jobs, key=lambda j: (j.job.deadline is None, j.job.deadline or 0.0, *arrival(j)))
-    first = sorted((j for j in jobs if j.job.id in promoted), key=lambda j: (*promoted[j.job.id], *arrival(j)))
+    first = sorted((j for j in jobs if j.job.id in promoted), key=lambda j: (*promoted[j.job.id][:2], *arrival(j)))
 
     def expansion(j: _Job) -> tuple:
         est = j.req[3]
         import os
         w = float(os.environ.get("E31_W", "0"))
-        return (-(now - j.job.submitted + est) / max(est, 10.0) * (1 + w * j.job.gpus / 8), *arrival(j))
+        P = float(os.environ.get("E31_P", "0"))
+        wait = now - j.job.submitted
+        xf = (wait + est) / max(est, 10.0) * (1 + w * j.job.gpus / 8)
+        if P and wait >= AGE:
+            xf = max(xf, P * wait / AGE)
+        return (-xf, *arrival(j))
 
     return first + sorted((j for j in jobs if j.job.id not in promoted), key=expansion)
 
 
-def _place(cap: Capacity, order: list[_Job], depth: int, fcfs: bool) -> dict[str, _Slot]:
+def _place(cap: Capacity, order: list[_Job], depth: int, fcfs: bool, late: dict | None = None) -> dict[str, _Slot]:
     """One pass: reservations for the first ``depth`` waiting jobs, backfilling for the rest."""
     now = cap.now
     slots: dict[str, _Slot] = {}
     reservations, floor, deep = 0, now, []
+    F = float(os.environ.get("E31_F", "0"))
     for j in order:
         job, req = j.job, j.req
-        if reservations < depth:
+        hit = None
+        if late and job.id in late and F:
+            ls = late[job.id]
+            if ls > now:
+                hit = cap.earliest(req, j.eligible, now + F * (ls - now), ls + 1e-9, preferred=j.preferred)
+        if hit is not None:
+            start, i, mask = hit
+        elif reservations < depth:
             start, i, mask = cap.earliest(req, j.eligible, floor if fcfs else now, preferred=j.preferred)
         elif not (fcfs and floor > now) and (hit := cap.start_now(req, j.eligible, j.kind, j.preferred)):
             start, (i, mask) = now, hit
@@ -144,6 +157,7 @@ def _place(cap: Capacity, order: list[_Job], depth: int, fcfs: bool) -> dict[str
     return slots
 
 
+import os
 def _at_risk(jobs: list[_Job], slots: dict[str, _Slot], now: float, age_limit_s: float) -> dict[str, tuple]:
     """Jobs the plan fails: a deadline job ending after its deadline (key ``(0, deadline)``); a job
     that has waited ``age_limit_s`` already (key ``(1, submitted + age_limit_s)``)."""
@@ -151,10 +165,14 @@ def _at_risk(jobs: list[_Job], slots: dict[str, _Slot], now: float, age_limit_s:
     for j in jobs:
         job = j.job
         start = slots[job.id][0]
-        if job.deadline is not None and start + j.req[3] > job.deadline:
-            risky[job.id] = (0, job.deadline)
+        M = float(os.environ.get("E31_M", "0.1"))
+        if job.deadline is not None and start + j.req[3] > job.deadline and job.deadline - j.req[3] - now < float(os.environ.get("E31_H", "1e18")):
+            risky[job.id] = (0, job.deadline, min(job.deadline - j.req[3] - max(M * job.runtime_s, 300.0),
+                                                  job.submitted + age_limit_s))
         elif start > now and now - job.submitted >= age_limit_s:
-            risky[job.id] = (1, job.submitted + age_limit_s)
+            risky[job.id] = (1, job.submitted + age_limit_s, now)
+        elif start > now and (now - job.submitted >= age_limit_s - float(os.environ.get("E31_WIN", "0")) and start > job.submitted + age_limit_s):
+            risky[job.id] = (1, job.submitted + age_limit_s, job.submitted + age_limit_s)
     return risky
 
 
@@ -196,12 +214,14 @@ def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[
             refused.append(Placement(job.id, "refuse", None, (), job.cpus, None, None, why, reserved=False))
         else:
             jobs.append(_Job(job, shapes[key], where))
-    promoted = {j.job.id: (1, j.job.submitted + age_limit_s) for j in jobs if now - j.job.submitted >= age_limit_s}
+    import os
+    P = float(os.environ.get("E31_P", "0"))
+    promoted = {} if P else {j.job.id: (1, j.job.submitted + age_limit_s, now) for j in jobs if now - j.job.submitted >= age_limit_s}
     for attempt in range(_PASSES if policy == "e31" else 1):
         if attempt:
             cap = Capacity(nodes, running, now)
-        order = _order(policy, jobs, now, promoted)
-        slots = _place(cap, order, depth, fcfs=policy == "fcfs")
+        order = _order(policy, jobs, now, promoted, age_limit_s)
+        slots = _place(cap, order, depth, fcfs=policy == "fcfs", late={k: v[2] for k, v in promoted.items()})
         risky = _at_risk(jobs, slots, now, age_limit_s) if policy == "e31" else {}
         risky = {k: v for k, v in risky.items() if k not in promoted or v < promoted[k]}
         if not risky or attempt == _PASSES - 1:

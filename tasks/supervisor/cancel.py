@@ -44,6 +44,7 @@ class CancelWatcher:
         self._wake = threading.Event()
         self._polled = threading.Condition()
         self._polls = 0
+        self._failures_in_row = 0
         self._done = False
         if flow_run_id is not None:
             # in a copy of this context: the Prefect settings (API URL) in force here apply there
@@ -55,10 +56,11 @@ class CancelWatcher:
             try:
                 with get_client(sync_client=True) as client:
                     state = client.read_flow_run(self.flow_run_id).state
+                self._failures_in_row = 0
                 if state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED):
                     self._seen.set()
             except Exception:
-                pass
+                self._failures_in_row += 1
             with self._polled:
                 self._polls += 1
                 self._polled.notify_all()
@@ -68,6 +70,11 @@ class CancelWatcher:
     def cancelled(self) -> bool:
         """True once a cancel was seen (never blocks)."""
         return self._seen.is_set()
+
+    def api_alive(self) -> bool:
+        """False once the last two reads of the flow run failed (the Prefect
+        API does not answer); never blocks."""
+        return self._failures_in_row < 2
 
     @property
     def seen(self) -> threading.Event:

@@ -144,11 +144,11 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     command = list(settings.child.command or [sys.executable, "-m", "e31.tasks.work.child", str(config_path)])
 
     stop, clock = _Stop(), _Clock(settings)
+    cancel = CancelWatcher(settings.flow_run_id)
     uploader = Uploader(Path(settings.child.checkpoint_dir), settings.checkpoint_url, settings.keep, settings.work_sha256,
-                        settings.flow_run_id)
+                        settings.flow_run_id, api_alive=cancel.api_alive)
     progress = ProgressReporter(settings.job, Path(settings.child.progress_file))
     output = OutputForwarder(run_dir, emit=_run_log, mask=scrub)
-    cancel = CancelWatcher(settings.flow_run_id)
     restore = _install_signal_handlers(stop)
     started = time.time()
     # A command runs in the spec's folder (so `python train.py` finds its script); a Python

@@ -6,47 +6,81 @@ intermediate checkpoints are skipped when the store is slower than the
 work, since only the newest is needed to resume).  Once a cancel is seen,
 Prefect starts no new task in the flow run, so :meth:`finish` can upload
 inline instead.
+
+A checkpoint task needs the Prefect API to start.  When the API stops
+answering (``api_alive()`` false) the uploads go on in a plain thread of
+this process, so the job's checkpoints stay durable whatever happens to the
+API; a task stuck waiting for the API is abandoned and its step uploaded
+again.
 """
 
 from __future__ import annotations
 
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Callable
 
 from e31.tasks.checkpoint import DurableCheckpoint, checkpoint_task, latest_durable, upload
 from e31.tasks.work.local_checkpoints import commit_pending, committed
 
 
+def _inner(future: Any) -> Future:
+    """The ``concurrent.futures.Future`` behind a Prefect future (or itself)."""
+    return getattr(future, "wrapped_future", future)
+
+
 class Uploader:
     """Uploads checkpoints from ``local_root`` to ``durable_root`` keeping
-    ``keep`` of them on both sides."""
+    ``keep`` of them on both sides.  ``api_alive``: whether the Prefect API
+    answers now (never blocks); without it the API is taken to answer."""
 
     def __init__(self, local_root: Path, durable_root: str, keep: int, work_sha256: str | None = None,
-                 run_id: str | None = None):
+                 run_id: str | None = None, api_alive: Callable[[], bool] = lambda: True):
         self.root, self.durable_root, self.keep = Path(local_root), durable_root, keep
         self.work_sha256, self.run_id = work_sha256, run_id
+        self.api_alive = api_alive
         self.done: list[DurableCheckpoint] = []
         self.failures: list[str] = []
-        self._future = None
+        self._future: Any = None
         self._future_step: int | None = None
+        self._future_is_task = False
         self._submitted: set[int] = set()
+        self._threads: ThreadPoolExecutor | None = None
 
     def poll(self) -> None:
         """Commit what the work wrote, collect a finished upload and start the
-        next one (as a task)."""
+        next one (as a task; in a plain thread while the API is down)."""
         self._commit()
         if self._future is not None:
-            if not self._future.wrapped_future.done():  # local: never waits on the Prefect API
-                return
-            self._collect()
+            if not _inner(self._future).done():  # local: never waits on the Prefect API
+                if self._future_is_task and not self.api_alive():
+                    self._abandon()  # a task that cannot start without the API: upload it here instead
+                else:
+                    return
+            else:
+                self._collect()
         newest = committed(self.root)
         if newest and newest[-1].step not in self._submitted:
-            ckpt = newest[-1]
-            self._submitted.add(ckpt.step)
-            self._future = checkpoint_task.with_options(task_run_name=f"checkpoint-step-{ckpt.step}").submit(
-                ckpt.path, self.durable_root, self.keep, self.work_sha256, self.run_id
-            )
-            self._future_step = ckpt.step
+            self._start(newest[-1])
+
+    def _start(self, ckpt) -> None:
+        self._submitted.add(ckpt.step)
+        args = (ckpt.path, self.durable_root, self.keep, self.work_sha256, self.run_id)
+        if self.api_alive():
+            self._future = checkpoint_task.with_options(task_run_name=f"checkpoint-step-{ckpt.step}").submit(*args)
+            self._future_is_task = True
+        else:
+            self._threads = self._threads or ThreadPoolExecutor(1, thread_name_prefix="e31-checkpoint")
+            self._future = self._threads.submit(upload, *args)
+            self._future_is_task = False
+        self._future_step = ckpt.step
+
+    def _abandon(self) -> None:
+        self.failures.append(f"checkpoint task for step {self._future_step} could not start (the Prefect API does "
+                             "not answer); uploaded in this process instead")
+        self._submitted.discard(self._future_step)
+        self._future = None
 
     def _commit(self) -> None:
         """Commit what the work wrote; a checkpoint that cannot be committed
@@ -75,16 +109,20 @@ class Uploader:
         upload the newest local checkpoint if it is not durable yet, and
         return the newest durable checkpoint.  ``inline``: upload in this
         thread, without starting a task (after a cancel Prefect starts none);
-        also used when an upload task does not finish in time (the Prefect API
-        may be gone)."""
+        also used when the API does not answer or an upload task does not
+        finish in time."""
+        inline = inline or not self.api_alive()
         if self._future is not None:
-            try:
-                self._future.wrapped_future.result(timeout=timeout_s)
-                self._collect()
-            except Exception:  # timed out: upload that step again, here
-                self.failures.append(f"checkpoint task did not finish within {timeout_s:g} s")
-                self._submitted.discard(self._future_step)
-                self._future, inline = None, True
+            if self._future_is_task and inline and not _inner(self._future).done():
+                self._abandon()
+            else:
+                try:
+                    _inner(self._future).result(timeout=timeout_s)
+                    self._collect()
+                except Exception:  # timed out: upload that step again, here
+                    self.failures.append(f"checkpoint upload did not finish within {timeout_s:g} s")
+                    self._submitted.discard(self._future_step)
+                    self._future, inline = None, True
         self._commit()
         newest = committed(self.root)
         if newest and newest[-1].step not in self._submitted:
@@ -96,7 +134,7 @@ class Uploader:
                         ckpt.path, self.durable_root, self.keep, self.work_sha256, self.run_id
                     )
                     try:
-                        future.wrapped_future.result(timeout=timeout_s)
+                        _inner(future).result(timeout=timeout_s)
                         self._record(future.result())
                     except TimeoutError:
                         inline = True
@@ -104,6 +142,8 @@ class Uploader:
                     self._record(upload(ckpt.path, self.durable_root, self.keep, self.work_sha256, self.run_id))
             except Exception as exc:
                 self.failures.append(str(exc))
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
         if self.done:
             return self.done[-1]
         try:

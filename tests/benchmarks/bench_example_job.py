@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from e31.flows.tempserver import api_ready
+from e31.tasks.supervisor.api import api_ready
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "specs" / "examples" / "digits-nightly-retrain.yaml"

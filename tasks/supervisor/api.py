@@ -1,0 +1,25 @@
+"""Whether the Prefect API answers, asked without Prefect's client (whose
+retries can take minutes when the server is gone)."""
+
+from __future__ import annotations
+
+import urllib.request
+
+
+def api_ready(url: str, timeout_s: float = 2.0) -> bool:
+    """True when the Prefect API at ``url`` (ending in ``/api``) answers its
+    health check with 200 within ``timeout_s`` seconds."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def api_answers() -> bool:
+    """Whether the configured Prefect API (``PREFECT_API_URL``) answers now;
+    True when none is configured (Prefect's own temporary API in-process)."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    return not url or api_ready(url)
