@@ -71,7 +71,9 @@ class SpecModel(BaseModel):
     override :meth:`_rules` for cross-field checks on the raw input.
     """
 
-    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+    # hide_input_in_errors: a ValidationError raised from Python (JobSpec.model_validate) never quotes the
+    # input, which may be a URL with a password; E31's own messages show inputs masked
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, hide_input_in_errors=True)
 
     live_keys_refused: ClassVar[bool] = False
 

@@ -68,8 +68,14 @@ class SpecError(InvalidInput):
 
 
 def short_repr(value: object, limit: int = _MAX_REPR) -> str:
-    """repr() of a value, cut to about ``limit`` characters with ``...``."""
-    text = repr(value)
+    """repr() of a value, cut to about ``limit`` characters with ``...``; an
+    integer too long to print says how many digits it has."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1000:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    try:
+        text = repr(value)
+    except ValueError:  # e.g. an integer past Python's digit limit inside a container
+        return f"a {type(value).__name__} too large to show"
     if len(text) <= limit:
         return text
     return text[: limit - 3] + "..."

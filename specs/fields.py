@@ -7,21 +7,13 @@ import keyword
 import posixpath
 import re
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, PlainSerializer, SerializationInfo, WithJsonSchema
+from pydantic import AfterValidator, PlainSerializer, SerializationInfo, WithJsonSchema
 
 from .base import spec_error
 from .deadlines import Deadline, check_deadline  # re-exported: absolute deadlines live with the others
-from .units import (
-    DURATION_EXAMPLES,
-    DURATION_PATTERN,
-    MEMORY_EXAMPLES,
-    MEMORY_PATTERN,
-    parse_duration,
-    parse_memory,
-)
+from .quantities import MAX_URL, Duration, Grace, Memory
 from .urls import SECRET_URL_PATTERN, mask_url
 
 __all__ = [
@@ -40,66 +32,6 @@ def valid_job_name(name: str) -> bool:
     return len(name) <= 63 and _SAFE.fullmatch(name) is not None
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 
-_DURATION_SCHEMA = {
-    "anyOf": [
-        {"type": "string", "pattern": DURATION_PATTERN},
-        {"type": "number", "minimum": 0},
-    ],
-}
-
-
-def _duration(value: Any, *, allow_zero: bool) -> timedelta:
-    try:
-        result = parse_duration(value)
-    except ValueError as exc:
-        if "negative" in str(exc):
-            raise spec_error("must not be negative") from None
-        hint = str(exc) if not str(exc).startswith("expected") and "(got" not in str(exc) else None
-        raise spec_error(f"must be a duration such as {DURATION_EXAMPLES}", fix=hint) from None
-    if not allow_zero and result <= timedelta(0):
-        raise spec_error("must be longer than 0 seconds")
-    return result
-
-
-#: A duration > 0, in any form :func:`e31.specs.units.parse_duration` accepts.
-Duration = Annotated[
-    timedelta,
-    BeforeValidator(lambda v: _duration(v, allow_zero=False)),
-    WithJsonSchema(_DURATION_SCHEMA),
-]
-
-#: A duration >= 0.
-Grace = Annotated[
-    timedelta,
-    BeforeValidator(lambda v: _duration(v, allow_zero=True)),
-    WithJsonSchema(_DURATION_SCHEMA),
-]
-
-
-def _memory(value: Any) -> int:
-    try:
-        result = parse_memory(value)
-    except ValueError as exc:
-        if "negative" in str(exc):
-            raise spec_error("must not be negative") from None
-        hint = str(exc) if str(exc).startswith("unknown") else None
-        raise spec_error(f"must be a memory size such as {MEMORY_EXAMPLES}", fix=hint) from None
-    if result <= 0:
-        raise spec_error("must be more than 0 bytes")
-    return result
-
-
-#: Memory in BYTES; strings such as 4GiB or 512MB are accepted.
-Memory = Annotated[
-    int,
-    BeforeValidator(_memory),
-    WithJsonSchema({
-        "anyOf": [
-            {"type": "string", "pattern": MEMORY_PATTERN},
-            {"type": "integer", "minimum": 1},
-        ],
-    }),
-]
 
 
 def _nonempty(value: Any) -> Any:
@@ -134,8 +66,22 @@ def password_error():
 
 def _url(value: str) -> str:
     _nonempty(value)
+    _text(value)
+    if len(value) > MAX_URL:
+        raise spec_error(f"must be at most {MAX_URL} characters", got=f"{len(value)} characters")
     if has_password(value):
         raise password_error()
+    return value
+
+
+def _text(value: str) -> str:
+    """Refuse text that cannot be written as UTF-8 (a lone surrogate): no
+    file system or store could take it as a name."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise spec_error("must be valid Unicode text", got=f"a lone surrogate {value[exc.start]!a} at character "
+                         f"{exc.start}") from None
     return value
 
 
@@ -217,6 +163,9 @@ Sha256 = Annotated[
 
 def _file_name(value: str) -> str:
     fix = "write it relative to the output folder, e.g. model.pt or plots/loss.png"
+    _text(value)
+    if len(value) > MAX_URL:
+        raise spec_error(f"must be at most {MAX_URL} characters", got=f"{len(value)} characters")
     if not value.strip():
         raise spec_error("must be a non-empty relative path", fix=fix)
     if value.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", value):

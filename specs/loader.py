@@ -16,7 +16,7 @@ from .friendly import problems_from
 from .models import JobSpec
 from .overrides import apply_overrides
 from .urls import resolve_path
-from .yamlload import YamlSyntaxError, load_yaml
+from .yamlload import MAX_DOCUMENT_CHARS, YamlSyntaxError, load_yaml
 
 __all__ = ["load_spec", "parse_spec"]
 
@@ -62,6 +62,9 @@ def _parse_json(text: str, source: str) -> tuple[Any, list[Problem]]:
 
 
 def _parse_text(text: str, source: str, as_json: bool) -> tuple[Any, list[Problem]]:
+    if len(text) > MAX_DOCUMENT_CHARS:
+        raise SpecError(source, [Problem(source, f"the document has {len(text):,} characters; a spec may have at most "
+                                                 f"{MAX_DOCUMENT_CHARS:,} (put large data in an input, not the spec)")])
     if as_json:
         return _parse_json(text, source)
     try:
@@ -72,6 +75,10 @@ def _parse_text(text: str, source: str, as_json: bool) -> tuple[Any, list[Proble
 
 def _read(path: str | os.PathLike[str], source: str) -> str:
     try:
+        size = Path(path).stat().st_size
+        if size > 4 * MAX_DOCUMENT_CHARS:  # refused unread: a spec is a few KB
+            raise SpecError(source, [Problem(DOCUMENT, f"the file has {size:,} bytes; a spec may have at most "
+                                                       f"{MAX_DOCUMENT_CHARS:,} characters")])
         return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         message = f"file not found (got {source!r}); check the path"

@@ -139,9 +139,9 @@ class RequestSpec(SpecModel):
 
     live_keys_refused = True
 
-    gpus: StrictInt = Field(0, ge=0, description="Number of GPUs.")
+    gpus: StrictInt = Field(0, ge=0, le=1024, description="Number of GPUs (whole devices, on one node).")
     gpu_type: GpuType | None = Field(None, description="Run only on nodes with this GPU model, e.g. H100.")
-    cpus: StrictInt = Field(1, ge=1, description="Number of CPU cores.")
+    cpus: StrictInt = Field(1, ge=1, le=65536, description="Number of CPU cores.")
     memory: Memory | None = Field(None, description="Memory in bytes, or a size such as 4GiB, 512MB.")
     duration: Duration | None = Field(None, description="Expected run time, e.g. 10m, 04:00:00, PT4H, or seconds.")
     limit: Duration | None = Field(None, description="Hard stop after this run time, e.g. 30m, or seconds.")
@@ -151,7 +151,7 @@ class RequestSpec(SpecModel):
     grace: Grace = Field(
         timedelta(seconds=10), description="Time between the stop warning (SIGTERM) and the hard kill, e.g. 10s."
     )
-    retries: StrictInt = Field(0, ge=0, description="How many times a failed run is retried.")
+    retries: StrictInt = Field(0, ge=0, le=100, description="How many times a failed run is retried.")
 
     @classmethod
     def _rules(cls, data: Mapping[str, Any]) -> list[RuleError]:
@@ -195,8 +195,8 @@ class CheckpointPolicy(SpecModel):
     """
 
     every: Duration | None = Field(None, description="Checkpoint at least this often, e.g. 2m.")
-    every_steps: StrictInt | None = Field(None, ge=1, description="Checkpoint every N steps.")
-    keep: StrictInt = Field(3, ge=1, description="How many durable checkpoints to keep.")
+    every_steps: StrictInt | None = Field(None, ge=1, le=10**12, description="Checkpoint every N steps.")
+    keep: StrictInt = Field(3, ge=1, le=1000, description="How many durable checkpoints to keep.")
     url: OutputUrl | None = Field(None, description="Durable checkpoint folder (step-<N> only); default <output.url>/checkpoints.")
     storage_options: StorageOptions = Field(default_factory=dict, description=OPTIONS_HELP)
 

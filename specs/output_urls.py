@@ -48,11 +48,28 @@ def _split(part: str) -> tuple[str, str]:
     return match.group(1).lower(), rest
 
 
+#: fsspec protocols whose filesystems only read (archives, repositories, inline data).
+_READ_ONLY = ("zip", "tar", "libarchive", "github", "gist", "git", "data", "reference", "jlab", "jupyter")
+#: Local folders of the system itself: never an output destination.
+_SYSTEM = ("/proc", "/sys", "/dev", "/etc", "/boot", "/bin", "/sbin", "/usr", "/lib", "/lib32", "/lib64", "/run")
+
+
 def _problem(url: str) -> Any:
     """The refusal of an output URL that cannot work, or None."""
     got = short_repr(mask_url(url))
+    last_protocol, last_rest = _split(url.split("::")[-1])
+    if last_protocol in ("", *_LOCAL) and last_rest.strip():
+        place = os.path.realpath(os.path.expanduser(last_rest))
+        system = next((d for d in _SYSTEM if place == d or place.startswith(d + "/")), None)
+        if place == "/" or system:
+            return spec_error(f"must not be {'the root folder' if place == '/' else f'a system folder ({system})'}: "
+                              "E31 writes and removes files there", got=got,
+                              fix="give a folder of the job's own, e.g. /srv/results/NAME/ or ~/results/NAME/")
     for part in url.split("::"):
         protocol, rest = _split(part)
+        if protocol in _READ_ONLY:
+            return spec_error(f"cannot be written to: fsspec's {protocol}:// filesystem only reads", got=got,
+                              fix="return to a folder or an object store (s3://, gs://, az://)")
         if protocol in _WEB:
             return spec_error(
                 f"cannot be written to: fsspec's {protocol}:// filesystem only reads", got=got,

@@ -100,7 +100,20 @@ def _syntax_problem(exc: yaml.YAMLError, text: str, source: str) -> Problem:
     return Problem(f"{source}:{line}:{column}", f"YAML syntax error: {reason}")
 
 
-def _duplicate_keys(node: yaml.Node | None) -> list[Problem]:
+def _key_value(loader: yaml.BaseLoader | None, key_node: yaml.ScalarNode) -> Any:
+    """The key as the document means it (``16`` and ``0x10`` are one key,
+    ``1`` and ``1.0`` too); its text when it cannot be built."""
+    if loader is None:
+        return key_node.value
+    try:
+        value = loader.construct_object(key_node)
+        hash(value)
+        return value
+    except Exception:
+        return key_node.value
+
+
+def _duplicate_keys(node: yaml.Node | None, loader: yaml.BaseLoader | None = None) -> list[Problem]:
     problems: list[Problem] = []
     seen_nodes: set[int] = set()
 
@@ -115,16 +128,17 @@ def _duplicate_keys(node: yaml.Node | None) -> list[Problem]:
                     walk(value_node, loc)
                     continue
                 key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+                same = _key_value(loader, key_node) if key is not None else None
                 here = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-                if key is not None and key in first_line:
-                    (line, column), (line2, column2) = first_line[key], here
+                if key is not None and same in first_line:
+                    (line, column), (line2, column2) = first_line[same], here
                     where = (f"line {line}, columns {column} and {column2}" if line == line2
                              else f"lines {line} and {line2}")
                     problems.append(Problem(
                         format_loc((*loc, key)), f"duplicate key (got it twice, at {where}); keep one"
                     ))
                 elif key is not None:
-                    first_line[key] = here
+                    first_line[same] = here
                 walk(value_node, (*loc, key) if key is not None else loc)
         elif isinstance(current, yaml.SequenceNode):
             for index, item in enumerate(current.value):
@@ -134,7 +148,9 @@ def _duplicate_keys(node: yaml.Node | None) -> list[Problem]:
     return problems
 
 
-MAX_EXPANDED_NODES = 100_000  # values a document may expand to once aliases are followed
+MAX_EXPANDED_NODES = 20_000  # values a document may hold, aliases expanded (a spec holds tens)
+MAX_DOCUMENT_CHARS = 256 * 1024  # characters a spec document may have (a spec is a few KB)
+MAX_SCALAR_CHARS = 64 * 1024  # characters one value may have
 
 
 def _expanded_size(node: yaml.Node | None) -> int:
@@ -169,14 +185,22 @@ def load_yaml(text: str, source: str, loader_class: type[SpecLoader] = SpecLoade
         YamlSyntaxError: the text is not valid YAML (or holds several
             documents); its problem path is ``SOURCE:LINE:COLUMN``, 1-based.
     """
-    loader = loader_class(text)
+    if len(text) > MAX_DOCUMENT_CHARS:
+        raise YamlSyntaxError(Problem(source, f"the document has {len(text):,} characters; a spec may have at most "
+                                              f"{MAX_DOCUMENT_CHARS:,} (put large data in an input, not the spec)"))
+    loader = None
     try:
+        loader = loader_class(text)  # its reader refuses control characters: inside the error handling
         node = loader.get_single_node()
         if _expanded_size(node) > MAX_EXPANDED_NODES:
             raise YamlSyntaxError(Problem(
-                source, f"YAML syntax error: aliases expand to more than {MAX_EXPANDED_NODES:,} values; write the values out"
-            ))
-        problems = _duplicate_keys(node)
+                source, f"the document holds more than {MAX_EXPANDED_NODES:,} values (aliases expanded); a spec "
+                        "holds tens: put large data in an input, not the spec"))
+        long = _long_scalar(node)
+        if long is not None:
+            raise YamlSyntaxError(Problem(f"{source}:{long[0]}:{long[1]}", f"a value of {long[2]:,} characters; at "
+                                                                           f"most {MAX_SCALAR_CHARS:,} are allowed"))
+        problems = _duplicate_keys(node, loader)
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         raise YamlSyntaxError(_syntax_problem(exc, text, source)) from None
@@ -185,8 +209,27 @@ def load_yaml(text: str, source: str, loader_class: type[SpecLoader] = SpecLoade
     except (ValueError, TypeError, OverflowError) as exc:  # e.g. an unhashable key
         raise YamlSyntaxError(Problem(source, f"YAML syntax error: {exc}")) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, problems
+
+
+def _long_scalar(node: yaml.Node | None) -> tuple[int, int, int] | None:
+    """(line, column, length) of the first scalar longer than :data:`MAX_SCALAR_CHARS`."""
+    stack, seen = [node], set()
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, yaml.ScalarNode):
+            if len(current.value) > MAX_SCALAR_CHARS:
+                return current.start_mark.line + 1, current.start_mark.column + 1, len(current.value)
+        elif isinstance(current, yaml.MappingNode):
+            stack.extend(x for pair in current.value for x in pair)
+        elif isinstance(current, yaml.SequenceNode):
+            stack.extend(current.value)
+    return None
 
 
 def parse_yaml_value(text: str) -> Any:

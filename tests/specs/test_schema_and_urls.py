@@ -50,7 +50,8 @@ def test_schema_field_forms():
     deadline = request["deadline"]["anyOf"][0]
     assert deadline["type"] == "string" and deadline["format"] == "date-time"
     assert request["gpus"] == {
-        "default": 0, "description": "Number of GPUs.", "minimum": 0, "title": "Gpus", "type": "integer",
+        "default": 0, "description": "Number of GPUs (whole devices, on one node).", "minimum": 0, "maximum": 1024,
+        "title": "Gpus", "type": "integer",
     }
     assert defs["WorkSpec"]["properties"]["kind"]["enum"] == ["training", "inference", "processing", "simulation"]
     assert defs["OutputSpec"]["properties"]["kind"]["enum"] == ["model", "results", "files", "report"]
@@ -178,7 +179,7 @@ def test_output_urls_beside_inputs_are_accepted(data_urls, output_url, checkpoin
     ("simplecache::s3://b/in/", "s3://b/in/sub", "a folder inside data[0].url"),
     ("memory:///in/x.csv", "memory://in", "a folder that holds data[0].url"),
     ("gcs://b/shards/*.parquet", "gs://b/shards", "the same place as data[0].url"),
-    ("/in/x.csv", "/", "a folder that holds data[0].url"),
+    ("/srv/in/x.csv", "/srv", "a folder that holds data[0].url"),
 ])
 def test_output_url_overlapping_an_input_is_refused(data_url, output_url, how):
     from e31.specs import SpecError, parse_spec
