@@ -43,6 +43,7 @@ from e31.tasks.run import SupervisorConfig, run_task
 from e31.tasks.pending import deliver_pending, recorded_return
 from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
 from e31.tasks.storage import describe_error, scrub, use_options
+from e31.tasks.storage.masking import install_log_masking
 from e31.tasks.storage.options import register_destination, register_inputs
 
 
@@ -128,6 +129,7 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     :class:`ReturnError` (the destination refused the output, which stays in
     scratch).
     """
+    install_log_masking()  # every log line of the run is masked, whoever writes it
     try:
         manifest = _run_job(spec, code_dir)
     except JobBusyError as exc:  # refused, not failed: the job's history shows no failure that never ran

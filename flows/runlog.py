@@ -67,6 +67,9 @@ def hide_tracebacks_on_console() -> None:
     Prefect's console handler(s)."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
+    from e31.tasks.storage.masking import install_log_masking
+
+    install_log_masking()
     outage = ApiOutageFilter()
     for handler in logging.getLogger().handlers:
         if isinstance(handler, PrefectConsoleHandler) and not isinstance(handler.formatter, QuietFormatter):

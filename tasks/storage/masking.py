@@ -96,3 +96,42 @@ def describe_error(exc: BaseException, url: str | None = None) -> str:
         if full:
             text += f"; {full}"
     return text
+
+
+class ScrubFilter:
+    """A logging filter that masks every record with :func:`scrub` -- its
+    message and its exception's text -- before any handler writes it: the
+    console, a file, or the Prefect API's log (a client library's exception
+    may quote a signed URL or a header)."""
+
+    def filter(self, record) -> bool:  # noqa: A003 - logging's name
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True
+        masked = scrub(message)
+        if masked != message:
+            record.msg, record.args = masked, ()
+        if record.exc_info and not record.exc_text:
+            import traceback
+
+            record.exc_text = scrub("".join(traceback.format_exception(*record.exc_info)).rstrip())
+        elif record.exc_text:
+            record.exc_text = scrub(record.exc_text)
+        return True
+
+
+#: Loggers whose handlers get :class:`ScrubFilter` (Prefect's run loggers send to the API).
+_LOGGERS = ("", "prefect", "prefect._internal", "prefect.flow_runs", "prefect.task_runs", "prefect.extra",
+            "prefect.workers", "e31")
+
+
+def install_log_masking() -> None:
+    """Put one :class:`ScrubFilter` on every handler of E31's and Prefect's
+    loggers (idempotent; call once logging is configured)."""
+    import logging
+
+    for name in _LOGGERS:
+        for handler in logging.getLogger(name).handlers:
+            if not any(isinstance(f, ScrubFilter) for f in handler.filters):
+                handler.addFilter(ScrubFilter())
