@@ -134,6 +134,7 @@ def _run_with_api(spec: JobSpec, spec_path: str) -> int:
     from e31.flows.admission import check_fits
     from e31.flows.compile import compile_plan
     from e31.flows.deploy import job_tags
+    from e31.flows import job as job_module
     from e31.flows.job import DELIVERED, JobFailedError, run_job
     from e31.flows.resume import check_not_running
     from e31.flows.runlog import hide_tracebacks_on_console
@@ -145,6 +146,7 @@ def _run_with_api(spec: JobSpec, spec_path: str) -> int:
     check_not_running(plan)  # likewise: a second run of a running job leaves no flow run behind
     apply_pending(Path(plan.scratch).parent)  # states the API missed earlier (it was down)
     DELIVERED.pop(spec.name, None)
+    job_module.HOLD_SIGNALS_AFTER_RETURN = True  # once returned, a late signal does not change the exit code
     threading.Thread(target=_leave_when_the_api_stays_down, args=(spec, plan), daemon=True,
                      name="e31-api-watch").start()
     try:

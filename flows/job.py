@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import signal
 import sys
 import time
 from datetime import datetime, timezone
@@ -269,6 +270,7 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
                         raise ConnectionError("the Prefect API does not answer")
                     manifest = return_task(target, outcome)
                     DELIVERED[plan.job] = manifest
+                    _hold_signals()
                     return manifest
                 except Exception as first:
                     try:
@@ -276,10 +278,39 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
                     except Exception as exc:
                         raise (exc if str(exc) else first) from None
                     DELIVERED[plan.job] = manifest  # the job's word is out, whatever the API does next
+                    _hold_signals()
                     publish_artifacts(target, manifest)
                     return manifest
         except Exception as cause:
             raise ReturnError(plan, cause) from None
+
+
+#: Set by the ``e31`` command (and true in a flow process started by a Prefect worker): once the
+#: output is delivered, SIGTERM and SIGINT no longer change how the process ends.
+HOLD_SIGNALS_AFTER_RETURN = False
+
+
+def _hold_signals() -> None:
+    """After the output is delivered the job is over: a late SIGTERM/SIGINT
+    (a worker's, a terminal's) is noted and ignored instead of ending the
+    process with 143 or 130 -- in the ``e31`` command and in a flow process
+    a Prefect worker started (``python -m prefect.engine``), never in a
+    caller's own Python program."""
+    import threading
+
+    by_worker = sys.argv and sys.argv[0].replace("\\", "/").endswith("prefect/engine.py")
+    if not (HOLD_SIGNALS_AFTER_RETURN or by_worker) or threading.current_thread() is not threading.main_thread():
+        return
+    told = []
+
+    def note(signum, frame) -> None:
+        if not told:
+            told.append(signum)
+            print("e31: the output is returned; the signal is ignored and the run ends with its manifest",
+                  file=sys.stderr)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, note)
 
 
 #: The manifest each job's last run in this process delivered (job name -> manifest): the CLI
@@ -289,6 +320,7 @@ DELIVERED: dict[str, dict[str, Any]] = {}
 
 def _finish(plan: JobPlan, manifest: dict[str, Any]) -> dict[str, Any]:
     DELIVERED[plan.job] = manifest
+    _hold_signals()
     if manifest["status"] == "completed":
         # Delivered and verified: the next run of this job starts fresh.
         shutil.rmtree(plan.output_dir, ignore_errors=True)

@@ -410,3 +410,19 @@ def test_cancel_while_inputs_stage_keeps_the_earlier_checkpoints_and_runs_nothin
     assert ended_s < 15, ended_s  # the download alone had about 25 s to go
     assert not list(scratch.glob("*/data/.inp.part-*")) and not list(scratch.glob("*/data/inp"))
     _wait_for(lambda: _flow_run_state(str(run.id)).type.value == "CANCELLED", timeout=20)
+
+
+def test_a_signal_after_the_output_is_returned_does_not_change_the_exit_code(prefect_api, scratch, tmp_path):
+    """Found by an attack: a SIGTERM reaching `e31 run` within about a second
+    after a completed manifest was written killed it with exit 143."""
+    out = tmp_path / "out"
+    proc = _start_cli(tmp_path, _spec(tmp_path, "late-signal", n=3, step_s=0.05))
+    _wait_for(lambda: (out / "manifest.json").exists(), timeout=120)
+    for _ in range(3):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert json.loads((out / "manifest.json").read_text())["status"] == "completed"
+    assert stdout.startswith(f"completed (finished): late-signal -> {out}")
