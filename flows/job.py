@@ -348,6 +348,7 @@ def _run(spec: JobSpec, plan: JobPlan, staged: dict[str, str], code_dir: str | N
         work_sha256=plan.work_sha256,
         output_options=spec.output.storage_options,
         checkpoints=_checkpoints(spec, plan, target.run_id),
+        memory=plan.memory,
     )
     state = run_task.with_options(retries=spec.request.retries, retry_delay_seconds=1)(settings, return_state=True)
     try:

@@ -112,28 +112,25 @@ def open_scratch(plan: JobPlan) -> bool:
     discard_torn(plan.checkpoint_dir)
     attempt = plan.run_dir / ATTEMPT_FILE
     crashed = _read_state(attempt) == "running"
-    if crashed:
-        kill_leftovers(plan)
+    kill_leftovers(plan)  # whatever an earlier run left running (a killed supervisor, a setsid() grandchild)
     attempt.write_text(json.dumps({"state": "running", "pid": os.getpid(), "started": time.time()}))
     return crashed
 
 
 def kill_leftovers(plan: JobPlan) -> list[int]:
-    """SIGKILL what a killed attempt left running: processes of its work's
-    process group (recorded by the run task) that still carry this job's
-    ``E31_CHECKPOINT_DIR`` (a command's own children outlive a kill -9 of
-    the supervisor).  Returns their pids.  Linux only (reads /proc)."""
-    try:
-        pgid = int((plan.run_dir / "child.pgid").read_text())
-    except (OSError, ValueError):
-        return []
+    """SIGKILL what an earlier attempt left running: every process that
+    still carries this job's ``E31_CHECKPOINT_DIR`` in its environment, in
+    whatever process group or session (a command's children outlive a kill
+    -9 of the supervisor; a grandchild may have called ``setsid()``).
+    Returns their pids.  Linux only (reads /proc)."""
     mark = f"E31_CHECKPOINT_DIR={plan.checkpoint_dir}".encode()
     killed = []
+    me = os.getpid()
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == me:
             continue
         try:
-            if os.getpgid(int(entry.name)) != pgid or mark not in (entry / "environ").read_bytes().split(b"\0"):
+            if mark not in (entry / "environ").read_bytes().split(b"\0"):
                 continue
             os.kill(int(entry.name), signal.SIGKILL)
             killed.append(int(entry.name))

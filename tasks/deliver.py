@@ -191,6 +191,7 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
         output_lines_dropped=out.output_lines_dropped,
         folder="." if completed else PARTIAL,
         stale=stale,
+        peak_memory=out.peak_memory,
     )
     if completed:
         Destination(storage.join(req.output_url, PARTIAL)).clear()  # superseded by this complete output

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 STATUSES = ("completed", "partial", "failed")
-REASONS = ("finished", "time_limit", "deadline", "cancelled", "signal", "crashed", "error")
+REASONS = ("finished", "time_limit", "deadline", "cancelled", "signal", "crashed", "error", "out_of_memory")
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ def verdict(reason: str, exit_code: int | None, declared: list[str], present: se
         return Verdict("completed", "finished", message)
     if reason == "error":
         return Verdict("failed", "error", message or f"work exited with code {exit_code}")
+    if reason == "out_of_memory":
+        return Verdict("failed", "out_of_memory", message or "the work used more memory than request.memory")
     return Verdict("partial", reason, message)
 
 
@@ -61,6 +63,7 @@ def build_manifest(
     output_lines_dropped: int = 0,
     folder: str = ".",
     stale: list[str] | None = None,
+    peak_memory: int = 0,
 ) -> dict[str, Any]:
     """The manifest as a JSON-ready dict.
 
@@ -90,6 +93,7 @@ def build_manifest(
         "checkpoint": checkpoint,
         "timings": {k: round(float(v), 3) for k, v in timings.items()},
         "meter": {"gpu_seconds": round(gpus * run_s, 3), "cpu_seconds": round(cpus * run_s, 3)},
+        "peak_memory_bytes": peak_memory,
         "spec_sha256": spec_sha256,
         "finished_at": finished_at,
         "stop_requested_at": stop_requested_at,

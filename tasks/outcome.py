@@ -13,7 +13,7 @@ class RunOutcome:
     """How the run ended.
 
     ``reason``: ``finished`` | ``time_limit`` | ``deadline`` | ``cancelled`` |
-    ``signal`` | ``crashed`` | ``error``.  ``exit_code`` is the child's
+    ``signal`` | ``crashed`` | ``error`` | ``out_of_memory``.  ``exit_code`` is the child's
     (negative: killed by that signal).  ``checkpoint`` is the newest durable
     checkpoint.  ``run_s`` is the wall time in seconds from child start to
     exit.  ``manifest`` is set when the run task already returned the output
@@ -21,6 +21,8 @@ class RunOutcome:
     ``stop_requested_at``: Unix seconds when the stop warning went out.
     ``stdout_tail`` / ``stderr_tail``: the work's last output lines (masked);
     ``output_lines_dropped``: lines not forwarded to the run's log (rate limit).
+    ``peak_memory``: the largest resident memory of the work's process tree
+    seen, in bytes (``reason`` ``out_of_memory`` when it passed ``request.memory``).
     """
 
     reason: str
@@ -32,6 +34,7 @@ class RunOutcome:
     stderr_tail: str = ""
     stdout_tail: str = ""
     output_lines_dropped: int = 0
+    peak_memory: int = 0
     stop_requested_at: float | None = None
     uploads: list[DurableCheckpoint] = field(default_factory=list)
     manifest: dict[str, Any] | None = None

@@ -90,6 +90,7 @@ class Capacity:
             lst.sort()
         self._failed: dict[str | None, list[Request]] = {}
         self.booked = [0] * len(self.nodes)  # reservations of waiting jobs on each node
+        self.drain = [0.0] * len(self.nodes)
 
     def _end(self, job: RunningJob) -> float:
         return job.expected_end if job.expected_end > self.now else self.now + 1.0
@@ -228,7 +229,10 @@ class Capacity:
                 break
             if eligible is not None and not eligible[i]:
                 continue
-            hit = self.fit(i, req, t if t > after else after, best + 1e-9)
+            a = t if t > after else after
+            if self.drain[i] > a:
+                a = self.drain[i]
+            hit = self.fit(i, req, a, best + 1e-9)
             if hit is None or hit[0] > best:
                 continue
             score = (hit[0], booked[i] if AVOID else 0, max(0.0, hit[0] + d - times[i][-1]))
@@ -257,7 +261,7 @@ class Capacity:
             candidates = (i for t, _, i in self.index[g] if t <= now) if g <= self.gmax else ()
         times, found, rank, booked = self.times, None, None, self.booked
         for i in candidates:
-            if eligible is not None and not eligible[i]:
+            if eligible is not None and not eligible[i] or self.drain[i] > now:
                 continue
             hit = self.fit(i, req, now, now + 1e-9)
             if hit is not None:

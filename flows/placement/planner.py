@@ -141,6 +141,8 @@ def _place(cap: Capacity, order: list[_Job], depth: int, fcfs: bool, late: dict 
             continue
         devices = lowest_bits(mask, job.gpus)
         cap.reserve(i, start, start + req[3], devices, job.cpus, job.memory, job.id)
+        if late and job.id in late and start > now and os.environ.get("E31_DRAIN") and late[job.id] <= now:
+            cap.drain[i] = max(cap.drain[i], start)
         slots[job.id] = (start, i, devices, True)
         if start > now:
             reservations += 1
@@ -168,7 +170,7 @@ def _at_risk(jobs: list[_Job], slots: dict[str, _Slot], now: float, age_limit_s:
         M = float(os.environ.get("E31_M", "0.1"))
         if job.deadline is not None and start + j.req[3] > job.deadline and job.deadline - j.req[3] - now < float(os.environ.get("E31_H", "1e18")):
             risky[job.id] = (0, job.deadline, min(job.deadline - j.req[3] - max(M * job.runtime_s, 300.0),
-                                                  job.submitted + age_limit_s))
+                                                  job.submitted + age_limit_s * float(os.environ.get("E31_AF", "1"))))
         elif start > now and now - job.submitted >= age_limit_s:
             risky[job.id] = (1, job.submitted + age_limit_s, now)
         elif start > now and (now - job.submitted >= age_limit_s - float(os.environ.get("E31_WIN", "0")) and start > job.submitted + age_limit_s):

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,17 +30,18 @@ from e31.tasks.deliver import ReturnTarget, deliver, publish_artifacts
 from e31.tasks.outcome import RunOutcome
 from e31.tasks.pending import recorded_return
 from e31.tasks.storage import scrub
-from e31.tasks.storage.local import disk_full
+from e31.tasks.storage.local import disk_full, human_size
 from e31.tasks.supervisor.cancel import CancelWatcher
 from e31.tasks.supervisor.output import OutputForwarder, tail_lines
-from e31.tasks.supervisor.process import die_with_parent
+from e31.tasks.supervisor.process import TOKEN_VAR, WorkTree, die_with_parent, set_subreaper
 from e31.tasks.supervisor.progress import ProgressReporter
 from e31.tasks.supervisor.uploader import Uploader
 from e31.tasks.work.context import ChildConfig, command_environment
 
 POLL_S = 0.2  # seconds between supervisor checks
 STOP_SEEN = "stop_seen"  # written beside the progress file when the work reads ctx.should_stop as true
-RETURNED = "returned"  # written beside the progress file by the child once the work's function returned
+RETURNED = "returned"
+MEMORY_EVERY_S = 0.5  # seconds between measurements of the work's resident memory  # written beside the progress file by the child once the work's function returned
 CHILD_PGID = "child.pgid"  # process group of the running work
 RESERVE_EVERY_S = 2.0  # seconds between re-estimates of the deadline's return reserve
 TAIL_LINES = 20  # lines of the work's stdout and stderr kept in the outcome and the manifest
@@ -57,7 +59,8 @@ class SupervisorConfig:
     ``run_dir`` holds logs and the progress file (its parent is the job's
     scratch folder).  ``output_options`` (unresolved references) and
     ``checkpoints`` go into the pending record of a return the run task
-    makes itself (after a cancel).
+    makes itself (after a cancel).  ``memory``: ``request.memory`` in bytes,
+    enforced on the work's whole process tree (None: not limited).
     """
 
     job: str
@@ -75,6 +78,7 @@ class SupervisorConfig:
     work_sha256: str | None = None
     output_options: dict = field(default_factory=dict)
     checkpoints: dict | None = None
+    memory: int | None = None
 
 
 class _Stop:
@@ -141,6 +145,9 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     returned.unlink(missing_ok=True)
     env = {**os.environ, **command_environment(settings.child)}
     env["PYTHONPATH"] = os.pathsep.join([*settings.child.code_dirs, env.get("PYTHONPATH", "")]).strip(os.pathsep)
+    env[TOKEN_VAR] = uuid.uuid4().hex  # marks every process of this run, setsid() and double forks included
+    tree = WorkTree(env[TOKEN_VAR])
+    set_subreaper()  # orphans of the work are re-parented here, not to init
     command = list(settings.child.command or [sys.executable, "-m", "e31.tasks.work.child", str(config_path)])
 
     stop, clock = _Stop(), _Clock(settings)
@@ -169,9 +176,18 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
                           checkpoint=uploader.finish())
     (run_dir / CHILD_PGID).write_text(str(proc.pid))  # lets the next attempt clean up after a kill -9
     killed = False
+    memory_at = 0.0
     try:
         while proc.poll() is None:
             now = time.time()
+            if now >= memory_at:  # the whole tree's resident memory against request.memory
+                memory_at = now + MEMORY_EVERY_S
+                if tree.rss() > (settings.memory or float("inf")) and stop.reason != "out_of_memory":
+                    stop.reason, stop.warned_at = "out_of_memory", stop.warned_at or now
+                    tree.kill(spare=proc.pid)
+                    killed = True
+                    proc.wait()
+                    break
             clock.update(now)
             if now >= clock.stop_at - settings.grace_s:
                 stop.request(clock.reason)
@@ -199,17 +215,22 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
         restore()
         cancel.stop()
     run_s = time.time() - started
-    _signal_group(proc, signal.SIGKILL)  # leftovers of the child's process group
+    _signal_group(proc, signal.SIGKILL)  # leftovers of the child's process group ...
+    tree.kill(spare=proc.pid)  # ... and every process the work started, in any session
     progress.poll(final=True)
     output.finish()
     cancelled = stop.reason == "cancelled"
     latest = uploader.finish(inline=cancelled)
     code = proc.returncode
-    if killed and returned.exists():  # the work had returned; the kill only cut the interpreter's teardown
+    if killed and returned.exists() and stop.reason != "out_of_memory":  # only the teardown was cut
         code, killed = 0, False
     if stop.reason and code == 0 and not settings.child.command and not stop_seen.exists():
         stop.reason = None  # the work finished during the grace period without ever seeing the warning
     outcome = _outcome(code, stop, killed, run_s, tail_lines(stderr_path, TAIL_LINES, scrub))
+    outcome.peak_memory = tree.peak_rss
+    if stop.reason == "out_of_memory":
+        outcome.message = (f"the work used {human_size(tree.peak_rss)} of resident memory, over request.memory "
+                           f"{human_size(settings.memory or 0)}; killed. Ask for more memory, or use less")
     outcome.stdout_tail = tail_lines(stdout_path, TAIL_LINES, scrub)
     outcome.output_lines_dropped = output.dropped
     outcome.stop_requested_at = stop.warned_at
@@ -255,7 +276,9 @@ def _run_log(stream: str, line: str) -> None:
 
 
 def _outcome(code: int, stop: _Stop, killed: bool, run_s: float, tail: str) -> RunOutcome:
-    if stop.reason:
+    if stop.reason == "out_of_memory":
+        reason, message = "out_of_memory", "killed for memory"
+    elif stop.reason:
         reason = stop.reason
         message = f"stopped early ({reason})" + ("; killed after the grace period" if killed else "")
     elif code == 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -43,3 +44,103 @@ def signals_deferred(message: str) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+#: The environment variable that marks every process of one run of a work (inherited by all it starts).
+TOKEN_VAR = "E31_WORK_TOKEN"
+
+
+def set_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants
+    (``prctl(PR_SET_CHILD_SUBREAPER)``): a grandchild of the work that
+    double-forks or calls ``setsid()`` is re-parented here instead of to
+    init, so it stays findable.  Returns whether it took effect."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # 36 = PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+class WorkTree:
+    """Every process of one run of a work, found by the environment marker
+    ``E31_WORK_TOKEN=<token>`` its first process is started with (so found
+    after ``setsid()`` or a double fork too, which a process group misses).
+    Linux: reads ``/proc``; a process that cleared its environment escapes
+    the marker, but not :func:`set_subreaper`."""
+
+    def __init__(self, token: str):
+        self.mark = f"{TOKEN_VAR}={token}".encode()
+        self.peak_rss = 0  # bytes: the largest total resident memory seen by :meth:`rss`
+
+    def pids(self) -> list[int]:
+        """The pids of the live processes carrying the marker (not this process)."""
+        found = []
+        me = os.getpid()
+        try:
+            entries = os.listdir("/proc")
+        except OSError:
+            return []
+        for name in entries:
+            if not name.isdigit() or int(name) == me:
+                continue
+            try:
+                with open(f"/proc/{name}/environ", "rb") as fh:
+                    if self.mark in fh.read().split(b"\0"):
+                        found.append(int(name))
+            except OSError:
+                continue
+        return found
+
+    def rss(self) -> int:
+        """Total resident memory of the tree now, in bytes (``VmRSS`` of each
+        process); updates :attr:`peak_rss`."""
+        total = 0
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/status", "rb") as fh:
+                    for line in fh:
+                        if line.startswith(b"VmRSS:"):
+                            total += int(line.split()[1]) * 1024
+                            break
+            except (OSError, ValueError, IndexError):
+                continue
+        self.peak_rss = max(self.peak_rss, total)
+        return total
+
+    def kill(self, spare: int | None = None) -> list[int]:
+        """SIGKILL every process of the tree (a few passes, for processes
+        started meanwhile) and reap those re-parented here, except ``spare``
+        (the work's first process, which its ``Popen`` reaps); returns the
+        pids killed."""
+        killed: list[int] = []
+        for _ in range(3):
+            pids = self.pids()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except OSError:
+                    pass
+        for pid in set(killed) - {spare}:
+            _reap(pid)
+        return killed
+
+
+def _reap(pid: int, wait_s: float = 1.0) -> None:
+    """Collect ``pid`` if it is an exited child of this process (an orphan
+    re-parented to this subreaper), so it does not linger as a zombie."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return  # not our child: its own parent reaps it
+        if done or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)

@@ -278,7 +278,7 @@ def test_killed_flow_process_resumes_on_the_next_attempt(prefect_api, scratch, t
 
 
 def test_work_that_finishes_in_the_grace_period_without_seeing_the_warning_completes(prefect_api, scratch, tmp_path):
-    spec = parse_spec(_spec(tmp_path, "finishes-in-grace", limit="9s", grace="7s", ignore_stop=True, n=30, step_s=0.1))
+    spec = parse_spec(_spec(tmp_path, "finishes-in-grace", limit="40s", grace="37s", ignore_stop=True, n=30, step_s=0.1))
     manifest = run_job(spec, code_dir=str(HERE))
     assert manifest["stop_requested_at"] is not None  # the warning went out ...
     assert (manifest["status"], manifest["reason"], manifest["step"]) == ("completed", "finished", 30)  # ... unseen
