@@ -47,7 +47,9 @@ def list_inputs(spec: JobSpec, plan: JobPlan) -> int:
     print(f"  data: {len(listings)} input(s), {files} file(s), {human_bytes(total)} ({total} bytes); "
           f"~{duration_text(seconds)} to stage at {rate:g} MiB/s")
     for name, x in listings.items():
-        print(f"    {name}: {x.kind}, {len(x.entries)} file(s), {human_bytes(x.bytes)}")
+        kind = "glob (a pattern: no object has that exact name)" if x.kind == "glob" else x.kind
+        unknown = " (size not said by the store: known once staged)" if x.size_unknown else ""
+        print(f"    {name}: {kind}, {len(x.entries)} file(s), {human_bytes(x.bytes)}{unknown}")
     return EXIT_OK
 
 

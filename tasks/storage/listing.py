@@ -26,10 +26,16 @@ class OnlyFolders(FileNotFoundError):
     """A glob matched folders only (staging copies the files a glob matches)."""
 
 
+#: ``Entry.size`` of a source whose size its store does not say (an HTTP body sent chunked or
+#: compressed): staged by streaming, its size known only once copied.
+UNKNOWN_SIZE = -1
+
+
 class Entry(NamedTuple):
     """One source file of an input: ``rel`` its POSIX path under the input's
-    root, ``path`` its path on the filesystem, ``size`` in bytes, ``version``
-    (ETag, else modification time) and ``etag`` (None when the store has none)."""
+    root, ``path`` its path on the filesystem, ``size`` in bytes
+    (:data:`UNKNOWN_SIZE` when the store does not say), ``version`` (ETag,
+    else modification time) and ``etag`` (None when the store has none)."""
 
     rel: str
     path: str
@@ -60,8 +66,13 @@ class Listing:
 
     @property
     def bytes(self) -> int:
-        """Total size of the files, in bytes."""
-        return sum(e.size for e in self.entries)
+        """Total size of the files, in bytes (those of unknown size count 0)."""
+        return sum(max(e.size, 0) for e in self.entries)
+
+    @property
+    def size_unknown(self) -> bool:
+        """Whether the store does not say the size of some file."""
+        return any(e.size == UNKNOWN_SIZE for e in self.entries)
 
     def digest(self) -> str:
         """sha256 over every ``(rel, size, version)`` and empty folder: equal
@@ -75,6 +86,10 @@ def list_input(url: str) -> Listing:
     """List what ``url`` names: a single file, a folder (recursively; with
     or without a trailing slash, the same tree) or a glob (``*``, ``?``,
     ``[..]``, ``**``; paths relative to the part before the first wildcard).
+    A URL that names an existing object is that object, even when its name
+    holds glob characters (``data/run[1].csv``); it is a pattern only when
+    nothing has that exact name.  Zero-byte "folder marker" objects (keys
+    ending in ``/``, as S3 consoles make them) are folders, not files.
 
     Raises ``FileNotFoundError`` when nothing is there (or a glob matches no
     file), and whatever the filesystem raises when it cannot be read
@@ -84,11 +99,11 @@ def list_input(url: str) -> Listing:
     local = "file" in protocols(fs)
     if not local:
         fs.invalidate_cache()  # a listing must show the store now, not s3fs's cached listing of a moment ago
-    if has_magic(path) and not {"http", "https"} & set(protocols(fs)):  # "?" starts an HTTP query, not a glob
+    if has_magic(path) and not {"http", "https"} & set(protocols(fs)) and not fs.exists(path):  # "?" starts an HTTP query
         base = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
         found = fs.glob(path, detail=True)
         entries = [_entry(fs, name, _under(name, base), info) for name, info in sorted(found.items())
-                   if info.get("type") != "directory"]
+                   if info.get("type") != "directory" and not _marker(name, info)]
         if not entries:
             folders = sum(1 for info in found.values() if info.get("type") == "directory")
             if folders:
@@ -114,12 +129,17 @@ def list_input(url: str) -> Listing:
             rel = _under(stripped, path)
             if rel in (".", ""):
                 continue
-            if meta.get("type") == "directory":
-                folders.append(rel)
+            if meta.get("type") == "directory" or _marker(name, meta):
+                folders.append(rel.rstrip("/"))
             else:
                 entries.append(_entry(fs, stripped, rel, meta))
-        dirs = _empty_dirs(folders, [e.rel for e in entries])
+        dirs = _empty_dirs(sorted(set(folders) - {""}), [e.rel for e in entries])  # a marker and its prefix: one
     return Listing(url, "folder", entries, dirs, local=local, root=path, scan=scan)
+
+
+def _marker(name: str, info: dict[str, Any]) -> bool:
+    """A zero-byte "folder marker" object: a key ending in ``/``."""
+    return name.endswith("/") and not info.get("size")
 
 
 def unchanged(listing: Listing) -> bool:
@@ -252,7 +272,9 @@ def _under(name: str, root: str) -> str:
 
 def _entry(fs: fsspec.AbstractFileSystem, path: str, rel: str, info: dict[str, Any]) -> Entry:
     etag = info.get("ETag") or info.get("etag")
-    return Entry(rel, path if "://" not in path else fs._strip_protocol(path), int(info.get("size") or 0),
+    size = info.get("size")
+    return Entry(rel, path if "://" not in path else fs._strip_protocol(path),
+                 int(size) if size is not None else UNKNOWN_SIZE,
                  _version(info), str(etag).strip('"') if etag else None)
 
 

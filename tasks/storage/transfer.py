@@ -30,7 +30,7 @@ from e31.tasks.storage import etag
 
 from e31.tasks import settings, storage
 from e31.tasks.storage.local import VerifyError
-from e31.tasks.storage.listing import Entry, Listing, find_output, scan_local
+from e31.tasks.storage.listing import UNKNOWN_SIZE, Entry, Listing, find_output, scan_local
 from e31.tasks.storage.progress import TransferProgress
 
 BATCH_SIZE = settings.value("E31_TRANSFER_BATCH")  # concurrent file transfers from a store
@@ -170,7 +170,7 @@ def verify(listing: Listing, dest: Path, checked: dict[str, bool | None] | None 
         got = copies.get(e.rel)
         if got is None:
             bad.append(f"{e.rel}: missing after the copy")
-        elif got[0] != e.size:
+        elif got[0] != e.size and e.size != UNKNOWN_SIZE:  # unknown: the declared sha256 is the check
             bad.append(f"{e.rel}: {got[0]} bytes copied, the source has {e.size}")
         elif not listing.local and (checked[e.rel] if e.rel in checked
                                     else etag.matches(dest / e.rel, e.etag, e.size)) is False:
