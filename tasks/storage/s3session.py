@@ -14,11 +14,17 @@ AWS CLI sets its own timestamp parser the same way, in
 ``awscli/customizations/scalarparse.py``).  :func:`prepare` gives an s3fs
 filesystem that has not connected yet such a session, built from the same
 session arguments s3fs would use (``profile`` ...).
+
+The same sessions pin downloads to one version of an object
+(:func:`pinned`): each GetObject of an object being staged carries
+``If-Match`` with the ETag it was listed with.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 from datetime import datetime
 from typing import Any
 
@@ -63,7 +69,41 @@ def session(**kwargs: Any):
 
     made = AioSession(**kwargs)
     made.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
+    made.register("before-parameter-build.s3.GetObject", _pin_version)
     return made
+
+
+_PINNED: dict[tuple[str, str], str] = {}  # (bucket, key) -> the ETag every GET of it must match
+_PINNED_LOCK = threading.Lock()
+
+
+def _pin_version(params: dict, **_: Any) -> None:
+    """botocore hook: a GET of a pinned object carries ``If-Match`` with the
+    ETag it was listed with, so every ranged or resumed read is of that one
+    version (a replaced object answers 412 instead of sending other bytes)."""
+    with _PINNED_LOCK:
+        tag = _PINNED.get((params.get("Bucket", ""), params.get("Key", "")))
+    if tag and "IfMatch" not in params:
+        params["IfMatch"] = f'"{tag}"'
+
+
+@contextlib.contextmanager
+def pinned(objects: dict[str, str]):
+    """Within the block, every GET of an object in ``objects`` (``"bucket/key"``
+    -> its listed ETag) must match that ETag (see :func:`_pin_version`)."""
+    keys = {}
+    for path, tag in objects.items():
+        bucket, _, key = path.partition("/")
+        if tag:
+            keys[(bucket, key)] = tag.strip('"')
+    with _PINNED_LOCK:
+        _PINNED.update(keys)
+    try:
+        yield
+    finally:
+        with _PINNED_LOCK:
+            for k in keys:
+                _PINNED.pop(k, None)
 
 
 def prepare(fs: Any) -> None:

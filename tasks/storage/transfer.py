@@ -26,7 +26,7 @@ from pathlib import Path
 from fsspec.asyn import AsyncFileSystem
 from fsspec.callbacks import Callback
 
-from e31.tasks.storage import etag
+from e31.tasks.storage import etag, s3session
 
 from e31.tasks import settings, storage
 from e31.tasks.storage.local import VerifyError
@@ -113,7 +113,23 @@ def _copy_local(entry: Entry, target: Path, progress: TransferProgress) -> None:
 
 
 def _get_remote(listing: Listing, dest: Path, progress: TransferProgress) -> dict[str, bool | None]:
+    """Download the listing's files; on S3 every read is pinned to the
+    version listed (``If-Match`` its ETag): an object replaced meanwhile
+    raises :class:`ChangedWhileCopying` instead of being staged as a splice
+    of two versions."""
     fs, _ = storage.filesystem(listing.url)
+    if "s3" not in storage.protocols(fs):
+        return _get_remote_files(fs, listing, dest, progress)
+    try:
+        with s3session.pinned({e.path: e.etag for e in listing.entries if e.etag}):
+            return _get_remote_files(fs, listing, dest, progress)
+    except Exception as exc:
+        if "PreconditionFailed" in f"{type(exc).__name__} {exc}" or "pre-conditions" in str(exc) or "412" in str(exc):
+            raise ChangedWhileCopying([e.rel for e in listing.entries]) from None
+        raise
+
+
+def _get_remote_files(fs, listing: Listing, dest: Path, progress: TransferProgress) -> dict[str, bool | None]:
     rpaths = [e.path for e in listing.entries]
     lpaths = [str(dest / e.rel) for e in listing.entries]
     s3 = "s3" in storage.protocols(fs)

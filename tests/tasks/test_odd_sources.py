@@ -100,3 +100,26 @@ def test_a_source_of_unknown_size_is_streamed_and_checked_by_its_sha256(odd_http
 
     with pytest.raises(StageError, match="sha256 mismatch"):
         stage_input(bad, tmp_path / "data")
+
+
+def test_every_s3_read_of_a_staged_object_is_pinned_to_its_listed_version(s3_server, s3_prefix, tmp_path):
+    """Found by trying s3fs's bug reports: an object replaced v1 -> v2 -> v1
+    while its download resumed with a Range request was staged as a splice.
+    Every GET of an object being staged carries If-Match with the ETag it
+    was listed with: another version answers 412 and is listed and copied
+    again, whole."""
+    from e31.tasks import storage
+    from e31.tasks.storage import s3session
+
+    url = s3_prefix + "model.bin"
+    fs, path = storage.filesystem(url)
+    fs.pipe_file(path, b"1" * 1000)
+    v1 = list_input(url)
+    with s3session.pinned({path: v1.entries[0].etag}):
+        assert fs.cat_file(path) == b"1" * 1000
+    fs.pipe_file(path, b"2" * 1000)  # replaced after it was listed
+    with s3session.pinned({path: v1.entries[0].etag}):
+        with pytest.raises(OSError, match="pre-conditions you specified did not hold"):
+            fs.cat_file(path)
+    staged = stage_input(DataInput(name="m", url=url), tmp_path / "data", listing=v1)
+    assert Path(staged.path).read_bytes() == b"2" * 1000  # the version now there, whole
