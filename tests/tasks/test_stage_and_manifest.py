@@ -99,7 +99,8 @@ def test_manifest_meter_bills_allocated_seconds():
     assert m["meter"] == {"gpu_seconds": 20.0, "cpu_seconds": 40.0}
     assert m["timings"] == {"staging_s": 0.5, "run_s": 10.0, "return_s": 0.25}
     assert list(m) == ["job", "run_id", "status", "reason", "message", "exit_code", "step", "folder", "files", "stale",
-                       "checkpoint", "timings", "meter", "spec_sha256", "finished_at", "stop_requested_at", "logs"]
+                       "checkpoint", "timings", "meter", "peak_memory_bytes", "spec_sha256", "finished_at",
+                       "stop_requested_at", "logs"]
     assert (m["folder"], m["stale"]) == (".", [])
     assert m["logs"] == {"stdout_tail": "", "stderr_tail": "", "lines_not_forwarded": 0}
 
