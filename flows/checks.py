@@ -143,6 +143,10 @@ def entrypoint_problems(data: Mapping[str, Any], code_dir: str | None) -> tuple[
         except (ImportError, ValueError, AttributeError):
             found = None
     if found is None:
+        moved = _e31_module(module_name)
+        if moved:
+            return [Problem("work.entrypoint", f"no module {module_name!r} (got {entry!r}); did you mean "
+                                               f"{moved}:{func}? (E31's own modules are under e31.)")], None
         return [], (f"work.entrypoint {entry!r} not checked: module {module_name!r} is not importable here "
                     "(it must be where the job runs: installed, or beside the spec)")
     origin = found.origin
@@ -161,6 +165,31 @@ def entrypoint_problems(data: Mapping[str, Any], code_dir: str | None) -> tuple[
     fix = f"did you mean {module_name}:{close[0]}?" if close else (
         f"functions there: {', '.join(public[:8])}" if public else "the module defines no functions")
     return [Problem("work.entrypoint", f"{module_name} has no {head!r} (got {entry!r}); {fix}")], None
+
+
+def _e31_module(name: str) -> str | None:
+    """The module of the installed ``e31`` package a missing ``name`` most
+    likely means: ``e31.<name>`` (a name from before E31 was one package,
+    e.g. ``examples.digits``), or the closest ``e31.*`` module to a
+    misspelt one (``e31.exmples.digits``); None when ``name`` is not E31's."""
+    import importlib
+    import pkgutil
+
+    try:
+        if importlib.util.find_spec(f"e31.{name}") is not None:
+            return f"e31.{name}"
+    except (ImportError, ValueError):
+        pass
+    modules = []
+    for sub in ("specs", "tasks", "flows", "deployments", "examples"):
+        package = importlib.import_module(f"e31.{sub}")  # light: no package imports Prefect, fsspec or torch
+        modules.append(package.__name__)
+        modules += [info.name for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
+                    if not info.name.split(".")[-1].startswith("_")]
+    if name == "e31" or name.startswith("e31."):
+        close = difflib.get_close_matches(name, modules, n=1, cutoff=0.8)
+        return close[0] if close else None
+    return None
 
 
 class SpecChecks:

@@ -240,10 +240,14 @@ def cmd_return(args: argparse.Namespace) -> int:
         secrets = uses_secret_blocks(pending.output_options) or uses_secret_blocks((pending.checkpoints or {}).get("options"))
         with prefect_api() if secrets else contextlib.nullcontext():  # Secret blocks need the Prefect API
             manifest = deliver_pending(scratch)
+            if manifest is not None:
+                from e31.flows.statesync import remember
+
+                remember(scratch, manifest)  # the interrupted run's flow run gets the manifest's state ...
             if os.environ.get("PREFECT_API_URL") or secrets:
                 from e31.flows.statesync import apply_pending
 
-                apply_pending(default_scratch_root())
+                apply_pending(default_scratch_root())  # ... now, if an API answers (else at the next e31 run)
     except E31Error as exc:
         print(f"e31: cannot return the output of {job}: {exc}" + (
             "" if "stays in" in str(exc) or "gone" in str(exc) else f"; it stays in {pending.target.output_dir}"),

@@ -27,6 +27,7 @@ from e31.errors import E31Error
 from e31.flows.compile import JobPlan, compile_plan, describe_markdown
 from e31.flows.admission import AdmissionError, check_fits
 from e31.flows.deploy import FLOW_NAME
+from e31.flows.statesync import settle_earlier_run
 from e31.flows.resume import JobBusyError, Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
 from e31.specs import JobSpec, mask_url
 from e31.tasks.checkpoint import latest_durable, upload
@@ -167,8 +168,13 @@ def _run_job(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
             earlier = deliver_pending(Path(plan.scratch), drop_if_gone=True)
         except Exception as exc:
             raise ReturnError(plan, exc) from None
-        if earlier is not None and earlier["status"] == "completed":
-            return earlier
+        if earlier is not None:
+            settle_earlier_run(Path(plan.scratch), earlier)
+            if earlier["status"] == "completed" and earlier.get("spec_sha256") == plan.spec_sha256:
+                get_run_logger().warning(
+                    "the earlier run %s of this same spec had finished; its return was interrupted and is now "
+                    "delivered: that is this job's output (the work did not run again)", earlier.get("run_id"))
+                return earlier
         return _attempt(spec, plan, Resume(resume_step(plan), crashed), code_dir)
     finally:
         end_attempt(plan)

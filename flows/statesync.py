@@ -68,3 +68,11 @@ def apply_pending(scratch_root: Path) -> list[str]:
         except Exception:  # the API is still away, or the run is gone: try again next time
             continue
     return done
+
+
+def settle_earlier_run(scratch: Path, manifest: dict[str, Any]) -> None:
+    """A return an earlier run could not finish was just delivered: set that
+    run's flow run (left ``Running`` when its process was killed) to the
+    manifest's state now, or when an API answers again."""
+    if remember(scratch, manifest) is not None:
+        apply_pending(Path(scratch).parent)

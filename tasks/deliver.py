@@ -154,11 +154,13 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
     top = read_manifest(req.output_url)
     if top and top.get("run_id") == req.run_id and top.get("status") == "completed":
         return top  # never downgrade a completed run
-    files, refused = regular_files(Path(req.output_dir), skip=(MANIFEST,))
-    reserved = _skip(req)
+    files, refused = regular_files(Path(req.output_dir))
+    reserved = (*_skip(req), MANIFEST)
     for _, rel in files:
         if rel.split("/", 1)[0] in reserved:
-            refused.append(f"{rel}: {rel.split('/', 1)[0]}/ at the destination is E31's (partial runs, durable "
+            refused.append(f"{rel}: manifest.json at the destination is E31's; write the work's file under another "
+                           "name" if rel == MANIFEST else
+                           f"{rel}: {rel.split('/', 1)[0]}/ at the destination is E31's (partial runs, durable "
                            "checkpoints); write the file under another folder name")
     files = [(path, rel) for path, rel in files if rel.split("/", 1)[0] not in reserved]
     v = verdict(out.reason, out.exit_code, req.declared, {rel for _, rel in files}, out.message)

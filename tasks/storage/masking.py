@@ -14,6 +14,10 @@ from typing import Any, Iterator, Mapping
 from e31.specs import is_credential_key, mask_url
 from e31.tasks.storage.filesystems import registered_options
 
+#: Environment variables whose names look like credentials but never hold one (PWD: the
+#: working folder, whose name matches the "pwd" of password).
+NOT_SECRET_ENV = frozenset({"PWD", "OLDPWD"})
+
 _SECRET_VALUES: set[str] = set()  # values read from Secret blocks (scrub masks them wherever they appear)
 _LOCK = threading.Lock()
 
@@ -32,7 +36,8 @@ def scrub(text: str) -> str:
     with _LOCK:
         secrets = set(_SECRET_VALUES)
     values = {v for opts in registered_options() for v in _credentials(opts) if len(v) >= 6} | secrets
-    values |= {v for name, v in os.environ.items() if len(v) >= 6 and is_credential_key(name)}
+    values |= {v for name, v in os.environ.items()
+               if len(v) >= 6 and name not in NOT_SECRET_ENV and is_credential_key(name)}
     for value in sorted(values, key=len, reverse=True):
         text = text.replace(value, "***")
     return _URL_IN_TEXT.sub(lambda m: mask_url(m.group(0)), text) if "://" in text else text

@@ -255,8 +255,10 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
 @contextlib.contextmanager
 def _log_file(path: Path) -> Iterator[int]:
     """A fresh log file opened for appending (so a cap that cuts it back
-    leaves the child writing at the new end); yields its descriptor."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    leaves the child writing at the new end), readable by its owner only
+    (it holds the work's output unmasked); yields its descriptor."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)  # the full, unmasked output
+    os.fchmod(fd, 0o600)
     try:
         yield fd
     finally:

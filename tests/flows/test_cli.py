@@ -217,6 +217,15 @@ def test_a_misspelt_entrypoint_is_refused_with_the_closest_name(e31, tmp_path):
         "(it must be where the job runs: installed, or beside the spec)")
 
 
+def test_an_entrypoint_in_e31_misspelt_or_from_before_the_package_is_refused_with_the_name(e31):
+    for given in ("e31.exmples.digits:train", "examples.digits:train"):
+        result = e31("validate", str(EXAMPLE), "--set", f"work.entrypoint={given}")
+        assert result.returncode == 2
+        assert result.stderr.splitlines()[1] == (
+            f"  work.entrypoint: no module {given.split(':')[0]!r} (got {given!r}); did you mean "
+            "e31.examples.digits:train? (E31's own modules are under e31.)")
+
+
 def test_version(e31):
     from e31 import __version__
 

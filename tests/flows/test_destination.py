@@ -512,3 +512,53 @@ def test_kill_9_of_e31_run_during_its_return_is_finished_by_e31_return(e31, pref
     manifest = assert_honest(fs, str(tmp_path / "out"))[str(tmp_path / "out")]
     assert manifest["status"] == "completed" and len(manifest["files"]) == 41
     assert not pending.exists()
+
+
+def test_a_rerun_with_another_spec_after_an_interrupted_return_runs_its_own_work(e31, prefect_api, tmp_path, scratch):
+    """Found by a fresh-user trial: after a kill -9 during the return, the
+    next `e31 run` with new params and a new output.url delivered the old
+    run's output to the old destination, never ran its own work and said
+    'completed'.  Now the old output goes where it belonged, the old flow
+    run gets its manifest's state, and the new run does its own work."""
+    code = ("import os, pathlib, sys\nout = pathlib.Path(os.environ['E31_OUTPUT_DIR'])\n"
+            "tag = os.environ['E31_PARAMS']\n"
+            "for i in range(30):\n    (out / f'shard-{i:02d}.bin').write_bytes(os.urandom(2**20))\n"
+            "(out / 'model.pt').write_text(tag)\n")
+    job = _command_job(tmp_path, "rerun-other", code)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(json.dumps(job))
+    exe = Path(sys.executable).with_name("e31")
+    proc = subprocess.Popen([str(exe), "run", str(spec), "--set", "work.params.tag=first"],
+                            env={**os.environ, "E31_SCRATCH": str(scratch)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import fsspec
+
+    started = _wait_for_withdrawal(fsspec.filesystem("file"), str(tmp_path / "out"), None, proc, any_run=True)
+    assert started is not None, "the run ended before its return began"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (scratch / "rerun-other" / PENDING).exists()
+    first_run = json.loads((scratch / "rerun-other" / PENDING).read_text())["target"]["run_id"]
+    result = e31("run", str(spec), "--set", "work.params.tag=second", "--set", f"output.url={tmp_path / 'other'}",
+                 env={"E31_SCRATCH": str(scratch)})
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "out" / "model.pt").read_text()) == {"tag": "first"}  # delivered where it belonged
+    assert json.loads((tmp_path / "other" / "model.pt").read_text()) == {"tag": "second"}  # and the new work ran
+    second = json.loads((tmp_path / "other" / "manifest.json").read_text())
+    assert second["run_id"] != first_run and second["status"] == "completed"
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:  # the killed run no longer stays Running
+        assert client.read_flow_run(first_run).state.type.value == "COMPLETED"
+
+
+def test_a_work_file_named_manifest_json_fails_the_job_loudly(prefect_api, scratch, tmp_path):
+    from e31.flows.job import JobFailedError, run_job
+    from e31.specs import parse_spec
+
+    code = ("import os, pathlib; out = pathlib.Path(os.environ['E31_OUTPUT_DIR']); "
+            "(out / 'model.pt').write_text('m'); (out / 'manifest.json').write_text('{\"mine\": 1}')")
+    with pytest.raises(JobFailedError) as err:
+        run_job(parse_spec(_command_job(tmp_path, "own-manifest", code)))
+    assert err.value.manifest["message"] == ("output files refused, not returned: manifest.json: manifest.json at the "
+                                             "destination is E31's; write the work's file under another name")

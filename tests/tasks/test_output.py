@@ -86,3 +86,14 @@ def test_tail_reads_only_the_end_of_a_big_file(tmp_path):
     assert tail_lines(path, 3) == "last 27\nlast 28\nlast 29"
     assert tail_lines(tmp_path / "missing.log") == ""
     assert tail_lines(path, 2, mask=lambda s: s.upper()) == "LAST 28\nLAST 29"
+
+
+def test_the_working_folder_is_not_taken_for_a_secret(monkeypatch):
+    """Found by a fresh-user trial: PWD looked like a credential (its name
+    matches the "pwd" of password), so every path under the working folder
+    was shown as ***."""
+    from e31.tasks.storage import scrub
+
+    monkeypatch.setenv("PWD", "/work/projects/e31")
+    monkeypatch.setenv("DB_PASSWORD", "hunter2-planted")
+    assert scrub("File /work/projects/e31/x.py, password hunter2-planted") == "File /work/projects/e31/x.py, password ***"
