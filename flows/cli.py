@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
                          description="deliver the output a run of JOB could not return to its destination; it was "
                                      "kept in the job's scratch folder ($E31_SCRATCH/JOB)")
     ret.add_argument("job", help="the job's name (its spec's name)")
+    from e31.deployments.commands import add_commands  # the queue: the CLI is the one place above every layer
+
+    _PLAIN.update(add_commands(sub))
     return parser
 
 

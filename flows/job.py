@@ -10,6 +10,7 @@ manifest), from the ``e31`` CLI, and as a deployment entrypoint
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import signal
 import sys
@@ -85,11 +86,22 @@ def _child_config(spec: JobSpec, plan: JobPlan, staged: dict[str, str], code_dir
         device=plan.device,
         cpus=plan.cpus,
         gpus=plan.gpus,
+        devices=placed_devices(plan.gpus),
         code_dirs=[code_dir] if code_dir else [],
         checkpoint_every_s=plan.checkpoint_every_s,
         checkpoint_every_steps=plan.checkpoint_every_steps,
         supervised=True,
     )
+
+
+def placed_devices(gpus: int) -> list[int] | None:
+    """The GPU devices a scheduler placed this run on (``E31_GPU_DEVICES``,
+    set by ``e31 worker``: e.g. ``4,5``), or None to use ``0 .. gpus-1``."""
+    text = os.environ.get("E31_GPU_DEVICES")
+    if text is None:
+        return None
+    devices = [int(d) for d in text.split(",") if d.strip().isdigit()]
+    return devices[:gpus] if gpus else []
 
 
 def _settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:

@@ -43,6 +43,7 @@ class ChildConfig:
     checkpoint_every_s: float | None = None
     checkpoint_every_steps: int | None = None
     supervised: bool = False
+    devices: list[int] | None = None
 
     def write(self, path: Path) -> None:
         """Write this config as JSON to ``path``."""
@@ -72,7 +73,7 @@ def command_environment(cfg: ChildConfig) -> dict[str, str]:
         "E31_PARAMS": json.dumps(cfg.params),
         "OMP_NUM_THREADS": str(cfg.cpus),
         "MKL_NUM_THREADS": str(cfg.cpus),
-        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(cfg.gpus)),
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in (cfg.devices if cfg.devices is not None else range(cfg.gpus))),
     }
     latest = checkpoints.latest_valid(Path(cfg.checkpoint_dir))
     env["E31_RESUME_DIR"] = str(latest.path) if latest else ""

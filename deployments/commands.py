@@ -1,0 +1,218 @@
+"""The queue's commands: ``e31 scheduler``, ``e31 worker``, ``e31 submit``,
+``e31 queue``, ``e31 cancel`` (registered by :mod:`e31.flows.cli`).
+
+    e31 scheduler --pool POOL.yaml [--policy e31|fcfs|easy] [--interval S] [--once]
+    e31 worker --pool POOL.yaml --node NAME
+    e31 submit SPEC --pool POOL.yaml [--set FIELD=VALUE ...]
+    e31 queue --pool POOL.yaml
+    e31 cancel JOB|RUN_ID --pool POOL.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from e31.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK, E31Error
+
+
+def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Add the queue's parsers to ``sub`` (argparse subparsers); returns
+    command name -> handler."""
+    s = sub.add_parser("scheduler", help="run the planner service of a pool (one per pool)",
+                       description="place the pool's queued flow runs with the planner, every few seconds")
+    s.add_argument("--pool", required=True, help="pool file (YAML)")
+    s.add_argument("--policy", default="e31", choices=("e31", "fcfs", "easy", "edf"), help="planning policy")
+    s.add_argument("--interval", type=float, default=2.0, help="seconds between ticks when nothing changes")
+    s.add_argument("--once", action="store_true", help="one tick, then exit")
+    w = sub.add_parser("worker", help="run the jobs placed on one node of a pool",
+                       description="a Prefect worker (type e31) that runs only the flow runs placed on --node")
+    w.add_argument("--pool", required=True, help="pool file (YAML)")
+    w.add_argument("--node", required=True, help="this machine's node name in the pool file")
+    m = sub.add_parser("submit", help="queue a job on a pool", description="queue a job on a pool; print its "
+                                                                            "flow run id and its place in the plan")
+    m.add_argument("spec", help="job spec file")
+    m.add_argument("--pool", required=True, help="pool file (YAML)")
+    m.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a field by dotted path")
+    q = sub.add_parser("queue", help="list a pool's queued and running jobs",
+                       description="every queued and running job: node, devices, planned start, reason")
+    q.add_argument("--pool", required=True, help="pool file (YAML)")
+    c = sub.add_parser("cancel", help="cancel a queued or running job", description="cancel a job of the pool: "
+                                                                                    "a queued one leaves the queue, "
+                                                                                    "a running one stops")
+    c.add_argument("job", help="the job's name or its flow run id")
+    c.add_argument("--pool", required=True, help="pool file (YAML)")
+    return {"scheduler": cmd_scheduler, "worker": cmd_worker, "submit": cmd_submit, "queue": cmd_queue,
+            "cancel": cmd_cancel}
+
+
+def _pool(path: str):
+    from e31.specs.pool import load_pool
+
+    return load_pool(path)
+
+
+def _need_api() -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        raise _NoServer("the queue lives on a Prefect server: start one (prefect server start) and set "
+                        "PREFECT_API_URL on every machine of the pool")
+
+
+class _NoServer(E31Error):
+    exit_code = EXIT_FAILED
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    from e31.deployments.scheduler import serve
+
+    pool = _pool(args.pool)
+    _need_api()
+
+    def report(t) -> None:
+        done = ", ".join(f"{v} {k}" for k, v in t.counts.items() if v and k != "unchanged")
+        print(f"{datetime.now(timezone.utc):%H:%M:%S} {t.queued} queued, {t.running} running: {done} "
+              f"(plan {t.plan_s * 1000:.0f} ms, cycle {t.cycle_s * 1000:.0f} ms)", flush=True)
+
+    print(f"e31 scheduler: pool {pool.name}, {sum(n.count for n in pool.nodes)} node(s), policy {args.policy}",
+          flush=True)
+    try:
+        serve(pool, policy=args.policy, interval_s=args.interval, once=args.once, report=report)
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import anyio
+    from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
+
+    from e31.deployments.worker import E31Worker, check_node, node_gpus_override
+    from e31.flows.queue import nodes_of, work_pool_name
+
+    pool = _pool(args.pool)
+    _need_api()
+    declared = next((n for n in nodes_of(pool) if n.name == args.node), None)
+    if declared is None:
+        names = ", ".join(n.name for n in nodes_of(pool)[:10])
+        print(f"e31: worker: no node {args.node!r} in pool {pool.name} (nodes: {names})", file=sys.stderr)
+        return EXIT_INVALID
+    check_node(declared, node_gpus_override())
+    query = float(os.environ.get("PREFECT_WORKER_QUERY_SECONDS") or 1)  # released runs start within a second or two
+
+    async def run() -> None:
+        async with E31Worker(work_pool_name=work_pool_name(pool), node=args.node, prefetch_seconds=5,
+                             heartbeat_interval_seconds=10) as worker:
+            await worker.start()
+
+    print(f"e31 worker: node {args.node} of pool {pool.name}", flush=True)
+    with temporary_settings(updates={PREFECT_WORKER_QUERY_SECONDS: query}):
+        try:
+            anyio.run(run)
+        except KeyboardInterrupt:
+            pass
+    return EXIT_OK
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from prefect.client.orchestration import get_client
+
+    from e31.deployments.scheduler import tick
+    from e31.deployments.worker import E31Worker
+    from e31.flows.checks import SpecChecks
+    from e31.flows.deploy import job_tags, parameters
+    from e31.flows.queue import read
+    from e31.specs import load_spec
+
+    pool = _pool(args.pool)
+    _need_api()
+    checks = SpecChecks(code_dir=str(Path(args.spec).resolve().parent))
+    spec = load_spec(args.spec, overrides=args.overrides, checks=checks)
+    with get_client(sync_client=True) as client:
+        run = submit_run(client, pool, spec, str(Path(args.spec).resolve().parent), job_tags(spec),
+                         E31Worker.get_default_base_job_template())
+        snap = read(client, pool)
+        from e31.flows.placement import plan
+
+        mine = next((p for p in plan(snap.nodes, snap.running, snap.queued, snap.now) if p.job == str(run.id)), None)
+    print(f"submitted {spec.name}: flow run {run.id}")
+    if mine is not None:
+        print(f"  {_describe(mine)}")
+    return EXIT_OK
+
+
+def submit_run(client: Any, pool: Any, spec: Any, code_dir: str, tags: list[str], template: dict) -> Any:
+    """Queue ``spec`` on ``pool``; returns the flow run (see :func:`e31.flows.queue.submit`)."""
+    from e31.flows.deploy import parameters
+    from e31.flows.queue import submit
+
+    return submit(client, pool, parameters(spec, code_dir), tags, template)
+
+
+def _describe(p: Any) -> str:
+    if p.action == "start":
+        return f"start now on {p.node}" + (f", GPUs {','.join(map(str, p.devices))}" if p.devices else "")
+    if p.action == "refuse":
+        return f"refused: {p.reason}"
+    return f"waiting: {p.reason}"
+
+
+def _hhmm(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%H:%M UTC") if ts else "-"
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    from prefect.client.orchestration import get_client
+
+    from e31.flows.placement import plan
+    from e31.flows.queue import read
+
+    pool = _pool(args.pool)
+    _need_api()
+    with get_client(sync_client=True) as client:
+        snap = read(client, pool)
+    rows = [("JOB", "RUN", "STATE", "NODE", "GPUS", "START", "REASON")]
+    for r in sorted(snap.running, key=lambda j: (j.node, j.start)):
+        run = snap.runs[r.id]
+        rows.append((snap.specs[r.id].name, r.id[:8], run.state.name, r.node, ",".join(map(str, r.devices)) or "-",
+                     _hhmm(r.start), "running"))
+    for p in plan(snap.nodes, snap.running, snap.queued, snap.now):
+        rows.append((snap.specs[p.job].name, p.job[:8], "Queued", p.node or "-",
+                     ",".join(map(str, p.devices)) or "-", _hhmm(p.start), p.reason))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(6)]
+    for row in rows:
+        print("  ".join(str(v).ljust(w) for v, w in zip(row[:6], widths)) + "  " + row[6])
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Cancelling
+
+    from e31.flows.queue import PLACED, QUEUED, read
+
+    pool = _pool(args.pool)
+    _need_api()
+    with get_client(sync_client=True) as client:
+        snap = read(client, pool)
+        targets = [k for k in snap.runs if k == args.job or k.startswith(args.job) and len(args.job) >= 8
+                   or (k in snap.specs and snap.specs[k].name == args.job)]
+        if not targets:
+            print(f"e31: cancel: no queued or running job {args.job!r} in pool {pool.name}", file=sys.stderr)
+            return EXIT_FAILED
+        for key in targets:
+            state = snap.runs[key].state
+            if state.type.value == "SCHEDULED" and state.name in (QUEUED, "Scheduled", "Late"):
+                client.set_flow_run_state(key, Cancelled(message="cancelled while queued (e31 cancel)"), force=True)
+                print(f"cancelled {snap.specs[key].name} ({key}): removed from the queue")
+            else:
+                client.set_flow_run_state(key, Cancelling(message="cancel requested (e31 cancel)"), force=True)
+                print(f"cancelling {snap.specs[key].name} ({key}): the work is stopped and its output returned"
+                      + (" once it starts" if state.name == PLACED else ""))
+    return EXIT_OK

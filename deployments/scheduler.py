@@ -1,0 +1,97 @@
+"""``e31 scheduler``: the planner service of one pool, a loop of idempotent ticks.
+
+Each tick reads the pool's flow runs from the Prefect server (a snapshot:
+:func:`e31.flows.queue.read`), plans them (:func:`e31.flows.placement.plan`,
+pure) and records the plan on the runs (:func:`e31.flows.queue.apply`):
+runs that may start are placed on a node and released to its worker, each
+waiting run's state message says why and until when, refused runs fail with
+their reason, runs of a node whose worker stopped answering are crashed (and
+requeued when they have retries left).  A tick that finds nothing new
+changes nothing, so a restarted scheduler simply goes on; run one per pool.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from e31.flows import queue
+from e31.flows.placement import plan
+from e31.specs.pool import PoolSpec
+
+#: Seconds between ticks (a tick also follows each change it makes at once).
+INTERVAL_S = 2.0
+#: Seconds between reads of the jobs' run-time history (completed runs).
+HISTORY_EVERY_S = 60.0
+
+
+@dataclass
+class Tick:
+    """What one tick saw and did: ``queued``/``running`` counts, ``counts``
+    per action (:func:`e31.flows.queue.apply`), ``plan_s`` the planner's
+    seconds and ``cycle_s`` the whole tick's."""
+
+    queued: int
+    running: int
+    counts: dict[str, int]
+    plan_s: float
+    cycle_s: float
+
+
+def history(client: Any, pool: PoolSpec, limit: int = 200) -> dict[str, list[float]]:
+    """Job name -> run times in seconds (oldest first) of the pool's most
+    recent completed flow runs, for jobs that declare no ``duration``."""
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                WorkPoolFilter, WorkPoolFilterName)
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    runs = client.read_flow_runs(
+        work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[queue.work_pool_name(pool)])),
+        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+            type=FlowRunFilterStateType(any_=[StateType.COMPLETED]))),
+        sort=FlowRunSort.START_TIME_DESC, limit=limit)
+    found: dict[str, list[float]] = {}
+    for run in reversed(runs):
+        spec = (run.parameters or {}).get("spec") or {}
+        if isinstance(spec, dict) and run.total_run_time:
+            found.setdefault(str(spec.get("name")), []).append(run.total_run_time.total_seconds())
+    return found
+
+
+def tick(client: Any, pool: PoolSpec, policy: str = "e31", runtimes: dict[str, list[float]] | None = None,
+         now: float | None = None) -> Tick:
+    """Read, plan, apply once (see the module docstring)."""
+    started = time.monotonic()
+    snap = queue.read(client, pool, now=now, history=runtimes)
+    t0 = time.monotonic()
+    placements = plan(snap.nodes, snap.running, snap.queued, snap.now, policy)
+    plan_s = time.monotonic() - t0
+    counts = queue.apply(client, snap, placements)
+    return Tick(len(snap.queued), len(snap.running), counts, plan_s, time.monotonic() - started)
+
+
+def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, once: bool = False,
+          report: Callable[[Tick], None] | None = None) -> None:
+    """Run ticks until interrupted (``once``: a single tick).  Creates the
+    pool's work pool and queue deployment first.  ``report`` is called with
+    every tick that changed something."""
+    from prefect.client.orchestration import get_client
+
+    from e31.deployments.worker import E31Worker
+
+    with get_client(sync_client=True) as client:
+        queue.ensure_pool(client, pool, E31Worker.get_default_base_job_template())
+        runtimes, read_at = {}, 0.0
+        while True:
+            if time.monotonic() - read_at > HISTORY_EVERY_S:
+                runtimes, read_at = history(client, pool), time.monotonic()
+            result = tick(client, pool, policy, runtimes)
+            changed = sum(v for k, v in result.counts.items() if k != "unchanged")
+            if report is not None and changed:
+                report(result)
+            if once:
+                return
+            if not changed:
+                time.sleep(interval_s)

@@ -1,0 +1,108 @@
+"""``e31 worker``: a Prefect worker that runs only the flow runs the E31
+scheduler placed on its node, each with exactly its GPU devices.
+
+A subclass of Prefect's process worker (type ``e31``, registered through
+the ``prefect.collections`` entry point).  Its job configuration adds the
+placement the scheduler writes into a flow run's ``job_variables``
+(``e31_node``, ``gpu_devices``, ``cpus``); a run placed on another node, or
+not placed yet, is left alone.  The flow process gets
+``CUDA_VISIBLE_DEVICES`` (and ``E31_GPU_DEVICES``) of its devices and
+``E31_NODE``.
+
+At start the worker checks that this machine has what the pool file
+declares for its node (GPUs, CPUs, memory) and refuses to start otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import Field
+
+from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, ProcessWorker
+
+from e31.errors import InvalidInput
+from e31.flows.queue import WORKER_TYPE
+
+
+class NodeMismatch(InvalidInput):
+    """This machine has less than the pool file declares for the worker's node."""
+
+
+class E31JobConfiguration(ProcessJobConfiguration):
+    """A process job placed by the E31 scheduler: its node and devices."""
+
+    e31_node: str | None = Field(default=None)
+    gpu_devices: list[int] = Field(default_factory=list)
+    cpus: int | None = Field(default=None)
+
+    def prepare_for_flow_run(self, flow_run: Any, deployment: Any = None, flow: Any = None, work_pool: Any = None,
+                             worker_name: str | None = None, worker_id: Any = None) -> None:
+        """Prefect's preparation, then the placement into the flow process's
+        environment: ``CUDA_VISIBLE_DEVICES`` and ``E31_GPU_DEVICES`` (the
+        placed devices, e.g. ``4,5``; empty for a CPU job) and ``E31_NODE``."""
+        super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id=worker_id)
+        devices = ",".join(str(d) for d in self.gpu_devices)
+        self.env = {**self.env, "CUDA_VISIBLE_DEVICES": devices, "E31_GPU_DEVICES": devices,
+                    "E31_NODE": self.e31_node or ""}
+
+
+class E31Variables(ProcessVariables):
+    """The work pool's variables: what the scheduler sets on each flow run."""
+
+    e31_node: str | None = Field(default=None, description="Node the E31 scheduler placed the run on "
+                                                           "(set by the scheduler; a worker runs only its node's).")
+    gpu_devices: list[int] = Field(default_factory=list, description="GPU device numbers of the placement on the "
+                                                                     "node; the work sees exactly these.")
+    cpus: int | None = Field(default=None, description="CPUs of the placement (the job's request.cpus).")
+
+
+class E31Worker(ProcessWorker):
+    """Runs the flow runs placed on ``node`` (its worker name) and no other."""
+
+    type = WORKER_TYPE
+    job_configuration = E31JobConfiguration
+    job_configuration_variables = E31Variables
+    _description = "Runs E31 jobs placed on this worker's node by the E31 scheduler, with exactly their GPU devices."
+    _display_name = "E31"
+    _documentation_url = "https://github.com/"  # the README of the E31 repository
+
+    def __init__(self, *args: Any, node: str, **kwargs: Any):
+        kwargs.setdefault("name", node)
+        super().__init__(*args, **kwargs)
+        self.node = node
+
+    async def _get_scheduled_flow_runs(self) -> list[Any]:
+        """Prefect's scheduled runs of the pool, less those not placed on this node."""
+        runs = await super()._get_scheduled_flow_runs()
+        return [r for r in runs if (r.flow_run.job_variables or {}).get("e31_node") == self.node]
+
+
+def check_node(declared: Any, gpus: int | None = None) -> None:
+    """Refuse to serve a node this machine cannot give what the pool file
+    declares: GPUs (``gpus``: the count to use instead of detecting, e.g.
+    from ``E31_NODE_GPUS`` on a machine without GPUs in tests), CPUs, memory.
+    Raises :class:`NodeMismatch` naming each shortfall."""
+    from e31.flows.admission import this_node
+
+    here = this_node()
+    have_gpus = here.gpus if gpus is None else gpus
+    short = []
+    if declared.gpus > have_gpus:
+        short.append(f"{declared.gpus} GPUs declared, {have_gpus} here")
+    if declared.cpus > here.cpus:
+        short.append(f"{declared.cpus} CPUs declared, {here.cpus} here")
+    if declared.memory > here.memory:
+        short.append(f"{declared.memory / 2**30:.1f} GiB of memory declared, {here.memory / 2**30:.1f} GiB here")
+    if short:
+        raise NodeMismatch(f"this machine ({here.name}) cannot be node {declared.name!r} of the pool: "
+                           + "; ".join(short) + "; start the worker on a machine that has them, or declare what this "
+                           "one has in the pool file")
+
+
+def node_gpus_override() -> int | None:
+    """``E31_NODE_GPUS``: the GPU count a worker declares for its node
+    instead of detecting it (for tests on machines without GPUs)."""
+    text = os.environ.get("E31_NODE_GPUS")
+    return int(text) if text and text.strip().isdigit() else None

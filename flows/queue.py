@@ -1,0 +1,293 @@
+"""The live queue's one door to the Prefect API: submit jobs, read the pool's
+flow runs as planner input, and record the planner's decisions on them.
+
+How a queue maps onto Prefect (nothing else holds queue state):
+
+- a pool file's pool is a Prefect **work pool** of type ``e31`` named after
+  it, served by ``e31 worker`` processes (one per node);
+- a submitted job is a **flow run** of ``run_job`` (deployment
+  ``e31-job/queue-<pool>``), created ``Scheduled`` with the state name
+  ``Queued``; runs of any other deployment on the work pool (``e31 deploy
+  --cron``) join the queue when their scheduled time comes;
+- a waiting run's state message is the planner's reason, and its scheduled
+  time the planned start (so the UI shows both, and the run never turns
+  ``Late``);
+- a placed run gets ``job_variables`` ``e31_node``, ``gpu_devices``, ``cpus``
+  and the state ``Scheduled`` named ``Placed`` at the current time: only the
+  ``e31 worker`` of that node takes it;
+- ``Pending``/``Running``/``Cancelling`` runs, and ``Placed`` ones, hold their
+  resources until their state is final (the output returned);
+- a refused run ends ``Failed`` with the reason.
+
+Everything here is a plain function of a Prefect client; the policy is in
+:mod:`e31.flows.placement` (no Prefect import).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from e31.flows.placement import Node, Placement, QueuedJob, RunningJob
+from e31.flows.placement.estimates import estimate_runtime
+from e31.specs import JobSpec
+from e31.specs.pool import PoolSpec
+
+QUEUED, PLACED = "Queued", "Placed"
+#: The node, GPU devices and CPUs of a placement, in a flow run's ``job_variables``.
+NODE_VAR, DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = "e31_node", "gpu_devices", "cpus", "e31_attempt"
+#: Seconds ahead of now a waiting run's scheduled time is kept at least (Prefect marks runs past
+#: their scheduled time Late).
+AHEAD_S = 120.0
+#: Seconds without a worker heartbeat after which its node counts as lost.
+LEASE_S = 60.0
+
+
+def work_pool_name(pool: PoolSpec) -> str:
+    """The Prefect work pool of an E31 pool (its ``name``)."""
+    return pool.name
+
+
+def deployment_name(pool: PoolSpec) -> str:
+    """The deployment name (under the ``e31-job`` flow) that ``e31 submit`` creates runs of."""
+    return f"queue-{pool.name}"
+
+
+def nodes_of(pool: PoolSpec) -> list[Node]:
+    """The planner's nodes of a pool declaration (``count`` expanded)."""
+    return [Node(name, n.gpus, n.cpus, n.memory, n.gpu_type) for n in pool.nodes for name in n.names()]
+
+
+#: The Prefect worker type of E31 work pools (``e31 worker``, :mod:`e31.deployments.worker`).
+WORKER_TYPE = "e31"
+
+
+def ensure_pool(client: Any, pool: PoolSpec, job_template: dict[str, Any] | None = None) -> str:
+    """Create the pool's work pool (type ``e31``, with ``job_template`` as
+    its base job template: the E31 worker's) and its queue deployment when
+    missing; returns the deployment's id."""
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    from e31.flows.deploy import ENTRYPOINT, FLOW_NAME
+
+    name = work_pool_name(pool)
+    try:
+        client.read_work_pool(name)
+    except ObjectNotFound:
+        try:
+            client.create_work_pool(WorkPoolCreate(name=name, type=WORKER_TYPE, base_job_template=job_template or {}))
+        except ObjectAlreadyExists:
+            pass
+    try:
+        return str(client.read_deployment_by_name(f"{FLOW_NAME}/{deployment_name(pool)}").id)
+    except ObjectNotFound:
+        pass
+    from prefect.deployments.runner import RunnerDeployment
+
+    from e31.flows.job import run_job
+
+    deployment = RunnerDeployment.from_flow(run_job, name=deployment_name(pool), work_pool_name=name,
+                                            description=f"E31 queue of pool {pool.name}: e31 submit creates runs")
+    deployment.entrypoint = ENTRYPOINT
+    return str(deployment.apply(work_pool_name=name))
+
+
+def submit(client: Any, pool: PoolSpec, parameters: dict[str, Any], tags: list[str],
+           job_template: dict[str, Any] | None = None) -> Any:
+    """Create the queued flow run of a job (``parameters``: the flow's
+    ``spec`` and ``code_dir``); returns the flow run."""
+    from prefect.states import Scheduled
+
+    deployment_id = ensure_pool(client, pool, job_template)
+    return client.create_flow_run_from_deployment(
+        deployment_id, parameters=parameters, tags=tags,
+        state=Scheduled(name=QUEUED, message="Queued: waiting for the scheduler to place it",
+                        scheduled_time=datetime.now(timezone.utc) + timedelta(seconds=AHEAD_S)))
+
+
+@dataclass
+class Snapshot:
+    """The pool's flow runs as planner input at ``now`` (Unix seconds).
+
+    ``runs``: flow run id -> flow run; ``specs``: id -> the job spec (parsed
+    from its ``spec`` parameter); ``running``/``queued``: planner input;
+    ``bad``: id -> why a run cannot be planned (an unreadable spec);
+    ``lost``: ids of runs holding resources on a node whose worker stopped
+    answering; ``requeue``: ids of crashed runs that have retries left."""
+
+    now: float
+    nodes: list[Node]
+    runs: dict[str, Any] = field(default_factory=dict)
+    specs: dict[str, JobSpec] = field(default_factory=dict)
+    running: list[RunningJob] = field(default_factory=list)
+    queued: list[QueuedJob] = field(default_factory=list)
+    bad: dict[str, str] = field(default_factory=dict)
+    lost: list[str] = field(default_factory=list)
+    requeue: list[str] = field(default_factory=list)
+
+
+_SPECS: dict[str, JobSpec] = {}  # flow run id -> parsed spec (a run's parameters never change)
+
+
+def _spec(run: Any) -> JobSpec:
+    key = str(run.id)
+    if key not in _SPECS:
+        _SPECS[key] = JobSpec.model_validate((run.parameters or {}).get("spec"))
+    return _SPECS[key]
+
+
+def _ts(value: Any) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def _deadline(spec: JobSpec, start: datetime) -> float | None:
+    from e31.flows.compile import resolve_deadline
+
+    deadline, _ = resolve_deadline(spec, start)
+    return deadline.timestamp() if deadline else None
+
+
+def live_nodes(client: Any, pool: PoolSpec, now: float, lease_s: float = LEASE_S) -> dict[str, float]:
+    """Node name -> the last heartbeat (Unix seconds) of its ``e31 worker``,
+    for workers heard from within ``lease_s`` seconds."""
+    found = {}
+    for worker in client.read_workers_for_work_pool(work_pool_name(pool)):
+        beat = _ts(worker.last_heartbeat_time)
+        if beat is not None and now - beat <= lease_s:
+            found[worker.name] = max(beat, found.get(worker.name, 0.0))
+    return found
+
+
+def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[str, list[float]] | None = None,
+         lease_s: float = LEASE_S) -> Snapshot:
+    """Read every non-final flow run of the pool's work pool (and crashed ones
+    that may be retried) as planner input.  ``history``: job name -> past run
+    times in seconds (for jobs without a ``duration``)."""
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                WorkPoolFilter, WorkPoolFilterName)
+    from prefect.client.schemas.objects import StateType
+
+    now = time.time() if now is None else now
+    snap = Snapshot(now=now, nodes=nodes_of(pool))
+    alive = live_nodes(client, pool, now, lease_s)
+    types = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING, StateType.CRASHED]
+    runs, page = [], 200  # the API answers at most a page at a time
+    while True:
+        got = client.read_flow_runs(
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[work_pool_name(pool)])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=types))),
+            limit=page, offset=len(runs))
+        runs += got
+        if len(got) < page:
+            break
+    known = {n.name for n in snap.nodes}
+    for run in runs:
+        key = str(run.id)
+        snap.runs[key] = run
+        try:
+            spec = _spec(run)
+        except Exception as exc:  # not an E31 job spec: cannot be planned
+            snap.bad[key] = f"its spec parameter is not a valid job spec ({type(exc).__name__})"
+            continue
+        snap.specs[key] = spec
+        state, variables = run.state, run.job_variables or {}
+        node = variables.get(NODE_VAR)
+        req = spec.request
+        if state.type == StateType.CRASHED:
+            if int(variables.get(ATTEMPT_VAR, 0)) < req.retries:
+                snap.requeue.append(key)
+            continue
+        holding = state.type in (StateType.PENDING, StateType.RUNNING, StateType.CANCELLING) or \
+            (state.type == StateType.SCHEDULED and state.name == PLACED)
+        if holding:
+            if node not in known:
+                continue
+            if node not in alive:
+                snap.lost.append(key)
+                continue
+            start = _ts(run.start_time) or _ts(state.timestamp) or now
+            estimate = estimate_runtime(_secs(req.duration), _secs(req.limit or req.duration),
+                                        (history or {}).get(spec.name, ()))
+            snap.running.append(RunningJob(
+                id=key, node=node, devices=tuple(int(d) for d in variables.get(DEVICES_VAR) or ()),
+                cpus=int(variables.get(CPUS_VAR) or req.cpus), memory=req.memory or 0,
+                start=start, expected_end=start + estimate.runtime_s))
+            continue
+        due = state.name == QUEUED or (_ts(run.expected_start_time) or now) <= now
+        if state.type == StateType.SCHEDULED and due:
+            submitted = _ts(run.created) if state.name == QUEUED else _ts(run.expected_start_time)
+            submitted = min(submitted or now, now)
+            estimate = estimate_runtime(_secs(req.duration), _secs(req.limit or req.duration),
+                                        (history or {}).get(spec.name, ()))
+            snap.queued.append(QueuedJob(
+                id=key, name=spec.name, gpus=req.gpus, cpus=req.cpus, memory=req.memory or 0,
+                gpu_type=getattr(req, "gpu_type", None), submitted=submitted,
+                deadline=_deadline(spec, datetime.fromtimestamp(submitted, timezone.utc)),
+                runtime_s=estimate.runtime_s, limit_s=_secs(req.limit or req.duration) or estimate.runtime_s,
+                runtime_source=estimate.source, runtime_note=estimate.note))
+    return snap
+
+
+def _secs(value: timedelta | None) -> float | None:
+    return value.total_seconds() if value is not None else None
+
+
+def apply(client: Any, snap: Snapshot, placements: list[Placement]) -> dict[str, int]:
+    """Record the plan on the flow runs: place the runs that start now (their
+    node, devices and CPUs in ``job_variables``, state ``Placed``), write each
+    waiting run's reason and planned start (only when they changed), fail the
+    refused ones with their reason; crash the runs of lost nodes and requeue
+    crashed runs with retries left.  Returns counts per action."""
+    from prefect.states import Crashed, Failed, Scheduled
+
+    counts = {"start": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0}
+    now = datetime.fromtimestamp(snap.now, timezone.utc)
+    for key in snap.lost:
+        run = snap.runs[key]
+        node = (run.job_variables or {}).get(NODE_VAR)
+        client.set_flow_run_state(key, Crashed(message=f"node {node} stopped answering (no worker heartbeat for "
+                                                       f"{LEASE_S:g} s); its resources are free again"), force=True)
+        counts["lost"] += 1
+        if int((run.job_variables or {}).get(ATTEMPT_VAR, 0)) < snap.specs[key].request.retries:
+            snap.requeue.append(key)
+    for key in snap.requeue:
+        run = snap.runs[key]
+        attempt = int((run.job_variables or {}).get(ATTEMPT_VAR, 0)) + 1
+        client.update_flow_run(key, job_variables={ATTEMPT_VAR: attempt})
+        client.set_flow_run_state(key, Scheduled(
+            name=QUEUED, scheduled_time=now + timedelta(seconds=AHEAD_S),
+            message=f"Queued: retry {attempt} of {snap.specs[key].request.retries} after a crash (resumes from its "
+                    "newest durable checkpoint)"), force=True)
+        counts["requeued"] += 1
+    for key, why in snap.bad.items():
+        run = snap.runs[key]
+        if run.state.type.value == "SCHEDULED" and run.state.name == QUEUED:
+            client.set_flow_run_state(key, Failed(message=f"refused: {why}"), force=True)
+            counts["refuse"] += 1
+    for p in placements:
+        run = snap.runs[p.job]
+        if p.action == "start":
+            attempt = int((run.job_variables or {}).get(ATTEMPT_VAR, 0))
+            client.update_flow_run(p.job, job_variables={NODE_VAR: p.node, DEVICES_VAR: list(p.devices),
+                                                         CPUS_VAR: p.cpus, ATTEMPT_VAR: attempt})
+            client.set_flow_run_state(p.job, Scheduled(name=PLACED, scheduled_time=now, message=p.reason), force=True)
+            counts["start"] += 1
+        elif p.action == "refuse":
+            client.set_flow_run_state(p.job, Failed(message=f"refused: {p.reason}"), force=True)
+            counts["refuse"] += 1
+        else:
+            message = f"Queued: {p.reason}"
+            planned = datetime.fromtimestamp(max(p.start or snap.now, snap.now + AHEAD_S), timezone.utc)
+            current = run.state
+            same_time = run.next_scheduled_start_time is not None and \
+                abs(run.next_scheduled_start_time.timestamp() - planned.timestamp()) < AHEAD_S / 2
+            if current.name == QUEUED and current.message == message and same_time:
+                counts["unchanged"] += 1
+                continue
+            client.set_flow_run_state(p.job, Scheduled(name=QUEUED, scheduled_time=planned, message=message),
+                                      force=True)
+            counts["wait"] += 1
+    return counts
