@@ -123,11 +123,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     from prefect.client.orchestration import get_client
 
-    from e31.deployments.scheduler import tick
+    from e31.deployments.scheduler import snapshot
     from e31.deployments.worker import E31Worker
     from e31.flows.checks import SpecChecks
-    from e31.flows.deploy import job_tags, parameters
-    from e31.flows.queue import read
+    from e31.flows.deploy import job_tags
     from e31.specs import load_spec
 
     pool = _pool(args.pool)
@@ -137,13 +136,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
     with get_client(sync_client=True) as client:
         run = submit_run(client, pool, spec, str(Path(args.spec).resolve().parent), job_tags(spec),
                          E31Worker.get_default_base_job_template())
-        snap = read(client, pool)
+        snap = snapshot(client, pool)
         from e31.flows.placement import plan
 
         mine = next((p for p in plan(snap.nodes, snap.running, snap.queued, snap.now) if p.job == str(run.id)), None)
     print(f"submitted {spec.name}: flow run {run.id}")
     if mine is not None:
-        print(f"  {_describe(mine)}")
+        from e31.flows.queue import humane
+
+        print(f"  {humane(_describe(mine), snap)}")
     return EXIT_OK
 
 
@@ -170,13 +171,14 @@ def _hhmm(ts: float | None) -> str:
 def cmd_queue(args: argparse.Namespace) -> int:
     from prefect.client.orchestration import get_client
 
+    from e31.deployments.scheduler import snapshot
     from e31.flows.placement import plan
-    from e31.flows.queue import read
+    from e31.flows.queue import humane
 
     pool = _pool(args.pool)
     _need_api()
     with get_client(sync_client=True) as client:
-        snap = read(client, pool)
+        snap = snapshot(client, pool)
     rows = [("JOB", "RUN", "STATE", "NODE", "GPUS", "START", "REASON")]
     for r in sorted(snap.running, key=lambda j: (j.node, j.start)):
         run = snap.runs[r.id]
@@ -184,7 +186,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
                      _hhmm(r.start), "running"))
     for p in plan(snap.nodes, snap.running, snap.queued, snap.now):
         rows.append((snap.specs[p.job].name, p.job[:8], "Queued", p.node or "-",
-                     ",".join(map(str, p.devices)) or "-", _hhmm(p.start), p.reason))
+                     ",".join(map(str, p.devices)) or "-", _hhmm(p.start), humane(p.reason, snap)))
     widths = [max(len(str(row[i])) for row in rows) for i in range(6)]
     for row in rows:
         print("  ".join(str(v).ljust(w) for v, w in zip(row[:6], widths)) + "  " + row[6])

@@ -39,9 +39,19 @@ class Tick:
     cycle_s: float
 
 
-def history(client: Any, pool: PoolSpec, limit: int = 200) -> dict[str, list[float]]:
-    """Job name -> run times in seconds (oldest first) of the pool's most
-    recent completed flow runs, for jobs that declare no ``duration``."""
+@dataclass
+class History:
+    """What the pool's recent completed runs tell: ``runtimes`` (job name ->
+    run times in seconds, oldest first) and ``staged`` (a job's inputs, as
+    :func:`e31.flows.queue.inputs_key` -> the nodes that staged them, most
+    recent first: those nodes' scratch folders hold them)."""
+
+    runtimes: dict[str, list[float]]
+    staged: dict[tuple[str, ...], list[str]]
+
+
+def history(client: Any, pool: PoolSpec, limit: int = 200) -> History:
+    """Read the pool's most recent completed flow runs (see :class:`History`)."""
     from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
                                                 WorkPoolFilter, WorkPoolFilterName)
     from prefect.client.schemas.objects import StateType
@@ -52,19 +62,34 @@ def history(client: Any, pool: PoolSpec, limit: int = 200) -> dict[str, list[flo
         flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
             type=FlowRunFilterStateType(any_=[StateType.COMPLETED]))),
         sort=FlowRunSort.START_TIME_DESC, limit=limit)
-    found: dict[str, list[float]] = {}
-    for run in reversed(runs):
+    found = History({}, {})
+    for run in reversed(runs):  # oldest first
         spec = (run.parameters or {}).get("spec") or {}
-        if isinstance(spec, dict) and run.total_run_time:
-            found.setdefault(str(spec.get("name")), []).append(run.total_run_time.total_seconds())
+        if not isinstance(spec, dict):
+            continue
+        if run.total_run_time:
+            found.runtimes.setdefault(str(spec.get("name")), []).append(run.total_run_time.total_seconds())
+        node, key = (run.job_variables or {}).get(queue.NODE_VAR), queue.inputs_key(spec)
+        if node and key:
+            nodes = found.staged.setdefault(key, [])
+            if node in nodes:
+                nodes.remove(node)
+            nodes.insert(0, node)
     return found
 
 
-def tick(client: Any, pool: PoolSpec, policy: str = "e31", runtimes: dict[str, list[float]] | None = None,
+def snapshot(client: Any, pool: PoolSpec, past: History | None = None, now: float | None = None) -> queue.Snapshot:
+    """The pool's runs as planner input, with run-time history and data
+    locality (``past``: read now when not given)."""
+    past = past or history(client, pool)
+    return queue.read(client, pool, now=now, history=past.runtimes, staged=past.staged)
+
+
+def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None = None,
          now: float | None = None) -> Tick:
     """Read, plan, apply once (see the module docstring)."""
     started = time.monotonic()
-    snap = queue.read(client, pool, now=now, history=runtimes)
+    snap = snapshot(client, pool, past, now)
     t0 = time.monotonic()
     placements = plan(snap.nodes, snap.running, snap.queued, snap.now, policy)
     plan_s = time.monotonic() - t0
@@ -83,11 +108,13 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
 
     with get_client(sync_client=True) as client:
         queue.ensure_pool(client, pool, E31Worker.get_default_base_job_template())
-        runtimes, read_at = {}, 0.0
+        past, read_at = None, 0.0
         while True:
             if time.monotonic() - read_at > HISTORY_EVERY_S:
-                runtimes, read_at = history(client, pool), time.monotonic()
-            result = tick(client, pool, policy, runtimes)
+                past, read_at = history(client, pool), time.monotonic()
+            result = tick(client, pool, policy, past)
+            if result.counts.get("start"):
+                read_at = 0.0  # runs end and start: read the history again next tick
             changed = sum(v for k, v in result.counts.items() if k != "unchanged")
             if report is not None and changed:
                 report(result)

@@ -161,11 +161,19 @@ def live_nodes(client: Any, pool: PoolSpec, now: float, lease_s: float = LEASE_S
     return found
 
 
+def inputs_key(spec: Any) -> tuple[str, ...]:
+    """A job's inputs as a key: the sorted ``data[].url`` of its spec (a
+    JobSpec or its JSON form); () when it reads nothing."""
+    data = spec.get("data") if isinstance(spec, dict) else [d.model_dump() for d in spec.data]
+    return tuple(sorted(str(d.get("url")) for d in data or [] if isinstance(d, dict)))
+
+
 def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[str, list[float]] | None = None,
-         lease_s: float = LEASE_S) -> Snapshot:
+         lease_s: float = LEASE_S, staged: dict[tuple[str, ...], list[str]] | None = None) -> Snapshot:
     """Read every non-final flow run of the pool's work pool (and crashed ones
     that may be retried) as planner input.  ``history``: job name -> past run
-    times in seconds (for jobs without a ``duration``)."""
+    times in seconds (for jobs without a ``duration``); ``staged``: inputs
+    key -> nodes holding those inputs staged (data locality)."""
     from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
                                                 WorkPoolFilter, WorkPoolFilterName)
     from prefect.client.schemas.objects import StateType
@@ -227,12 +235,41 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 gpu_type=getattr(req, "gpu_type", None), submitted=submitted,
                 deadline=_deadline(spec, datetime.fromtimestamp(submitted, timezone.utc)),
                 runtime_s=estimate.runtime_s, limit_s=_secs(req.limit or req.duration) or estimate.runtime_s,
-                runtime_source=estimate.source, runtime_note=estimate.note))
+                runtime_source=estimate.source, runtime_note=estimate.note,
+                preferred_nodes=tuple(n for n in (staged or {}).get(inputs_key(spec), ()) if n in known)))
     return snap
+
+
+def humane(reason: str, snap: Snapshot) -> str:
+    """``reason`` with each flow run id it names given as ``NAME (ID8)``."""
+    for key, spec in snap.specs.items():
+        if key in reason:
+            reason = reason.replace(key, f"{spec.name} ({key[:8]})")
+    return reason
 
 
 def _secs(value: timedelta | None) -> float | None:
     return value.total_seconds() if value is not None else None
+
+
+def refuse_at_destination(spec: JobSpec, run_id: str, reason: str) -> None:
+    """Write a ``failed`` manifest (no files) saying why the queue refused
+    the job at its destination's ``partial/``, as a refused ``e31 run`` would
+    not start at all: best effort (the destination's credentials may live
+    only on the workers)."""
+    try:
+        from e31.flows.compile import compile_plan
+        from e31.tasks.deliver import ReturnTarget, write_failure_manifest
+        from e31.tasks.storage.options import register_destination
+
+        plan = compile_plan(spec)
+        register_destination(spec, plan)
+        write_failure_manifest(ReturnTarget(job=spec.name, run_id=run_id, output_dir=str(plan.output_dir),
+                                            output_url=plan.output_url, declared=plan.output_files, gpus=plan.gpus,
+                                            cpus=plan.cpus, spec_sha256=plan.spec_sha256,
+                                            checkpoint_url=plan.checkpoint_url), f"refused by the queue: {reason}")
+    except Exception:
+        pass
 
 
 def apply(client: Any, snap: Snapshot, placements: list[Placement]) -> dict[str, int]:
@@ -273,13 +310,17 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement]) -> dict[str,
             attempt = int((run.job_variables or {}).get(ATTEMPT_VAR, 0))
             client.update_flow_run(p.job, job_variables={NODE_VAR: p.node, DEVICES_VAR: list(p.devices),
                                                          CPUS_VAR: p.cpus, ATTEMPT_VAR: attempt})
-            client.set_flow_run_state(p.job, Scheduled(name=PLACED, scheduled_time=now, message=p.reason), force=True)
+            job = next((q for q in snap.queued if q.id == p.job), None)
+            local = "; inputs already staged there" if job is not None and p.node in job.preferred_nodes else ""
+            client.set_flow_run_state(p.job, Scheduled(name=PLACED, scheduled_time=now,
+                                                       message=humane(p.reason, snap) + local), force=True)
             counts["start"] += 1
         elif p.action == "refuse":
-            client.set_flow_run_state(p.job, Failed(message=f"refused: {p.reason}"), force=True)
+            client.set_flow_run_state(p.job, Failed(message=f"refused: {humane(p.reason, snap)}"), force=True)
+            refuse_at_destination(snap.specs[p.job], p.job, humane(p.reason, snap))
             counts["refuse"] += 1
         else:
-            message = f"Queued: {p.reason}"
+            message = f"Queued: {humane(p.reason, snap)}"
             planned = datetime.fromtimestamp(max(p.start or snap.now, snap.now + AHEAD_S), timezone.utc)
             current = run.state
             same_time = run.next_scheduled_start_time is not None and \
