@@ -43,7 +43,7 @@ from e31.tasks.outcome import ChildLost, RunOutcome
 from e31.tasks.supervisor.api import api_answers
 from e31.tasks.supervisor.process import signals_deferred
 from e31.tasks.run import SupervisorConfig, run_task
-from e31.tasks.pending import deliver_pending, recorded_return
+from e31.tasks.pending import deliver_pending, permanent, recorded_return
 from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
 from e31.tasks.storage import describe_error, scrub, use_options
 from e31.tasks.storage.masking import install_log_masking
@@ -56,6 +56,12 @@ class ReturnError(E31Error, RuntimeError):
 
     def __init__(self, plan: JobPlan, cause: BaseException):
         self.scratch = plan.scratch
+        if permanent(cause):
+            super().__init__(
+                f"cannot return the output to {mask_url(plan.output_url)}: {describe_error(cause, plan.output_url)}; "
+                f"no later try can change that (a failed manifest in partial/ says so); it is kept in "
+                f"{plan.output_dir}: change the work so its files can be written there, and run the job again")
+            return
         super().__init__(
             f"could not return the output to {mask_url(plan.output_url)}: {describe_error(cause, plan.output_url)}; "
             f"it is kept in {plan.output_dir} (checkpoints in {plan.checkpoint_dir}); deliver it later with: "
@@ -179,7 +185,11 @@ def _run_job(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
         try:  # an earlier attempt's undelivered output first, before anything in scratch is cleared
             earlier = deliver_pending(Path(plan.scratch), drop_if_gone=True)
         except Exception as exc:
-            raise ReturnError(plan, exc) from None
+            if not permanent(exc):
+                raise ReturnError(plan, exc) from None
+            get_run_logger().warning("an earlier run's output could not be returned and never can be as it is "
+                                     "(%s); a failed manifest says so; this run goes on", scrub(str(exc)))
+            earlier = None
         if earlier is not None:
             settle_earlier_run(Path(plan.scratch), earlier)
             if earlier["status"] == "completed" and earlier.get("spec_sha256") == plan.spec_sha256:

@@ -116,7 +116,10 @@ class Snapshot:
     from its ``spec`` parameter); ``running``/``queued``: planner input;
     ``bad``: id -> why a run cannot be planned (an unreadable spec);
     ``lost``: ids of runs holding resources on a node whose worker stopped
-    answering; ``requeue``: ids of crashed runs that have retries left."""
+    answering; ``requeue``: ids of crashed runs that have retries left;
+    ``blocked``: id -> why a queued run is held back from the plan (another
+    run of the same job is running or queued ahead: one run of a job at a
+    time, as its scratch folder and destination are the job's)."""
 
     now: float
     nodes: list[Node]
@@ -127,6 +130,7 @@ class Snapshot:
     bad: dict[str, str] = field(default_factory=dict)
     lost: list[str] = field(default_factory=list)
     requeue: list[str] = field(default_factory=list)
+    blocked: dict[str, str] = field(default_factory=dict)
 
 
 _SPECS: dict[str, JobSpec] = {}  # flow run id -> parsed spec (a run's parameters never change)
@@ -237,7 +241,25 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 runtime_s=estimate.runtime_s, limit_s=_secs(req.limit or req.duration) or estimate.runtime_s,
                 runtime_source=estimate.source, runtime_note=estimate.note,
                 preferred_nodes=tuple(n for n in (staged or {}).get(inputs_key(spec), ()) if n in known)))
+    _one_run_per_job(snap)
     return snap
+
+
+def _one_run_per_job(snap: Snapshot) -> None:
+    """Hold back a queued run while another run of the same job runs or is
+    queued ahead of it (two runs of a job would share its destination)."""
+    active = {snap.specs[r.id].name: r.id for r in snap.running}
+    keep = []
+    for job in sorted(snap.queued, key=lambda j: (j.submitted, j.id)):
+        other = active.get(job.name)
+        if other is None:
+            active[job.name] = job.id
+            keep.append(job)
+            continue
+        state = "running" if any(r.id == other for r in snap.running) else "queued ahead"
+        snap.blocked[job.id] = (f"waiting for the run {job.name} ({other[:8]}) of this job, {state}, to end: one run "
+                                "of a job at a time")
+    snap.queued = keep
 
 
 def humane(reason: str, snap: Snapshot) -> str:
@@ -304,6 +326,14 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement]) -> dict[str,
         if run.state.type.value == "SCHEDULED" and run.state.name == QUEUED:
             client.set_flow_run_state(key, Failed(message=f"refused: {why}"), force=True)
             counts["refuse"] += 1
+    for key, why in snap.blocked.items():
+        run, message = snap.runs[key], f"Queued: {why}"
+        if run.state.name == QUEUED and run.state.message == message:
+            counts["unchanged"] += 1
+            continue
+        client.set_flow_run_state(key, Scheduled(name=QUEUED, message=message,
+                                                 scheduled_time=now + timedelta(seconds=AHEAD_S)), force=True)
+        counts["wait"] += 1
     for p in placements:
         run = snap.runs[p.job]
         if p.action == "start":

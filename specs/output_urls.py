@@ -158,4 +158,14 @@ def overlap_problems(data: Mapping[str, Any]) -> list[RuleError]:
             err = spec_error("must not overlap an input: the job would write into its own inputs", got=how,
                              fix=f"give {format_loc(loc)} a folder of its own, outside every input")
             problems.append((loc, err, url))
+    out_url, ck_url = _get(output, "url"), _get(checkpoint, "url")
+    if isinstance(out_url, str) and isinstance(ck_url, str) and out_url.strip() and ck_url.strip() \
+            and _problem(out_url) is None and _problem(ck_url) is None:
+        out, ck = _place(out_url), _place(ck_url)
+        partial = (out[0], out[1].rstrip("/") + "/partial")
+        if ck == out or _within(ck, partial):
+            where = "the output folder itself" if ck == out else "inside the output's partial/ folder"
+            err = spec_error(f"must not be {where}: E31 replaces the files there on every return", got=ck_url,
+                             fix="use a folder of its own, e.g. <output.url>/checkpoints (the default)")
+            problems.append((("output", "checkpoint", "url"), err, ck_url))
     return problems

@@ -171,7 +171,7 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
     folder = req.output_url if completed else storage.join(req.output_url, PARTIAL)
     dest = Destination(folder, skip=_skip(req) if completed else ())
     dest.withdraw(req.job, req.run_id, [rel for _, rel in files])
-    dest.remove_temporaries()
+    dest.remove_temporaries([rel for _, rel in files], own_folder=not completed)
     rows = _publish_all(files, folder)
     stale = dest.settle({row["path"] for row in rows}, own_folder=not completed)
     manifest = build_manifest(

@@ -46,7 +46,9 @@ PARTIAL = "partial"
 CHECKPOINTS = "checkpoints"
 #: Statuses of a manifest whose files a consumer may use (``returning`` is not one).
 FINAL_STATUSES = ("completed", "partial", "failed")
-_TEMPORARY = re.compile(r"\.e31-part-[0-9a-f]{8}$")
+#: E31's own transient names: a write's temporary (``NAME.e31-part-<hex>`` or ``.e31-part-<hex>``)
+#: and a destination probe (``.e31-probe-<hex>``).  Never part of an output; a consumer ignores them.
+_TEMPORARY = re.compile(r"(^|/)(.*\.e31-part-[0-9a-f]{8}|\.e31-probe-[0-9a-f]{8})$")
 
 
 def read_manifest(url: str) -> dict[str, Any] | None:
@@ -95,9 +97,10 @@ class Destination:
         }
         storage.write_bytes(storage.join(self.url, MANIFEST), json.dumps(note, indent=2).encode())
 
-    def listing(self) -> list[str]:
+    def listing(self, transient: bool = False) -> list[str]:
         """Relative paths of every file now in the folder (sub-folders in
-        :attr:`skip` and the manifest left out); [] when it does not exist."""
+        :attr:`skip`, the manifest and -- unless ``transient`` -- E31's
+        transient names left out); [] when it does not exist."""
         fs, root = storage.filesystem(self.url)
         root = root.rstrip("/")
         try:
@@ -109,15 +112,23 @@ class Destination:
             rel = path[len(root):].lstrip("/") if path.startswith(root) else path
             if not rel or rel == MANIFEST or rel.endswith("/") or rel.split("/", 1)[0] in self.skip:
                 continue
+            if not transient and _TEMPORARY.search(rel):
+                continue
             rels.append(rel)
         return sorted(rels)
 
-    def remove_temporaries(self) -> list[str]:
-        """Step 2: remove ``*.e31-part-<hex>`` objects left by a killed
-        return; returns their relative paths."""
-        gone = [rel for rel in self.listing() if _TEMPORARY.search(rel)]
+    def remove_temporaries(self, writing: list[str] = (), own_folder: bool = False) -> list[str]:
+        """Step 2: remove E31's transient objects a killed return or probe
+        left (``*.e31-part-<hex>``, ``.e31-probe-<hex>``), and the files E31
+        wrote here before that this run does not write (the manifest already
+        says a return is in progress): none of them can then stand in the
+        way of a new file (a file ``foo`` where ``foo/bar`` goes).  Returns
+        the removed relative paths."""
+        new = set(writing)
+        gone = [rel for rel in self.listing(transient=True)
+                if _TEMPORARY.search(rel) or ((own_folder or rel in self.before) and rel not in new)]
         for rel in gone:
-            storage.remove(storage.join(self.url, rel))
+            storage.remove_file(storage.join(self.url, rel))
         return gone
 
     def settle(self, written: set[str], own_folder: bool) -> list[str]:
@@ -128,8 +139,8 @@ class Destination:
         for rel in self.listing():
             if rel in written:
                 continue
-            if own_folder or rel in self.before or _TEMPORARY.search(rel):
-                storage.remove(storage.join(self.url, rel))
+            if own_folder or rel in self.before:
+                storage.remove_file(storage.join(self.url, rel))
             else:
                 stale.append(rel)
         return stale

@@ -174,8 +174,36 @@ def recorded_return(scratch: Path, target: ReturnTarget, outcome: RunOutcome,
     except BaseException as exc:
         from e31.tasks.storage import scrub
 
+        if isinstance(exc, Exception) and permanent(exc):  # no later try can do better: say so, drop the record
+            give_up(scratch, target, exc)
+            raise
         save_pending(scratch, target, outcome, f"{type(exc).__name__}: {scrub(str(exc))}", output_options, checkpoints)
         raise
+    clear_pending(scratch)
+
+
+def permanent(exc: BaseException) -> bool:
+    """Whether a return failed for a reason no later try can change (a name
+    the destination cannot hold, a file where a folder must go, text that
+    cannot be encoded), as opposed to a store that cannot be reached now."""
+    import errno
+
+    if isinstance(exc, (UnicodeError, FileExistsError, NotADirectoryError, IsADirectoryError)):
+        return True
+    return isinstance(exc, OSError) and exc.errno in (errno.ENAMETOOLONG, errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
+
+
+def give_up(scratch: Path, target: ReturnTarget, exc: BaseException) -> None:
+    """A return that can never succeed as it is: write a ``failed`` manifest
+    (no files) into the destination's ``partial/`` saying why and where the
+    output is kept, and drop the pending record so later runs are not
+    blocked by it."""
+    from e31.tasks.deliver import write_failure_manifest
+    from e31.tasks.storage import scrub
+
+    write_failure_manifest(target, f"the output cannot be returned as it is ({type(exc).__name__}: "
+                                   f"{scrub(str(exc))}); it is kept in {target.output_dir}; change the work so its "
+                                   "files can be written there, and run the job again")
     clear_pending(scratch)
 
 
@@ -211,7 +239,12 @@ def deliver_pending(scratch: Path, drop_if_gone: bool = False) -> dict[str, Any]
     if options:
         use_options(target.output_url, resolve_options(options, "output.storage_options"))
     outcome = _upload_kept_checkpoint(pending.checkpoints, outcome)
-    manifest = deliver(target, outcome)
+    try:
+        manifest = deliver(target, outcome)
+    except Exception as exc:
+        if permanent(exc):
+            give_up(scratch, target, exc)
+        raise
     clear_pending(scratch)
     if manifest["status"] == "completed":
         shutil.rmtree(scratch / "output", ignore_errors=True)

@@ -19,13 +19,13 @@ storage.publish_file(...)``).
 """
 
 from e31.tasks.storage.filesystems import (backend_problem, exists, filesystem, is_local, join, list_dirs, protocols,
-                                          read_bytes, remove, use_options)
+                                          read_bytes, remove, remove_file, use_options)
 from e31.tasks.storage.local import CHUNK, VerifyError, fsync_path, sha256_file, walk_files
 from e31.tasks.storage.masking import describe_error, remember_secret, scrub
 from e31.tasks.storage.publish import ATOMIC_PROTOCOLS, get, publish_file, write_bytes
 
 __all__ = [
     "ATOMIC_PROTOCOLS", "CHUNK", "VerifyError", "backend_problem", "describe_error", "exists", "filesystem", "fsync_path", "get",
-    "is_local", "join", "list_dirs", "protocols", "publish_file", "read_bytes", "remember_secret", "remove", "scrub",
+    "is_local", "join", "list_dirs", "protocols", "publish_file", "read_bytes", "remember_secret", "remove", "remove_file", "scrub",
     "sha256_file", "use_options", "walk_files", "write_bytes",
 ]

@@ -155,9 +155,31 @@ def list_dirs(url: str) -> list[str]:
 
 
 def remove(url: str) -> None:
-    """Delete the file or folder at ``url`` (recursively); absent is fine."""
+    """Delete the folder at ``url`` with everything in it, or the one file
+    there; absent is fine.  The name is taken literally: fsspec's ``rm``
+    expands glob characters (``*``, ``[1]``) on some stores, so a file is
+    removed with ``rm_file`` and a folder's files are listed and removed
+    one by one."""
     fs, path = filesystem(url)
     try:
-        fs.rm(path, recursive=True)
+        if not fs.isdir(path):
+            fs.rm_file(path)
+            return
+        for name in sorted(fs.find(path), reverse=True):
+            fs.rm_file(name)
+        if "file" in protocols(fs):  # the emptied folders too (an object store has none)
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+    except FileNotFoundError:
+        pass
+
+
+def remove_file(url: str) -> None:
+    """Delete the one object or file at ``url`` (its name taken literally);
+    absent is fine."""
+    fs, path = filesystem(url)
+    try:
+        fs.rm_file(path)
     except FileNotFoundError:
         pass

@@ -86,27 +86,42 @@ def regular_files(root: Path, skip: tuple[str, ...] = ()) -> tuple[list[tuple[Pa
         for name in sorted(filenames):
             path = base / name
             rel = path.relative_to(root).as_posix()
-            if ".e31-part-" in name or rel.split("/", 1)[0] in skip:
+            if rel.split("/", 1)[0] in skip:
                 continue
-            why = _why_not(path, real_root)
+            why = _why_not(path, real_root) if ".e31-part-" not in name and ".e31-probe-" not in name else \
+                "a name of E31's own temporary files (.e31-part-, .e31-probe-); give the file another name"
+            if why is None and any("\udc80" <= c <= "\udcff" for c in rel):
+                why = "a name that is not UTF-8 text (object stores and manifests cannot hold it); rename the file"
             if why:
-                refused.append(f"{rel}: {why}")
+                shown = rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                refused.append(f"{shown}: {why}")
             else:
                 files.append((path, rel))
     return sorted(files, key=lambda pair: pair[1]), refused
 
 
 def _why_not(path: Path, real_root: Path) -> str | None:
+    """Why the file at ``path`` may not leave the job, or None.  A symbolic
+    link is judged by what it leads to (inside the folder, one regular file
+    with one name): a link to a hard link would otherwise carry a host file."""
     try:
         st = os.lstat(path)
     except OSError as exc:
         return f"cannot be read ({exc.strerror})"
     if stat.S_ISLNK(st.st_mode):
-        target = path.resolve()
+        try:
+            target = path.resolve(strict=True)
+            st = os.stat(target)
+        except RuntimeError:
+            return "a symbolic link loop"
+        except OSError:
+            return "a symbolic link to nothing (broken)"
         if not target.is_relative_to(real_root):
             return f"a symbolic link to {target}, outside the folder; write the file itself, not a link"
-        if not target.is_file():
+        if not stat.S_ISREG(st.st_mode):
             return f"a symbolic link to {target}, which is not a regular file"
+        if st.st_nlink > 1:
+            return f"a symbolic link to a hard link ({st.st_nlink} names for one file); write a copy instead"
         return None
     if not stat.S_ISREG(st.st_mode):
         kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)

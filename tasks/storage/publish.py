@@ -5,8 +5,10 @@ each verified."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import os
+import time
 import posixpath
 import shutil
 import uuid
@@ -96,7 +98,7 @@ def publish_file(local_path: Path, url: str, *, sha256: str | None = None, callb
         return size, digest
     target = path if _atomic(fs) else temporary_name(path)
     try:
-        fs.put_file(str(local_path), target, **kwargs)
+        put_bounded(fs, str(local_path), target, size, callback)
         _verify_remote(fs, target, local_path, size, digest, etag)
         if target != path:
             fs.mv(target, path)
@@ -110,11 +112,72 @@ def publish_file(local_path: Path, url: str, *, sha256: str | None = None, callb
     return size, digest
 
 
+#: Slowest upload rate (bytes/s) a store is given before a transfer counts as stalled.
+MIN_RATE = 1024**2
+#: Bytes s3fs sends between two progress reports at most (its multipart part size).
+UNIT = 50 * 1024**2
+
+
+class _Watched:
+    """An fsspec callback that notes when the transfer last moved (and
+    passes everything on to ``inner``)."""
+
+    def __init__(self, inner: Any):
+        self.inner, self.last = inner, time.monotonic()
+
+    def set_size(self, size):
+        self.last = time.monotonic()
+        if self.inner is not None:
+            self.inner.set_size(size)
+
+    def relative_update(self, inc=1):
+        self.last = time.monotonic()
+        if self.inner is not None:
+            self.inner.relative_update(inc)
+
+    def branched(self, *args, **kwargs):
+        return None
+
+    def call(self, *args, **kwargs):
+        pass
+
+
+def put_bounded(fs: fsspec.AbstractFileSystem, lpath: str, rpath: str, size: int, callback: Any = None) -> None:
+    """``fs.put_file(lpath, rpath)`` that cannot hang: on an async store
+    (s3fs, gcsfs, adlfs ...) the upload is cancelled once it has made no
+    progress for ``E31_STORE_READ_TIMEOUT_S`` plus the time the next unit
+    of at most :data:`UNIT` bytes takes at :data:`MIN_RATE` (a server that
+    stops reading leaves the client's write blocked with no timeout of its
+    own).  Raises ``TimeoutError`` saying so."""
+    import asyncio
+
+    from fsspec.asyn import AsyncFileSystem
+
+    if not isinstance(fs, AsyncFileSystem):
+        fs.put_file(lpath, rpath, **({"callback": callback} if callback is not None else {}))
+        return
+    from e31.tasks import settings
+
+    watched = _Watched(callback)
+    gap = settings.value("E31_STORE_READ_TIMEOUT_S") + min(size, UNIT) / MIN_RATE
+    future = asyncio.run_coroutine_threadsafe(fs._put_file(lpath, rpath, callback=watched), fs.loop)
+    while True:
+        try:
+            future.result(timeout=0.5)
+            return
+        except concurrent.futures.TimeoutError:
+            if time.monotonic() - watched.last > gap:
+                future.cancel()
+                raise TimeoutError(f"the upload made no progress for {gap:.0f} s; the store stopped answering") \
+                    from None
+
+
 def temporary_name(path: str) -> str:
-    """The temporary sibling name a write to ``path`` goes through
-    (``<path>.e31-part-<8 hex>``); a return removes leftovers of this form
-    (:class:`e31.tasks.destination.Destination`)."""
-    return f"{path}.e31-part-{uuid.uuid4().hex[:8]}"
+    """The temporary sibling a write to ``path`` goes through:
+    ``.e31-part-<8 hex>`` in the same folder (a fixed, short name: a file
+    whose own name is near the 255-byte limit still has room).  A return
+    removes leftovers of this form (:class:`e31.tasks.destination.Destination`)."""
+    return posixpath.join(posixpath.dirname(path), f".e31-part-{uuid.uuid4().hex[:8]}")
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -228,12 +228,9 @@ def identity(listing: Listing, base: Path) -> str | None:
 
 
 def _scan(listing: Listing, base: Path) -> bytes | None:
-    """:func:`find_output` of the copy when it is a folder of several files
-    (None: no GNU find, or a single file).  Raises ``OSError`` when the
-    copy cannot be scanned."""
-    if listing.kind == "folder" and len(listing.entries) > 1:
-        return find_output(str(base))
-    return None
+    """:func:`find_output` of the copy's folder, whatever the input's kind
+    (None: no GNU find).  Raises ``OSError`` when the copy cannot be scanned."""
+    return find_output(str(base))  # any kind: a file added beside a staged file changes it too
 
 
 def _scan_identity(raw: bytes) -> str:

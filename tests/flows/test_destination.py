@@ -317,11 +317,11 @@ def test_a_failed_upload_never_removes_the_earlier_object(where, tmp_path, reque
         Path(dst).write_bytes(Path(src).read_bytes()[: 3 * 2**20])
         raise OSError(28, "No space left on device")
 
-    def upload_fails(*a, **k):
+    async def upload_fails(*a, **k):
         raise ConnectionResetError("connection reset by peer halfway through the upload")
 
     if where == "s3":
-        monkeypatch.setattr(storage.filesystem(url)[0], "put_file", upload_fails)  # the instance E31 uses
+        monkeypatch.setattr(storage.filesystem(url)[0], "_put_file", upload_fails)  # the instance E31 uses
     else:
         monkeypatch.setattr(publish.shutil, "copyfile", half_then_fail)
     with pytest.raises(OSError):
@@ -562,3 +562,87 @@ def test_a_work_file_named_manifest_json_fails_the_job_loudly(prefect_api, scrat
         run_job(parse_spec(_command_job(tmp_path, "own-manifest", code)))
     assert err.value.manifest["message"] == ("output files refused, not returned: manifest.json: manifest.json at the "
                                              "destination is E31's; write the work's file under another name")
+
+
+def _deliver(url: str, tmp_path: Path, run_id: str, files: dict[str, bytes], reason: str = "finished") -> dict:
+    """Return ``files`` (relative name -> content) as run ``run_id`` with E31's deliver."""
+    from e31.tasks.deliver import deliver
+
+    out = tmp_path / f"out-{run_id}"
+    for name, data in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    out.mkdir(exist_ok=True)
+    target = ReturnTarget(job="j", run_id=run_id, output_dir=str(out), output_url=url, declared=["model.pt"],
+                          gpus=0, cpus=1, spec_sha256="s" * 64, checkpoint_url=url.rstrip("/") + "/checkpoints")
+    return deliver(target, RunOutcome(reason=reason, exit_code=0, run_s=1.0))
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_names_with_glob_characters_are_removed_literally(where, tmp_path, request):
+    """Found by an attack: on S3, removing an earlier run's file named `*`
+    (or `x[1].bin`) was a glob: it deleted the new output, a user's file
+    and the checkpoints."""
+    import fsspec
+
+    if where == "s3":
+        request.getfixturevalue("s3_server")
+        url = request.getfixturevalue("s3_prefix") + "out/"
+        fs = request.getfixturevalue("s3_server").filesystem()
+    else:
+        url, fs = str(tmp_path / "dest") + "/", fsspec.filesystem("file")
+    fs.makedirs(url + "checkpoints/step-1", exist_ok=True)
+    fs.pipe({url + "user-notes.txt": b"mine", url + "checkpoints/step-1/COMMITTED": b"{}"})
+    _deliver(url, tmp_path, "r1", {"model.pt": b"1", "*": b"star", "x[1].bin": b"lit", "foo": b"a file"})
+    second = _deliver(url, tmp_path, "r2", {"model.pt": b"2", "x1.bin": b"one", "foo/bar": b"now a folder"})
+    fs.invalidate_cache()
+    assert second["status"] == "completed" and second["stale"] == ["user-notes.txt"]
+    assert sorted(f["path"] for f in second["files"]) == ["foo/bar", "model.pt", "x1.bin"]
+    assert fs.cat_file(url + "model.pt") == b"2" and fs.cat_file(url + "user-notes.txt") == b"mine"
+    assert fs.exists(url + "checkpoints/step-1/COMMITTED") and not fs.exists(url + "x[1].bin")
+    assert_honest(fs, url)
+
+
+def test_returns_that_can_never_succeed_fail_once_and_wedge_nothing(prefect_api, scratch, tmp_path):
+    """Found by an attack: a name too long with E31's temporary suffix, a
+    symbolic link loop, or a file where a folder must go kept the output
+    pending forever: every later run and e31 return failed the same way."""
+    from e31.flows.job import JobFailedError, run_job
+    from e31.specs import parse_spec
+
+    long_name = "L" * 245 + ".bin"
+    code = ("import os, pathlib; out = pathlib.Path(os.environ['E31_OUTPUT_DIR']); "
+            f"(out / 'model.pt').write_text('m'); (out / {long_name!r}).write_text('long'); "
+            "os.symlink('b', out / 'a'); os.symlink('a', out / 'b')")
+    with pytest.raises(JobFailedError) as err:
+        run_job(parse_spec(_command_job(tmp_path, "odd-names", code)))
+    assert "a: a symbolic link loop; b: a symbolic link loop" in err.value.manifest["message"]
+    assert (tmp_path / "out" / "partial" / long_name).read_text() == "long"  # the long name fits: short temporaries
+    ok = run_job(parse_spec(_command_job(tmp_path, "odd-names", "import os, pathlib; pathlib.Path("
+                                         "os.environ['E31_OUTPUT_DIR'], 'model.pt').write_text('ok')")))
+    assert ok["status"] == "completed"
+    (tmp_path / "out" / "user").write_text("a user's file where a folder will go")
+    with pytest.raises(Exception) as stuck:
+        run_job(parse_spec(_command_job(tmp_path, "odd-names", "import os, pathlib; p = pathlib.Path("
+                                        "os.environ['E31_OUTPUT_DIR'], 'user'); p.mkdir(); (p / 'x').write_text('x');"
+                                        "pathlib.Path(os.environ['E31_OUTPUT_DIR'], 'model.pt').write_text('m')")))
+    assert "no later try can change that" in str(stuck.value)
+    assert not (scratch / "odd-names" / "return-pending.json").exists()  # nothing left to wedge later runs
+    again = run_job(parse_spec(_command_job(tmp_path, "odd-names", "import os, pathlib; pathlib.Path("
+                                            "os.environ['E31_OUTPUT_DIR'], 'model.pt').write_text('again')")))
+    assert again["status"] == "completed" and (tmp_path / "out" / "model.pt").read_text() == "again"
+
+
+def test_a_link_to_a_hard_link_is_refused_too(prefect_api, scratch, tmp_path):
+    from e31.flows.job import JobFailedError, run_job
+    from e31.specs import parse_spec
+
+    host = tmp_path / "host-secret.txt"
+    host.write_text("HOST SECRET")
+    code = ("import os, pathlib; out = pathlib.Path(os.environ['E31_OUTPUT_DIR']); (out / 'model.pt').write_text('m'); "
+            f"(out / 'sub').mkdir(); os.link({str(host)!r}, out / 'sub' / 'h'); os.symlink('sub/h', out / 'view.txt')")
+    with pytest.raises(JobFailedError) as err:
+        run_job(parse_spec(_command_job(tmp_path, "hl-view", code)))
+    assert "view.txt: a symbolic link to a hard link (2 names for one file); write a copy instead" in \
+        err.value.manifest["message"]
+    assert not (tmp_path / "out" / "partial" / "view.txt").exists()

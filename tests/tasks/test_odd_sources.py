@@ -123,3 +123,19 @@ def test_every_s3_read_of_a_staged_object_is_pinned_to_its_listed_version(s3_ser
             fs.cat_file(path)
     staged = stage_input(DataInput(name="m", url=url), tmp_path / "data", listing=v1)
     assert Path(staged.path).read_bytes() == b"2" * 1000  # the version now there, whole
+
+
+@pytest.mark.parametrize("kind", ["file", "glob", "folder of one"])
+def test_a_file_added_to_any_staged_input_means_staging_it_again(tmp_path, kind):
+    """Found by an attack: a file the work added to a staged glob input or a
+    one-file folder input was reused by the next run."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.csv").write_text("a\n")
+    url = {"file": str(src / "a.csv"), "glob": str(src / "*.csv"), "folder of one": str(src)}[kind]
+    item = DataInput(name="inp", url=url)
+    first = stage_input(item, tmp_path / "data")
+    staged_root = tmp_path / "data" / "inp"
+    (staged_root / "injected.csv").write_text("EVIL\n")
+    again = stage_input(item, tmp_path / "data")
+    assert again.copied is True and not (staged_root / "injected.csv").exists()
