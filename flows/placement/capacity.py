@@ -32,8 +32,6 @@ from collections.abc import Sequence
 from .model import Node, PlanInputError, RunningJob
 
 __all__ = ["Capacity", "Request"]
-import os
-AVOID = bool(os.environ.get("E31_AVOID"))
 
 Request = tuple[int, int, int, float]  # gpus, cpus, memory (bytes), seconds on the node
 
@@ -89,8 +87,6 @@ class Capacity:
         for lst in self.index:
             lst.sort()
         self._failed: dict[str | None, list[Request]] = {}
-        self.booked = [0] * len(self.nodes)  # reservations of waiting jobs on each node
-        self.drain = [0.0] * len(self.nodes)
 
     def _end(self, job: RunningJob) -> float:
         return job.expected_end if job.expected_end > self.now else self.now + 1.0
@@ -169,8 +165,8 @@ class Capacity:
         """The job that ends on node ``i`` at ``t`` (a running or a planned one), if any."""
         return self.enders[i].get(t)
 
-    def fit(self, i: int, req: Request, after: float, before: float) -> tuple[float, int] | None:
-        """The earliest start ``t`` on node ``i`` with ``after <= t < before`` where ``req`` fits,
+    def fit(self, i: int, req: Request, after: float, latest: float) -> tuple[float, int] | None:
+        """The earliest start ``t`` on node ``i`` with ``after <= t <= latest`` where ``req`` fits,
         as ``(t, free device mask over the window)``; None when there is none."""
         g, c, m, d = req
         times, masks, cpus, mems = self.times[i], self.masks[i], self.cpus[i], self.mems[i]
@@ -178,7 +174,7 @@ class Capacity:
         s0 = s = bisect_right(times, after) - 1
         while s < n:
             t = times[s] if times[s] > after else after
-            if t >= before:
+            if t > latest:
                 return None
             mask = masks[s]
             if mask.bit_count() < g or cpus[s] < c or mems[s] < m:
@@ -202,19 +198,19 @@ class Capacity:
             s = nxt
         return None
 
-    def earliest(self, req: Request, eligible: Sequence[bool] | None, after: float, before: float = float("inf"),
+    def earliest(self, req: Request, eligible: Sequence[bool] | None, after: float, latest: float = float("inf"),
                  preferred: Sequence[int] = ()) -> tuple[float, int, int] | None:
-        """The earliest ``(start, node index, device mask)`` for ``req`` at or after ``after`` and before
-        ``before`` on an eligible node (``eligible[i]``; None: every node).  Among nodes where it can start
+        """The earliest ``(start, node index, device mask)`` for ``req`` with ``after <= start <=
+        latest`` on an eligible node (``eligible[i]``; None: every node).  Among nodes where it can start
         equally early: ``preferred`` nodes first, then the node whose entirely-free time it pushes back
         least (so nodes drain whole for wide jobs), then the fewest free devices, then pool order.
-        None when no start before ``before`` exists."""
-        best, found = before, None
+        None when there is no such start."""
+        best, found = latest, None
         for i in preferred:
             hit = self.fit(i, req, after, best)
-            if hit is not None and hit[0] < best:
+            if hit is not None and (found is None or hit[0] < best):
                 best, found = hit[0], (hit[0], i, hit[1])
-        if found is not None:
+        if found is not None and best == after:
             return found
         g, d = req[0], req[3]
         if g == 0:
@@ -223,19 +219,16 @@ class Capacity:
             return None
         else:
             order = iter(self.index[g])
-        times, rank, booked = self.times, None, self.booked
+        times, rank = self.times, None
         for t, _, i in order:
-            if t > best:
-                break
+            if t > best or t == best and rank is not None and rank[1] == 0.0:
+                break  # no node further on can start it earlier, or as early and fit better
             if eligible is not None and not eligible[i]:
                 continue
-            a = t if t > after else after
-            if self.drain[i] > a:
-                a = self.drain[i]
-            hit = self.fit(i, req, a, best + 1e-9)
-            if hit is None or hit[0] > best:
-                continue
-            score = (hit[0], booked[i] if AVOID else 0, max(0.0, hit[0] + d - times[i][-1]))
+            hit = self.fit(i, req, t if t > after else after, best)
+            if hit is None or found is not None and rank is None and hit[0] >= best:
+                continue  # a preferred node already starts it as early
+            score = (hit[0], max(0.0, hit[0] + d - times[i][-1]))
             if rank is None or score < rank:
                 best, found, rank = hit[0], (hit[0], i, hit[1]), score
         return found
@@ -252,23 +245,23 @@ class Capacity:
                 return None
         now = self.now
         for i in preferred:
-            hit = self.fit(i, req, now, now + 1e-9)
+            hit = self.fit(i, req, now, now)
             if hit is not None:
                 return i, hit[1]
         if g == 0:
             candidates = range(len(self.nodes))
         else:
             candidates = (i for t, _, i in self.index[g] if t <= now) if g <= self.gmax else ()
-        times, found, rank, booked = self.times, None, None, self.booked
+        times, found, rank = self.times, None, None
         for i in candidates:
-            if eligible is not None and not eligible[i] or self.drain[i] > now:
+            if eligible is not None and not eligible[i]:
                 continue
-            hit = self.fit(i, req, now, now + 1e-9)
+            hit = self.fit(i, req, now, now)
             if hit is not None:
-                score = (booked[i] if AVOID else 0, max(0.0, now + d - times[i][-1]))
+                score = max(0.0, now + d - times[i][-1])
                 if rank is None or score < rank:
                     found, rank = (i, hit[1]), score
-                    if score == (0, 0.0):
+                    if score == 0.0:
                         break
         if found is None:
             failed.append(req)
@@ -301,8 +294,6 @@ class Capacity:
             fc[k] -= cpus
             fm[k] -= memory
         self.enders[i].setdefault(end, label)
-        if start > self.now:
-            self.booked[i] += 1
         first = self.first[i]
         self._index(i, [g for g in range(1, len(first)) if start <= first[g][0] < end], a)
 

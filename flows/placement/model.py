@@ -44,9 +44,10 @@ class RunningJob:
     """A job already running on ``node``, holding ``devices`` (GPU numbers),
     ``cpus`` and ``memory`` (BYTES) from ``start`` until ``expected_end``
     (Unix seconds).  Give the end the estimate promised (start + staging +
-    planning runtime); once that has passed, give the job's hard stop (start +
-    staging + limit).  The planner treats an end at or before ``now`` as
-    ``now + 1`` s: the job still holds its resources."""
+    planning runtime); once that has passed, a new guess no later than its hard
+    stop (start + staging + limit; :func:`.simulate.overrun` is the simulator's
+    rule).  The planner treats an end at or before ``now`` as ``now + 1`` s: the
+    job still holds its resources."""
 
     id: str
     node: str
@@ -108,7 +109,8 @@ class Placement:
     to start at ``start`` on ``node``; ``devices`` as planned) or ``refuse``
     (``node`` None, ``start``/``end`` None).  ``start``/``end`` are Unix
     seconds (``end`` = start + staging + runtime estimate).  ``reason`` is one
-    line for a person.
+    line for a person.  ``reserved`` is False for a waiting job beyond the
+    planning depth: its start is an estimate, not a reservation.
     """
 
     job: str

@@ -56,11 +56,11 @@ class Explainer:
         cap, free = self.cap, self.free
         nodes = [i for i in range(len(cap.nodes)) if eligible is None or eligible[i]]
         answer = None
-        for k, (what, need, show) in enumerate((("GPUs", job.gpus, str), ("CPUs", job.cpus, str),
+        for k, (what, need, show) in enumerate((("GPU", job.gpus, str), ("CPU", job.cpus, str),
                                                  ("memory", job.memory, gib))):
             most = max(nodes, key=lambda i: (free[i][k], -i))
             if free[most][k] < need:
-                amount = f"{show(need)} {what}" if what != "memory" else f"{show(need)} of memory"
+                amount = f"{gib(need)} of memory" if k == 2 else f"{need} {what}{'s' if need != 1 else ''}"
                 answer = (f"waiting for {amount} on one node ({show(free[most][k])} free on {cap.nodes[most].name})",
                           most, cap.now)
                 break
@@ -90,7 +90,7 @@ class Explainer:
             if ender is not None and ender != job.id:
                 text += f", after job {ender} ends"
         else:
-            depth = self.depth
-            text += (f"; estimated start {clock(start, now)} (not reserved: only the first {depth} waiting job"
-                     f"{'s' if depth != 1 else ''} in priority order hold reservations)")
+            held = ("the first waiting job in priority order holds a reservation" if self.depth == 1 else
+                    f"the first {self.depth} waiting jobs in priority order hold reservations")
+            text += f"; estimated start {clock(start, now)} (not reserved: only {held})"
         return text + _deadline(job, start + job.occupancy_s, now)

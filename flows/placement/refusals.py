@@ -64,7 +64,8 @@ def fit_refusal(nodes: Sequence[Node], job: QueuedJob, eligible: Sequence[bool])
     if short:
         return "; ".join(short)
     big = max(typed, key=lambda n: (n.gpus, n.cpus, n.memory))
-    return (f"no single {kind}node has {job.gpus} GPUs, {job.cpus} CPUs and {gib(job.memory)} together "
+    asked = [f"{job.gpus} GPUs", f"{job.cpus} CPUs"] + ([gib(job.memory)] if job.memory else [])
+    return (f"no single {kind}node has {', '.join(asked[:-1])} and {asked[-1]} together "
             f"(largest: {big.name} with {big.gpus} GPUs, {big.cpus} CPUs, {gib(big.memory)})")
 
 

@@ -4,9 +4,12 @@ Event-driven: at each submission or completion the queue is planned again
 with :func:`.planner.plan` (the same code the live queue uses) and the jobs it
 says to start now are started.  A job holds its node for its staging time plus
 its ACTUAL run time, capped at its limit; the planner only ever sees what the
-job declared (its estimate), and a running job past its estimate is shown to
-the planner as ending at its hard stop.  Jobs the planner refuses (no node
-holds them, or their deadline became infeasible) do not run.
+job declared (its estimate).  A running job past its estimate is shown to the
+planner as ending a tenth of its estimate later (at least a minute), never
+after its hard stop (:func:`overrun`); assuming the hard stop at once would
+move every reservation behind it off that node for hours it is rarely
+needed.  Jobs the planner refuses (no node holds them, or their deadline
+became infeasible) do not run.
 
 Metrics (seconds; waits from submission to start):
 
@@ -30,10 +33,12 @@ from dataclasses import asdict, dataclass
 from .model import Node, QueuedJob, RunningJob
 from .planner import AGE_LIMIT_S, plan
 
-__all__ = ["BSLD_THRESHOLD_S", "Result", "SimJob", "simulate"]
+__all__ = ["BSLD_THRESHOLD_S", "OVERRUN_SHARE", "Result", "SimJob", "overrun", "simulate"]
 
 #: The bounded-slowdown threshold: runs shorter than this count as this long (seconds).
 BSLD_THRESHOLD_S = 10.0
+#: A job past its estimate is expected to end within this share of the estimate (re-asked each event).
+OVERRUN_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,14 @@ class Result:
         return out
 
 
+def overrun(job: RunningJob, now: float, hard_stop: float) -> RunningJob:
+    """A running job past its expected end, as the planner is shown it: ending
+    :data:`OVERRUN_SHARE` of its estimate (at least 60 s) from ``now``, never after its
+    ``hard_stop`` (Unix seconds); asked again at the next event."""
+    end = min(hard_stop, now + max(60.0, OVERRUN_SHARE * (job.expected_end - job.start)))
+    return RunningJob(job.id, job.node, job.devices, job.cpus, job.memory, job.start, end)
+
+
 def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31", *, depth: int | None = None,
              age_limit_s: float = AGE_LIMIT_S) -> Result:
     """Replay ``jobs`` on ``nodes`` under ``policy`` (see :func:`.planner.plan`); returns the metrics.
@@ -99,8 +112,7 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
         while nxt < len(pending) and pending[nxt].job.submitted <= now:
             queue[pending[nxt].job.id] = pending[nxt].job
             nxt += 1
-        shown = [r if r.expected_end > now else RunningJob(r.id, r.node, r.devices, r.cpus, r.memory, r.start, stop)
-                 for r, stop in running.values()]
+        shown = [r if r.expected_end > now else overrun(r, now, stop) for r, stop in running.values()]
         began = time.perf_counter()
         placements = plan(nodes, shown, list(queue.values()), now, policy, depth=depth, age_limit_s=age_limit_s,
                           explain=False)

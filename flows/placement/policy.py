@@ -1,0 +1,97 @@
+"""The priority orders of the policies, and E31's promotions (see :mod:`.planner` for the policy).
+
+A promotion says a job the plan fails goes ahead of the jobs ordered by
+expansion factor, and by when it should start at the latest:
+
+* a deadline job planned to end after its deadline: tier 0, ordered by deadline
+  (EDF), to start by ``deadline - estimate - margin`` (the margin, 10% of the
+  runtime estimate and at least 5 minutes, absorbs a small overrun), and by
+  ``submitted + age limit`` at the latest;
+* a job that has waited the age limit: tier 1, in arrival order, at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .model import QueuedJob
+
+__all__ = ["BSLD_FLOOR_S", "Promotion", "Ranked", "at_risk", "order", "overdue"]
+
+#: The expansion factor counts a job shorter than this as this long (seconds), as bounded slowdown does.
+BSLD_FLOOR_S = 10.0
+#: Deadline margin: this fraction of the runtime estimate, and at least :data:`_MARGIN_MIN_S`.
+_MARGIN = 0.10
+_MARGIN_MIN_S = 300.0
+
+
+@dataclass(frozen=True, order=True)
+class Promotion:
+    """Why a job goes ahead: ``tier`` 0 (deadline) or 1 (aged), ``key`` (its deadline, or when it
+    reached the age limit), ``start_by`` (Unix seconds: the latest start the plan aims for)."""
+
+    tier: int
+    key: float
+    start_by: float
+
+
+class Ranked:
+    """A queued job with what the planning passes need, computed once: ``req`` = (gpus, cpus,
+    memory, seconds on the node), ``eligible`` (None: every node), ``kind`` (the GPU type,
+    lower case), ``preferred`` (indices of nodes holding its inputs)."""
+
+    __slots__ = ("job", "req", "eligible", "kind", "preferred")
+
+    def __init__(self, job: QueuedJob, eligible: list[bool], where: dict[str, int]) -> None:
+        self.job = job
+        self.req = (job.gpus, job.cpus, job.memory, job.occupancy_s)
+        self.eligible = None if all(eligible) else eligible
+        self.kind = job.gpu_type.lower() if job.gpu_type else None
+        self.preferred = tuple(where[n] for n in job.preferred_nodes if n in where and eligible[where[n]])
+
+
+def _arrival(j: Ranked) -> tuple[float, str]:
+    return j.job.submitted, j.job.id
+
+
+def order(policy: str, jobs: Sequence[Ranked], now: float, promoted: dict[str, Promotion]) -> list[Ranked]:
+    """The jobs in ``policy``'s priority order (ties by submission time, then id)."""
+    if policy in ("fcfs", "easy"):
+        return sorted(jobs, key=_arrival)
+    if policy == "edf":
+        return sorted(jobs, key=lambda j: (j.job.deadline is None, j.job.deadline or 0.0, *_arrival(j)))
+    first = sorted((j for j in jobs if j.job.id in promoted),
+                   key=lambda j: (promoted[j.job.id].tier, promoted[j.job.id].key, *_arrival(j)))
+
+    def expansion(j: Ranked) -> tuple:
+        estimate = j.req[3]
+        return (-(now - j.job.submitted + estimate) / max(estimate, BSLD_FLOOR_S), *_arrival(j))
+
+    return first + sorted((j for j in jobs if j.job.id not in promoted), key=expansion)
+
+
+def overdue(jobs: Iterable[Ranked], now: float, age_limit_s: float) -> dict[str, Promotion]:
+    """The jobs that have waited ``age_limit_s`` seconds or more (tier 1, to start at once)."""
+    return {j.job.id: Promotion(1, j.job.submitted + age_limit_s, now)
+            for j in jobs if now - j.job.submitted >= age_limit_s}
+
+
+def at_risk(jobs: Iterable[Ranked], starts: dict[str, float], now: float, age_limit_s: float,
+            promoted: dict[str, Promotion]) -> dict[str, Promotion]:
+    """The promotions a plan with these ``starts`` (Unix seconds) calls for that ``promoted`` does
+    not already hold (a new one replaces an old one only when it ranks higher)."""
+    found = {}
+    for j in jobs:
+        job, start = j.job, starts[j.job.id]
+        if job.deadline is not None and start + j.req[3] > job.deadline:
+            margin = max(_MARGIN * job.runtime_s, _MARGIN_MIN_S)
+            new = Promotion(0, job.deadline, min(job.deadline - j.req[3] - margin, job.submitted + age_limit_s))
+        elif start > now and now - job.submitted >= age_limit_s:
+            new = Promotion(1, job.submitted + age_limit_s, now)
+        else:
+            continue
+        old = promoted.get(job.id)
+        if old is None or new < old:
+            found[job.id] = new
+    return found

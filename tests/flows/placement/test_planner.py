@@ -1,0 +1,180 @@
+"""Hand-built queues with exact plans and reasons (times from 2026-01-01 00:00 UTC)."""
+
+from __future__ import annotations
+
+import pytest
+
+from e31.flows.placement import PlanInputError, plan
+from tests.flows.placement.helpers import GIB, H, T0, node, queued, running
+
+
+def table(placements):
+    """job -> (action, node, devices, start hour, end hour, reason)."""
+    return {p.job: (p.action, p.node, p.devices, None if p.start is None else (p.start - T0) / H,
+                    None if p.end is None else (p.end - T0) / H, p.reason) for p in placements}
+
+
+# n1 has 8 GPUs; r1 holds GPUs 0-5 until 02:00; A (8 GPUs, 1 h) came first and waits for r1.
+POOL = [node("n1")]
+R1 = [running("r1", "n1", range(6), 2)]
+A_WAITS = ("wait", "n1", tuple(range(8)), 2.0, 3.0,
+           "waiting for 8 GPUs on one node (0 free on n1); earliest start 02:00 UTC, after job r1 ends")
+
+
+@pytest.mark.parametrize("policy", ["easy", "e31"])
+def test_a_backfill_that_must_happen(policy):
+    # B (2 GPUs, 1 h) fits GPUs 6,7 now and ends at 01:00, before A's reserved start at 02:00
+    plan_ = table(plan(POOL, R1, [queued("A", 8, 1, ago_h=1 / 6), queued("B", 2, 1, ago_h=1 / 12)], T0, policy))
+    assert plan_ == {
+        "A": A_WAITS,
+        "B": ("start", "n1", (6, 7), 0.0, 1.0,
+              "starts now on n1, GPUs 6,7, 4 CPUs; expected end 01:00 UTC (run time 1h: duration)"),
+    }
+
+
+@pytest.mark.parametrize(("policy", "b_reason"), [
+    ("easy", "waiting: room is free now on n1 but held for jobs ahead of it from 02:00 UTC; estimated start "
+             "03:00 UTC (not reserved: only the first waiting job in priority order holds a reservation)"),
+    ("e31", "waiting: room is free now on n1 but held for jobs ahead of it from 02:00 UTC; earliest start "
+            "03:00 UTC, after job A ends"),
+])
+def test_a_backfill_that_must_not_happen(policy, b_reason):
+    # B (2 GPUs, 3 h) would still hold GPUs 6,7 at 02:00, when A needs all eight: it would delay A
+    placements = plan(POOL, R1, [queued("A", 8, 1, ago_h=1 / 6), queued("B", 2, 3, ago_h=1 / 12)], T0, policy)
+    assert table(placements) == {
+        "A": A_WAITS[:5] + ("waiting for 8 GPUs on one node (2 free on n1); earliest start 02:00 UTC, after job r1 ends",),
+        "B": ("wait", "n1", (0, 1), 3.0, 6.0, b_reason),
+    }
+    assert [p.reserved for p in placements] == [True, policy == "e31"]
+
+
+def test_first_come_first_served_never_overtakes():
+    placements = plan(POOL, R1, [queued("A", 8, 1, ago_h=1 / 6), queued("B", 2, 1, ago_h=1 / 12)], T0, "fcfs")
+    assert table(placements)["B"] == ("wait", "n1", (0, 1), 3.0, 4.0, "waiting for its turn (first come, first "
+                                      "served); earliest start 03:00 UTC, after job A ends")
+
+
+@pytest.mark.parametrize(("policy", "starts"), [
+    ("fcfs", {"A": 1.0, "D": 3.0}),  # first come, first served: D ends 04:00, after its deadline
+    ("easy", {"A": 1.0, "D": 3.0}),
+    ("edf", {"D": 1.0, "A": 2.0}),
+    ("e31", {"D": 1.0, "A": 2.0}),  # D needs the time: it goes ahead of A, which has no deadline
+])
+def test_a_deadline_job_jumps_ahead_of_an_earlier_job_with_slack(policy, starts):
+    # the whole node is busy until 01:00; A (2 h) came 30 min before D (1 h, deadline 02:30)
+    placements = plan([node("n1")], [running("r1", "n1", range(8), 1)],
+                      [queued("A", 8, 2, ago_h=0.5), queued("D", 8, 1, deadline_h=2.5)], T0, policy)
+    assert {p.job: (p.start - T0) / H for p in placements} == starts
+    d = table(placements)["D"]
+    if policy in ("edf", "e31"):
+        assert d[5] == ("waiting for 8 GPUs on one node (0 free on n1); earliest start 01:00 UTC, after job r1 ends; "
+                        "ends 02:00 UTC, before its deadline 02:30 UTC")
+    else:
+        assert d[5].endswith("; ends 04:00 UTC, after its deadline 02:30 UTC: at risk")
+
+
+def test_the_reason_names_what_is_short_and_who_frees_it():
+    nodes = [node("n1"), node("n2"), node("n3")]
+    busy = [running("a", "n1", range(8), 5), running("b", "n2", range(8), 5),
+            running("retrain-7", "n3", range(6), 2 + 40 / 60)]
+    (only,) = plan(nodes, busy, [queued("X", 6, 1)], T0)
+    assert only.reason == "waiting for 6 GPUs on one node (2 free on n3); earliest start 02:40 UTC, after job retrain-7 ends"
+    assert (only.node, only.devices, only.start) == ("n3", (0, 1, 2, 3, 4, 5), T0 + 2 * H + 40 * 60)
+
+
+def test_refusals_at_submission_and_while_queued():
+    nodes = [node("n1", gpu_type="A100"), node("n2", gpu_type="H100")]
+    queue = [
+        queued("big", 9, 1), queued("v100", 1, 1, gpu_type="V100"),
+        queued("late", 1, 2, deadline_h=1), queued("stale", 1, 1, ago_h=2, deadline_h=0.5),
+        queued("cpus", 0, 1, cpus=100), queued("memory", 0, 1, memory_gib=600),
+        queued("together", 8, 1, cpus=64, memory_gib=600),
+    ]
+    assert {p.job: (p.action, p.reason) for p in plan(nodes, [], queue, T0)} == {
+        "big": ("refuse", "no node can hold 9 GPUs: the largest nodes have 8 GPUs"),
+        "v100": ("refuse", "no node has GPU type V100 (the pool has A100 on 1 node, H100 on 1 node)"),
+        "late": ("refuse", "deadline 01:00 UTC cannot be met even on an empty pool: started when submitted "
+                           "(00:00 UTC) it would end 02:00 UTC (run time 2h: duration)"),
+        "stale": ("refuse", "deadline became infeasible while queued: started now (00:00 UTC) it would end 01:00 UTC, "
+                            "after its deadline 00:30 UTC (run time 1h: duration)"),
+        "cpus": ("refuse", "no node can hold 100 CPUs: the largest nodes have 64 CPUs"),
+        "memory": ("refuse", "no node can hold 600 GiB of memory: the largest nodes have 512 GiB"),
+        "together": ("refuse", "no node can hold 600 GiB of memory: the largest nodes have 512 GiB"),
+    }
+    mixed = [node("small", gpus=8, cpus=16), node("fat", gpus=2, cpus=128)]
+    (p,) = plan(mixed, [], [queued("both", 8, 1, cpus=100)], T0)
+    assert p.reason == ("no single node has 8 GPUs and 100 CPUs together "
+                        "(largest: small with 8 GPUs, 16 CPUs, 512 GiB)")
+
+
+def test_gpu_type_chooses_the_node():
+    nodes = [node("a1", gpu_type="A100"), node("h1", gpu_type="H100")]
+    placements = plan(nodes, [], [queued("h", 2, 1, gpu_type="h100", memory_gib=16), queued("any", 1, 1)], T0)
+    assert table(placements) == {
+        "h": ("start", "h1", (0, 1), 0.0, 1.0,
+              "starts now on h1, GPUs 0,1, 4 CPUs, 16 GiB; expected end 01:00 UTC (run time 1h: duration)"),
+        "any": ("start", "a1", (0,), 0.0, 1.0,
+                "starts now on a1, GPUs 0, 4 CPUs; expected end 01:00 UTC (run time 1h: duration)"),
+    }
+    (typed,) = plan(nodes, [running("r", "h1", range(8), 3)], [queued("t", 1, 1, gpu_type="H100")], T0)
+    assert typed.reason == "waiting for 1 GPU on one node (0 free on h1); earliest start 03:00 UTC, after job r ends"
+
+
+def test_ageing_bound_puts_a_long_waiting_job_first():
+    # L (10 h) has waited 7 h; S (10 min) has waited 1 h, so its expansion factor (7) beats L's (1.7)
+    busy = [running("r", "n1", range(8), 1)]
+    queue = [queued("L", 8, 10, ago_h=7), queued("S", 8, 1 / 6, ago_h=1)]
+    aged = {p.job: (p.start - T0) / H for p in plan([node("n1")], busy, queue, T0)}
+    assert aged == {"L": 1.0, "S": 11.0}
+    unaged = {p.job: (p.start - T0) / H for p in plan([node("n1")], busy, queue, T0, age_limit_s=100 * H)}
+    assert unaged == {"S": 1.0, "L": 1 + 1 / 6}
+
+
+def test_staging_and_history_estimates_in_the_reason():
+    job = queued("h", 1, 1.2, staging_s=600, source="history", note="90th percentile of 14 past runs")
+    (p,) = plan([node("n1")], [], [job], T0)
+    assert p.reason == ("starts now on n1, GPUs 0, 4 CPUs; expected end 01:22 UTC "
+                        "(run time 1h12m: 90th percentile of 14 past runs + staging 10m)")
+    assert p.end == T0 + 600 + 1.2 * H
+
+
+def test_preferred_nodes_win_ties():
+    job = queued("p", 1, 1)
+    job = type(job)(**{**job.__dict__, "preferred_nodes": ("n2",)})
+    (p,) = plan([node("n1"), node("n2")], [], [job], T0)
+    assert (p.node, p.devices) == ("n2", (0,))
+
+
+def test_cpu_only_pool_and_memory():
+    nodes = [node("c1", gpus=0, cpus=8, memory_gib=32)]
+    queue = [queued("a", 0, 1, cpus=6, memory_gib=8), queued("b", 0, 1, cpus=4, memory_gib=8, ago_h=0.1)]
+    got = table(plan(nodes, [], queue, T0, "fcfs"))
+    assert got["b"][:5] == ("start", "c1", (), 0.0, 1.0)
+    assert got["a"] == ("wait", "c1", (), 1.0, 2.0, "waiting for 6 CPUs on one node (4 free on c1); earliest start "
+                        "01:00 UTC, after job b ends")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"running": [running("r", "nx", [0], 1)]}, "running job r is on node 'nx', which is not in the pool"),
+    ({"running": [running("r", "n1", [8], 1)]}, "running job r holds GPU 8 of n1, which has 8 GPU(s) numbered "
+                                                "from 0 (each device once)"),
+    ({"running": [running("r", "n1", [1], 1), running("s", "n1", [1, 2], 2)]},
+     "running job s holds GPU(s) [1] of n1, which another running job holds"),
+    ({"running": [running("r", "n1", [], 1, cpus=65)]},
+     f"the running jobs on n1 hold more CPUs or memory than it has (65 CPUs, 0 bytes of 64, {512 * GIB})"),
+    ({"policy": "sjf"}, "unknown policy 'sjf'; use one of e31, fcfs, easy, edf"),
+    ({"depth": 0}, "depth must be at least 1 (got 0)"),
+    ({"queued": [queued("a", 1, 1), queued("a", 1, 1)]}, "two running or queued jobs have the same id"),
+])
+def test_contradictory_input_is_refused(kwargs, message):
+    args = {"nodes": [node("n1")], "running": [], "queued": [], "now": T0, **kwargs}
+    with pytest.raises(PlanInputError) as info:
+        plan(**args)
+    assert str(info.value) == message
+    assert info.value.exit_code == 2
+
+
+def test_a_job_past_its_expected_end_still_holds_its_devices():
+    overdue = running("r", "n1", range(8), -1)  # expected to end an hour ago
+    (p,) = plan([node("n1")], [overdue], [queued("q", 1, 1)], T0)
+    assert (p.action, p.start) == ("wait", T0 + 1)
