@@ -646,3 +646,40 @@ def test_a_link_to_a_hard_link_is_refused_too(prefect_api, scratch, tmp_path):
     assert "view.txt: a symbolic link to a hard link (2 names for one file); write a copy instead" in \
         err.value.manifest["message"]
     assert not (tmp_path / "out" / "partial" / "view.txt").exists()
+
+
+def test_a_store_frozen_in_the_middle_of_an_upload_ends_the_return_in_bounded_time(e31, s3_server, tmp_path,
+                                                                                  scratch):
+    """Found by an attack: SIGSTOP of the S3 server while a file was being
+    uploaded hung the return for 25 minutes and more (the client's write
+    blocks with no timeout of its own).  An upload that stops progressing is
+    cancelled: here within E31_STORE_READ_TIMEOUT_S (2 s) plus 20 s for the
+    20 MiB file at the slowest allowed rate (1 MiB/s)."""
+    from tests.conftest import S3_BUCKET, S3_KEY, S3_SECRET
+    from tests.s3server import S3Server
+
+    store = S3Server(tmp_path / "frozen-mid", key=S3_KEY, secret=S3_SECRET, bucket=S3_BUCKET).start()
+    try:
+        url = f"s3://{S3_BUCKET}/mid/out/"
+        env = {**store.env(), "E31_SCRATCH": str(scratch), "E31_STORE_READ_TIMEOUT_S": "2",
+               "E31_STORE_CONNECT_TIMEOUT_S": "2", "E31_TRANSFER_RETRIES": "0"}
+        _prepare(scratch, "midfreeze", url, "run-a", "finished", 5, {"model.pt": 20 * 2**20, "small.txt": 10})
+        proc = _e31_return("midfreeze", env)
+        fs = store.filesystem()
+        assert _wait_for_withdrawal(fs, url.rstrip("/"), "run-a", proc) is not None
+        os.killpg(store.proc.pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        try:
+            proc.wait(timeout=240)
+            took = time.monotonic() - frozen
+        finally:
+            os.killpg(store.proc.pid, signal.SIGCONT)
+        assert proc.returncode == 1 and took < 120, (took, proc.stderr.read())
+        assert (scratch / "midfreeze" / PENDING).exists()
+        back = e31("return", "midfreeze", env=env)
+        assert back.returncode == 0, back.stderr
+        fs.invalidate_cache()
+        assert json.loads(fs.cat_file(f"{url}manifest.json"))["status"] == "completed"
+        assert_honest(fs, url)
+    finally:
+        store.stop()
