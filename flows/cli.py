@@ -62,8 +62,10 @@ def _parser() -> argparse.ArgumentParser:
                                      "kept in the job's scratch folder ($E31_SCRATCH/JOB)")
     ret.add_argument("job", help="the job's name (its spec's name)")
     from e31.deployments.commands import add_commands  # the queue: the CLI is the one place above every layer
+    from e31.flows.placement.commands import add_commands as add_placement_commands  # pool, plan, simulate
 
     _PLAIN.update(add_commands(sub))
+    _PLAIN.update(add_placement_commands(sub))
     return parser
 
 

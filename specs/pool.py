@@ -126,6 +126,14 @@ _POOL_WORDS = Vocabulary(
 )
 
 
+#: Path of a problem about the whole pool document.
+WHOLE = "(pool)"
+
+
+def _whole(problem: Problem) -> Problem:
+    return Problem(WHOLE, problem.message.replace("not a spec file", "not a pool file")) if problem.path == DOCUMENT else problem
+
+
 def parse_pool(data: Any, source: str = "<pool>") -> PoolSpec:
     """Validate a pool given as a mapping (parsed YAML/JSON).
 
@@ -134,7 +142,7 @@ def parse_pool(data: Any, source: str = "<pool>") -> PoolSpec:
     """
     if not isinstance(data, Mapping):
         got = "an empty document" if data is None else short_repr(data)
-        raise SpecError(source, [Problem(DOCUMENT, f"the document must be a mapping of pool_version, name, nodes (got {got})")],
+        raise SpecError(source, [Problem(WHOLE, f"the document must be a mapping of pool_version, name, nodes (got {got})")],
                         what="pool")
     try:
         return PoolSpec.model_validate(dict(data))
@@ -154,7 +162,7 @@ def load_pool(path: str | os.PathLike[str]) -> PoolSpec:
     try:
         data, early = _parse_text(_read(path, source), source, as_json=source.lower().endswith(".json"))
     except SpecError as exc:
-        raise SpecError(source, exc.problems, what="pool") from None
+        raise SpecError(source, [_whole(p) for p in exc.problems], what="pool") from None
     try:
         pool = parse_pool(data, source)
     except SpecError as exc:

@@ -37,7 +37,7 @@ def test_json_pool_and_defaults(tmp_path):
 @pytest.mark.parametrize(("text", "problems"), [
     ("nodes: []\n", ["nodes: must have at least 1 item(s) (got [])"]),
     ("name: lab\n", ["nodes: required field is missing; add e.g. nodes: [{name: gpu, count: 4, gpus: 8, cpus: 64, memory: 512GiB}]"]),
-    ("- a\n", ["(spec): the document must be a mapping of pool_version, name, nodes (got ['a'])"]),
+    ("- a\n", ["(pool): the document must be a mapping of pool_version, name, nodes (got ['a'])"]),
     ("pool_version: 2\nnodes: [{name: n, cpus: 1, memory: 1GiB}]\n", ["pool_version: must be 1 (got 2)"]),
     ("nodes:\n  - {name: a, count: 2, gpus: -1, gpu_typ: A100, cpus: 0, memory: lots}\n"
      "  - {name: a-2, cpus: 4, memory: 1GiB}\n"
@@ -81,7 +81,7 @@ def test_unreadable_and_malformed_files(tmp_path):
     with pytest.raises(SpecError) as info:
         load_pool(tmp_path / "missing.yaml")
     assert str(info.value) == (f"invalid pool {tmp_path / 'missing.yaml'} (1 problem)\n"
-                               f"  (spec): file not found (got '{tmp_path / 'missing.yaml'}'); check the path")
+                               f"  (pool): file not found (got '{tmp_path / 'missing.yaml'}'); check the path")
     path = write(tmp_path, "nodes: [\n")
     with pytest.raises(SpecError) as info:
         load_pool(path)

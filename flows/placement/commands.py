@@ -1,0 +1,219 @@
+"""The planner's commands: ``e31 pool``, ``e31 plan``, ``e31 simulate`` (registered by :mod:`e31.flows.cli`).
+
+    e31 pool [POOL.yaml]                    the pool's nodes (no file: this machine as a one-node pool)
+    e31 plan SPEC... --pool POOL.yaml [--png plan.png] [--policy P] [--now TIME]
+    e31 simulate TRACE.swf --pool POOL.yaml [--policy P] [--jobs N] [--json] [--as cpus|gpus]
+                 [--deadlines FACTOR [--deadline-every K]]
+
+``e31 plan`` exits 0 when every job is placed, 1 when any is refused, 2 for
+bad input (a spec, the pool, a flag).  ``e31 simulate`` exits 0, or 2 for bad
+input.  No Prefect import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from e31.errors import EXIT_FAILED, EXIT_OK, InvalidInput
+
+from .model import Node, QueuedJob
+from .planner import POLICIES, plan
+from .text import clock, gib
+
+__all__ = ["add_commands", "nodes_of"]
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number (got {text!r})") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
+def _factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number such as 1.5 (got {text!r})") from None
+    if not value >= 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: a job cannot finish before its limit allows "
+                                         f"(got {text})")
+    return value
+
+
+def _instant(text: str) -> float:
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an ISO 8601 time such as 2026-01-01T06:00:00Z (got {text!r})") from None
+    if at.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"needs a timezone, e.g. {text}Z or {text}+00:00")
+    return at.timestamp()
+
+
+def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Add the ``pool``, ``plan`` and ``simulate`` parsers to ``sub`` (argparse subparsers); returns
+    command name -> handler(args) -> exit code."""
+    p = sub.add_parser("pool", help="print a pool's nodes (no file: this machine)",
+                       description="print the nodes of a pool file; with no file, this machine as a one-node pool")
+    p.add_argument("pool", nargs="?", help="pool file (YAML or JSON)")
+    q = sub.add_parser("plan", help="plan job specs onto an empty pool, as if submitted now",
+                       description="the plan of the given job specs, submitted now onto an empty pool: node, GPU "
+                                   "devices, start, end and the reason of each; exit 1 if any is refused")
+    q.add_argument("specs", nargs="+", metavar="SPEC", help="job spec files")
+    q.add_argument("--pool", required=True, help="pool file (YAML or JSON)")
+    q.add_argument("--png", help="also write a Gantt chart of the plan to this PNG file")
+    q.add_argument("--policy", default="e31", choices=POLICIES, help="planning policy (default e31)")
+    q.add_argument("--now", type=_instant, help="plan as of this time (ISO 8601 with a timezone; default: now)")
+    s = sub.add_parser("simulate", help="replay a workload trace (SWF) through the planner",
+                       description="replay a Standard Workload Format trace on a pool in simulated time and print "
+                                   "the policy's metrics")
+    s.add_argument("trace", help="SWF trace file (Parallel Workloads Archive format)")
+    s.add_argument("--pool", required=True, help="pool file (YAML or JSON)")
+    s.add_argument("--policy", default="e31", choices=POLICIES, help="planning policy (default e31)")
+    s.add_argument("--jobs", type=_positive, metavar="N", help="replay only the first N jobs of the trace")
+    s.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    s.add_argument("--as", dest="unit", default="cpus", choices=("cpus", "gpus"),
+                   help="what a trace job's processors are on the pool (default cpus)")
+    s.add_argument("--deadlines", type=_factor, metavar="FACTOR",
+                   help="give jobs a deadline of submit time + FACTOR x their limit")
+    s.add_argument("--deadline-every", type=_positive, default=1, metavar="K",
+                   help="with --deadlines, only every K-th job of the trace gets one (default 1: all)")
+    return {"pool": cmd_pool, "plan": cmd_plan, "simulate": cmd_simulate}
+
+
+def nodes_of(pool: Any) -> list[Node]:
+    """The planner's nodes of a :class:`e31.specs.PoolSpec` (``count`` expanded)."""
+    return [Node(name, line.gpus, line.cpus, line.memory, line.gpu_type) for name, line in pool.node_lines()]
+
+
+def cmd_pool(args: argparse.Namespace) -> int:
+    """``e31 pool [POOL]``: a table of the pool's node lines and the totals."""
+    if args.pool:
+        from e31.specs import load_pool
+
+        pool = load_pool(args.pool)
+        title, lines = f"pool {pool.name}", [(line.names(), line) for line in pool.nodes]
+        nodes = nodes_of(pool)
+    else:
+        from e31.flows.admission import this_node
+
+        here = this_node()
+        nodes = [Node(here.name, here.gpus, here.cpus, here.memory)]
+        title, lines = f"this machine ({here.name}) as a one-node pool", [([here.name], nodes[0])]
+    print(f"{title}: {len(nodes)} node{'s' if len(nodes) != 1 else ''}, {sum(n.gpus for n in nodes)} GPUs, "
+          f"{sum(n.cpus for n in nodes)} CPUs, {gib(sum(n.memory for n in nodes))} memory")
+    rows = [("NODES", "COUNT", "GPUS", "GPU TYPE", "CPUS", "MEMORY")]
+    for names, line in lines:
+        span = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
+        rows.append((span, str(len(names)), str(line.gpus), line.gpu_type or "-", str(line.cpus), gib(line.memory)))
+    _table(rows, right={1, 2, 4, 5})
+    return EXIT_OK
+
+
+def _table(rows: list[tuple[str, ...]], right: set[int] = frozenset()) -> None:
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    for r in rows:
+        cells = [c.rjust(w) if k in right else c.ljust(w) for k, (c, w) in enumerate(zip(r, widths))]
+        print("  ".join(cells).rstrip())
+
+
+def _queued(specs: list[Any], now: float) -> list[QueuedJob]:
+    from e31.flows.compile import resolve_deadline
+
+    from .estimates import estimate_runtime
+
+    jobs, seen = [], {}
+    for spec in specs:
+        seen[spec.name] = seen.get(spec.name, 0) + 1
+        job_id = spec.name if seen[spec.name] == 1 else f"{spec.name}#{seen[spec.name]}"
+        req = spec.request
+        limit = (req.limit or req.duration).total_seconds()
+        estimate = estimate_runtime(req.duration.total_seconds() if req.duration else None, limit)
+        deadline, _ = resolve_deadline(spec, datetime.fromtimestamp(now, timezone.utc))
+        jobs.append(QueuedJob(id=job_id, name=spec.name, gpus=req.gpus, cpus=req.cpus, memory=req.memory or 0,
+                              submitted=now, runtime_s=estimate.runtime_s, limit_s=limit, gpu_type=req.gpu_type,
+                              deadline=deadline.timestamp() if deadline else None,
+                              runtime_source=estimate.source, runtime_note=estimate.note))
+    return jobs
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``e31 plan SPEC... --pool POOL``: the table of the plan; exit 1 when a job is refused."""
+    from e31.specs import load_pool, load_spec
+
+    pool = load_pool(args.pool)
+    specs = [load_spec(path) for path in args.specs]
+    now = args.now if args.now is not None else datetime.now(timezone.utc).timestamp()
+    nodes, jobs = nodes_of(pool), _queued(specs, now)
+    placements = plan(nodes, [], jobs, now, args.policy)
+    print(f"plan of {len(jobs)} job{'s' if len(jobs) != 1 else ''} on pool {pool.name} at {clock(now, now)} "
+          f"(policy {args.policy})")
+    rows = [("JOB", "ACTION", "NODE", "GPUS", "START", "END", "REASON")]
+    for p in sorted(placements, key=lambda p: (p.action == "refuse", p.start or 0.0, p.job)):
+        when = [clock(t, now) if t is not None else "-" for t in (p.start, p.end)]
+        devices = ",".join(map(str, p.devices)) or "-"
+        rows.append((p.job, p.action, p.node or "-", devices, *when, p.reason))
+    _table(rows)
+    if args.png:
+        from .gantt import gantt_png
+
+        try:
+            gantt_png(args.png, nodes, placements, jobs, now)
+        except OSError as exc:
+            raise InvalidInput(f"--png: cannot write {args.png}: {exc.strerror or exc}; give a writable path") from None
+        print(f"Gantt chart: {args.png}")
+    return EXIT_FAILED if any(p.action == "refuse" for p in placements) else EXIT_OK
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """``e31 simulate TRACE --pool POOL``: the metrics of one replay."""
+    from e31.specs import load_pool
+
+    from .simulate import SimJob, simulate
+    from .swf import read_swf
+
+    pool = load_pool(args.pool)
+    nodes = nodes_of(pool)
+    if args.unit == "gpus" and not any(n.gpus for n in nodes):
+        raise InvalidInput(f"--as gpus: pool {pool.name} has no GPUs; use --as cpus or a pool with gpus")
+    trace = read_swf(args.trace, args.jobs)
+    jobs = []
+    for k, t in enumerate(trace.jobs):
+        gpus, cpus = (t.procs, 1) if args.unit == "gpus" else (0, t.procs)
+        submitted = trace.start + t.submit
+        deadline = None
+        if args.deadlines is not None and k % args.deadline_every == 0:
+            deadline = submitted + args.deadlines * t.limit_s
+        job = QueuedJob(id=t.id, name=t.id, gpus=gpus, cpus=cpus, memory=0, submitted=submitted,
+                        runtime_s=t.limit_s, limit_s=t.limit_s, deadline=deadline, runtime_source="limit")
+        jobs.append(SimJob(job, t.runtime_s))
+    if len({j.job.id for j in jobs}) != len(jobs):
+        raise InvalidInput(f"{args.trace}: two jobs have the same job number; SWF job numbers are unique")
+    result = simulate(nodes, jobs, args.policy)
+    summary = result.summary()
+    if args.json:
+        print(json.dumps(summary))
+        return EXIT_OK
+    unit = "GPUs" if any(n.gpus for n in nodes) else "CPUs"
+    print(f"trace {args.trace}: {len(jobs)} jobs ({trace.skipped} skipped: unknown run time or processors); "
+          f"pool {pool.name} ({len(nodes)} node{'s' if len(nodes) != 1 else ''}); policy {args.policy}")
+    deadlines = (f"{result.deadlines_met} of {result.deadlines_total} ({result.deadlines_feasible} feasible on an "
+                 f"empty pool)" if result.deadlines_total else "none assigned (--deadlines FACTOR)")
+    for name, value in (
+        ("jobs run", f"{result.jobs}"), ("refused", f"{result.refused}"), ("makespan", f"{result.makespan_s:.0f} s"),
+        ("average wait", f"{result.avg_wait_s:.1f} s"), ("maximum wait", f"{result.max_wait_s:.0f} s"),
+        ("average bounded slowdown", f"{result.avg_bounded_slowdown:.3f} (threshold 10 s)"),
+        (f"utilisation ({unit})", f"{result.utilization:.1%}"), ("deadlines met", deadlines),
+        ("planning time", f"{result.planning_s:.3f} s"),
+    ):
+        print(f"  {name:<26}{value}")
+    sys.stdout.flush()
+    return EXIT_OK
