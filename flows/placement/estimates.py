@@ -76,7 +76,9 @@ def run_times(manifests: Iterable[Mapping[str, Any]], name: str) -> list[float]:
     oldest first by ``finished_at``; others and malformed ones are skipped."""
     found = []
     for m in manifests:
-        timings = m.get("timings") if isinstance(m, Mapping) else None
+        if not isinstance(m, Mapping):
+            continue
+        timings = m.get("timings")
         run_s = timings.get("run_s") if isinstance(timings, Mapping) else None
         if m.get("job") == name and m.get("status") == "completed" and isinstance(run_s, (int, float)):
             found.append((str(m.get("finished_at") or ""), float(run_s)))
