@@ -33,8 +33,9 @@ first, earliest deadline first, then arrival order, EASY backfilling.
    again (at most three passes; :mod:`.policy`).  A promoted job is placed
    no earlier than needed: in the second half of the time left before its
    latest start (deadline - estimate - a margin of 10% of the estimate, at
-   least 5 minutes), or as early as possible when nothing fits there.  A
-   deadline job with slack is not promoted, so it does not push others back.
+   least 5 minutes; and no later than the ageing bound), or as early as
+   possible when nothing fits there.  A deadline job with slack is not
+   promoted, so it does not push others back.
 2. Then jobs that have waited ``age_limit_s`` (6 hours) or longer, in arrival
    order: the ageing bound.  Once a job has waited that long only deadline
    jobs that need the time and jobs that waited longer come before it, and it
@@ -42,7 +43,8 @@ first, earliest deadline first, then arrival order, EASY backfilling.
 3. Then every other job by its current expansion factor ``(wait + estimate) /
    max(estimate, 10 s)``, highest first: short jobs go first, but every
    waiting job's priority grows while it waits (the estimate is staging plus
-   the planning runtime).  This orders for low bounded slowdown
+   the planning runtime; equal factors, as for jobs just submitted, go
+   shortest first).  This orders for low bounded slowdown
    ``max((wait + run) / max(run, 10 s), 1)`` (Feitelson, Rudolph,
    Schwiegelshohn, Sevcik & Wong 1997).
 4. The first ``depth`` waiting jobs (64 by default) hold reservations
@@ -64,9 +66,14 @@ jobs on 125 nodes x 8 GPUs) this halves FCFS+EASY's average bounded slowdown,
 meets as many deadlines as EDF, and keeps the longest wait within 1.5x
 FCFS+EASY's.
 
-Speed: the search is exact for the reserved jobs; the rest cost a start-now
-check (with failures remembered) and an append.  A plan of 10,000 queued jobs
-on 125 nodes x 8 GPUs takes about a third of a second on a 2-core machine.
+Speed, and why a depth: the search for a reservation is exact (every hole
+of every node), the rest cost a start-now check (with failures remembered)
+and an append.  On 125 nodes x 8 GPUs with 10,000 queued jobs a plan takes
+about 0.35 s with the default depth of 64, 0.5 s with 1,000, and 8 s with a
+reservation for every job under ``e31`` (fcfs: 0.6 s, its starts only move
+later): reservations deep in a long queue would be recomputed at the next
+event anyway, so only the head of the queue holds them.  A simulation re-plans
+a queue of tens to hundreds of jobs in milliseconds.
 """
 
 from __future__ import annotations

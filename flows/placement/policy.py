@@ -56,7 +56,8 @@ def _arrival(j: Ranked) -> tuple[float, str]:
 
 
 def order(policy: str, jobs: Sequence[Ranked], now: float, promoted: dict[str, Promotion]) -> list[Ranked]:
-    """The jobs in ``policy``'s priority order (ties by submission time, then id)."""
+    """The jobs in ``policy``'s priority order (ties by submission time, then id; under ``e31`` jobs
+    with equal expansion factors go shortest first)."""
     if policy in ("fcfs", "easy"):
         return sorted(jobs, key=_arrival)
     if policy == "edf":
@@ -64,9 +65,9 @@ def order(policy: str, jobs: Sequence[Ranked], now: float, promoted: dict[str, P
     first = sorted((j for j in jobs if j.job.id in promoted),
                    key=lambda j: (promoted[j.job.id].tier, promoted[j.job.id].key, *_arrival(j)))
 
-    def expansion(j: Ranked) -> tuple:
+    def expansion(j: Ranked) -> tuple:  # equal factors (jobs just submitted): the shorter first
         estimate = j.req[3]
-        return (-(now - j.job.submitted + estimate) / max(estimate, BSLD_FLOOR_S), *_arrival(j))
+        return (-(now - j.job.submitted + estimate) / max(estimate, BSLD_FLOOR_S), estimate, *_arrival(j))
 
     return first + sorted((j for j in jobs if j.job.id not in promoted), key=expansion)
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
-
-from e31.specs.units import format_duration
+from datetime import datetime, timezone
 
 from .model import QueuedJob
 
@@ -24,8 +22,13 @@ def clock(t: float, now: float) -> str:
 
 
 def span(seconds: float) -> str:
-    """Seconds as ``1h30m``, ``45s``, ``2d3h`` (whole seconds)."""
-    return format_duration(timedelta(seconds=round(seconds)))
+    """Seconds as ``1h30m``, ``45s``, ``2d3h`` (whole seconds; the form job specs accept)."""
+    left, parts = round(seconds), []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"
 
 
 def gib(nbytes: int) -> str:

@@ -133,6 +133,7 @@ def test_pool_prints_the_node_lines(e31, tmp_path):
 
 
 def test_plan_prints_the_table_and_a_gantt_chart(e31, tmp_path):
+    # all submitted now: equal expansion factors, so the shortest goes first
     (tmp_path / "pool.yaml").write_text(POOL, encoding="utf-8")
     specs = [spec(tmp_path, "train-a", "{gpus: 8, duration: 2h, limit: 3h}"),
              spec(tmp_path, "train-b", "{gpus: 8, duration: 1h, limit: 2h, deadline_within: 3h}"),
@@ -149,15 +150,15 @@ def test_plan_prints_the_table_and_a_gantt_chart(e31, tmp_path):
     assert [line[:reason_at].split() for line in lines[1:6]] == [
         ["JOB", "ACTION", "NODE", "GPUS", "START", "END"],
         ["small", "start", "gpu-1", "0,1", "00:00", "UTC", "00:30", "UTC"],
-        ["train-a", "start", "gpu-2", "0,1,2,3,4,5,6,7", "00:00", "UTC", "02:00", "UTC"],
-        ["train-b", "wait", "gpu-1", "0,1,2,3,4,5,6,7", "00:30", "UTC", "01:30", "UTC"],
+        ["train-b", "start", "gpu-2", "0,1,2,3,4,5,6,7", "00:00", "UTC", "01:00", "UTC"],
+        ["train-a", "wait", "gpu-1", "0,1,2,3,4,5,6,7", "00:30", "UTC", "02:30", "UTC"],
         ["huge", "refuse", "-", "-", "-", "-"],
     ]
     assert [line[reason_at:] for line in lines[2:6]] == [
         "starts now on gpu-1, GPUs 0,1, 4 CPUs, 16 GiB; expected end 00:30 UTC (run time 30m: duration)",
-        "starts now on gpu-2, GPUs 0,1,2,3,4,5,6,7, 1 CPU; expected end 02:00 UTC (run time 2h: duration)",
-        "waiting for 8 GPUs on one node (6 free on gpu-1); earliest start 00:30 UTC, after job small ends; "
-        "ends 01:30 UTC, before its deadline 03:00 UTC",
+        "starts now on gpu-2, GPUs 0,1,2,3,4,5,6,7, 1 CPU; expected end 01:00 UTC (run time 1h: duration); "
+        "ends 01:00 UTC, before its deadline 03:00 UTC",
+        "waiting for 8 GPUs on one node (6 free on gpu-1); earliest start 00:30 UTC, after job small ends",
         "no node can hold 9 GPUs: the largest nodes have 8 GPUs",
     ]
     assert lines[6] == f"Gantt chart: {png}"

@@ -77,3 +77,14 @@ def test_read_swf_names_the_bad_line(tmp_path):
                                "whitespace-separated numbers, -1 for unknown")
     with pytest.raises(SwfError, match="cannot read trace .*missing.swf: No such file or directory; check the path"):
         read_swf(tmp_path / "missing.swf")
+
+
+def test_the_planner_imports_only_the_standard_library():
+    import subprocess
+    import sys
+
+    code = ("import sys, e31.flows.placement, e31.flows.placement.simulate, e31.flows.placement.swf, "
+            "e31.flows.placement.estimates; "
+            "print(sorted(m for m in ('prefect', 'fsspec', 'torch', 'pydantic', 'yaml', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
