@@ -216,7 +216,7 @@ class Capacity:
         if g == 0:
             order = ((after, 0, i) for i in range(len(self.nodes)))
         elif g > self.gmax:
-            return None
+            return found
         else:
             order = iter(self.index[g])
         times, rank = self.times, None

@@ -6,8 +6,10 @@
                  [--deadlines FACTOR [--deadline-every K]]
 
 ``e31 plan`` exits 0 when every job is placed, 1 when any is refused, 2 for
-bad input (a spec, the pool, a flag).  ``e31 simulate`` exits 0, or 2 for bad
-input.  No Prefect import.
+bad input (a spec, the pool, a flag); it plans with each spec's duration (else
+its limit) and no staging time.  ``e31 simulate`` exits 0, or 2 for bad input;
+``--json`` adds ``refused`` and ``deadlines_feasible`` to the metrics the issue
+names.  No Prefect import.
 """
 
 from __future__ import annotations
@@ -79,7 +81,10 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     s.add_argument("--pool", required=True, help="pool file (YAML or JSON)")
     s.add_argument("--policy", default="e31", choices=POLICIES, help="planning policy (default e31)")
     s.add_argument("--jobs", type=_positive, metavar="N", help="replay only the first N jobs of the trace")
-    s.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    s.add_argument("--json", action="store_true",
+                   help="print the metrics as one JSON object: jobs, refused, makespan_s, avg_wait_s, max_wait_s, "
+                        "avg_bounded_slowdown, utilization, deadlines_met, deadlines_total, deadlines_feasible, "
+                        "planning_s")
     s.add_argument("--as", dest="unit", default="cpus", choices=("cpus", "gpus"),
                    help="what a trace job's processors are on the pool (default cpus)")
     s.add_argument("--deadlines", type=_factor, metavar="FACTOR",
