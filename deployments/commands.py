@@ -29,6 +29,9 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     s.add_argument("--policy", default="e31", choices=("e31", "fcfs", "easy", "edf"), help="planning policy")
     s.add_argument("--interval", type=float, default=2.0, help="seconds between ticks when nothing changes")
     s.add_argument("--once", action="store_true", help="one tick, then exit")
+    s.add_argument("--lease", type=float, default=60.0,
+                   help="seconds without a worker heartbeat after which its node's runs are crashed and requeued "
+                        "(default 60; workers beat every 10 s)")
     w = sub.add_parser("worker", help="run the jobs placed on one node of a pool",
                        description="a Prefect worker (type e31) that runs only the flow runs placed on --node")
     w.add_argument("--pool", required=True, help="pool file (YAML)")
@@ -83,7 +86,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     print(f"e31 scheduler: pool {pool.name}, {sum(n.count for n in pool.nodes)} node(s), policy {args.policy}",
           flush=True)
     try:
-        serve(pool, policy=args.policy, interval_s=args.interval, once=args.once, report=report)
+        serve(pool, policy=args.policy, interval_s=args.interval, once=args.once, report=report, lease_s=args.lease)
     except KeyboardInterrupt:
         pass
     return EXIT_OK
@@ -181,6 +184,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
         snap = snapshot(client, pool)
     rows = [("JOB", "RUN", "STATE", "NODE", "GPUS", "START", "REASON")]
     for r in sorted(snap.running, key=lambda j: (j.node, j.start)):
+        if r.id not in snap.runs:  # a node held for want of a live worker
+            continue
         run = snap.runs[r.id]
         rows.append((snap.specs[r.id].name, r.id[:8], run.state.name, r.node, ",".join(map(str, r.devices)) or "-",
                      _hhmm(r.start), "running"))

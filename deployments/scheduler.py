@@ -30,13 +30,15 @@ HISTORY_EVERY_S = 60.0
 class Tick:
     """What one tick saw and did: ``queued``/``running`` counts, ``counts``
     per action (:func:`e31.flows.queue.apply`), ``plan_s`` the planner's
-    seconds and ``cycle_s`` the whole tick's."""
+    seconds, ``cycle_s`` the whole tick's, and the ids of the runs holding
+    resources (``holding``)."""
 
     queued: int
     running: int
     counts: dict[str, int]
     plan_s: float
     cycle_s: float
+    holding: frozenset = frozenset()
 
 
 @dataclass
@@ -78,43 +80,55 @@ def history(client: Any, pool: PoolSpec, limit: int = 200) -> History:
     return found
 
 
-def snapshot(client: Any, pool: PoolSpec, past: History | None = None, now: float | None = None) -> queue.Snapshot:
+def snapshot(client: Any, pool: PoolSpec, past: History | None = None, now: float | None = None,
+             lease_s: float = queue.LEASE_S) -> queue.Snapshot:
     """The pool's runs as planner input, with run-time history and data
     locality (``past``: read now when not given)."""
     past = past or history(client, pool)
-    return queue.read(client, pool, now=now, history=past.runtimes, staged=past.staged)
+    return queue.read(client, pool, now=now, history=past.runtimes, staged=past.staged, lease_s=lease_s)
 
 
 def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None = None,
-         now: float | None = None) -> Tick:
+         now: float | None = None, lease_s: float = queue.LEASE_S) -> Tick:
     """Read, plan, apply once (see the module docstring)."""
     started = time.monotonic()
-    snap = snapshot(client, pool, past, now)
+    snap = snapshot(client, pool, past, now, lease_s)
     t0 = time.monotonic()
     placements = plan(snap.nodes, snap.running, snap.queued, snap.now, policy)
     plan_s = time.monotonic() - t0
     counts = queue.apply(client, snap, placements)
-    return Tick(len(snap.queued), len(snap.running), counts, plan_s, time.monotonic() - started)
+    return Tick(len(snap.queued), len(snap.running), counts, plan_s, time.monotonic() - started,
+                frozenset(r.id for r in snap.running))
 
 
 def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, once: bool = False,
-          report: Callable[[Tick], None] | None = None) -> None:
+          report: Callable[[Tick], None] | None = None, lease_s: float = queue.LEASE_S) -> None:
     """Run ticks until interrupted (``once``: a single tick).  Creates the
     pool's work pool and queue deployment first.  ``report`` is called with
-    every tick that changed something."""
+    every tick that changed something.  ``lease_s``: seconds without a
+    worker heartbeat after which a node's runs count as lost."""
     from prefect.client.orchestration import get_client
 
     from e31.deployments.worker import E31Worker
 
     with get_client(sync_client=True) as client:
         queue.ensure_pool(client, pool, E31Worker.get_default_base_job_template())
-        past, read_at = None, 0.0
+        past, read_at, holding = None, 0.0, frozenset()
         while True:
             if time.monotonic() - read_at > HISTORY_EVERY_S:
                 past, read_at = history(client, pool), time.monotonic()
-            result = tick(client, pool, policy, past)
-            if result.counts.get("start"):
-                read_at = 0.0  # runs end and start: read the history again next tick
+            try:
+                result = tick(client, pool, policy, past, lease_s=lease_s)
+            except Exception as exc:  # the API is busy or a run changed under us: the next tick reads again
+                if once:
+                    raise
+                print(f"e31 scheduler: tick failed ({type(exc).__name__}: {str(exc)[:300]}); next tick in "
+                      f"{interval_s:g} s", flush=True)
+                time.sleep(interval_s)
+                continue
+            if holding - result.holding:
+                read_at = 0.0  # a run ended: its run time and the node holding its inputs count from the next tick
+            holding = result.holding
             changed = sum(v for k, v in result.counts.items() if k != "unchanged")
             if report is not None and changed:
                 report(result)

@@ -25,6 +25,7 @@ Everything here is a plain function of a Prefect client; the policy is in
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -43,6 +44,10 @@ NODE_VAR, DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = "e31_node", "gpu_devices", "cpus"
 AHEAD_S = 120.0
 #: Seconds without a worker heartbeat after which its node counts as lost.
 LEASE_S = 60.0
+#: Id prefix of the stand-in job that holds a node whose worker is not answering.
+DOWN = "~down~"
+#: Seconds a crash is left to settle (the worker and Prefect's crash handling report it) before a requeue.
+SETTLE_S = 3.0
 
 
 def work_pool_name(pool: PoolSpec) -> str:
@@ -103,7 +108,7 @@ def submit(client: Any, pool: PoolSpec, parameters: dict[str, Any], tags: list[s
 
     deployment_id = ensure_pool(client, pool, job_template)
     return client.create_flow_run_from_deployment(
-        deployment_id, parameters=parameters, tags=tags,
+        deployment_id, parameters=parameters, tags=tags, name=str(parameters["spec"].get("name")),
         state=Scheduled(name=QUEUED, message="Queued: waiting for the scheduler to place it",
                         scheduled_time=datetime.now(timezone.utc) + timedelta(seconds=AHEAD_S)))
 
@@ -131,6 +136,7 @@ class Snapshot:
     lost: list[str] = field(default_factory=list)
     requeue: list[str] = field(default_factory=list)
     blocked: dict[str, str] = field(default_factory=dict)
+    lease_s: float = LEASE_S
 
 
 _SPECS: dict[str, JobSpec] = {}  # flow run id -> parsed spec (a run's parameters never change)
@@ -183,7 +189,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
     from prefect.client.schemas.objects import StateType
 
     now = time.time() if now is None else now
-    snap = Snapshot(now=now, nodes=nodes_of(pool))
+    snap = Snapshot(now=now, nodes=nodes_of(pool), lease_s=lease_s)
     alive = live_nodes(client, pool, now, lease_s)
     types = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING, StateType.CRASHED]
     runs, page = [], 200  # the API answers at most a page at a time
@@ -209,7 +215,8 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
         node = variables.get(NODE_VAR)
         req = spec.request
         if state.type == StateType.CRASHED:
-            if int(variables.get(ATTEMPT_VAR, 0)) < req.retries:
+            settled = now - (_ts(state.timestamp) or now) >= SETTLE_S  # the worker may still be reporting the crash
+            if settled and (run.run_count or 0) <= req.retries:  # run_count: the attempts that started
                 snap.requeue.append(key)
             continue
         holding = state.type in (StateType.PENDING, StateType.RUNNING, StateType.CANCELLING) or \
@@ -242,6 +249,10 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 runtime_source=estimate.source, runtime_note=estimate.note,
                 preferred_nodes=tuple(n for n in (staged or {}).get(inputs_key(spec), ()) if n in known)))
     _one_run_per_job(snap)
+    for node in snap.nodes:  # a node without a live worker takes nothing: held whole until its worker answers
+        if node.name not in alive:
+            snap.running.append(RunningJob(id=f"{DOWN}{node.name}", node=node.name, devices=tuple(range(node.gpus)),
+                                           cpus=node.cpus, memory=node.memory, start=now, expected_end=now + lease_s))
     return snap
 
 
@@ -263,10 +274,14 @@ def _one_run_per_job(snap: Snapshot) -> None:
 
 
 def humane(reason: str, snap: Snapshot) -> str:
-    """``reason`` with each flow run id it names given as ``NAME (ID8)``."""
+    """``reason`` with each flow run id it names given as ``NAME (ID8)``, and
+    a node held for want of a worker said so."""
     for key, spec in snap.specs.items():
         if key in reason:
             reason = reason.replace(key, f"{spec.name} ({key[:8]})")
+    if DOWN in reason:
+        reason = re.sub(rf"after job {re.escape(DOWN)}(\S+) ends", r"once node \1's e31 worker answers", reason)
+        reason = reason.replace(DOWN, "no worker on ")
     return reason
 
 
@@ -308,18 +323,17 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement]) -> dict[str,
         run = snap.runs[key]
         node = (run.job_variables or {}).get(NODE_VAR)
         client.set_flow_run_state(key, Crashed(message=f"node {node} stopped answering (no worker heartbeat for "
-                                                       f"{LEASE_S:g} s); its resources are free again"), force=True)
-        counts["lost"] += 1
-        if int((run.job_variables or {}).get(ATTEMPT_VAR, 0)) < snap.specs[key].request.retries:
-            snap.requeue.append(key)
+                                                       f"{snap.lease_s:g} s); its resources are free again"),
+                                  force=True)
+        counts["lost"] += 1  # requeued by a later tick, once the crash has settled, when it has retries left
     for key in snap.requeue:
         run = snap.runs[key]
-        attempt = int((run.job_variables or {}).get(ATTEMPT_VAR, 0)) + 1
-        client.update_flow_run(key, job_variables={ATTEMPT_VAR: attempt})
-        client.set_flow_run_state(key, Scheduled(
+        attempt = run.run_count or 1
+        client.set_flow_run_state(key, Scheduled(  # first: a crashed run's job variables cannot be changed
             name=QUEUED, scheduled_time=now + timedelta(seconds=AHEAD_S),
             message=f"Queued: retry {attempt} of {snap.specs[key].request.retries} after a crash (resumes from its "
                     "newest durable checkpoint)"), force=True)
+        client.update_flow_run(key, job_variables={ATTEMPT_VAR: attempt})
         counts["requeued"] += 1
     for key, why in snap.bad.items():
         run = snap.runs[key]
