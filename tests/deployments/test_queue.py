@@ -299,3 +299,37 @@ def test_a_resubmitted_job_goes_where_its_inputs_are_staged(prefect_api, tmp_pat
         manifest = json.loads((q.root / "out" / "local" / "manifest.json").read_text())
     assert q.record("local")["node"] == "n2"
     assert not (q.root / "scratch-n1" / "local").exists()  # nothing staged on n1
+
+
+def test_runs_of_a_deployment_on_the_pool_go_through_the_queue(prefect_api, tmp_path):
+    """`e31 deploy --pool` onto the queue's work pool: each run of the
+    deployment (a cron schedule's, or one started by hand) joins the queue
+    when its time comes and is placed like a submitted job."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    with queue(tmp_path, {"n1": 2}) as q:
+        q.scheduler()
+        q.worker("n1", 2)
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: _pool_exists(client, q.name), what="the work pool")
+        spec = q.job("deployed", 2, 1)
+        done = subprocess.run([q.exe, "deploy", str(spec), "--pool", q.name], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        run = run_deployment("e31-job/deployed", timeout=0)
+        wait_for(lambda: _done(q, "deployed"), what="the deployed run")
+        record = q.record("deployed")
+        with get_client(sync_client=True) as client:
+            final = client.read_flow_run(run.id)
+    assert record["node"] == "n1" and record["devices"] == "0,1"
+    assert final.state.type.value == "COMPLETED" and final.job_variables["e31_node"] == "n1"
+
+
+def _pool_exists(client, name: str) -> bool:
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        client.read_work_pool(name)
+        return True
+    except ObjectNotFound:
+        return False
