@@ -289,6 +289,18 @@ def _secs(value: timedelta | None) -> float | None:
     return value.total_seconds() if value is not None else None
 
 
+def _log(client: Any, run_id: str, message: str) -> None:
+    """One line in the flow run's log (its page in the UI opens on it): the
+    queue's word on the run, as it changes.  Best effort."""
+    from prefect.client.schemas.actions import LogCreate
+
+    try:
+        client.create_logs([LogCreate(name="e31.scheduler", level=20, message=message,
+                                      timestamp=datetime.now(timezone.utc), flow_run_id=run_id)])
+    except Exception:
+        pass
+
+
 def refuse_at_destination(spec: JobSpec, run_id: str, reason: str) -> None:
     """Write a ``failed`` manifest (no files) saying why the queue refused
     the job at its destination's ``partial/``, as a refused ``e31 run`` would
@@ -347,6 +359,7 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement]) -> dict[str,
             continue
         client.set_flow_run_state(key, Scheduled(name=QUEUED, message=message,
                                                  scheduled_time=now + timedelta(seconds=AHEAD_S)), force=True)
+        _log(client, key, message)
         counts["wait"] += 1
     for p in placements:
         run = snap.runs[p.job]
@@ -358,6 +371,7 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement]) -> dict[str,
             local = "; inputs already staged there" if job is not None and p.node in job.preferred_nodes else ""
             client.set_flow_run_state(p.job, Scheduled(name=PLACED, scheduled_time=now,
                                                        message=humane(p.reason, snap) + local), force=True)
+            _log(client, p.job, f"Placed: {humane(p.reason, snap)}{local}")
             counts["start"] += 1
         elif p.action == "refuse":
             client.set_flow_run_state(p.job, Failed(message=f"refused: {humane(p.reason, snap)}"), force=True)
@@ -374,5 +388,7 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement]) -> dict[str,
                 continue
             client.set_flow_run_state(p.job, Scheduled(name=QUEUED, scheduled_time=planned, message=message),
                                       force=True)
+            if current.message != message:
+                _log(client, p.job, message)
             counts["wait"] += 1
     return counts

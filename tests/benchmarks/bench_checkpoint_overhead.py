@@ -10,7 +10,7 @@ final one, alternating.  The time compared is the training loop's own
 (``train_s`` in metrics.json), so process start-up is left out of both.
 Prints the medians and their ratio (target: at most 1.05), and, for
 reference, the same in one process with commits done inline
-(:meth:`tasks.context.WorkContext.local`).  ``--job`` adds the whole job
+(:meth:`e31.tasks.work.context.WorkContext.local`).  ``--job`` adds the whole job
 under ``e31 run`` against a ``prefect server start`` it starts (wall time,
 checkpoints uploaded by checkpoint tasks included).
 """

@@ -5,7 +5,7 @@ called as a plain Python function, side by side in one run.
 
 Both sides run as fresh processes from the shell, as a user would run them:
 the baseline is ``python -c`` calling ``e31.examples.digits.train`` with a plain
-:class:`tasks.context.WorkContext` (one torch thread, as the job requests);
+:class:`e31.tasks.work.context.WorkContext` (one torch thread, as the job requests);
 the E31 side is ``e31 run`` of the example spec with fresh scratch and output
 folders.  ``e31 run`` uses the Prefect API in ``PREFECT_API_URL`` when set,
 else Prefect starts a temporary local one (its start-up is part of the
@@ -33,7 +33,7 @@ SPEC = REPO / "specs" / "examples" / "digits-nightly-retrain.yaml"
 DIGITS = REPO / "specs" / "examples" / "data" / "digits.csv.gz"
 PLAIN = (
     "import sys, torch; torch.set_num_threads(1);"
-    "from tasks.context import WorkContext; from e31.examples.digits import train;"
+    "from e31.tasks.work.context import WorkContext; from e31.examples.digits import train;"
     "m = train(WorkContext.local({'digits': sys.argv[1]}, sys.argv[2]));"
     "assert m['accuracy'] >= 0.95, m"
 )

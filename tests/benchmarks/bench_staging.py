@@ -5,8 +5,8 @@ on the same data in the same run.
 
 Data (built in a temporary folder): one file of ``N`` MiB of random bytes
 (default 1024) and ``N`` files of 4 KiB in 100 sub-folders (default 10,000).
-The E31 time is what a user waits for: :func:`tasks.stage.preflight` plus
-:func:`tasks.stage.stage_input` into a fresh ``data_dir``.
+The E31 time is what a user waits for: :func:`e31.tasks.stage.preflight` plus
+:func:`e31.tasks.stage.stage_input` into a fresh ``data_dir``.
 
 * local -> local: ``cp SRC DST`` for the big file (target: E31 at most
   1.1x), ``cp -r`` for the small files (target: at most 1.0x);

@@ -55,3 +55,35 @@ def test_a_deployments_custom_run_form_renders_the_spec_schema(prefect_api, e31,
                          check=True, capture_output=True, text=True, timeout=120).stdout
     for text in ("ui-form", "Spec", "Output", "Storage Options"):
         assert text in dom, text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium; .ci/run installs it)")
+def test_a_queued_run_shows_why_it_waits_in_the_ui(prefect_api, tmp_path):
+    """The live queue's reason is the waiting flow run's state message: the
+    Prefect UI shows it on the run's page."""
+    import os
+
+    from prefect.client.orchestration import get_client
+
+    from tests.deployments.test_queue import queue, wait_for
+
+    with queue(tmp_path, {"n1": 8}) as q:
+        q.scheduler()
+        q.worker("n1", 8)
+        q.submit(q.job("holder", 8, 40))
+        wait_for(lambda: any((q.root / "scratch-n1").glob("holder/output/started.json")), what="the holder")
+        waiting = q.submit(q.job("waiter", 6, 1)).split("flow run ")[1].split()[0]
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: (client.read_flow_run(waiting).state.message or "").startswith("Queued: waiting"),
+                     what="the reason")
+        page = f"{prefect_ui_url()}/runs/flow-run/{waiting}"
+        shot = tmp_path / "queued-run.png"
+        subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile-1'}", f"--screenshot={shot}", page],
+                       check=True, capture_output=True, timeout=120)
+        dom = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile-2'}", "--dump-dom", page],
+                             check=True, capture_output=True, text=True, timeout=120).stdout
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 30_000
+    for text in ("waiter", "Queued", "waiting for 6 GPUs on one node (0 free on n1)"):
+        assert text in dom, text
+    if os.environ.get("E31_UI_SHOTS"):  # refresh the README's picture: E31_UI_SHOTS=docs pytest -k queued_run
+        shutil.copy(shot, REPO / os.environ["E31_UI_SHOTS"] / "ui-queued-run.png")

@@ -1,0 +1,149 @@
+"""Benchmark: the live queue on a real Prefect server with real workers.
+
+    python tests/benchmarks/bench_queue.py [--jobs 1000] [--nodes 3] [--work-s 3] [--queued 1000]
+
+Starts its own ``prefect server start`` (SQLite, 127.0.0.1), ``e31 scheduler``
+and one ``e31 worker`` per node (each 1 CPU slot), then:
+
+1. **submit rate**: creates the queued flow runs of ``--jobs`` short jobs
+   through E31's submit path (jobs/s);
+2. **scheduler cycle with a full queue**: before any worker starts, one
+   scheduler tick (read the pool's runs, plan, write every waiting job's
+   reason) with ``--queued`` jobs queued, in seconds (target < 1 s);
+3. **release to start**: for each job, seconds from its placement (the
+   ``Placed`` state) to its work's first line (median and p95; target p95 <
+   5 s);
+4. **total wall against the ideal**: from the first placement to the last
+   job's end, against the sum of the works' seconds divided by the pool's
+   slots (target <= 1.3x).
+
+Each job is a command work sleeping ``--work-s`` seconds.  On a 2-core
+machine every job also costs a flow process (Python, Prefect and E31
+imported: 3-5 s of CPU), so use a modest ``--jobs``; the numbers say what
+part is the queue's and what part the machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from e31.tasks.supervisor.api import api_ready
+
+WORK = ("import json, os, pathlib, sys, time; t = time.time(); time.sleep(float(sys.argv[1])); "
+        "pathlib.Path(os.environ['E31_OUTPUT_DIR'], 'r.json').write_text(json.dumps({'start': t, 'end': time.time()}))")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--queued", type=int, default=None, help="jobs queued for the cycle measurement (default --jobs)")
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--work-s", type=float, default=3.0)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="e31-bench-queue-"))
+    port = _port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(root / "home"), "PREFECT_API_URL": api, "PREFECT_UI_ENABLED": "false",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "WARNING",
+           "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL"}
+    os.environ.update(env)
+    procs = [subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                               str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)]
+    try:
+        while not api_ready(api):
+            time.sleep(0.5)
+        return _run(args, root, env, procs)
+    finally:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, 15)
+            except ProcessLookupError:
+                pass
+
+
+def _run(args, root: Path, env: dict, procs: list) -> int:
+    from prefect.client.orchestration import get_client
+
+    from e31.deployments.scheduler import tick
+    from e31.deployments.worker import E31Worker
+    from e31.flows.deploy import parameters
+    from e31.flows.queue import ensure_pool, submit
+    from e31.specs import parse_spec
+    from e31.specs.pool import parse_pool
+
+    pool = parse_pool({"pool_version": 1, "name": "bench", "nodes": [
+        {"name": "n", "count": args.nodes, "gpus": 0, "cpus": 1, "memory": "1GiB"}]})
+    (root / "pool.yaml").write_text(json.dumps(pool.model_dump(mode="json")))
+    template = E31Worker.get_default_base_job_template()
+    specs = [parse_spec({"name": f"job-{i:04d}", "work": {"kind": "simulation", "command": [
+        sys.executable, "-c", WORK, str(args.work_s)]}, "request": {"cpus": 1, "duration": f"{args.work_s + 2}s",
+        "limit": "10m"}, "output": {"kind": "results", "url": str(root / "out" / f"job-{i:04d}"), "files": ["r.json"]}})
+             for i in range(args.jobs)]
+    with get_client(sync_client=True) as client:
+        ensure_pool(client, pool, template)
+        started = time.perf_counter()
+        ids = [str(submit(client, pool, parameters(s, None), ["e31"], template).id) for s in specs]
+        submit_s = time.perf_counter() - started
+        print(f"submit: {args.jobs} jobs in {submit_s:.1f} s = {args.jobs / submit_s:.1f} jobs/s")
+        cycle = tick(client, pool)  # no worker yet: every job waits; a full tick with the whole queue
+        again = tick(client, pool)
+        print(f"scheduler cycle with {cycle.queued} queued: first {cycle.cycle_s:.2f} s (writes every reason), "
+              f"then {again.cycle_s:.2f} s (plan {again.plan_s * 1000:.0f} ms)   target < 1 s: "
+              f"{'met' if again.cycle_s < 1 else 'missed'}")
+    exe = str(Path(sys.executable).with_name("e31"))
+    t0 = time.time()
+    procs.append(subprocess.Popen([exe, "scheduler", "--pool", str(root / "pool.yaml"), "--interval", "0.5"], env=env,
+                                  stdout=open(root / "scheduler.log", "wb"), stderr=subprocess.STDOUT,
+                                  start_new_session=True))
+    for i in range(1, args.nodes + 1):
+        procs.append(subprocess.Popen([exe, "worker", "--pool", str(root / "pool.yaml"), "--node", f"n-{i}"],
+                                      env={**env, "E31_SCRATCH": str(root / f"scratch-{i}")},
+                                      stdout=open(root / f"worker-{i}.log", "wb"), stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+    done = lambda: sum((root / "out" / s.name / "r.json").exists() for s in specs)  # noqa: E731
+    while done() < len(specs):
+        time.sleep(1)
+        if time.time() - t0 > 3600 * 3:
+            print("gave up after 3 h")
+            break
+    with get_client(sync_client=True) as client:
+        latencies, first_placed = [], None
+        for key in ids:
+            states = client.read_flow_run_states(key)
+            placed = next((s.timestamp.timestamp() for s in states if s.name == "Placed"), None)
+            name = client.read_flow_run(key).name
+            record = root / "out" / name / "r.json"
+            if placed and record.exists():
+                latencies.append(json.loads(record.read_text())["start"] - placed)
+                first_placed = placed if first_placed is None else min(first_placed, placed)
+    ends = [json.loads((root / "out" / s.name / "r.json").read_text())["end"] for s in specs
+            if (root / "out" / s.name / "r.json").exists()]
+    latencies.sort()
+    p95 = latencies[max(0, int(0.95 * len(latencies)) - 1)]
+    print(f"release to start: median {statistics.median(latencies):.2f} s, p95 {p95:.2f} s   target p95 < 5 s: "
+          f"{'met' if p95 < 5 else 'missed'}")
+    wall = max(ends) - first_placed
+    ideal = len(specs) * args.work_s / args.nodes
+    print(f"total wall {wall:.1f} s against the ideal {ideal:.1f} s (work / slots): {wall / ideal:.2f}x   "
+          f"target <= 1.3x: {'met' if wall / ideal <= 1.3 else 'missed'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
