@@ -100,13 +100,19 @@ def ensure_pool(client: Any, pool: PoolSpec, job_template: dict[str, Any] | None
     return str(deployment.apply(work_pool_name=name))
 
 
+_DEPLOYMENTS: dict[tuple[str, str], str] = {}  # (API URL, pool) -> its queue deployment's id, once ensured
+
+
 def submit(client: Any, pool: PoolSpec, parameters: dict[str, Any], tags: list[str],
            job_template: dict[str, Any] | None = None) -> Any:
     """Create the queued flow run of a job (``parameters``: the flow's
     ``spec`` and ``code_dir``); returns the flow run."""
     from prefect.states import Scheduled
 
-    deployment_id = ensure_pool(client, pool, job_template)
+    key = (str(client.api_url), pool.name)
+    if key not in _DEPLOYMENTS:
+        _DEPLOYMENTS[key] = ensure_pool(client, pool, job_template)
+    deployment_id = _DEPLOYMENTS[key]
     return client.create_flow_run_from_deployment(
         deployment_id, parameters=parameters, tags=tags, name=str(parameters["spec"].get("name")),
         state=Scheduled(name=QUEUED, message="Queued: waiting for the scheduler to place it",
@@ -289,6 +295,16 @@ def _secs(value: timedelta | None) -> float | None:
     return value.total_seconds() if value is not None else None
 
 
+_CLOCK = re.compile(r"\d\d:\d\d:\d\d UTC")
+
+
+def _same(old: str | None, new: str) -> bool:
+    """Whether a waiting run's reason is the same but for its clock times
+    (the planned start moves a little at every tick; the scheduled time
+    says it, rewritten when it moves by a minute or more)."""
+    return old is not None and _CLOCK.sub("", old) == _CLOCK.sub("", new)
+
+
 def _log(client: Any, run_id: str, message: str) -> None:
     """One line in the flow run's log (its page in the UI opens on it): the
     queue's word on the run, as it changes.  Best effort."""
@@ -383,12 +399,12 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement]) -> dict[str,
             current = run.state
             same_time = run.next_scheduled_start_time is not None and \
                 abs(run.next_scheduled_start_time.timestamp() - planned.timestamp()) < AHEAD_S / 2
-            if current.name == QUEUED and current.message == message and same_time:
+            if current.name == QUEUED and _same(current.message, message) and same_time:
                 counts["unchanged"] += 1
                 continue
             client.set_flow_run_state(p.job, Scheduled(name=QUEUED, scheduled_time=planned, message=message),
                                       force=True)
-            if current.message != message:
+            if not _same(current.message, message):
                 _log(client, p.job, message)
             counts["wait"] += 1
     return counts
