@@ -16,8 +16,6 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import stop_group
 
 WORK = textwrap.dedent("""
@@ -183,7 +181,7 @@ def test_a_waiting_job_says_why_in_its_state_and_in_e31_queue(prefect_api, tmp_p
         listed = subprocess.run([q.exe, "queue", "--pool", str(q.pool)], capture_output=True, text=True, cwd=q.root)
     reason = state.message.removeprefix("Queued: ")
     assert state.name == "Queued"
-    assert reason.startswith(f"waiting for 6 GPUs on one node (0 free on n1); earliest start ")
+    assert reason.startswith("waiting for 6 GPUs on one node (0 free on n1); earliest start ")
     assert reason.endswith(f" UTC, after job holder ({first[:8]}) ends")
     lines = listed.stdout.splitlines()
     assert lines[0].split() == ["JOB", "RUN", "STATE", "NODE", "GPUS", "START", "REASON"]
@@ -298,6 +296,7 @@ def test_a_resubmitted_job_goes_where_its_inputs_are_staged(prefect_api, tmp_pat
         wait_for(lambda: _done(q, "local"), what="the second run")
         manifest = json.loads((q.root / "out" / "local" / "manifest.json").read_text())
     assert q.record("local")["node"] == "n2"
+    assert manifest["status"] == "completed"
     assert not (q.root / "scratch-n1" / "local").exists()  # nothing staged on n1
 
 

@@ -1,0 +1,39 @@
+"""The live queue's one door to the Prefect API: submit jobs, read the pool's
+flow runs as planner input, and record the planner's decisions on them.
+
+How a queue maps onto Prefect (nothing else holds queue state):
+
+- a pool file's pool is a Prefect **work pool** of type ``e31`` named after
+  it, served by ``e31 worker`` processes (one per node);
+- a submitted job is a **flow run** of ``run_job`` (deployment
+  ``e31-job/queue-<pool>``), created ``Scheduled`` with the state name
+  ``Queued``; runs of any other deployment on the work pool (``e31 deploy
+  --cron``) join the queue when their scheduled time comes;
+- a waiting run's state message is the planner's reason, and its scheduled
+  time the planned start (so the UI shows both, and the run never turns
+  ``Late``);
+- a placed run gets ``job_variables`` ``e31_node``, ``gpu_devices``, ``cpus``
+  and the state ``Scheduled`` named ``Placed`` at the current time: only the
+  ``e31 worker`` of that node takes it;
+- ``Pending``/``Running``/``Cancelling`` runs, and ``Placed`` ones, hold their
+  resources until their state is final (the output returned);
+- a refused run ends ``Failed`` with the reason.
+
+Everything here is a plain function of a Prefect client; the policy is in
+:mod:`e31.flows.placement` (no Prefect import).
+
+The modules: :mod:`.mapping` (names and the job variables), :mod:`.submit`
+(the work pool, its deployment, a queued run), :mod:`.snapshot` (reading
+the runs as planner input), :mod:`.record` (writing the plan back).
+"""
+
+from e31.flows.queue.mapping import (AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, LEASE_S, NODE_VAR, PLACED,
+                                     QUEUED, SETTLE_S, WORKER_TYPE, deployment_name, inputs_key, nodes_of,
+                                     work_pool_name)
+from e31.flows.queue.record import apply, humane, refuse_at_destination
+from e31.flows.queue.snapshot import Snapshot, live_nodes, read
+from e31.flows.queue.submit import ensure_pool, submit
+
+__all__ = ["AHEAD_S", "ATTEMPT_VAR", "CPUS_VAR", "DEVICES_VAR", "DOWN", "LEASE_S", "NODE_VAR", "PLACED", "QUEUED",
+           "SETTLE_S", "WORKER_TYPE", "Snapshot", "apply", "deployment_name", "ensure_pool", "humane", "inputs_key",
+           "live_nodes", "nodes_of", "read", "refuse_at_destination", "submit", "work_pool_name"]

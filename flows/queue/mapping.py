@@ -1,0 +1,49 @@
+"""Names and values the queue's mapping onto Prefect uses: the work pool and
+deployment of a pool, the state names, the ``job_variables`` of a placement,
+and the queue's clock constants (seconds)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from e31.flows.placement import Node
+from e31.specs.pool import PoolSpec
+
+#: The Prefect worker type of E31 work pools (``e31 worker``, :mod:`e31.deployments.worker`).
+WORKER_TYPE = "e31"
+#: The state names of a waiting and of a placed run (both of type ``Scheduled``).
+QUEUED, PLACED = "Queued", "Placed"
+#: The node, GPU devices and CPUs of a placement, in a flow run's ``job_variables``.
+NODE_VAR, DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = "e31_node", "gpu_devices", "cpus", "e31_attempt"
+#: Seconds ahead of now a waiting run's scheduled time is kept at least (Prefect marks runs past
+#: their scheduled time Late).
+AHEAD_S = 120.0
+#: Seconds without a worker heartbeat after which its node counts as lost.
+LEASE_S = 60.0
+#: Id prefix of the stand-in job that holds a node whose worker is not answering.
+DOWN = "~down~"
+#: Seconds a crash is left to settle (the worker and Prefect's crash handling report it) before a requeue.
+SETTLE_S = 3.0
+
+
+def work_pool_name(pool: PoolSpec) -> str:
+    """The Prefect work pool of an E31 pool (its ``name``)."""
+    return pool.name
+
+
+def deployment_name(pool: PoolSpec) -> str:
+    """The deployment name (under the ``e31-job`` flow) that ``e31 submit`` creates runs of."""
+    return f"queue-{pool.name}"
+
+
+def nodes_of(pool: PoolSpec) -> list[Node]:
+    """The planner's nodes of a pool declaration (``count`` expanded)."""
+    return [Node(name, n.gpus, n.cpus, n.memory, n.gpu_type) for n in pool.nodes for name in n.names()]
+
+
+def inputs_key(spec: Any) -> tuple[str, ...]:
+    """A job's inputs as a key: the sorted ``data[].url`` of its spec (a
+    JobSpec or its JSON form); () when it reads nothing."""
+    data = spec.get("data") if isinstance(spec, dict) else [d.model_dump() for d in spec.data]
+    return tuple(sorted(str(d.get("url")) for d in data or [] if isinstance(d, dict)))
+

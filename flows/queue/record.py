@@ -1,0 +1,141 @@
+"""Record the planner's decisions on the flow runs: place, say why a run
+waits (state message, scheduled time, a log line), refuse, crash the runs of
+a lost node and requeue crashed runs with retries left."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from e31.flows.placement import Placement
+from e31.flows.queue.mapping import AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, NODE_VAR, PLACED, QUEUED
+from e31.flows.queue.snapshot import Snapshot
+from e31.specs import JobSpec
+
+
+def humane(reason: str, snap: Snapshot) -> str:
+    """``reason`` with each flow run id it names given as ``NAME (ID8)``, and
+    a node held for want of a worker said so."""
+    for key, spec in snap.specs.items():
+        if key in reason:
+            reason = reason.replace(key, f"{spec.name} ({key[:8]})")
+    if DOWN in reason:
+        reason = re.sub(rf"after job {re.escape(DOWN)}(\S+) ends", r"once node \1's e31 worker answers", reason)
+        reason = reason.replace(DOWN, "no worker on ")
+    return reason
+
+
+_CLOCK = re.compile(r"\d\d:\d\d:\d\d UTC")
+
+
+def _same(old: str | None, new: str) -> bool:
+    """Whether a waiting run's reason is the same but for its clock times
+    (the planned start moves a little at every tick; the scheduled time
+    says it, rewritten when it moves by a minute or more)."""
+    return old is not None and _CLOCK.sub("", old) == _CLOCK.sub("", new)
+
+
+def _log(client: Any, run_id: str, message: str) -> None:
+    """One line in the flow run's log (its page in the UI opens on it): the
+    queue's word on the run, as it changes.  Best effort."""
+    from prefect.client.schemas.actions import LogCreate
+
+    try:
+        client.create_logs([LogCreate(name="e31.scheduler", level=20, message=message,
+                                      timestamp=datetime.now(timezone.utc), flow_run_id=run_id)])
+    except Exception:
+        pass
+
+
+def refuse_at_destination(spec: JobSpec, run_id: str, reason: str) -> None:
+    """Write a ``failed`` manifest (no files) saying why the queue refused
+    the job at its destination's ``partial/``, as a refused ``e31 run`` would
+    not start at all: best effort (the destination's credentials may live
+    only on the workers)."""
+    try:
+        from e31.flows.compile import compile_plan
+        from e31.tasks.deliver import ReturnTarget, write_failure_manifest
+        from e31.tasks.storage.options import register_destination
+
+        plan = compile_plan(spec)
+        register_destination(spec, plan)
+        write_failure_manifest(ReturnTarget(job=spec.name, run_id=run_id, output_dir=str(plan.output_dir),
+                                            output_url=plan.output_url, declared=plan.output_files, gpus=plan.gpus,
+                                            cpus=plan.cpus, spec_sha256=plan.spec_sha256,
+                                            checkpoint_url=plan.checkpoint_url), f"refused by the queue: {reason}")
+    except Exception:
+        pass
+
+
+def apply(client: Any, snap: Snapshot, placements: list[Placement]) -> dict[str, int]:
+    """Record the plan on the flow runs: place the runs that start now (their
+    node, devices and CPUs in ``job_variables``, state ``Placed``), write each
+    waiting run's reason and planned start (only when they changed), fail the
+    refused ones with their reason; crash the runs of lost nodes and requeue
+    crashed runs with retries left.  Returns counts per action."""
+    from prefect.states import Crashed, Failed, Scheduled
+
+    counts = {"start": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0}
+    now = datetime.fromtimestamp(snap.now, timezone.utc)
+    for key in snap.lost:
+        run = snap.runs[key]
+        node = (run.job_variables or {}).get(NODE_VAR)
+        client.set_flow_run_state(key, Crashed(message=f"node {node} stopped answering (no worker heartbeat for "
+                                                       f"{snap.lease_s:g} s); its resources are free again"),
+                                  force=True)
+        counts["lost"] += 1  # requeued by a later tick, once the crash has settled, when it has retries left
+    for key in snap.requeue:
+        run = snap.runs[key]
+        attempt = run.run_count or 1
+        client.set_flow_run_state(key, Scheduled(  # first: a crashed run's job variables cannot be changed
+            name=QUEUED, scheduled_time=now + timedelta(seconds=AHEAD_S),
+            message=f"Queued: retry {attempt} of {snap.specs[key].request.retries} after a crash (resumes from its "
+                    "newest durable checkpoint)"), force=True)
+        client.update_flow_run(key, job_variables={ATTEMPT_VAR: attempt})
+        counts["requeued"] += 1
+    for key, why in snap.bad.items():
+        run = snap.runs[key]
+        if run.state.type.value == "SCHEDULED" and run.state.name == QUEUED:
+            client.set_flow_run_state(key, Failed(message=f"refused: {why}"), force=True)
+            counts["refuse"] += 1
+    for key, why in snap.blocked.items():
+        run, message = snap.runs[key], f"Queued: {why}"
+        if run.state.name == QUEUED and run.state.message == message:
+            counts["unchanged"] += 1
+            continue
+        client.set_flow_run_state(key, Scheduled(name=QUEUED, message=message,
+                                                 scheduled_time=now + timedelta(seconds=AHEAD_S)), force=True)
+        _log(client, key, message)
+        counts["wait"] += 1
+    for p in placements:
+        run = snap.runs[p.job]
+        if p.action == "start":
+            attempt = int((run.job_variables or {}).get(ATTEMPT_VAR, 0))
+            client.update_flow_run(p.job, job_variables={NODE_VAR: p.node, DEVICES_VAR: list(p.devices),
+                                                         CPUS_VAR: p.cpus, ATTEMPT_VAR: attempt})
+            job = next((q for q in snap.queued if q.id == p.job), None)
+            local = "; inputs already staged there" if job is not None and p.node in job.preferred_nodes else ""
+            client.set_flow_run_state(p.job, Scheduled(name=PLACED, scheduled_time=now,
+                                                       message=humane(p.reason, snap) + local), force=True)
+            _log(client, p.job, f"Placed: {humane(p.reason, snap)}{local}")
+            counts["start"] += 1
+        elif p.action == "refuse":
+            client.set_flow_run_state(p.job, Failed(message=f"refused: {humane(p.reason, snap)}"), force=True)
+            refuse_at_destination(snap.specs[p.job], p.job, humane(p.reason, snap))
+            counts["refuse"] += 1
+        else:
+            message = f"Queued: {humane(p.reason, snap)}"
+            planned = datetime.fromtimestamp(max(p.start or snap.now, snap.now + AHEAD_S), timezone.utc)
+            current = run.state
+            same_time = run.next_scheduled_start_time is not None and \
+                abs(run.next_scheduled_start_time.timestamp() - planned.timestamp()) < AHEAD_S / 2
+            if current.name == QUEUED and _same(current.message, message) and same_time:
+                counts["unchanged"] += 1
+                continue
+            client.set_flow_run_state(p.job, Scheduled(name=QUEUED, scheduled_time=planned, message=message),
+                                      force=True)
+            if not _same(current.message, message):
+                _log(client, p.job, message)
+            counts["wait"] += 1
+    return counts

@@ -1,0 +1,174 @@
+"""Read a pool's flow runs as planner input (:class:`Snapshot`): the runs
+that hold resources, the queued ones, and the lost, crashed and blocked."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from e31.flows.placement import Node, QueuedJob, RunningJob
+from e31.flows.placement.estimates import estimate_runtime
+from e31.flows.queue.mapping import (CPUS_VAR, DEVICES_VAR, DOWN, LEASE_S, NODE_VAR, PLACED, QUEUED, SETTLE_S,
+                                     inputs_key, nodes_of, work_pool_name)
+from e31.specs import JobSpec
+from e31.specs.pool import PoolSpec
+
+
+@dataclass
+class Snapshot:
+    """The pool's flow runs as planner input at ``now`` (Unix seconds).
+
+    ``runs``: flow run id -> flow run; ``specs``: id -> the job spec (parsed
+    from its ``spec`` parameter); ``running``/``queued``: planner input;
+    ``bad``: id -> why a run cannot be planned (an unreadable spec);
+    ``lost``: ids of runs holding resources on a node whose worker stopped
+    answering; ``requeue``: ids of crashed runs that have retries left;
+    ``blocked``: id -> why a queued run is held back from the plan (another
+    run of the same job is running or queued ahead: one run of a job at a
+    time, as its scratch folder and destination are the job's)."""
+
+    now: float
+    nodes: list[Node]
+    runs: dict[str, Any] = field(default_factory=dict)
+    specs: dict[str, JobSpec] = field(default_factory=dict)
+    running: list[RunningJob] = field(default_factory=list)
+    queued: list[QueuedJob] = field(default_factory=list)
+    bad: dict[str, str] = field(default_factory=dict)
+    lost: list[str] = field(default_factory=list)
+    requeue: list[str] = field(default_factory=list)
+    blocked: dict[str, str] = field(default_factory=dict)
+    lease_s: float = LEASE_S
+
+
+_SPECS: dict[str, JobSpec] = {}  # flow run id -> parsed spec (a run's parameters never change)
+
+
+def _spec(run: Any) -> JobSpec:
+    key = str(run.id)
+    if key not in _SPECS:
+        _SPECS[key] = JobSpec.model_validate((run.parameters or {}).get("spec"))
+    return _SPECS[key]
+
+
+def _ts(value: Any) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def _deadline(spec: JobSpec, start: datetime) -> float | None:
+    from e31.flows.compile import resolve_deadline
+
+    deadline, _ = resolve_deadline(spec, start)
+    return deadline.timestamp() if deadline else None
+
+
+def live_nodes(client: Any, pool: PoolSpec, now: float, lease_s: float = LEASE_S) -> dict[str, float]:
+    """Node name -> the last heartbeat (Unix seconds) of its ``e31 worker``,
+    for workers heard from within ``lease_s`` seconds."""
+    found = {}
+    for worker in client.read_workers_for_work_pool(work_pool_name(pool)):
+        beat = _ts(worker.last_heartbeat_time)
+        if beat is not None and now - beat <= lease_s:
+            found[worker.name] = max(beat, found.get(worker.name, 0.0))
+    return found
+
+
+def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[str, list[float]] | None = None,
+         lease_s: float = LEASE_S, staged: dict[tuple[str, ...], list[str]] | None = None) -> Snapshot:
+    """Read every non-final flow run of the pool's work pool (and crashed ones
+    that may be retried) as planner input.  ``history``: job name -> past run
+    times in seconds (for jobs without a ``duration``); ``staged``: inputs
+    key -> nodes holding those inputs staged (data locality)."""
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                WorkPoolFilter, WorkPoolFilterName)
+    from prefect.client.schemas.objects import StateType
+
+    now = time.time() if now is None else now
+    snap = Snapshot(now=now, nodes=nodes_of(pool), lease_s=lease_s)
+    alive = live_nodes(client, pool, now, lease_s)
+    types = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING, StateType.CRASHED]
+    runs, page = [], 200  # the API answers at most a page at a time
+    while True:
+        got = client.read_flow_runs(
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[work_pool_name(pool)])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=types))),
+            limit=page, offset=len(runs))
+        runs += got
+        if len(got) < page:
+            break
+    known = {n.name for n in snap.nodes}
+    for run in runs:
+        key = str(run.id)
+        snap.runs[key] = run
+        try:
+            spec = _spec(run)
+        except Exception as exc:  # not an E31 job spec: cannot be planned
+            snap.bad[key] = f"its spec parameter is not a valid job spec ({type(exc).__name__})"
+            continue
+        snap.specs[key] = spec
+        state, variables = run.state, run.job_variables or {}
+        node = variables.get(NODE_VAR)
+        req = spec.request
+        if state.type == StateType.CRASHED:
+            settled = now - (_ts(state.timestamp) or now) >= SETTLE_S  # the worker may still be reporting the crash
+            if settled and (run.run_count or 0) <= req.retries:  # run_count: the attempts that started
+                snap.requeue.append(key)
+            continue
+        holding = state.type in (StateType.PENDING, StateType.RUNNING, StateType.CANCELLING) or \
+            (state.type == StateType.SCHEDULED and state.name == PLACED)
+        if holding:
+            if node not in known:
+                continue
+            if node not in alive:
+                snap.lost.append(key)
+                continue
+            start = _ts(run.start_time) or _ts(state.timestamp) or now
+            estimate = estimate_runtime(_secs(req.duration), _secs(req.limit or req.duration),
+                                        (history or {}).get(spec.name, ()))
+            snap.running.append(RunningJob(
+                id=key, node=node, devices=tuple(int(d) for d in variables.get(DEVICES_VAR) or ()),
+                cpus=int(variables.get(CPUS_VAR) or req.cpus), memory=req.memory or 0,
+                start=start, expected_end=start + estimate.runtime_s))
+            continue
+        due = state.name == QUEUED or (_ts(run.expected_start_time) or now) <= now
+        if state.type == StateType.SCHEDULED and due:
+            submitted = _ts(run.created) if state.name == QUEUED else _ts(run.expected_start_time)
+            submitted = min(submitted or now, now)
+            estimate = estimate_runtime(_secs(req.duration), _secs(req.limit or req.duration),
+                                        (history or {}).get(spec.name, ()))
+            snap.queued.append(QueuedJob(
+                id=key, name=spec.name, gpus=req.gpus, cpus=req.cpus, memory=req.memory or 0,
+                gpu_type=getattr(req, "gpu_type", None), submitted=submitted,
+                deadline=_deadline(spec, datetime.fromtimestamp(submitted, timezone.utc)),
+                runtime_s=estimate.runtime_s, limit_s=_secs(req.limit or req.duration) or estimate.runtime_s,
+                runtime_source=estimate.source, runtime_note=estimate.note,
+                preferred_nodes=tuple(n for n in (staged or {}).get(inputs_key(spec), ()) if n in known)))
+    _one_run_per_job(snap)
+    for node in snap.nodes:  # a node without a live worker takes nothing: held whole until its worker answers
+        if node.name not in alive:
+            snap.running.append(RunningJob(id=f"{DOWN}{node.name}", node=node.name, devices=tuple(range(node.gpus)),
+                                           cpus=node.cpus, memory=node.memory, start=now, expected_end=now + lease_s))
+    return snap
+
+
+def _one_run_per_job(snap: Snapshot) -> None:
+    """Hold back a queued run while another run of the same job runs or is
+    queued ahead of it (two runs of a job would share its destination)."""
+    active = {snap.specs[r.id].name: r.id for r in snap.running}
+    keep = []
+    for job in sorted(snap.queued, key=lambda j: (j.submitted, j.id)):
+        other = active.get(job.name)
+        if other is None:
+            active[job.name] = job.id
+            keep.append(job)
+            continue
+        state = "running" if any(r.id == other for r in snap.running) else "queued ahead"
+        snap.blocked[job.id] = (f"waiting for the run {job.name} ({other[:8]}) of this job, {state}, to end: one run "
+                                "of a job at a time")
+    snap.queued = keep
+
+
+def _secs(value: timedelta | None) -> float | None:
+    return value.total_seconds() if value is not None else None
+
