@@ -152,6 +152,7 @@ def _run_with_api(spec: JobSpec, spec_path: str) -> int:
     apply_pending(Path(plan.scratch).parent)  # states the API missed earlier (it was down)
     DELIVERED.pop(spec.name, None)
     job_module.HOLD_SIGNALS_AFTER_RETURN = True  # once returned, a late signal does not change the exit code
+    _hold_signals_once_delivered(spec.name)
     threading.Thread(target=_leave_when_the_api_stays_down, args=(spec, plan), daemon=True,
                      name="e31-api-watch").start()
     try:
@@ -178,6 +179,36 @@ def _run_with_api(spec: JobSpec, spec_path: str) -> int:
         if manifest["status"] == "failed":
             print(f"e31: job {spec.name} failed: {manifest.get('message')}", file=sys.stderr)
     return _print_manifest(manifest, spec.name, spec.output.url)
+
+
+def _hold_signals_once_delivered(job: str) -> None:
+    """SIGTERM and SIGINT as usual (exit 143, KeyboardInterrupt) until the
+    job's output is delivered, then noted and ignored.  Installed before the
+    flow starts because Prefect's engine puts back, when the flow run ends,
+    the SIGTERM handler it found at its start (its own replaces it during
+    the run and hands a signal on to it); the flow's own holding of signals
+    (``e31.flows.job._hold_signals``) ends there."""
+    import signal
+
+    from e31.flows.job import DELIVERED
+
+    told: list[int] = []
+
+    def handler(signum, frame) -> None:
+        if DELIVERED.get(job) is None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if not told:
+            told.append(signum)
+            print("e31: the output is returned; the signal is ignored and the run ends with its manifest",
+                  file=sys.stderr)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, handler)
 
 
 API_GONE_S = 20.0  # seconds the Prefect API must stay unreachable, once the output is returned, before e31 run leaves

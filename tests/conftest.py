@@ -90,6 +90,18 @@ def stop_group(proc: subprocess.Popen, timeout: float = 15) -> None:
         proc.wait()
 
 
+def final_manifest(folder: Path) -> dict | None:
+    """The manifest in ``folder`` once it is final (not the ``returning`` one a
+    return writes first), else None: what a test waits on for "returned"."""
+    import json
+
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return manifest if manifest.get("status") != "returning" else None
+
+
 S3_KEY = "e31testkey"
 S3_SECRET = "e31-PLANTED-secret-7Hq2"  # tests grep outputs for it: it must never leak
 S3_BUCKET = "e31-test"

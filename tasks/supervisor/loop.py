@@ -221,6 +221,8 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     output.finish()
     cancelled = stop.reason == "cancelled"
     latest = uploader.finish(inline=cancelled)
+    for note in uploader.notes:
+        get_run_logger().warning("%s", note)
     code = proc.returncode
     if killed and returned.exists() and stop.reason != "out_of_memory":  # only the teardown was cut
         code, killed = 0, False

@@ -26,8 +26,10 @@ def die_with_parent() -> None:
 @contextlib.contextmanager
 def signals_deferred(message: str) -> Iterator[None]:
     """Within the block, SIGINT and SIGTERM print ``message`` (once) to
-    stderr instead of interrupting; the previous handlers come back after.
-    A no-op outside the main thread (where handlers cannot be set)."""
+    stderr instead of interrupting; the previous handlers come back after,
+    except where the block set a handler of its own (e.g. one that holds the
+    signals for good once the output is returned).  A no-op outside the main
+    thread (where handlers cannot be set)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -43,7 +45,8 @@ def signals_deferred(message: str) -> Iterator[None]:
         yield
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            if signal.getsignal(sig) is note:
+                signal.signal(sig, handler)
 
 
 #: The environment variable that marks every process of one run of a work (inherited by all it starts).

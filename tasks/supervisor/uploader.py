@@ -11,13 +11,17 @@ A checkpoint task needs the Prefect API to start.  When the API stops
 answering (``api_alive()`` false) the uploads go on in a plain thread of
 this process, so the job's checkpoints stay durable whatever happens to the
 API; a task stuck waiting for the API is abandoned and its step uploaded
-again.
+again.  A checkpoint task that fails may have failed on the API (creating
+its task run, taking its concurrency slots, setting its state) rather than
+on the store, so its step is uploaded once more in this process; only a
+failure of that upload is a failure of the job's checkpoints.
 """
 
 from __future__ import annotations
 
 import shutil
-from concurrent.futures import Future, ThreadPoolExecutor
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,10 +46,12 @@ class Uploader:
         self.api_alive = api_alive
         self.done: list[DurableCheckpoint] = []
         self.failures: list[str] = []
+        self.notes: list[str] = []  # what went otherwise than planned but did not cost a checkpoint (for the log)
         self._future: Any = None
         self._future_step: int | None = None
         self._future_is_task = False
         self._submitted: set[int] = set()
+        self._retried: set[int] = set()  # steps whose task failed: uploaded again in this process
         self._threads: ThreadPoolExecutor | None = None
 
     def poll(self) -> None:
@@ -67,7 +73,7 @@ class Uploader:
     def _start(self, ckpt) -> None:
         self._submitted.add(ckpt.step)
         args = (ckpt.path, self.durable_root, self.keep, self.work_sha256, self.run_id)
-        if self.api_alive():
+        if self.api_alive() and ckpt.step not in self._retried:
             self._future = checkpoint_task.with_options(task_run_name=f"checkpoint-step-{ckpt.step}").submit(*args)
             self._future_is_task = True
         else:
@@ -77,8 +83,8 @@ class Uploader:
         self._future_step = ckpt.step
 
     def _abandon(self) -> None:
-        self.failures.append(f"checkpoint task for step {self._future_step} could not start (the Prefect API does "
-                             "not answer); uploaded in this process instead")
+        self.notes.append(f"checkpoint task for step {self._future_step} could not start (the Prefect API does "
+                          "not answer); uploaded in this process instead")
         self._submitted.discard(self._future_step)
         self._future = None
 
@@ -92,11 +98,39 @@ class Uploader:
                 self.failures.append(problem)
 
     def _collect(self) -> None:
+        """Take the result of the finished upload in flight.  A failed task's
+        step is uploaded once more in this process (the next :meth:`poll` or
+        :meth:`finish`); any other failure is kept in :attr:`failures`."""
         try:
             self._record(self._future.result())
-        except Exception as exc:  # upload failed after its retries: keep going, report it
-            self.failures.append(str(exc))
+        except Exception as exc:
+            step = self._future_step
+            if self._future_is_task and step not in self._retried:
+                self._retried.add(step)
+                self._submitted.discard(step)
+                self.notes.append(f"checkpoint task for step {step} failed ({type(exc).__name__}); uploading it "
+                                  "again in this process")
+            else:  # the upload itself failed: keep going, report it
+                self.failures.append(str(exc))
         self._future = None
+
+    def _settle(self, timeout_s: float) -> None:
+        """Wait for the upload in flight (at most ``timeout_s`` seconds),
+        abandoning a task as soon as the API stops answering; a step not
+        made durable is left to be uploaded again."""
+        inner, deadline = _inner(self._future), time.monotonic() + timeout_s
+        while not inner.done():
+            if self._future_is_task and not self.api_alive():
+                self._abandon()
+                return
+            if time.monotonic() > deadline:
+                self.failures.append(f"checkpoint upload of step {self._future_step} did not finish within "
+                                     f"{timeout_s:g} s; uploaded again from this process")
+                self._submitted.discard(self._future_step)
+                self._future = None
+                return
+            wait([inner], timeout=0.5)
+        self._collect()
 
     def _record(self, done: DurableCheckpoint) -> None:
         self.done.append(done)
@@ -116,30 +150,18 @@ class Uploader:
             if self._future_is_task and inline and not _inner(self._future).done():
                 self._abandon()
             else:
-                try:
-                    _inner(self._future).result(timeout=timeout_s)
-                    self._collect()
-                except Exception:  # timed out: upload that step again, here
-                    self.failures.append(f"checkpoint upload did not finish within {timeout_s:g} s")
-                    self._submitted.discard(self._future_step)
-                    self._future, inline = None, True
+                self._settle(timeout_s)
         self._commit()
+        newest = committed(self.root)
+        if newest and newest[-1].step not in self._submitted and not inline and newest[-1].step not in self._retried:
+            self._start(newest[-1])  # a task while the API answers
+            self._settle(timeout_s)  # collected; or abandoned, timed out or failed: uploaded below
         newest = committed(self.root)
         if newest and newest[-1].step not in self._submitted:
             ckpt = newest[-1]
             self._submitted.add(ckpt.step)
             try:
-                if not inline:
-                    future = checkpoint_task.with_options(task_run_name=f"checkpoint-step-{ckpt.step}").submit(
-                        ckpt.path, self.durable_root, self.keep, self.work_sha256, self.run_id
-                    )
-                    try:
-                        _inner(future).result(timeout=timeout_s)
-                        self._record(future.result())
-                    except TimeoutError:
-                        inline = True
-                if inline:
-                    self._record(upload(ckpt.path, self.durable_root, self.keep, self.work_sha256, self.run_id))
+                self._record(upload(ckpt.path, self.durable_root, self.keep, self.work_sha256, self.run_id))
             except Exception as exc:
                 self.failures.append(str(exc))
         if self._threads is not None:

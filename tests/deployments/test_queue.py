@@ -16,7 +16,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.conftest import stop_group
+from tests.conftest import final_manifest, stop_group
 
 WORK = textwrap.dedent("""
     import json, os, pathlib, sys, time
@@ -108,7 +108,7 @@ def _states() -> list[tuple]:
 
 
 def _done(q: Queue, *names: str) -> bool:
-    return all((q.root / "out" / n / "manifest.json").exists() for n in names)
+    return all(final_manifest(q.root / "out" / n) for n in names)
 
 
 def test_gpu_jobs_share_a_node_without_overlap_and_see_only_their_devices(prefect_api, tmp_path):
@@ -175,7 +175,7 @@ def test_a_waiting_job_says_why_in_its_state_and_in_e31_queue(prefect_api, tmp_p
         wait_for(lambda: any((q.root / "scratch-n1").glob("holder/output/started.json")), what="the holder")
         waiting = q.submit(q.job("waiter", 6, 1)).split("flow run ")[1].split()[0]
         with get_client(sync_client=True) as client:
-            wait_for(lambda: (client.read_flow_run(waiting).state.message or "").startswith("Queued: waiting"),
+            wait_for(lambda: (client.read_flow_run(waiting).state.message or "").startswith("Queued: waiting for 6 GPUs"),
                      what="the reason")
             state = client.read_flow_run(waiting).state
         listed = subprocess.run([q.exe, "queue", "--pool", str(q.pool)], capture_output=True, text=True, cwd=q.root)

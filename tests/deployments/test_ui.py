@@ -74,7 +74,7 @@ def test_a_queued_run_shows_why_it_waits_in_the_ui(prefect_api, tmp_path):
         wait_for(lambda: any((q.root / "scratch-n1").glob("holder/output/started.json")), what="the holder")
         waiting = q.submit(q.job("waiter", 6, 1)).split("flow run ")[1].split()[0]
         with get_client(sync_client=True) as client:
-            wait_for(lambda: (client.read_flow_run(waiting).state.message or "").startswith("Queued: waiting"),
+            wait_for(lambda: (client.read_flow_run(waiting).state.message or "").startswith("Queued: waiting for 6 GPUs"),
                      what="the reason")
         page = f"{prefect_ui_url()}/runs/flow-run/{waiting}"
         shot = tmp_path / "queued-run.png"

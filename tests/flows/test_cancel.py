@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from e31.flows.job import run_job
+from tests.conftest import final_manifest
 from tests.flows.test_stops import _artifacts, _assert_returned_checkpoint, _durable_steps, _pid_gone, _spec, _wait_for
 
 HERE = Path(__file__).resolve().parent
@@ -32,7 +33,7 @@ def test_cancel_from_the_api_returns_partial_and_stops_the_child(process_worker,
     _wait_for(lambda: len(_durable_steps(out)) >= 2, timeout=120)
     cancelled_at = datetime.now(timezone.utc)
     subprocess.run([*PREFECT, "flow-run", "cancel", str(flow_run.id)], check=True, capture_output=True)
-    _wait_for(lambda: (out / "partial" / "manifest.json").exists(), timeout=60)
+    _wait_for(lambda: final_manifest(out / "partial"), timeout=60)
     returned_at = datetime.now(timezone.utc)
 
     manifest = json.loads((out / "partial" / "manifest.json").read_text())

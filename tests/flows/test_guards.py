@@ -56,21 +56,22 @@ def test_second_run_of_the_same_job_is_refused_while_the_first_holds_it(prefect_
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
-    spec = parse_spec(_cmd(tmp_path, "busy", [sys.executable, "-c", "pass"]))
+    spec = parse_spec(_cmd(tmp_path, "guard-held", [sys.executable, "-c", "pass"]))
     plan = compile_plan(spec)
     prepare_scratch(plan)  # as a first run would, in this process
     try:
         with pytest.raises(JobBusyError) as err:
             run_job(spec)
-        assert str(err.value).startswith("job busy is already running on this machine (pid ")
+        assert str(err.value).startswith("job guard-held is already running on this machine (pid ")
     finally:
         end_attempt(plan)
     assert not (tmp_path / "out" / "manifest.json").exists()
+    # (a name no other test uses: flow runs are named after their job on the session's one server)
     # the refused run is no failure in the job's history: Cancelled, named Refused, with the reason
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["busy"])))
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["guard-held"])))
     assert [(r.state.type.value, r.state.name) for r in runs] == [("CANCELLED", "Refused")]
-    assert runs[0].state.message.startswith("refused: job busy is already running on this machine (pid ")
+    assert runs[0].state.message.startswith("refused: job guard-held is already running on this machine (pid ")
 
 
 def test_the_cli_refuses_a_second_run_before_a_flow_run_exists(e31, prefect_api, scratch, tmp_path):

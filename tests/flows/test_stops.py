@@ -20,6 +20,7 @@ import yaml
 from e31.flows.job import JobFailedError, run_job
 from e31.specs import parse_spec
 from e31.tasks.work.local_checkpoints import MARKER, STATE_FILE, load_state
+from tests.conftest import final_manifest
 
 HERE = Path(__file__).resolve().parent
 
@@ -417,7 +418,7 @@ def test_a_signal_after_the_output_is_returned_does_not_change_the_exit_code(pre
     after a completed manifest was written killed it with exit 143."""
     out = tmp_path / "out"
     proc = _start_cli(tmp_path, _spec(tmp_path, "late-signal", n=3, step_s=0.05))
-    _wait_for(lambda: (out / "manifest.json").exists(), timeout=120)
+    _wait_for(lambda: final_manifest(out), timeout=120)
     for _ in range(3):
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
