@@ -9,7 +9,6 @@ manifest), from the ``e31`` CLI, and as a deployment entrypoint
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import signal
@@ -31,12 +30,11 @@ from e31.flows.deploy import FLOW_NAME
 from e31.flows.statesync import settle_earlier_run
 from e31.flows.resume import JobBusyError, Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
 from e31.specs import JobSpec, mask_url
-from e31.tasks.checkpoint import latest_durable, upload
-from e31.tasks.work.local_checkpoints import latest_valid
+from e31.tasks.checkpoint import latest_durable
 from e31.tasks.supervisor.cancel import cancel_requested, cancel_stops_staging
 from e31.tasks.work.context import ChildConfig
 from e31.tasks.storage.credentials import CredentialError
-from e31.tasks.deliver import (DestinationError, ReturnTarget, check_destination, deliver, publish_artifacts,
+from e31.tasks.deliver import (ReturnTarget, check_destination, deliver, publish_artifacts,
                            return_task, write_failure_manifest)
 from e31.tasks.manifest import step_text
 from e31.tasks.outcome import ChildLost, RunOutcome
@@ -45,7 +43,7 @@ from e31.tasks.supervisor.process import signals_deferred
 from e31.tasks.run import SupervisorConfig, run_task
 from e31.tasks.pending import deliver_pending, permanent, recorded_return
 from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
-from e31.tasks.storage import describe_error, scrub, use_options
+from e31.tasks.storage import describe_error, scrub
 from e31.tasks.storage.masking import install_log_masking
 from e31.tasks.storage.options import register_destination, register_inputs
 

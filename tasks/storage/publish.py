@@ -81,7 +81,6 @@ def publish_file(local_path: Path, url: str, *, sha256: str | None = None, callb
     parent = posixpath.dirname(path)
     if parent:
         fs.makedirs(parent, exist_ok=True)
-    kwargs = {"callback": callback} if callback is not None else {}
     if "file" in protocols(fs):
         tmp = temporary_name(path)
         try:

@@ -38,7 +38,7 @@ from typing import Any
 
 from e31.tasks.work import handoff as handoff_format
 from e31.tasks.storage.local import disk_full, fsync_path, regular_files, sha256_file
-from e31.tasks.work.state import CheckpointError, load_state, snapshot
+from e31.tasks.work.state import CheckpointError, load_state, snapshot  # noqa: F401 (re-exported for the work and tests)
 
 MARKER = "COMMITTED"
 PENDING = "PENDING"

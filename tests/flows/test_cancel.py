@@ -9,7 +9,6 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from e31.flows.job import run_job
 from tests.conftest import final_manifest
 from tests.flows.test_stops import _artifacts, _assert_returned_checkpoint, _durable_steps, _pid_gone, _spec, _wait_for
 
