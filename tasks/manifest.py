@@ -68,7 +68,8 @@ def build_manifest(
     """The manifest as a JSON-ready dict.
 
     ``files``: ``[{"path", "bytes", "sha256"}]`` relative to the output URL.
-    ``timings`` in seconds (``staging_s``, ``run_s``, ``return_s``).
+    ``timings`` in seconds (``staging_s``, ``run_s``, ``return_s``; and the
+    run's phases ``child_start_s``, ``work_s``, ``settle_s`` when known).
     ``stop_requested_at``: Unix seconds of the stop warning (None: no stop).
     ``logs``: the work's last stdout and stderr lines (masked) and how many
     lines were not forwarded to the run's log.  ``folder``: where the files

@@ -23,6 +23,8 @@ class RunOutcome:
     ``output_lines_dropped``: lines not forwarded to the run's log (rate limit).
     ``peak_memory``: the largest resident memory of the work's process tree
     seen, in bytes (``reason`` ``out_of_memory`` when it passed ``request.memory``).
+    ``phases``: in seconds, ``child_start_s`` and ``work_s`` (within
+    ``run_s``) and ``settle_s`` (after it; see ``e31.tasks.supervisor.loop._phases``).
     """
 
     reason: str
@@ -38,6 +40,7 @@ class RunOutcome:
     stop_requested_at: float | None = None
     uploads: list[DurableCheckpoint] = field(default_factory=list)
     manifest: dict[str, Any] | None = None
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 class ChildLost(RuntimeError):

@@ -41,6 +41,7 @@ from e31.tasks.work.context import ChildConfig, command_environment
 POLL_S = 0.2  # seconds between supervisor checks
 STOP_SEEN = "stop_seen"  # written beside the progress file when the work reads ctx.should_stop as true
 RETURNED = "returned"
+BEGUN = "begun"  # written beside the progress file by the child just before the work's function is called
 MEMORY_EVERY_S = 0.5  # seconds between measurements of the work's resident memory  # written beside the progress file by the child once the work's function returned
 CHILD_PGID = "child.pgid"  # process group of the running work
 RESERVE_EVERY_S = 2.0  # seconds between re-estimates of the deadline's return reserve
@@ -143,6 +144,8 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     stop_seen.unlink(missing_ok=True)
     returned = Path(settings.child.progress_file).with_name(RETURNED)
     returned.unlink(missing_ok=True)
+    begun = Path(settings.child.progress_file).with_name(BEGUN)
+    begun.unlink(missing_ok=True)
     env = {**os.environ, **command_environment(settings.child)}
     env["PYTHONPATH"] = os.pathsep.join([*settings.child.code_dirs, env.get("PYTHONPATH", "")]).strip(os.pathsep)
     env[TOKEN_VAR] = uuid.uuid4().hex  # marks every process of this run, setsid() and double forks included
@@ -220,7 +223,9 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     progress.poll(final=True)
     output.finish()
     cancelled = stop.reason == "cancelled"
+    exited = time.time()
     latest = uploader.finish(inline=cancelled)
+    phases = _phases(started, begun, returned, exited)
     for note in uploader.notes:
         get_run_logger().warning("%s", note)
     code = proc.returncode
@@ -230,6 +235,7 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
         stop.reason = None  # the work finished during the grace period without ever seeing the warning
     outcome = _outcome(code, stop, killed, run_s, tail_lines(stderr_path, TAIL_LINES, scrub))
     outcome.peak_memory = tree.peak_rss
+    outcome.phases = phases
     if stop.reason == "out_of_memory":
         outcome.message = (f"the work used {human_size(tree.peak_rss)} of resident memory, over request.memory "
                            f"{human_size(settings.memory or 0)}; killed. Ask for more memory, or use less")
@@ -277,6 +283,24 @@ def _run_log(stream: str, line: str) -> None:
         logger.info("[stderr] %s", line)
     else:
         logger.warning("%s", line)
+
+
+def _phases(spawned: float, begun: Path, returned: Path, exited: float) -> dict[str, float]:
+    """Where the run's time went, in seconds: ``child_start_s`` (spawn to the
+    work's first line: the interpreter, torch, the entrypoint's imports),
+    ``work_s`` (the work's function, to its return or the child's exit) and
+    ``settle_s`` (the child's exit to the last checkpoint made durable).
+    Only ``settle_s`` for a command (no Python entrypoint to mark)."""
+    phases = {"settle_s": time.time() - exited}
+    try:
+        first = float(begun.read_text())
+    except (OSError, ValueError):
+        return phases
+    try:
+        last = returned.stat().st_mtime
+    except OSError:
+        last = exited
+    return {"child_start_s": max(0.0, first - spawned), "work_s": max(0.0, min(last, exited) - first), **phases}
 
 
 def _outcome(code: int, stop: _Stop, killed: bool, run_s: float, tail: str) -> RunOutcome:

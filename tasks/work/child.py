@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -52,6 +53,8 @@ def main(argv: list[str]) -> int:
     except Exception as exc:
         print(f"e31: cannot load work.entrypoint {cfg.entrypoint!r}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_BAD_ENTRYPOINT
+    # The moment the work's own code starts (for the manifest's child_start_s and work_s).
+    Path(cfg.progress_file).with_name("begun").write_text(repr(time.time()))
     try:
         func(ctx)
     except Exception:

@@ -1,0 +1,156 @@
+"""Benchmark: ``e31 run`` of the example job against the same job written
+by hand as a plain Prefect flow, side by side in one run.
+
+    python tests/benchmarks/bench_vs_prefect.py [--pairs N] [--only warm|none]
+
+The baseline is ``tests/benchmarks/handwritten_flow.py`` (stage, train in
+process with a checkpoint every epoch on one torch thread, return; fsspec
+for the copies).  Both sides run as whole processes, alternating, ``N``
+pairs (default 5); each side keeps its scratch between runs (E31 reuses its
+staged copy, as a nightly job would) and writes to a fresh output folder.
+Two set-ups: a warm ``prefect server start`` this script starts (both sides
+use it), and no API configured (each process gets Prefect's temporary
+server).  Prints medians, the ratio, and where E31's time went (medians):
+CLI start to the flow run's start, staging, child start, work, checkpoint
+settle, return, and flow end to exit, from the manifest's ``timings`` and
+the flow run's times on the API.  Targets (issue "Per-job overhead"):
+warm-server ratio at most 1.05; no API at most the baseline + 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+from e31.tasks.supervisor.api import api_ready
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC = REPO / "specs" / "examples" / "digits-nightly-retrain.yaml"
+DIGITS = REPO / "specs" / "examples" / "data" / "digits.csv.gz"
+HANDWRITTEN = Path(__file__).with_name("handwritten_flow.py")
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+    """(start, end, seconds) of one whole process; exits on failure."""
+    start = time.time()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    end = time.time()
+    if done.returncode != 0:
+        sys.exit(f"benchmark command failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-3000:]}")
+    return start, end, end - start
+
+
+def _server(home: Path) -> tuple[subprocess.Popen, str]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
+    for _ in range(240):
+        if api_ready(url):
+            return proc, url
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    sys.exit("prefect server did not start")
+
+
+def _flow_run_times(url: str, run_id: str) -> tuple[float, float] | None:
+    """(start, end) Unix seconds of a flow run, from the API at ``url``."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: url}), get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+    if run.start_time is None or run.end_time is None:
+        return None
+    return run.start_time.timestamp(), run.end_time.timestamp()
+
+
+def _breakdown(start: float, end: float, manifest: dict, times: tuple[float, float] | None) -> dict[str, float]:
+    """Where one ``e31 run`` went, in seconds."""
+    t = manifest["timings"]
+    finished = datetime.fromisoformat(manifest["finished_at"]).timestamp()  # whole seconds
+    row = {"staging": t.get("staging_s", 0.0), "child start": t.get("child_start_s", 0.0),
+           "work": t.get("work_s", 0.0), "checkpoint settle": t.get("settle_s", 0.0),
+           "return": t.get("return_s", 0.0)}
+    if times is not None:
+        row["CLI start to flow run start"] = times[0] - start
+        row["flow run end to exit"] = end - times[1]
+    else:
+        row["after the manifest to exit (~1 s resolution)"] = max(0.0, end - finished)
+    row["rest (flow start/end, supervisor, task runs)"] = (end - start) - sum(row.values())
+    return row
+
+
+def _side_by_side(label: str, env: dict[str, str], work: Path, pairs: int, api: str | None) -> dict:
+    e31 = str(Path(sys.executable).with_name("e31"))
+    e31_env = {**env, "E31_SCRATCH": str(work / "e31-scratch")}
+    plain_s, e31_s, rows = [], [], []
+    for i in range(pairs + 1):  # the first pair warms caches and is not counted
+        _, _, p = _run([sys.executable, str(HANDWRITTEN), str(DIGITS), str(work / "hw-scratch"),
+                        str(work / f"hw-out-{label}-{i}")], env)
+        out = work / f"e31-out-{label}-{i}"
+        start, end, e = _run([e31, "run", str(SPEC), "--set", f"output.url={out}"], e31_env)
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["status"] == "completed", manifest
+        if i == 0:
+            continue
+        plain_s.append(p)
+        e31_s.append(e)
+        times = _flow_run_times(api, manifest["run_id"]) if api else None
+        rows.append(_breakdown(start, end, manifest, times))
+    keys = list(rows[0])
+    return {"plain": statistics.median(plain_s), "e31": statistics.median(e31_s),
+            "breakdown": {k: statistics.median(r[k] for r in rows) for k in keys}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=5, help="alternating pairs per set-up (default 5)")
+    parser.add_argument("--only", choices=("warm", "none"), help="measure one set-up only")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="e31-bench-vs-prefect-"))
+    base = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    base.update({"PREFECT_LOGGING_LEVEL": "WARNING", "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                 "PREFECT_HOME": str(work / "prefect-home"), "OMP_NUM_THREADS": "1"})
+    results = {}
+    try:
+        if args.only in (None, "warm"):
+            proc, url = _server(work / "server-home")
+            try:
+                results["warm server"] = _side_by_side("warm", {**base, "PREFECT_API_URL": url}, work, args.pairs, url)
+            finally:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+        if args.only in (None, "none"):
+            results["no API (temporary server)"] = _side_by_side("none", base, work, args.pairs, None)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"example job digits-nightly-retrain (30 epochs), {args.pairs} alternating pairs per set-up, medians")
+    for label, r in results.items():
+        print(f"\n{label}:")
+        print(f"  hand-written Prefect flow  {r['plain']:7.2f} s")
+        print(f"  e31 run                    {r['e31']:7.2f} s   ratio {r['e31'] / r['plain']:.2f}   "
+              f"difference {r['e31'] - r['plain']:+.2f} s")
+        print("  e31 run, where the time went (medians, s):")
+        for k, v in r["breakdown"].items():
+            print(f"    {k:48s} {v:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
