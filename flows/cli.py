@@ -123,32 +123,42 @@ def cmd_compile(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> in
 
 
 def cmd_run(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> int:
+    from e31.flows.admission import check_fits
+    from e31.flows.compile import compile_plan
+    from e31.flows.job import child_config
+    from e31.flows.resume import check_not_running
     from e31.flows.tempserver import prefect_api
+    from e31.tasks.supervisor.warm import discard, prestart
 
+    plan = compile_plan(spec)
+    check_fits(plan)  # refused before a flow run exists
+    check_not_running(plan)  # likewise: a second run of a running job leaves no flow run behind
+    # The work's child starts loading (interpreter, torch, the entrypoint) while the Prefect API
+    # starts or answers, the flow run is created and the inputs stage; the run task takes it.
+    code_dir = str(Path(args.spec).resolve().parent)
+    prestart(child_config(spec, plan, {}, code_dir), str(plan.run_dir))
     try:
         with prefect_api():
-            return _run_with_api(spec, args.spec)
+            return _run_with_api(spec, plan, code_dir)
     except KeyboardInterrupt:
         print("e31: interrupted before the run started; nothing ran", file=sys.stderr)
         return 130
+    finally:
+        discard(str(plan.run_dir))
 
 
-def _run_with_api(spec: JobSpec, spec_path: str) -> int:
+def _run_with_api(spec: JobSpec, plan, code_dir: str) -> int:
+    """``e31 run`` once a Prefect API answers: the flow run, in this process.
+    ``plan``: the compiled job (checked to fit and not to be running)."""
     from prefect import tags
 
-    from e31.flows.admission import check_fits
-    from e31.flows.compile import compile_plan
     from e31.flows.deploy import job_tags
     from e31.flows import job as job_module
     from e31.flows.job import DELIVERED, JobFailedError, run_job
-    from e31.flows.resume import check_not_running
     from e31.flows.runlog import hide_tracebacks_on_console
     from e31.flows.statesync import apply_pending, remember
 
     hide_tracebacks_on_console()
-    plan = compile_plan(spec)
-    check_fits(plan)  # refused before a flow run exists
-    check_not_running(plan)  # likewise: a second run of a running job leaves no flow run behind
     apply_pending(Path(plan.scratch).parent)  # states the API missed earlier (it was down)
     DELIVERED.pop(spec.name, None)
     job_module.HOLD_SIGNALS_AFTER_RETURN = True  # once returned, a late signal does not change the exit code
@@ -157,7 +167,7 @@ def _run_with_api(spec: JobSpec, spec_path: str) -> int:
                      name="e31-api-watch").start()
     try:
         with tags(*job_tags(spec)):
-            manifest = run_job(spec, code_dir=str(Path(spec_path).resolve().parent))
+            manifest = run_job(spec, code_dir=code_dir)
     except JobFailedError as exc:
         print(f"e31: {exc}", file=sys.stderr)
         m = exc.manifest

@@ -40,6 +40,7 @@ from e31.tasks.manifest import step_text
 from e31.tasks.outcome import ChildLost, RunOutcome
 from e31.tasks.supervisor.api import api_answers
 from e31.tasks.supervisor.process import signals_deferred
+from e31.tasks.supervisor.warm import discard, prestart
 from e31.tasks.run import SupervisorConfig, run_task
 from e31.tasks.pending import deliver_pending, permanent, recorded_return
 from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
@@ -78,7 +79,11 @@ class JobFailedError(E31Error, RuntimeError):
         super().__init__(f"job {manifest.get('job')} failed: {detail}" + (f"\n--- stderr (last lines) ---\n{tail}" if tail else ""))
 
 
-def _child_config(spec: JobSpec, plan: JobPlan, staged: dict[str, str], code_dir: str | None) -> ChildConfig:
+def child_config(spec: JobSpec, plan: JobPlan, staged: dict[str, str], code_dir: str | None) -> ChildConfig:
+    """What the work's child is told (:class:`ChildConfig`): ``staged`` maps
+    input names to their local copies ({} for a child started before
+    staging, :mod:`e31.tasks.supervisor.warm`); ``code_dir`` goes first on
+    its ``sys.path``."""
     return ChildConfig(
         entrypoint=spec.work.entrypoint,
         command=spec.work.command,
@@ -195,8 +200,12 @@ def _run_job(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
                     "the earlier run %s of this same spec had finished; its return was interrupted and is now "
                     "delivered: that is this job's output (the work did not run again)", earlier.get("run_id"))
                 return earlier
-        return _attempt(spec, plan, Resume(resume_step(plan), crashed), code_dir)
+        resume = Resume(resume_step(plan), crashed)  # (a fresh start clears the output folder: first)
+        # The work's child starts now, importing torch and its entrypoint while the inputs stage.
+        prestart(child_config(spec, plan, {}, code_dir), str(plan.run_dir))
+        return _attempt(spec, plan, resume, code_dir)
     finally:
+        discard(str(plan.run_dir))  # a child the run did not take (staging failed or was cancelled)
         end_attempt(plan)
 
 
@@ -361,7 +370,7 @@ def _run(spec: JobSpec, plan: JobPlan, staged: dict[str, str], code_dir: str | N
     any more fails the job (with its exit code and the latest checkpoint)."""
     settings = SupervisorConfig(
         job=plan.job,
-        child=_child_config(spec, plan, staged, code_dir),
+        child=child_config(spec, plan, staged, code_dir),
         run_dir=str(plan.run_dir),
         checkpoint_url=plan.checkpoint_url,
         keep=plan.checkpoint_keep,

@@ -123,11 +123,13 @@ def kill_leftovers(plan: JobPlan) -> list[int]:
     whatever process group or session (a command's children outlive a kill
     -9 of the supervisor; a grandchild may have called ``setsid()``).
     Returns their pids.  Linux only (reads /proc)."""
+    from e31.tasks.supervisor.warm import warm_pids
+
     mark = f"E31_CHECKPOINT_DIR={plan.checkpoint_dir}".encode()
     killed = []
-    me = os.getpid()
+    spare = {os.getpid(), *warm_pids()}  # this process and the child it started for this very run
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
+        if not entry.name.isdigit() or int(entry.name) in spare:
             continue
         try:
             if mark not in (entry / "environ").read_bytes().split(b"\0"):

@@ -11,7 +11,6 @@ SIGTERM/SIGINT to the flow's own process starts the same stop early.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
@@ -20,7 +19,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,9 +31,10 @@ from e31.tasks.storage import scrub
 from e31.tasks.storage.local import disk_full, human_size
 from e31.tasks.supervisor.cancel import CancelWatcher
 from e31.tasks.supervisor.output import OutputForwarder, tail_lines
-from e31.tasks.supervisor.process import TOKEN_VAR, WorkTree, die_with_parent, set_subreaper
+from e31.tasks.supervisor.process import WorkTree
 from e31.tasks.supervisor.progress import ProgressReporter
 from e31.tasks.supervisor.uploader import Uploader
+from e31.tasks.supervisor.warm import child_environment, go, spawn, take
 from e31.tasks.work.context import ChildConfig, command_environment
 
 POLL_S = 0.2  # seconds between supervisor checks
@@ -146,11 +145,10 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     returned.unlink(missing_ok=True)
     begun = Path(settings.child.progress_file).with_name(BEGUN)
     begun.unlink(missing_ok=True)
-    env = {**os.environ, **command_environment(settings.child)}
-    env["PYTHONPATH"] = os.pathsep.join([*settings.child.code_dirs, env.get("PYTHONPATH", "")]).strip(os.pathsep)
-    env[TOKEN_VAR] = uuid.uuid4().hex  # marks every process of this run, setsid() and double forks included
-    tree = WorkTree(env[TOKEN_VAR])
-    set_subreaper()  # orphans of the work are re-parented here, not to init
+    warm = take(settings.run_dir)  # a child started while the inputs staged, waiting for its go
+    token = warm.token if warm is not None else uuid.uuid4().hex  # marks every process of this run
+    env = child_environment(settings.child, token)
+    tree = WorkTree(token)
     command = list(settings.child.command or [sys.executable, "-m", "e31.tasks.work.child", str(config_path)])
 
     stop, clock = _Stop(), _Clock(settings)
@@ -164,19 +162,18 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     # A command runs in the spec's folder (so `python train.py` finds its script); a Python
     # entrypoint in its output folder.  Either way outputs go to E31_OUTPUT_DIR.
     cwd = settings.child.code_dirs[0] if settings.child.command and settings.child.code_dirs else settings.child.output_dir
-    try:
-        with _log_file(stdout_path) as out, _log_file(stderr_path) as err:
-            proc = subprocess.Popen(
-                command, cwd=cwd, env=env, stdout=out, stderr=err,
-                start_new_session=True,  # its own process group: signals reach the whole tree
-                preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else None,
-            )
-    except OSError as exc:  # a command that does not exist or cannot be executed
-        restore()
-        cancel.stop()
-        return RunOutcome(reason="error", exit_code=127, run_s=0.0,
-                          message=f"cannot start work.command {command!r}: {exc.strerror}",
-                          checkpoint=uploader.finish())
+    if warm is not None:
+        proc = warm.proc
+        go(warm, command_environment(settings.child))
+    else:
+        try:
+            proc = spawn(command, cwd, env, run_dir)
+        except OSError as exc:  # a command that does not exist or cannot be executed
+            restore()
+            cancel.stop()
+            return RunOutcome(reason="error", exit_code=127, run_s=0.0,
+                              message=f"cannot start work.command {command!r}: {exc.strerror}",
+                              checkpoint=uploader.finish())
     (run_dir / CHILD_PGID).write_text(str(proc.pid))  # lets the next attempt clean up after a kill -9
     killed = False
     memory_at = 0.0
@@ -210,7 +207,10 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
             uploader.poll()
             progress.poll()
             output.poll()
-            time.sleep(POLL_S)
+            try:
+                proc.wait(timeout=POLL_S)  # wakes as soon as the child exits
+            except subprocess.TimeoutExpired:
+                pass
     finally:
         if proc.poll() is None:  # the supervisor itself is being torn down
             _signal_group(proc, signal.SIGKILL)
@@ -226,6 +226,8 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     exited = time.time()
     latest = uploader.finish(inline=cancelled)
     phases = _phases(started, begun, returned, exited)
+    if warm is not None:  # how long the child had been loading before its go (overlapping staging)
+        phases["prestart_s"] = max(0.0, started - warm.spawned_at)
     for note in uploader.notes:
         get_run_logger().warning("%s", note)
     code = proc.returncode
@@ -258,19 +260,6 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
             outcome.manifest = deliver(settings.target, outcome)
         publish_artifacts(settings.target, outcome.manifest)
     return outcome
-
-
-@contextlib.contextmanager
-def _log_file(path: Path) -> Iterator[int]:
-    """A fresh log file opened for appending (so a cap that cuts it back
-    leaves the child writing at the new end), readable by its owner only
-    (it holds the work's output unmasked); yields its descriptor."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)  # the full, unmasked output
-    os.fchmod(fd, 0o600)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def _run_log(stream: str, line: str) -> None:

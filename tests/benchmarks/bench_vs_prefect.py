@@ -81,11 +81,26 @@ def _flow_run_times(url: str, run_id: str) -> tuple[float, float] | None:
     return run.start_time.timestamp(), run.end_time.timestamp()
 
 
+def _latest_handwritten(url: str) -> tuple[float, float] | None:
+    """(start, end) of the newest flow run of the hand-written flow."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: url}), get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["handwritten-digits"])),
+                                     sort=FlowRunSort.START_TIME_DESC, limit=1)
+    if not runs or runs[0].start_time is None or runs[0].end_time is None:
+        return None
+    return runs[0].start_time.timestamp(), runs[0].end_time.timestamp()
+
+
 def _breakdown(start: float, end: float, manifest: dict, times: tuple[float, float] | None) -> dict[str, float]:
     """Where one ``e31 run`` went, in seconds."""
     t = manifest["timings"]
     finished = datetime.fromisoformat(manifest["finished_at"]).timestamp()  # whole seconds
-    row = {"staging": t.get("staging_s", 0.0), "child start": t.get("child_start_s", 0.0),
+    row = {"staging": t.get("staging_s", 0.0), "child start (after its go)": t.get("child_start_s", 0.0),
            "work": t.get("work_s", 0.0), "checkpoint settle": t.get("settle_s", 0.0),
            "return": t.get("return_s", 0.0)}
     if times is not None:
@@ -94,16 +109,21 @@ def _breakdown(start: float, end: float, manifest: dict, times: tuple[float, flo
     else:
         row["after the manifest to exit (~1 s resolution)"] = max(0.0, end - finished)
     row["rest (flow start/end, supervisor, task runs)"] = (end - start) - sum(row.values())
+    row["(child loading before its go, overlapped)"] = t.get("prestart_s", 0.0)
     return row
 
 
 def _side_by_side(label: str, env: dict[str, str], work: Path, pairs: int, api: str | None) -> dict:
     e31 = str(Path(sys.executable).with_name("e31"))
     e31_env = {**env, "E31_SCRATCH": str(work / "e31-scratch")}
-    plain_s, e31_s, rows = [], [], []
+    plain_s, e31_s, rows, hw_rows = [], [], [], []
     for i in range(pairs + 1):  # the first pair warms caches and is not counted
-        _, _, p = _run([sys.executable, str(HANDWRITTEN), str(DIGITS), str(work / "hw-scratch"),
-                        str(work / f"hw-out-{label}-{i}")], env)
+        hw_start, hw_end, p = _run([sys.executable, str(HANDWRITTEN), str(DIGITS), str(work / "hw-scratch"),
+                                    str(work / f"hw-out-{label}-{i}")], env)
+        hw_times = _latest_handwritten(api) if api and i else None
+        if hw_times:
+            hw_rows.append({"process start to flow run start": hw_times[0] - hw_start,
+                            "flow run": hw_times[1] - hw_times[0], "flow run end to exit": hw_end - hw_times[1]})
         out = work / f"e31-out-{label}-{i}"
         start, end, e = _run([e31, "run", str(SPEC), "--set", f"output.url={out}"], e31_env)
         manifest = json.loads((out / "manifest.json").read_text())
@@ -114,9 +134,9 @@ def _side_by_side(label: str, env: dict[str, str], work: Path, pairs: int, api: 
         e31_s.append(e)
         times = _flow_run_times(api, manifest["run_id"]) if api else None
         rows.append(_breakdown(start, end, manifest, times))
-    keys = list(rows[0])
     return {"plain": statistics.median(plain_s), "e31": statistics.median(e31_s),
-            "breakdown": {k: statistics.median(r[k] for r in rows) for k in keys}}
+            "breakdown": {k: statistics.median(r[k] for r in rows) for k in rows[0]},
+            "baseline": {k: statistics.median(r[k] for r in hw_rows) for k in hw_rows[0]} if hw_rows else {}}
 
 
 def main() -> None:
@@ -147,6 +167,10 @@ def main() -> None:
         print(f"  hand-written Prefect flow  {r['plain']:7.2f} s")
         print(f"  e31 run                    {r['e31']:7.2f} s   ratio {r['e31'] / r['plain']:.2f}   "
               f"difference {r['e31'] - r['plain']:+.2f} s")
+        if r["baseline"]:
+            print("  hand-written flow, where the time went (medians, s):")
+            for k, v in r["baseline"].items():
+                print(f"    {k:48s} {v:6.2f}")
         print("  e31 run, where the time went (medians, s):")
         for k, v in r["breakdown"].items():
             print(f"    {k:48s} {v:6.2f}")

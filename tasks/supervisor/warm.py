@@ -1,0 +1,180 @@
+"""A work's child process started ahead of its run: while the inputs stage.
+
+Starting a Python child costs its interpreter, torch and the entrypoint's
+own imports (about 1-1.5 s on a 2-core machine).  None of that needs the
+staged inputs, so :func:`prestart` spawns the child before staging, as
+``python -m e31.tasks.work.child --warm CONFIG``: it imports torch and the
+entrypoint, then blocks on its stdin.  The run task's supervisor takes it
+(:func:`take`), writes the final config, and sends one line, the JSON of the
+environment variables that depend on staging and on the checkpoints
+(``E31_DATA_*``, ``E31_RESUME_DIR``, ...); the child sets them and runs the
+work.  Everything else about the child is as if the supervisor had started
+it then: its own process group, the run's marker variable, SIGKILL when the
+flow's process dies, stdout and stderr into the run's log files.
+
+A warm child not taken (staging failed or was cancelled, no time left, a
+command instead of an entrypoint) is killed by :func:`discard`; a warm
+child whose flow process dies gets SIGKILL from the kernel (or EOF on its
+stdin) and exits.  Only the first attempt of a run uses one: a retry starts
+its child as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from e31.tasks.supervisor.process import TOKEN_VAR, die_with_parent, set_subreaper
+from e31.tasks.work.context import ChildConfig, command_environment
+
+#: Set to ``0`` to start every child only when its run begins (to compare, or to rule it out).
+ENABLED_VAR = "E31_PRESTART"
+
+
+@dataclass
+class WarmChild:
+    """A started child waiting for its go: ``proc`` (stdin a pipe),
+    ``token`` (the run's marker variable value), ``spawned_at`` (Unix s)."""
+
+    proc: subprocess.Popen
+    token: str
+    spawned_at: float
+
+
+_WARM: dict[str, WarmChild] = {}  # run folder -> its warm child
+_LOCK = threading.Lock()
+
+
+def child_environment(cfg: ChildConfig, token: str) -> dict[str, str]:
+    """The whole environment of a Python child: this process's, the
+    ``E31_*`` variables of ``cfg``, ``PYTHONPATH`` with ``cfg.code_dirs``
+    first, and the run marker ``token``."""
+    env = {**os.environ, **command_environment(cfg)}
+    env["PYTHONPATH"] = os.pathsep.join([*cfg.code_dirs, env.get("PYTHONPATH", "")]).strip(os.pathsep)
+    env[TOKEN_VAR] = token
+    return env
+
+
+def open_log(path: Path) -> int:
+    """A fresh log file opened for appending (so a cap that cuts it back
+    leaves the child writing at the new end), readable by its owner only
+    (it holds the work's output unmasked); returns its descriptor."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def spawn(command: list[str], cwd: str, env: dict[str, str], run_dir: Path, stdin=None) -> subprocess.Popen:
+    """Start a work's child: its own process group (signals reach the whole
+    tree), SIGKILL when the creating thread's process dies (main thread
+    only), stdout and stderr into fresh ``stdout.log`` / ``stderr.log`` in
+    ``run_dir``.  Raises ``OSError`` when the command cannot be started."""
+    set_subreaper()  # orphans of the work are re-parented here, not to init
+    out, err = open_log(run_dir / "stdout.log"), open_log(run_dir / "stderr.log")
+    try:
+        return subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=out, stderr=err, stdin=stdin, start_new_session=True,
+            preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else None,
+        )
+    finally:
+        os.close(out)
+        os.close(err)
+
+
+def prestart(cfg: ChildConfig, run_dir: str) -> WarmChild | None:
+    """Start the child of a Python entrypoint now, before its inputs are
+    staged (the ``e31`` command does it before even the flow run starts);
+    the one already waiting for ``run_dir`` when there is one.  None for a
+    command, when ``E31_PRESTART=0``, or when it cannot start (the run then
+    starts its child as usual and reports why)."""
+    if cfg.command or not cfg.entrypoint or os.environ.get(ENABLED_VAR, "1") == "0":
+        return None
+    with _LOCK:
+        waiting = _WARM.get(str(Path(run_dir)))
+    if waiting is not None and waiting.proc.poll() is None:
+        return waiting
+    folder = Path(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "child.json"
+    cfg.write(config)  # the entrypoint, code folders and threads; rewritten in full at the go
+    token = uuid.uuid4().hex
+    try:
+        # (in the run folder: the output folder may not exist yet; the child moves there at its go)
+        proc = spawn([sys.executable, "-m", "e31.tasks.work.child", "--warm", str(config)], str(folder),
+                     child_environment(cfg, token), folder, stdin=subprocess.PIPE)
+    except OSError:
+        return None
+    warm = WarmChild(proc=proc, token=token, spawned_at=time.time())
+    _import_torch_here()
+    with _LOCK:
+        old = _WARM.pop(str(folder), None)
+        _WARM[str(folder)] = warm
+    if old is not None:
+        _kill(old)
+    return warm
+
+
+def warm_pids() -> set[int]:
+    """Process ids of the warm children of this process (not leftovers of
+    an earlier attempt, whatever their environment says)."""
+    with _LOCK:
+        return {w.proc.pid for w in _WARM.values()}
+
+
+def _import_torch_here() -> None:
+    """Import torch in this (the supervisor's) process in the background:
+    it turns the work's handed-over checkpoints into ``state.pt`` files
+    (:mod:`e31.tasks.work.local_checkpoints`), and a first import in the
+    supervisor loop would hold it for about a second just as the work ends."""
+    def load() -> None:
+        try:
+            import torch  # noqa: F401
+        except Exception:
+            pass
+
+    if "torch" not in sys.modules:
+        threading.Thread(target=load, name="e31-import-torch", daemon=True).start()
+
+
+def take(run_dir: str) -> WarmChild | None:
+    """The warm child of ``run_dir`` for the supervisor to start (once)."""
+    with _LOCK:
+        return _WARM.pop(str(Path(run_dir)), None)
+
+
+def go(warm: WarmChild, env: dict[str, str]) -> None:
+    """Let the warm child run the work, with ``env`` (the variables that
+    depend on staging and checkpoints) set first.  A child already gone is
+    left for the supervisor to find (its exit code, its stderr)."""
+    try:
+        warm.proc.stdin.write((json.dumps(env) + "\n").encode())
+        warm.proc.stdin.close()
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+
+
+def discard(run_dir: str) -> None:
+    """Kill the warm child of ``run_dir`` if no run took it."""
+    warm = take(run_dir)
+    if warm is not None:
+        _kill(warm)
+
+
+def _kill(warm: WarmChild) -> None:
+    try:
+        os.killpg(warm.proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        warm.proc.stdin.close()
+    except (OSError, ValueError):
+        pass
+    warm.proc.wait()

@@ -1,0 +1,82 @@
+"""The work's child started before its inputs stage (e31.tasks.supervisor.warm):
+it loads while the run gets ready, then runs with exactly what a child
+started at the run's beginning would have (staged inputs in its variables
+and ``ctx.data``, the output folder as its working folder); a run that never
+starts its work leaves no waiting child behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from e31.flows.job import run_job
+from e31.specs import parse_spec
+from e31.tasks.stage import StageError
+
+WORK = textwrap.dedent("""
+    import json, os, time
+    LOADED_AT = time.time()  # when the module was imported: before the inputs were staged
+
+    def run(ctx):
+        (ctx.output_dir / "seen.json").write_text(json.dumps({
+            "loaded_at": LOADED_AT, "begun_at": time.time(), "cwd": os.getcwd(),
+            "env_data": os.environ.get("E31_DATA_INP"), "ctx_data": str(ctx.data["inp"]),
+            "text": (ctx.data["inp"] / "in.txt").read_text() if ctx.data["inp"].is_dir() else ctx.data["inp"].read_text(),
+            "pid": os.getpid()}))
+""")
+
+
+def _spec(tmp_path: Path, name: str, data_url: str) -> dict:
+    (tmp_path / "prework.py").write_text(WORK)
+    return {"name": name, "work": {"kind": "processing", "entrypoint": "prework:run"},
+            "data": [{"name": "inp", "url": data_url}], "request": {"limit": "2m", "grace": "2s"},
+            "output": {"kind": "results", "url": str(tmp_path / "out"), "files": ["seen.json"]}}
+
+
+def _processes_of(checkpoint_dir: Path) -> list[int]:
+    """Pids of live processes whose environment names ``checkpoint_dir``."""
+    mark = f"E31_CHECKPOINT_DIR={checkpoint_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and mark in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_prestarted_child_runs_with_the_staged_inputs_in_its_output_folder(prefect_api, scratch, tmp_path):
+    (tmp_path / "in.txt").write_text("staged text")
+    manifest = run_job(parse_spec(_spec(tmp_path, "prestarted", str(tmp_path / "in.txt"))), code_dir=str(tmp_path))
+    seen = json.loads((tmp_path / "out" / "seen.json").read_text())
+    staged = scratch / "prestarted" / "data" / "inp" / "in.txt"
+    assert manifest["status"] == "completed"
+    assert manifest["timings"]["prestart_s"] > 0  # the child was waiting before the run began
+    assert seen["cwd"] == str(scratch / "prestarted" / "output")
+    assert seen["ctx_data"] == seen["env_data"] == str(staged)
+    assert seen["text"] == "staged text"
+    # the go came child_start_s before the work's first line; the module was loaded before the work ran
+    assert seen["loaded_at"] <= seen["begun_at"]
+    assert _processes_of(scratch / "prestarted" / "checkpoints") == []
+
+
+def test_a_staging_failure_leaves_no_waiting_child(prefect_api, scratch, tmp_path):
+    spec = parse_spec(_spec(tmp_path, "prestart-nostage", str(tmp_path / "missing.txt")))
+    with pytest.raises(StageError):
+        run_job(spec, code_dir=str(tmp_path))
+    assert _processes_of(scratch / "prestart-nostage" / "checkpoints") == []
+    assert not (tmp_path / "out" / "seen.json").exists()
+
+
+def test_prestart_can_be_turned_off(prefect_api, scratch, tmp_path, monkeypatch):
+    monkeypatch.setenv("E31_PRESTART", "0")
+    (tmp_path / "in.txt").write_text("cold")
+    manifest = run_job(parse_spec(_spec(tmp_path, "cold-start", str(tmp_path / "in.txt"))), code_dir=str(tmp_path))
+    assert manifest["status"] == "completed" and "prestart_s" not in manifest["timings"]
+    assert json.loads((tmp_path / "out" / "seen.json").read_text())["text"] == "cold"
+    assert os.environ["E31_PRESTART"] == "0"
