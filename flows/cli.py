@@ -125,19 +125,20 @@ def cmd_compile(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> in
 def cmd_run(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> int:
     from e31.flows.admission import check_fits
     from e31.flows.compile import compile_plan
-    from e31.flows.job import child_config
-    from e31.flows.resume import check_not_running
-    from e31.flows.tempserver import prefect_api
+    from e31.flows.joblock import hold_for_run, unlock_job
+    from e31.flows.workconfig import child_config
     from e31.tasks.supervisor.warm import discard, prestart
 
     plan = compile_plan(spec)
     check_fits(plan)  # refused before a flow run exists
-    check_not_running(plan)  # likewise: a second run of a running job leaves no flow run behind
-    # The work's child starts loading (interpreter, torch, the entrypoint) while the Prefect API
-    # starts or answers, the flow run is created and the inputs stage; the run task takes it.
-    code_dir = str(Path(args.spec).resolve().parent)
-    prestart(child_config(spec, plan, {}, code_dir), str(plan.run_dir))
+    hold_for_run(plan.scratch, plan.job)  # a second run of a running job is refused here and leaves no flow run
     try:
+        # The work's child starts loading (interpreter, torch, the entrypoint) while this process
+        # loads Prefect, the API starts or answers, the flow run is created and the inputs stage.
+        code_dir = str(Path(args.spec).resolve().parent)
+        prestart(child_config(spec, plan, {}, code_dir), str(plan.run_dir))
+        from e31.flows.tempserver import prefect_api
+
         with prefect_api():
             return _run_with_api(spec, plan, code_dir)
     except KeyboardInterrupt:
@@ -145,6 +146,7 @@ def cmd_run(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> int:
         return 130
     finally:
         discard(str(plan.run_dir))
+        unlock_job(plan.scratch)
 
 
 def _run_with_api(spec: JobSpec, plan, code_dir: str) -> int:

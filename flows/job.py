@@ -9,7 +9,6 @@ manifest), from the ``e31`` CLI, and as a deployment entrypoint
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import sys
@@ -28,11 +27,11 @@ from e31.flows.compile import JobPlan, compile_plan, describe_markdown
 from e31.flows.admission import AdmissionError, check_fits
 from e31.flows.deploy import FLOW_NAME
 from e31.flows.statesync import settle_earlier_run
+from e31.flows.workconfig import child_config, placed_devices  # noqa: F401 (placed_devices: re-exported)
 from e31.flows.resume import JobBusyError, Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
 from e31.specs import JobSpec, mask_url
 from e31.tasks.checkpoint import latest_durable
 from e31.tasks.supervisor.cancel import cancel_requested, cancel_stops_staging
-from e31.tasks.work.context import ChildConfig
 from e31.tasks.storage.credentials import CredentialError
 from e31.tasks.deliver import (ReturnTarget, check_destination, deliver, publish_artifacts,
                            return_task, write_failure_manifest)
@@ -77,40 +76,6 @@ class JobFailedError(E31Error, RuntimeError):
         detail = manifest.get("message") or "work failed"
         tail = manifest.get("stderr_tail")
         super().__init__(f"job {manifest.get('job')} failed: {detail}" + (f"\n--- stderr (last lines) ---\n{tail}" if tail else ""))
-
-
-def child_config(spec: JobSpec, plan: JobPlan, staged: dict[str, str], code_dir: str | None) -> ChildConfig:
-    """What the work's child is told (:class:`ChildConfig`): ``staged`` maps
-    input names to their local copies ({} for a child started before
-    staging, :mod:`e31.tasks.supervisor.warm`); ``code_dir`` goes first on
-    its ``sys.path``."""
-    return ChildConfig(
-        entrypoint=spec.work.entrypoint,
-        command=spec.work.command,
-        params=dict(spec.work.params),
-        data=staged,
-        output_dir=str(plan.output_dir),
-        checkpoint_dir=str(plan.checkpoint_dir),
-        progress_file=str(plan.run_dir / "progress.json"),
-        device=plan.device,
-        cpus=plan.cpus,
-        gpus=plan.gpus,
-        devices=placed_devices(plan.gpus),
-        code_dirs=[code_dir] if code_dir else [],
-        checkpoint_every_s=plan.checkpoint_every_s,
-        checkpoint_every_steps=plan.checkpoint_every_steps,
-        supervised=True,
-    )
-
-
-def placed_devices(gpus: int) -> list[int] | None:
-    """The GPU devices a scheduler placed this run on (``E31_GPU_DEVICES``,
-    set by ``e31 worker``: e.g. ``4,5``), or None to use ``0 .. gpus-1``."""
-    text = os.environ.get("E31_GPU_DEVICES")
-    if text is None:
-        return None
-    devices = [int(d) for d in text.split(",") if d.strip().isdigit()]
-    return devices[:gpus] if gpus else []
 
 
 def _settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:

@@ -15,7 +15,6 @@ One run of a job at a time per machine: the scratch folder is locked.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -24,8 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from e31.errors import E31Error
 from e31.flows.compile import JobPlan
+from e31.flows.joblock import JobBusyError, check_not_running, lock_job, unlock_job  # noqa: F401 (re-exported)
 from e31.tasks import storage
 from e31.tasks.checkpoint import latest_durable
 from e31.tasks.work.local_checkpoints import MARKER, commit_pending, discard_torn, latest_valid, parse_step, step_dir_name
@@ -43,50 +42,6 @@ class Resume:
 
     step: int | None
     crashed: bool
-
-
-class JobBusyError(E31Error, RuntimeError):
-    """Another run of the same job holds its scratch folder on this machine."""
-
-
-_LOCKS: dict[str, int] = {}  # scratch folder -> open file descriptor holding its lock
-
-
-def lock_job(scratch: str, job: str) -> None:
-    """Hold an exclusive ``flock`` on ``<scratch>/job.lock`` until
-    :func:`end_attempt` / :func:`unlock_job` (or this process's death: the
-    kernel drops it).  Raises :class:`JobBusyError` when another run holds it."""
-    fd = os.open(Path(scratch) / "job.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise JobBusyError(
-            f"job {job} is already running on this machine (pid {holder}, scratch {scratch}); "
-            "wait for it to end, or run this one under another name (--set name=...)"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    _LOCKS[scratch] = fd
-
-
-def unlock_job(scratch: str) -> None:
-    """Release the lock :func:`lock_job` took (no-op when not held)."""
-    fd = _LOCKS.pop(scratch, None)
-    if fd is not None:
-        os.close(fd)
-
-
-def check_not_running(plan: JobPlan) -> None:
-    """Raise :class:`JobBusyError` when a run of the same job holds its
-    scratch folder on this machine now (the lock is taken and let go at
-    once).  The CLI asks before it creates a flow run, so a refused second
-    run leaves nothing in the job's history."""
-    if not (Path(plan.scratch) / "job.lock").exists():
-        return
-    lock_job(plan.scratch, plan.job)
-    unlock_job(plan.scratch)
 
 
 def prepare_scratch(plan: JobPlan) -> Resume:

@@ -34,7 +34,7 @@ from e31.tasks.supervisor.output import OutputForwarder, tail_lines
 from e31.tasks.supervisor.process import WorkTree
 from e31.tasks.supervisor.progress import ProgressReporter
 from e31.tasks.supervisor.uploader import Uploader
-from e31.tasks.supervisor.warm import child_environment, go, spawn, take
+from e31.tasks.supervisor.warm import child_environment, go, import_torch_here, spawn, take
 from e31.tasks.work.context import ChildConfig, command_environment
 
 POLL_S = 0.2  # seconds between supervisor checks
@@ -146,6 +146,8 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     begun = Path(settings.child.progress_file).with_name(BEGUN)
     begun.unlink(missing_ok=True)
     warm = take(settings.run_dir)  # a child started while the inputs staged, waiting for its go
+    if not settings.child.command:
+        import_torch_here()  # (to convert the work's handed-over checkpoints)
     token = warm.token if warm is not None else uuid.uuid4().hex  # marks every process of this run
     env = child_environment(settings.child, token)
     tree = WorkTree(token)

@@ -113,7 +113,6 @@ def prestart(cfg: ChildConfig, run_dir: str) -> WarmChild | None:
     except OSError:
         return None
     warm = WarmChild(proc=proc, token=token, spawned_at=time.time())
-    _import_torch_here()
     with _LOCK:
         old = _WARM.pop(str(folder), None)
         _WARM[str(folder)] = warm
@@ -129,11 +128,13 @@ def warm_pids() -> set[int]:
         return {w.proc.pid for w in _WARM.values()}
 
 
-def _import_torch_here() -> None:
-    """Import torch in this (the supervisor's) process in the background:
-    it turns the work's handed-over checkpoints into ``state.pt`` files
-    (:mod:`e31.tasks.work.local_checkpoints`), and a first import in the
-    supervisor loop would hold it for about a second just as the work ends."""
+def import_torch_here() -> None:
+    """Import torch in this (the supervisor's) process in the background,
+    from the run's start: it turns a Python work's handed-over checkpoints
+    into ``state.pt`` files (:mod:`e31.tasks.work.local_checkpoints`), and a
+    first import in the supervisor loop held it for about a second, often
+    just as the work ended.  Not earlier: measured, an import running while
+    ``e31 run`` creates its flow run slowed that by ~1 s (the GIL)."""
     def load() -> None:
         try:
             import torch  # noqa: F401
