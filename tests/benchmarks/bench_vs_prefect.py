@@ -32,9 +32,12 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from e31.tasks.supervisor.api import api_ready
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.benchmarks.bench_example_job import _start_server as _server  # noqa: E402
 SPEC = REPO / "specs" / "examples" / "digits-nightly-retrain.yaml"
 DIGITS = REPO / "specs" / "examples" / "data" / "digits.csv.gz"
 HANDWRITTEN = Path(__file__).with_name("handwritten_flow.py")
@@ -48,25 +51,6 @@ def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
     if done.returncode != 0:
         sys.exit(f"benchmark command failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-3000:]}")
     return start, end, end - start
-
-
-def _server(home: Path) -> tuple[subprocess.Popen, str]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                            start_new_session=True)
-    for _ in range(240):
-        if api_ready(url):
-            return proc, url
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)
-    sys.exit("prefect server did not start")
 
 
 def _flow_run_times(url: str, run_id: str) -> tuple[float, float] | None:
