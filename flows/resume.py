@@ -78,16 +78,19 @@ def kill_leftovers(plan: JobPlan) -> list[int]:
     whatever process group or session (a command's children outlive a kill
     -9 of the supervisor; a grandchild may have called ``setsid()``).
     Returns their pids.  Linux only (reads /proc)."""
-    from e31.tasks.supervisor.warm import warm_pids
+    from e31.tasks.supervisor.process import TOKEN_VAR
+    from e31.tasks.supervisor.warm import warm_tokens
 
     mark = f"E31_CHECKPOINT_DIR={plan.checkpoint_dir}".encode()
+    spared = {f"{TOKEN_VAR}={token}".encode() for token in warm_tokens()}  # this very run's child, and its own
     killed = []
-    spare = {os.getpid(), *warm_pids()}  # this process and the child it started for this very run
+    me = os.getpid()
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in spare:
+        if not entry.name.isdigit() or int(entry.name) == me:
             continue
         try:
-            if mark not in (entry / "environ").read_bytes().split(b"\0"):
+            environ = set((entry / "environ").read_bytes().split(b"\0"))
+            if mark not in environ or environ & spared:
                 continue
             os.kill(int(entry.name), signal.SIGKILL)
             killed.append(int(entry.name))

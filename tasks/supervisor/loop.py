@@ -31,11 +31,11 @@ from e31.tasks.storage import scrub
 from e31.tasks.storage.local import disk_full, human_size
 from e31.tasks.supervisor.cancel import CancelWatcher
 from e31.tasks.supervisor.output import OutputForwarder, tail_lines
-from e31.tasks.supervisor.process import WorkTree
+from e31.tasks.supervisor.process import WorkTree, set_subreaper
 from e31.tasks.supervisor.progress import ProgressReporter
 from e31.tasks.supervisor.uploader import Uploader
-from e31.tasks.supervisor.warm import child_environment, go, import_torch_here, spawn, take
-from e31.tasks.work.context import ChildConfig, command_environment
+from e31.tasks.supervisor.warm import child_environment, go, import_torch_here, kill, spawn, take
+from e31.tasks.work.context import ChildConfig
 
 POLL_S = 0.2  # seconds between supervisor checks
 STOP_SEEN = "stop_seen"  # written beside the progress file when the work reads ctx.should_stop as true
@@ -146,27 +146,33 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     begun = Path(settings.child.progress_file).with_name(BEGUN)
     begun.unlink(missing_ok=True)
     warm = take(settings.run_dir)  # a child started while the inputs staged, waiting for its go
-    if not settings.child.command:
-        import_torch_here()  # (to convert the work's handed-over checkpoints)
-    token = warm.token if warm is not None else uuid.uuid4().hex  # marks every process of this run
-    env = child_environment(settings.child, token)
-    tree = WorkTree(token)
-    command = list(settings.child.command or [sys.executable, "-m", "e31.tasks.work.child", str(config_path)])
+    try:
+        if not settings.child.command:
+            import_torch_here()  # (to convert the work's handed-over checkpoints)
+        token = warm.token if warm is not None else uuid.uuid4().hex  # marks every process of this run
+        env = child_environment(settings.child, token)
+        tree = WorkTree(token)
+        command = list(settings.child.command or [sys.executable, "-m", "e31.tasks.work.child", str(config_path)])
 
-    stop, clock = _Stop(), _Clock(settings)
-    cancel = CancelWatcher(settings.flow_run_id)
-    uploader = Uploader(Path(settings.child.checkpoint_dir), settings.checkpoint_url, settings.keep, settings.work_sha256,
-                        settings.flow_run_id, api_alive=cancel.api_alive)
-    progress = ProgressReporter(settings.job, Path(settings.child.progress_file))
-    output = OutputForwarder(run_dir, emit=_run_log, mask=scrub)
+        stop, clock = _Stop(), _Clock(settings)
+        cancel = CancelWatcher(settings.flow_run_id)
+        uploader = Uploader(Path(settings.child.checkpoint_dir), settings.checkpoint_url, settings.keep,
+                            settings.work_sha256, settings.flow_run_id, api_alive=cancel.api_alive)
+        progress = ProgressReporter(settings.job, Path(settings.child.progress_file))
+        output = OutputForwarder(run_dir, emit=_run_log, mask=scrub)
+    except BaseException:
+        if warm is not None:
+            kill(warm)
+        raise
     restore = _install_signal_handlers(stop)
     started = time.time()
     # A command runs in the spec's folder (so `python train.py` finds its script); a Python
     # entrypoint in its output folder.  Either way outputs go to E31_OUTPUT_DIR.
     cwd = settings.child.code_dirs[0] if settings.child.command and settings.child.code_dirs else settings.child.output_dir
     if warm is not None:
+        set_subreaper()  # orphans of the work are re-parented here, not to init
         proc = warm.proc
-        go(warm, command_environment(settings.child))
+        go(warm, env)
     else:
         try:
             proc = spawn(command, cwd, env, run_dir)

@@ -72,13 +72,28 @@ def open_log(path: Path) -> int:
     return fd
 
 
-def spawn(command: list[str], cwd: str, env: dict[str, str], run_dir: Path, stdin=None) -> subprocess.Popen:
+#: The warm child's logs until a run takes it (then renamed onto the run's): an earlier run's
+#: logs stay whole when this run ends before its work starts.
+WARM_LOGS = {"stdout.log": "stdout.warm.log", "stderr.log": "stderr.warm.log"}
+
+
+def spawn(command: list[str], cwd: str, env: dict[str, str], run_dir: Path, stdin=None,
+          warm: bool = False) -> subprocess.Popen:
     """Start a work's child: its own process group (signals reach the whole
     tree), SIGKILL when the creating thread's process dies (main thread
     only), stdout and stderr into fresh ``stdout.log`` / ``stderr.log`` in
-    ``run_dir``.  Raises ``OSError`` when the command cannot be started."""
-    set_subreaper()  # orphans of the work are re-parented here, not to init
-    out, err = open_log(run_dir / "stdout.log"), open_log(run_dir / "stderr.log")
+    ``run_dir`` (``warm``: into :data:`WARM_LOGS`, and this process becomes
+    the reaper of orphans only when the run starts).  Raises ``OSError``
+    when the command cannot be started."""
+    if not warm:
+        set_subreaper()  # orphans of the work are re-parented here, not to init
+    names = WARM_LOGS if warm else {name: name for name in WARM_LOGS}
+    out = open_log(run_dir / names["stdout.log"])
+    try:
+        err = open_log(run_dir / names["stderr.log"])
+    except OSError:
+        os.close(out)
+        raise
     try:
         return subprocess.Popen(
             command, cwd=cwd, env=env, stdout=out, stderr=err, stdin=stdin, start_new_session=True,
@@ -102,14 +117,16 @@ def prestart(cfg: ChildConfig, run_dir: str) -> WarmChild | None:
     if waiting is not None and waiting.proc.poll() is None:
         return waiting
     folder = Path(run_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    config = folder / "child.json"
-    cfg.write(config)  # the entrypoint, code folders and threads; rewritten in full at the go
     token = uuid.uuid4().hex
+    env = child_environment(cfg, token)
+    env["E31_RESUME_DIR"] = ""  # not known yet (a fresh start clears the checkpoints): set at the go
     try:
+        folder.mkdir(parents=True, exist_ok=True)
+        config = folder / "child.json"
+        cfg.write(config)  # the entrypoint, code folders and threads; rewritten in full at the go
         # (in the run folder: the output folder may not exist yet; the child moves there at its go)
-        proc = spawn([sys.executable, "-m", "e31.tasks.work.child", "--warm", str(config)], str(folder),
-                     child_environment(cfg, token), folder, stdin=subprocess.PIPE)
+        proc = spawn([sys.executable, "-m", "e31.tasks.work.child", "--warm", str(config)], str(folder), env,
+                     folder, stdin=subprocess.PIPE, warm=True)
     except OSError:
         return None
     warm = WarmChild(proc=proc, token=token, spawned_at=time.time())
@@ -117,15 +134,16 @@ def prestart(cfg: ChildConfig, run_dir: str) -> WarmChild | None:
         old = _WARM.pop(str(folder), None)
         _WARM[str(folder)] = warm
     if old is not None:
-        _kill(old)
+        kill(old)
     return warm
 
 
-def warm_pids() -> set[int]:
-    """Process ids of the warm children of this process (not leftovers of
-    an earlier attempt, whatever their environment says)."""
+def warm_tokens() -> set[str]:
+    """The run markers (``E31_WORK_TOKEN`` values) of the live warm children
+    of this process: they and what they started are not leftovers of an
+    earlier attempt, whatever else their environment says."""
     with _LOCK:
-        return {w.proc.pid for w in _WARM.values()}
+        return {w.token for w in _WARM.values() if w.proc.poll() is None}
 
 
 def import_torch_here() -> None:
@@ -146,34 +164,55 @@ def import_torch_here() -> None:
 
 
 def take(run_dir: str) -> WarmChild | None:
-    """The warm child of ``run_dir`` for the supervisor to start (once)."""
+    """The live warm child of ``run_dir`` for the supervisor to start (once),
+    its logs renamed onto the run's; None when there is none, or when it
+    died while waiting (killed, out of memory): the run starts a new one."""
     with _LOCK:
-        return _WARM.pop(str(Path(run_dir)), None)
+        warm = _WARM.pop(str(Path(run_dir)), None)
+    if warm is None:
+        return None
+    if warm.proc.poll() is not None:
+        kill(warm)
+        return None
+    for name, warm_name in WARM_LOGS.items():  # the child's descriptors follow the rename
+        os.replace(Path(run_dir) / warm_name, Path(run_dir) / name)
+    return warm
 
 
 def go(warm: WarmChild, env: dict[str, str]) -> None:
-    """Let the warm child run the work, with ``env`` (the variables that
-    depend on staging and checkpoints) set first.  A child already gone is
-    left for the supervisor to find (its exit code, its stderr)."""
-    try:
-        warm.proc.stdin.write((json.dumps(env) + "\n").encode())
-        warm.proc.stdin.close()
-    except (BrokenPipeError, OSError, ValueError):
-        pass
+    """Let the warm child run the work in exactly ``env`` (the whole
+    environment a child started now would get).  Written from a thread: a
+    child still importing does not hold the supervisor, whose clock, cancel
+    and signals apply from now.  A child gone meanwhile is found by the
+    supervisor (its exit code, its stderr)."""
+    def send() -> None:
+        try:
+            warm.proc.stdin.write((json.dumps(env) + "\n").encode())
+            warm.proc.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+    threading.Thread(target=send, name="e31-go", daemon=True).start()
 
 
 def discard(run_dir: str) -> None:
-    """Kill the warm child of ``run_dir`` if no run took it."""
-    warm = take(run_dir)
+    """Kill the warm child of ``run_dir`` if no run took it (the run's
+    logs stay those of the run before)."""
+    with _LOCK:
+        warm = _WARM.pop(str(Path(run_dir)), None)
     if warm is not None:
-        _kill(warm)
+        kill(warm)
+        for warm_name in WARM_LOGS.values():
+            (Path(run_dir) / warm_name).unlink(missing_ok=True)
 
 
-def _kill(warm: WarmChild) -> None:
-    try:
-        os.killpg(warm.proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def kill(warm: WarmChild) -> None:
+    """SIGKILL a warm child (and its process group) and reap it."""
+    if warm.proc.returncode is None:  # (once reaped, its pid may be another process's)
+        try:
+            os.killpg(warm.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     try:
         warm.proc.stdin.close()
     except (OSError, ValueError):

@@ -45,9 +45,9 @@ def load_entrypoint(spec: str, code_dirs: list[str]):
     return target
 
 
-def _load(cfg: ChildConfig):
+def _load(cfg: ChildConfig, quiet: bool = False):
     """torch (when installed) and the entrypoint's callable; None (said on
-    stderr) when the entrypoint cannot be loaded."""
+    stderr unless ``quiet``) when the entrypoint cannot be loaded."""
     try:
         import torch
 
@@ -57,18 +57,22 @@ def _load(cfg: ChildConfig):
     try:
         return load_entrypoint(cfg.entrypoint or "", cfg.code_dirs)
     except Exception as exc:
-        print(f"e31: cannot load work.entrypoint {cfg.entrypoint!r}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if not quiet:
+            print(f"e31: cannot load work.entrypoint {cfg.entrypoint!r}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
         return None
 
 
 def _wait_for_go() -> bool:
-    """Block until the supervisor's go (True; its variables set) or EOF (False).
-    A SIGTERM meanwhile is kept and becomes ``ctx.should_stop`` at once."""
+    """Block until the supervisor's go (True: the environment is now exactly
+    the one it sent) or EOF (False).  The work then reads no stdin."""
     line = sys.stdin.buffer.readline()
     if not line.strip():
         return False
-    os.environ.update(json.loads(line))
-    devnull = os.open(os.devnull, os.O_RDONLY)  # the work reads no stdin, as when started directly
+    env = json.loads(line)
+    os.environ.clear()
+    os.environ.update(env)
+    devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
     return True
@@ -81,20 +85,19 @@ def main(argv: list[str]) -> int:
     path = Path(argv[-1])
     cfg = ChildConfig.read(path)
     stops: list[int] = []
-    if warm:
+    func = None
+    if warm:  # a SIGTERM before the go is kept and becomes ctx.should_stop at once
         signal.signal(signal.SIGTERM, lambda signum, frame: stops.append(signum))
-        func = _load(cfg)
+        func = _load(cfg, quiet=True)  # a failure is tried again below, in the run's environment and folder
         if not _wait_for_go():
-            return 0
-        if func is None:
-            return EXIT_BAD_ENTRYPOINT
+            os._exit(0)  # no run: nothing of the work's (its atexit handlers) may run
         cfg = ChildConfig.read(path)
         os.chdir(cfg.output_dir)  # (a fresh start may have made the folder anew since this process began)
     ctx = WorkContext(cfg)
     ctx.install_signal_handlers()
     if stops:
         ctx._on_stop_signal(signal.SIGTERM, None)
-    if not warm:
+    if func is None:
         func = _load(cfg)
         if func is None:
             return EXIT_BAD_ENTRYPOINT
@@ -114,17 +117,23 @@ def main(argv: list[str]) -> int:
 def quick_exit(code: int) -> None:
     """End the process without the interpreter's teardown of every module
     (about 0.5 s with torch loaded), keeping what that teardown owes the
-    work: the ``atexit`` handlers run (logging's flush, multiprocessing's
+    work: non-daemon threads are joined (as the interpreter's exit does
+    first), the ``atexit`` handlers run (logging's flush, multiprocessing's
     joins, the work's own), then every Python file object still open is
-    flushed, then stdout and stderr; then ``os._exit``.  Python does not
+    flushed, then stdout, stderr and C's stdio; then ``os._exit``.  Objects
+    that finish a file only in ``__del__`` (an unclosed ``GzipFile`` or
+    ``ZipFile`` left in a module global) are not finished: close them.  Python does not
     promise to run ``__del__`` of objects alive at exit (the data model's
     note on ``object.__del__``), so nothing the work may rely on is skipped."""
     import atexit
+    import ctypes
     import gc
     import io
+    import threading
     import warnings
 
     try:
+        threading._shutdown()  # as the interpreter's exit does first: joins non-daemon threads (executors too)
         atexit._run_exitfuncs()
         warnings.simplefilter("ignore")  # (nothing of the scan below is the work's to hear about)
         for obj in gc.get_objects():
@@ -140,6 +149,10 @@ def quick_exit(code: int) -> None:
                 stream.flush()
             except Exception:
                 pass
+        try:
+            ctypes.CDLL(None).fflush(None)  # C stdio buffers (a native library's printf) too
+        except Exception:
+            pass
         os._exit(code)
 
 

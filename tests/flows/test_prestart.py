@@ -80,3 +80,65 @@ def test_prestart_can_be_turned_off(prefect_api, scratch, tmp_path, monkeypatch)
     assert manifest["status"] == "completed" and "prestart_s" not in manifest["timings"]
     assert json.loads((tmp_path / "out" / "seen.json").read_text())["text"] == "cold"
     assert os.environ["E31_PRESTART"] == "0"
+
+
+def test_a_module_that_reads_its_inputs_at_import_is_loaded_again_after_the_go(prefect_api, scratch, tmp_path):
+    """Found by a review: a module reading ``E31_DATA_*`` at import failed in
+    the prestarted child (the inputs were not staged yet); it is imported
+    again once they are, and only a second failure is the job's."""
+    (tmp_path / "in.txt").write_text("read at import")
+    (tmp_path / "eager.py").write_text(textwrap.dedent("""
+        import os, pathlib
+        TEXT = pathlib.Path(os.environ["E31_DATA_INP"]).read_text()  # KeyError before the go
+
+        def run(ctx):
+            (ctx.output_dir / "seen.json").write_text(TEXT)
+    """))
+    spec = _spec(tmp_path, "eager-import", str(tmp_path / "in.txt"))
+    spec["work"]["entrypoint"] = "eager:run"
+    manifest = run_job(parse_spec(spec), code_dir=str(tmp_path))
+    assert manifest["status"] == "completed"
+    assert (tmp_path / "out" / "seen.json").read_text() == "read at import"
+    assert manifest["logs"]["stderr_tail"] == ""  # the first, early failure is not the work's to see
+
+
+def test_a_bad_entrypoint_still_fails_with_exit_code_2_and_says_why(prefect_api, scratch, tmp_path):
+    from e31.flows.job import JobFailedError
+
+    (tmp_path / "in.txt").write_text("x")
+    spec = _spec(tmp_path, "bad-entry", str(tmp_path / "in.txt"))
+    spec["work"]["entrypoint"] = "prework:nope"
+    with pytest.raises(JobFailedError) as err:
+        run_job(parse_spec(spec), code_dir=str(tmp_path))
+    manifest = err.value.manifest
+    assert (manifest["status"], manifest["exit_code"]) == ("failed", 2)
+    assert manifest["logs"]["stderr_tail"] == ("e31: cannot load work.entrypoint 'prework:nope': AttributeError: "
+                                               "module 'prework' has no attribute 'nope'")
+
+
+def test_the_quick_exit_keeps_what_the_work_left_to_threads_and_open_files(prefect_api, scratch, tmp_path):
+    """The child ends without the interpreter's teardown, but joins the
+    work's threads and flushes its open files first, as that teardown would."""
+    (tmp_path / "in.txt").write_text("x")
+    (tmp_path / "late.py").write_text(textwrap.dedent("""
+        import threading, time
+        OPEN = []
+
+        def run(ctx):
+            fh = open(ctx.output_dir / "buffered.txt", "w")
+            fh.write("kept" * 1000)  # never closed: held by the module
+            OPEN.append(fh)
+
+            def finish():
+                time.sleep(0.5)
+                (ctx.output_dir / "late.txt").write_text("written after the function returned")
+
+            threading.Thread(target=finish).start()
+    """))
+    spec = _spec(tmp_path, "late-writes", str(tmp_path / "in.txt"))
+    spec["work"]["entrypoint"] = "late:run"
+    spec["output"]["files"] = ["buffered.txt", "late.txt"]
+    manifest = run_job(parse_spec(spec), code_dir=str(tmp_path))
+    assert manifest["status"] == "completed"
+    assert (tmp_path / "out" / "buffered.txt").read_text() == "kept" * 1000
+    assert (tmp_path / "out" / "late.txt").read_text() == "written after the function returned"
