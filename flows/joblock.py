@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 from e31.errors import E31Error
-from e31.flows.compile import JobPlan
 
 
 class JobBusyError(E31Error, RuntimeError):
@@ -60,14 +59,3 @@ def unlock_job(scratch: str) -> None:
     fd = _LOCKS.pop(scratch, None)
     if fd is not None:
         os.close(fd)
-
-
-def check_not_running(plan: JobPlan) -> None:
-    """Raise :class:`JobBusyError` when a run of the same job holds its
-    scratch folder on this machine now (the lock is taken and let go at
-    once), for a caller that only asks before it creates a flow run, so a
-    refused second run leaves nothing in the job's history."""
-    if not (Path(plan.scratch) / "job.lock").exists():
-        return
-    lock_job(plan.scratch, plan.job)
-    unlock_job(plan.scratch)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e31.flows.compile import JobPlan
-from e31.flows.joblock import JobBusyError, check_not_running, lock_job, unlock_job  # noqa: F401 (re-exported)
+from e31.flows.joblock import JobBusyError, lock_job, unlock_job  # noqa: F401 (JobBusyError: re-exported)
 from e31.tasks import storage
 from e31.tasks.checkpoint import latest_durable
 from e31.tasks.work.local_checkpoints import MARKER, commit_pending, discard_torn, latest_valid, parse_step, step_dir_name

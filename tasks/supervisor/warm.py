@@ -173,6 +173,8 @@ def take(run_dir: str) -> WarmChild | None:
         return None
     if warm.proc.poll() is not None:
         kill(warm)
+        for warm_name in WARM_LOGS.values():
+            (Path(run_dir) / warm_name).unlink(missing_ok=True)
         return None
     for name, warm_name in WARM_LOGS.items():  # the child's descriptors follow the rename
         os.replace(Path(run_dir) / warm_name, Path(run_dir) / name)
