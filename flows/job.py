@@ -212,7 +212,7 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
             listings = preflight(plan.inputs, plan.data_dir)  # every input listed, and the space checked, first
             if listings:
                 total = sum(x.bytes for x in listings.values())
-                files = sum(len(x.entries) for x in listings.values())
+                files = sum(x.files for x in listings.values())
                 get_run_logger().info("data: %d input(s), %d file(s), %d bytes to stage", len(listings), files, total)
             futures = [stage_task.with_options(task_run_name=f"stage-{item.name}").submit(
                            item, str(plan.data_dir), listings[item.name]) for item in plan.inputs]

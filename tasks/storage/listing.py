@@ -70,6 +70,11 @@ class Listing:
         return sum(max(e.size, 0) for e in self.entries)
 
     @property
+    def files(self) -> int:
+        """How many files the input holds."""
+        return len(self.entries)
+
+    @property
     def size_unknown(self) -> bool:
         """Whether the store does not say the size of some file."""
         return any(e.size == UNKNOWN_SIZE for e in self.entries)

@@ -193,7 +193,7 @@ def verify(listing: Listing, dest: Path, checked: dict[str, bool | None] | None 
             bad.append(f"{e.rel}: content differs from the store's ETag {e.etag}")
     if bad:
         raise VerifyError("; ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""))
-    return _scan_identity(raw) if raw is not None else _identity(listing, copies)
+    return scan_identity(raw) if raw is not None else _identity(listing, copies)
 
 
 def make_read_only(listing: Listing, base: Path) -> None:
@@ -224,7 +224,7 @@ def identity(listing: Listing, base: Path) -> str | None:
         raw = _scan(listing, base)
     except OSError:
         return None
-    return _scan_identity(raw) if raw is not None else _identity(listing, _copies(listing, base))
+    return scan_identity(raw) if raw is not None else _identity(listing, _copies(listing, base))
 
 
 def _scan(listing: Listing, base: Path) -> bytes | None:
@@ -233,7 +233,9 @@ def _scan(listing: Listing, base: Path) -> bytes | None:
     return find_output(str(base))  # any kind: a file added beside a staged file changes it too
 
 
-def _scan_identity(raw: bytes) -> str:
+def scan_identity(raw: bytes) -> str:
+    """The :func:`identity` of a copy whose folder scanned as ``raw``
+    (:func:`e31.tasks.storage.listing.find_output`)."""
     return "scan:" + hashlib.sha256(raw).hexdigest()
 
 

@@ -99,12 +99,13 @@ def run_cmd(cmd: list[str]) -> float:
 
 
 def run_stage(url: str, name: str, data_dir: Path, *, expect_copied: bool, files: int) -> float:
-    """preflight + stage_input of one input, timed; checks what it did."""
+    """preflight + stage_input of one input (as a job's flow calls them: the
+    preflight knows the scratch folder), timed; checks what it did."""
     item = DataInput(name=name, url=url)
     if not storage.is_local(url):
         storage.filesystem(url)[0].invalidate_cache()  # a user's run is a new process: no listing cache
     started = time.perf_counter()
-    listing = stage.preflight([item])[name]
+    listing = stage.preflight([item], data_dir)[name]
     staged = stage.stage_input(item, data_dir, listing)
     elapsed = time.perf_counter() - started
     if staged.copied != expect_copied or staged.files != files:

@@ -537,6 +537,36 @@ def test_local_folder_cache_sees_changed_sources_and_changed_copies(tmp_path, sc
     assert copy.read_bytes() == b"0005"
 
 
+def test_an_unchanged_local_folder_is_reused_from_two_scans_without_a_listing(tmp_path):
+    """The second run's preflight compares only the sha256 of two GNU find
+    scans (source and staged copy, taken at once) with the stage record's:
+    no listing is parsed.  A source file touched, a file added to the copy or
+    a record from before these scans each fall back to the full listing."""
+    from e31.tasks.stage import Reused, quick_reuse
+    from e31.tasks.storage import listing as listing_module
+
+    if listing_module._GNU_FIND is None:
+        pytest.skip("no GNU find on this machine")
+    src = _make_tree(tmp_path / "src", files=12, folders=3, content=lambda i: b"%03d" % i)
+    item, data = DataInput(name="t", url=str(src)), tmp_path / "data"
+    assert stage_input(item, data, preflight([item], data)["t"]).copied is True
+    record = json.loads((data / "t.stage.json").read_text())
+    assert (record["kind"], record["bytes"], record["files"]) == ("folder", 36, 12)
+    reused = preflight([item], data)["t"]
+    assert isinstance(reused, Reused) and reused.entries == []
+    assert (reused.bytes, reused.files, reused.staged.path, reused.staged.copied) == (36, 12, str(data / "t"), False)
+    assert stage_input(item, data, reused) == reused.staged
+    os.utime(src / "d0" / "f0.bin", ns=(7, 7))  # same size, another mtime
+    assert quick_reuse(item, data) is None and not isinstance(preflight([item], data)["t"], Reused)
+    assert stage_input(item, data).copied is True and quick_reuse(item, data) is not None
+    os.chmod(data / "t" / "d1", 0o755)
+    (data / "t" / "d1" / "left.tmp").write_bytes(b"by the work")
+    assert quick_reuse(item, data) is None
+    assert stage_input(item, data).copied is True and not (data / "t" / "d1" / "left.tmp").exists()
+    (data / "t.stage.json").write_text(json.dumps({k: v for k, v in record.items() if k not in ("scan", "kind")}))
+    assert quick_reuse(item, data) is None  # a record written before the scans were kept: listed as before
+
+
 def test_file_url_single_file_and_glob(tmp_path):
     src = tmp_path / "in"
     src.mkdir()
