@@ -81,7 +81,8 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     def report(t) -> None:
         done = ", ".join(f"{v} {k}" for k, v in t.counts.items() if v and k != "unchanged")
         print(f"{datetime.now(timezone.utc):%H:%M:%S} {t.queued} queued, {t.running} running: {done} "
-              f"(plan {t.plan_s * 1000:.0f} ms, cycle {t.cycle_s * 1000:.0f} ms)", flush=True)
+              f"(read {t.read_s * 1000:.0f} ms {'full' if t.full else 'changes'}, plan {t.plan_s * 1000:.0f} ms, "
+              f"cycle {t.cycle_s * 1000:.0f} ms)", flush=True)
 
     print(f"e31 scheduler: pool {pool.name}, {sum(n.count for n in pool.nodes)} node(s), policy {args.policy}",
           flush=True)

@@ -22,6 +22,9 @@ from e31.specs.pool import PoolSpec
 
 #: Seconds between ticks (a tick also follows each change it makes at once).
 INTERVAL_S = 2.0
+#: Waiting runs whose reason one tick rewrites at most (the rest follow in the next ticks, which come at
+#: once): a change that moves the planned start of the whole queue does not hold back the next placement.
+MAX_WAITS = 25
 #: Seconds between reads of the jobs' run-time history (completed runs).
 HISTORY_EVERY_S = 60.0
 
@@ -30,8 +33,9 @@ HISTORY_EVERY_S = 60.0
 class Tick:
     """What one tick saw and did: ``queued``/``running`` counts, ``counts``
     per action (:func:`e31.flows.queue.apply`), ``plan_s`` the planner's
-    seconds, ``cycle_s`` the whole tick's, and the ids of the runs holding
-    resources (``holding``)."""
+    seconds, ``cycle_s`` the whole tick's, ``read_s`` its read's (``full``:
+    every active run was read, not only the changes), and the ids of the
+    runs holding resources (``holding``)."""
 
     queued: int
     running: int
@@ -39,6 +43,8 @@ class Tick:
     plan_s: float
     cycle_s: float
     holding: frozenset = frozenset()
+    read_s: float = 0.0
+    full: bool = True
 
 
 @dataclass
@@ -81,24 +87,30 @@ def history(client: Any, pool: PoolSpec, limit: int = 200) -> History:
 
 
 def snapshot(client: Any, pool: PoolSpec, past: History | None = None, now: float | None = None,
-             lease_s: float = queue.LEASE_S) -> queue.Snapshot:
+             lease_s: float = queue.LEASE_S, cache: queue.RunCache | None = None) -> queue.Snapshot:
     """The pool's runs as planner input, with run-time history and data
-    locality (``past``: read now when not given)."""
+    locality (``past``: read now when not given; ``cache``: the runs kept
+    between ticks, else all are read)."""
     past = past or history(client, pool)
-    return queue.read(client, pool, now=now, history=past.runtimes, staged=past.staged, lease_s=lease_s)
+    return queue.read(client, pool, now=now, history=past.runtimes, staged=past.staged, lease_s=lease_s, cache=cache)
 
 
 def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None = None,
-         now: float | None = None, lease_s: float = queue.LEASE_S) -> Tick:
-    """Read, plan, apply once (see the module docstring)."""
+         now: float | None = None, lease_s: float = queue.LEASE_S, cache: queue.RunCache | None = None,
+         max_waits: int | None = None) -> Tick:
+    """Read, plan, apply once (see the module docstring).  ``cache``: the
+    pool's runs kept between ticks (:class:`e31.flows.queue.RunCache`; a
+    tick then reads only what changed), else every active run is read;
+    ``max_waits``: see :func:`e31.flows.queue.apply`."""
     started = time.monotonic()
-    snap = snapshot(client, pool, past, now, lease_s)
+    fulls = cache.full_reads if cache is not None else 0
+    snap = snapshot(client, pool, past, now, lease_s, cache)
     t0 = time.monotonic()
     placements = plan(snap.nodes, snap.running, snap.queued, snap.now, policy)
     plan_s = time.monotonic() - t0
-    counts = queue.apply(client, snap, placements)
+    counts = queue.apply(client, snap, placements, cache, max_waits)
     return Tick(len(snap.queued), len(snap.running), counts, plan_s, time.monotonic() - started,
-                frozenset(r.id for r in snap.running))
+                frozenset(r.id for r in snap.running), t0 - started, cache is None or cache.full_reads > fulls)
 
 
 def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, once: bool = False,
@@ -113,15 +125,16 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
 
     with get_client(sync_client=True) as client:
         queue.ensure_pool(client, pool, E31Worker.get_default_base_job_template())
-        past, read_at, holding = None, 0.0, frozenset()
+        past, read_at, holding, cache = None, 0.0, frozenset(), queue.RunCache(pool)
         while True:
             if time.monotonic() - read_at > HISTORY_EVERY_S:
                 past, read_at = history(client, pool), time.monotonic()
             try:
-                result = tick(client, pool, policy, past, lease_s=lease_s)
-            except Exception as exc:  # the API is busy or a run changed under us: the next tick reads again
+                result = tick(client, pool, policy, past, lease_s=lease_s, cache=cache, max_waits=MAX_WAITS)
+            except Exception as exc:  # the API is busy or a run changed under us: the next tick reads all again
                 if once:
                     raise
+                cache = queue.RunCache(pool)
                 print(f"e31 scheduler: tick failed ({type(exc).__name__}: {str(exc)[:300]}); next tick in "
                       f"{interval_s:g} s", flush=True)
                 time.sleep(interval_s)

@@ -23,10 +23,13 @@ Everything here is a plain function of a Prefect client; the policy is in
 :mod:`e31.flows.placement` (no Prefect import).
 
 The modules: :mod:`.mapping` (names and the job variables), :mod:`.submit`
-(the work pool, its deployment, a queued run), :mod:`.snapshot` (reading
-the runs as planner input), :mod:`.record` (writing the plan back).
+(the work pool, its deployment, a queued run), :mod:`.cache` (the pool's
+active runs kept between the scheduler's ticks: what changed is read, not
+every run), :mod:`.snapshot` (reading the runs as planner input),
+:mod:`.record` (writing the plan back).
 """
 
+from e31.flows.queue.cache import RunCache
 from e31.flows.queue.mapping import (AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, LEASE_S, NODE_VAR, PLACED,
                                      QUEUED, SETTLE_S, WORKER_TYPE, deployment_name, inputs_key, nodes_of,
                                      work_pool_name)
@@ -35,5 +38,5 @@ from e31.flows.queue.snapshot import Snapshot, live_nodes, read
 from e31.flows.queue.submit import ensure_pool, submit
 
 __all__ = ["AHEAD_S", "ATTEMPT_VAR", "CPUS_VAR", "DEVICES_VAR", "DOWN", "LEASE_S", "NODE_VAR", "PLACED", "QUEUED",
-           "SETTLE_S", "WORKER_TYPE", "Snapshot", "apply", "deployment_name", "ensure_pool", "humane", "inputs_key",
-           "live_nodes", "nodes_of", "read", "refuse_at_destination", "submit", "work_pool_name"]
+           "SETTLE_S", "WORKER_TYPE", "RunCache", "Snapshot", "apply", "deployment_name", "ensure_pool", "humane",
+           "inputs_key", "live_nodes", "nodes_of", "read", "refuse_at_destination", "submit", "work_pool_name"]

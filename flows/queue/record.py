@@ -10,6 +10,7 @@ from typing import Any
 
 from e31.flows.placement import Placement
 from e31.flows.queue.mapping import AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, NODE_VAR, PLACED, QUEUED
+from e31.flows.queue.cache import RunCache
 from e31.flows.queue.snapshot import Snapshot
 from e31.specs import JobSpec
 
@@ -68,60 +69,141 @@ def refuse_at_destination(spec: JobSpec, run_id: str, reason: str) -> None:
         pass
 
 
-def apply(client: Any, snap: Snapshot, placements: list[Placement]) -> dict[str, int]:
+class _Writer:
+    """The scheduler's writes to flow runs.  With a ``cache`` (runs kept
+    between ticks, possibly older than the last change), a run is read again
+    first and written only when its state is still the one the plan saw
+    (else the fresh run is kept and counted ``stale``: the next tick plans
+    with it); each write is recorded in the cache as the server answered
+    it.  A run deleted meanwhile is dropped and counted ``gone``."""
+
+    def __init__(self, client: Any, cache: RunCache | None, counts: dict[str, int]) -> None:
+        self.client, self.cache, self.counts = client, cache, counts
+
+    def current(self, key: str) -> bool:
+        """Whether the run ``key`` is still as the plan saw it (always, without a cache)."""
+        from prefect.exceptions import ObjectNotFound
+
+        if self.cache is None:
+            return True
+        kept = self.cache.runs.get(key)
+        try:
+            run = self.client.read_flow_run(key)
+        except ObjectNotFound:
+            return self._gone(key)
+        if kept is not None and kept.state is not None and run.state is not None and kept.state.id == run.state.id:
+            return True
+        self.cache.refresh(run)
+        self.counts["stale"] += 1
+        return False
+
+    def state(self, key: str, state: Any, check: bool = True) -> bool:
+        """Force ``state`` on the run ``key`` (``check``: only when it is
+        :meth:`current`); False when it was not written."""
+        from prefect.exceptions import ObjectNotFound
+
+        if check and not self.current(key):
+            return False
+        try:
+            result = self.client.set_flow_run_state(key, state, force=True)
+        except ObjectNotFound:
+            return self._gone(key)
+        if self.cache is not None:
+            self.cache.note_state(key, result, getattr(state.state_details, "scheduled_time", None))
+        return True
+
+    def variables(self, key: str, job_variables: dict[str, Any], check: bool = True) -> bool:
+        """Replace the run's ``job_variables`` (``check``: only when it is
+        :meth:`current`); False when they were not written."""
+        from prefect.exceptions import ObjectNotFound
+
+        if check and not self.current(key):
+            return False
+        try:
+            self.client.update_flow_run(key, job_variables=job_variables)
+        except ObjectNotFound:
+            return self._gone(key)
+        except Exception as exc:  # the sync client answers a missing run with the HTTP error itself
+            if getattr(getattr(exc, "response", None), "status_code", None) == 404:
+                return self._gone(key)
+            raise
+        if self.cache is not None:
+            self.cache.note_variables(key, job_variables)
+        return True
+
+    def _gone(self, key: str) -> bool:
+        if self.cache is not None:
+            self.cache.forget(key)
+        self.counts["gone"] += 1
+        return False
+
+
+def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCache | None = None,
+          max_waits: int | None = None) -> dict[str, int]:
     """Record the plan on the flow runs: place the runs that start now (their
     node, devices and CPUs in ``job_variables``, state ``Placed``), write each
     waiting run's reason and planned start (only when they changed), fail the
     refused ones with their reason; crash the runs of lost nodes and requeue
-    crashed runs with retries left.  Returns counts per action."""
+    crashed runs with retries left.  Each write is recorded in ``cache``
+    (when given).  Starts and refusals are written first; ``max_waits``
+    bounds the waiting runs whose reason is rewritten in this call (~25 ms
+    each), soonest planned start first, so that a change that moves the
+    whole queue does not hold the next placement back: the others are
+    counted ``deferred`` and written by the next calls.  Returns counts per
+    action (``gone``: runs deleted on the server since they were read;
+    ``stale``: runs changed since, not written; see :class:`_Writer`)."""
     from prefect.states import Crashed, Failed, Scheduled
 
-    counts = {"start": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0}
+    counts = {"start": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0, "gone": 0,
+              "stale": 0, "deferred": 0}
+    write = _Writer(client, cache, counts)
     now = datetime.fromtimestamp(snap.now, timezone.utc)
     for key in snap.lost:
         run = snap.runs[key]
         node = (run.job_variables or {}).get(NODE_VAR)
-        client.set_flow_run_state(key, Crashed(message=f"node {node} stopped answering (no worker heartbeat for "
-                                                       f"{snap.lease_s:g} s); its resources are free again"),
-                                  force=True)
-        counts["lost"] += 1  # requeued by a later tick, once the crash has settled, when it has retries left
+        if write.state(key, Crashed(message=f"node {node} stopped answering (no worker heartbeat for "
+                                            f"{snap.lease_s:g} s); its resources are free again")):
+            counts["lost"] += 1  # requeued by a later tick, once the crash has settled, when it has retries left
     for key in snap.requeue:
         run = snap.runs[key]
         attempt = run.run_count or 1
-        client.set_flow_run_state(key, Scheduled(  # first: a crashed run's job variables cannot be changed
-            name=QUEUED, scheduled_time=now + timedelta(seconds=AHEAD_S),
-            message=f"Queued: retry {attempt} of {snap.specs[key].request.retries} after a crash (resumes from its "
-                    "newest durable checkpoint)"), force=True)
-        client.update_flow_run(key, job_variables={ATTEMPT_VAR: attempt})
-        counts["requeued"] += 1
+        requeued = Scheduled(name=QUEUED, scheduled_time=now + timedelta(seconds=AHEAD_S),
+                             message=f"Queued: retry {attempt} of {snap.specs[key].request.retries} after a crash "
+                                     "(resumes from its newest durable checkpoint)")
+        # the state first: a crashed run's job variables cannot be changed
+        if write.state(key, requeued) and write.variables(key, {ATTEMPT_VAR: attempt}, check=False):
+            counts["requeued"] += 1
     for key, why in snap.bad.items():
         run = snap.runs[key]
         if run.state.type.value == "SCHEDULED" and run.state.name == QUEUED:
-            client.set_flow_run_state(key, Failed(message=f"refused: {why}"), force=True)
-            counts["refuse"] += 1
+            if write.state(key, Failed(message=f"refused: {why}")):
+                counts["refuse"] += 1
     for key, why in snap.blocked.items():
         run, message = snap.runs[key], f"Queued: {why}"
         if run.state.name == QUEUED and run.state.message == message:
             counts["unchanged"] += 1
             continue
-        client.set_flow_run_state(key, Scheduled(name=QUEUED, message=message,
-                                                 scheduled_time=now + timedelta(seconds=AHEAD_S)), force=True)
-        _log(client, key, message)
-        counts["wait"] += 1
-    for p in placements:
+        if write.state(key, Scheduled(name=QUEUED, message=message, scheduled_time=now + timedelta(seconds=AHEAD_S))):
+            _log(client, key, message)
+            counts["wait"] += 1
+    order = {"start": 0, "refuse": 1}
+    for p in sorted(placements, key=lambda p: (order.get(p.action, 2), p.start or 0.0)):
         run = snap.runs[p.job]
         if p.action == "start":
             attempt = int((run.job_variables or {}).get(ATTEMPT_VAR, 0))
-            client.update_flow_run(p.job, job_variables={NODE_VAR: p.node, DEVICES_VAR: list(p.devices),
-                                                         CPUS_VAR: p.cpus, ATTEMPT_VAR: attempt})
+            if not write.variables(p.job, {NODE_VAR: p.node, DEVICES_VAR: list(p.devices), CPUS_VAR: p.cpus,
+                                           ATTEMPT_VAR: attempt}):
+                continue
             job = next((q for q in snap.queued if q.id == p.job), None)
             local = "; inputs already staged there" if job is not None and p.node in job.preferred_nodes else ""
-            client.set_flow_run_state(p.job, Scheduled(name=PLACED, scheduled_time=now,
-                                                       message=humane(p.reason, snap) + local), force=True)
+            if not write.state(p.job, Scheduled(name=PLACED, scheduled_time=now,
+                                                message=humane(p.reason, snap) + local), check=False):
+                continue
             _log(client, p.job, f"Placed: {humane(p.reason, snap)}{local}")
             counts["start"] += 1
         elif p.action == "refuse":
-            client.set_flow_run_state(p.job, Failed(message=f"refused: {humane(p.reason, snap)}"), force=True)
+            if not write.state(p.job, Failed(message=f"refused: {humane(p.reason, snap)}")):
+                continue
             refuse_at_destination(snap.specs[p.job], p.job, humane(p.reason, snap))
             counts["refuse"] += 1
         else:
@@ -133,8 +215,11 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement]) -> dict[str,
             if current.name == QUEUED and _same(current.message, message) and same_time:
                 counts["unchanged"] += 1
                 continue
-            client.set_flow_run_state(p.job, Scheduled(name=QUEUED, scheduled_time=planned, message=message),
-                                      force=True)
+            if max_waits is not None and counts["wait"] >= max_waits:
+                counts["deferred"] += 1
+                continue
+            if not write.state(p.job, Scheduled(name=QUEUED, scheduled_time=planned, message=message)):
+                continue
             if not _same(current.message, message):
                 _log(client, p.job, message)
             counts["wait"] += 1

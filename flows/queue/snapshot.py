@@ -10,6 +10,7 @@ from typing import Any
 
 from e31.flows.placement import Node, QueuedJob, RunningJob
 from e31.flows.placement.estimates import estimate_runtime
+from e31.flows.queue.cache import ACTIVE, RunCache, flow_run_filter, read_all, state_filter
 from e31.flows.queue.mapping import (CPUS_VAR, DEVICES_VAR, DOWN, LEASE_S, NODE_VAR, PLACED, QUEUED, SETTLE_S,
                                      inputs_key, nodes_of, work_pool_name)
 from e31.specs import JobSpec
@@ -75,28 +76,20 @@ def live_nodes(client: Any, pool: PoolSpec, now: float, lease_s: float = LEASE_S
 
 
 def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[str, list[float]] | None = None,
-         lease_s: float = LEASE_S, staged: dict[tuple[str, ...], list[str]] | None = None) -> Snapshot:
+         lease_s: float = LEASE_S, staged: dict[tuple[str, ...], list[str]] | None = None,
+         cache: RunCache | None = None) -> Snapshot:
     """Read every non-final flow run of the pool's work pool (and crashed ones
     that may be retried) as planner input.  ``history``: job name -> past run
     times in seconds (for jobs without a ``duration``); ``staged``: inputs
-    key -> nodes holding those inputs staged (data locality)."""
-    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
-                                                WorkPoolFilter, WorkPoolFilterName)
+    key -> nodes holding those inputs staged (data locality); ``cache``: the
+    runs kept since the last read, brought up to date (else all are read)."""
     from prefect.client.schemas.objects import StateType
 
     now = time.time() if now is None else now
     snap = Snapshot(now=now, nodes=nodes_of(pool), lease_s=lease_s)
     alive = live_nodes(client, pool, now, lease_s)
-    types = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING, StateType.CRASHED]
-    runs, page = [], 200  # the API answers at most a page at a time
-    while True:
-        got = client.read_flow_runs(
-            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[work_pool_name(pool)])),
-            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=types))),
-            limit=page, offset=len(runs))
-        runs += got
-        if len(got) < page:
-            break
+    runs = cache.read(client, now) if cache is not None else \
+        read_all(client, pool, flow_run_filter(state=state_filter(ACTIVE)))
     known = {n.name for n in snap.nodes}
     for run in runs:
         key = str(run.id)

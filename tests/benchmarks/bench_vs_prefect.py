@@ -1,7 +1,7 @@
 """Benchmark: ``e31 run`` of the example job against the same job written
 by hand as a plain Prefect flow, side by side in one run.
 
-    python tests/benchmarks/bench_vs_prefect.py [--pairs N] [--only warm|none]
+    python tests/benchmarks/bench_vs_prefect.py [--pairs N] [--only warm|none] [--count-api]
 
 The baseline is ``tests/benchmarks/handwritten_flow.py`` (stage, train in
 process with a checkpoint every epoch on one torch thread, return; fsspec
@@ -13,7 +13,9 @@ use it), and no API configured (each process gets Prefect's temporary
 server).  Prints medians, the ratio, and where E31's time went (medians):
 CLI start to the flow run's start, staging, child start, work, checkpoint
 settle, return, and flow end to exit, from the manifest's ``timings`` and
-the flow run's times on the API.  Targets (issue "Per-job overhead"):
+the flow run's times on the API.  ``--count-api`` adds one more run of each
+side with its Prefect API calls counted (HTTP requests by route, events
+sent).  Targets (issue "Per-job overhead"):
 warm-server ratio at most 1.05; no API at most the baseline + 1 s.
 """
 
@@ -123,21 +125,55 @@ def _side_by_side(label: str, env: dict[str, str], work: Path, pairs: int, api: 
             "baseline": {k: statistics.median(r[k] for r in hw_rows) for k in hw_rows[0]} if hw_rows else {}}
 
 
+def _count_api(env: dict[str, str], work: Path) -> dict[str, dict[str, int]]:
+    """One run of each side with every process's Prefect API calls counted
+    (``apicount/sitecustomize.py``); returns side -> call -> count."""
+    counts: dict[str, dict[str, int]] = {}
+    for side in ("hand-written", "e31"):
+        prefix = work / f"calls-{side}"
+        counted = {**env, "E31_BENCH_API_CALLS": str(prefix), "E31_SCRATCH": str(work / "e31-scratch"),
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).with_name("apicount")),
+                                                               env.get("PYTHONPATH")]))}
+        out = work / f"count-out-{side}"
+        if side == "e31":
+            _run([str(Path(sys.executable).with_name("e31")), "run", str(SPEC), "--set", f"output.url={out}"], counted)
+        else:
+            _run([sys.executable, str(HANDWRITTEN), str(DIGITS), str(work / "hw-scratch"), str(out)], counted)
+        total: dict[str, int] = {}
+        for path in work.glob(f"calls-{side}.*.json"):
+            for call, n in json.loads(path.read_text())["counts"].items():
+                total[call] = total.get(call, 0) + n
+        counts[side] = total
+    return counts
+
+
+def _print_counts(counts: dict[str, dict[str, int]]) -> None:
+    calls = sorted(set().union(*counts.values()), key=lambda c: -counts["e31"].get(c, 0))
+    print("\nPrefect API calls of one job (warm server; HTTP requests by route, events sent):")
+    print(f"  {'call':64s} {'hand-written':>12s} {'e31 run':>8s}")
+    for call in calls:
+        print(f"  {call[:64]:64s} {counts['hand-written'].get(call, 0):12d} {counts['e31'].get(call, 0):8d}")
+    print(f"  {'total':64s} {sum(counts['hand-written'].values()):12d} {sum(counts['e31'].values()):8d}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5, help="alternating pairs per set-up (default 5)")
     parser.add_argument("--only", choices=("warm", "none"), help="measure one set-up only")
+    parser.add_argument("--count-api", action="store_true",
+                        help="also count each side's Prefect API calls in one more run (warm server)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="e31-bench-vs-prefect-"))
     base = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     base.update({"PREFECT_LOGGING_LEVEL": "WARNING", "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                  "PREFECT_HOME": str(work / "prefect-home"), "OMP_NUM_THREADS": "1"})
-    results = {}
+    results, counts = {}, None
     try:
         if args.only in (None, "warm"):
             proc, url = _server(work / "server-home")
             try:
                 results["warm server"] = _side_by_side("warm", {**base, "PREFECT_API_URL": url}, work, args.pairs, url)
+                counts = _count_api({**base, "PREFECT_API_URL": url}, work) if args.count_api else None
             finally:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=30)
@@ -158,6 +194,8 @@ def main() -> None:
         print("  e31 run, where the time went (medians, s):")
         for k, v in r["breakdown"].items():
             print(f"    {k:48s} {v:6.2f}")
+    if counts:
+        _print_counts(counts)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 import yaml
 
 from e31.specs import load_spec
+from tests.conftest import final_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "specs" / "examples" / "digits-nightly-retrain.yaml"
@@ -93,10 +94,10 @@ def test_deploy_then_a_worker_runs_it_with_an_equal_spec(process_worker, e31, tm
     # a manual run gets the same spec a scheduled one would, and the worker completes it
     run = subprocess.run([*PREFECT, "deployment", "run", "e31-job/nightly-test"], capture_output=True, text=True, check=True)
     deadline = time.monotonic() + 180
-    while not (out / "manifest.json").exists():
+    while final_manifest(out) is None:
         assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
         time.sleep(0.5)
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = final_manifest(out)
     assert (manifest["status"], manifest["step"]) == ("completed", 30)
     assert [f["path"] for f in manifest["files"]] == ["metrics.json", "model.pt"]
     assert "Created flow run" in run.stdout or "flow run" in run.stdout.lower()

@@ -5,14 +5,13 @@ it, and neither reads the other's scratch."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 import uuid
 
-from tests.conftest import REPO, stop_group
+from tests.conftest import REPO, final_manifest, stop_group
 
 PREFECT = [sys.executable, "-m", "prefect"]
 
@@ -46,7 +45,7 @@ def test_two_workers_each_run_a_job_in_their_own_scratch(prefect_api, e31, tmp_p
             assert result.returncode == 0, result.stderr
         runs = [run_deployment(f"e31-job/{job}", timeout=0) for job in outs]
         deadline = time.monotonic() + 240
-        while not all((out / "manifest.json").exists() for out in outs.values()):
+        while not all(final_manifest(out) for out in outs.values()):
             assert time.monotonic() < deadline, [(tmp_path / f"worker-{i}.log").read_text()[-2000:] for i in (1, 2)]
             time.sleep(0.5)
     finally:
@@ -54,7 +53,7 @@ def test_two_workers_each_run_a_job_in_their_own_scratch(prefect_api, e31, tmp_p
             stop_group(proc, timeout=20)
             log.close()
     for job, out in outs.items():
-        assert json.loads((out / "manifest.json").read_text())["status"] == "completed"
+        assert final_manifest(out)["status"] == "completed"
     # each job's scratch (staged input, run files) is on exactly one machine, and the two machines differ
     homes = {job: [s for s in scratches if (s / job / "data" / "grid" / "sir-grid.json").is_file()] for job in outs}
     assert all(len(found) == 1 for found in homes.values()), homes

@@ -134,7 +134,7 @@ def test_a_file_added_to_any_staged_input_means_staging_it_again(tmp_path, kind)
     (src / "a.csv").write_text("a\n")
     url = {"file": str(src / "a.csv"), "glob": str(src / "*.csv"), "folder of one": str(src)}[kind]
     item = DataInput(name="inp", url=url)
-    first = stage_input(item, tmp_path / "data")
+    assert stage_input(item, tmp_path / "data").copied is True
     staged_root = tmp_path / "data" / "inp"
     (staged_root / "injected.csv").write_text("EVIL\n")
     again = stage_input(item, tmp_path / "data")

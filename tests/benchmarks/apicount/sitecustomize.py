@@ -1,0 +1,63 @@
+"""Counts the Prefect API calls of a process (benchmark instrumentation, not
+part of E31): put this folder on ``PYTHONPATH`` and set
+``E31_BENCH_API_CALLS=PREFIX``; at exit the process writes
+``PREFIX.<pid>.json`` with its HTTP requests by method and route (flow run
+and task run ids replaced by ``{id}``) and the events it sent over the
+events websocket, by event name.  Used by ``bench_vs_prefect.py --count-api``."""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import os
+import re
+import sys
+
+_PREFIX = os.environ.get("E31_BENCH_API_CALLS")
+
+if _PREFIX:
+    _counts: collections.Counter = collections.Counter()
+    _ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+    def _key(request) -> str:
+        return f"{request.method} {_ID.sub('{id}', request.url.path)}"
+
+    import httpx
+
+    _sync, _async = httpx.HTTPTransport.handle_request, httpx.AsyncHTTPTransport.handle_async_request
+
+    def _handle(self, request):
+        _counts[_key(request)] += 1
+        return _sync(self, request)
+
+    async def _handle_async(self, request):
+        _counts[_key(request)] += 1
+        return await _async(self, request)
+
+    httpx.HTTPTransport.handle_request = _handle
+    httpx.AsyncHTTPTransport.handle_async_request = _handle_async
+
+    try:
+        from websockets.asyncio.client import ClientConnection
+
+        _send = ClientConnection.send
+
+        async def _ws_send(self, message, *args, **kwargs):
+            try:
+                name = json.loads(message).get("event")
+            except Exception:
+                name = None
+            _counts[f"event {name}" if name else "websocket message"] += 1
+            return await _send(self, message, *args, **kwargs)
+
+        ClientConnection.send = _ws_send
+    except ImportError:
+        pass
+
+    def _dump() -> None:
+        if _counts:
+            with open(f"{_PREFIX}.{os.getpid()}.json", "w") as fh:
+                json.dump({"argv": sys.argv[:3], "counts": dict(_counts)}, fh)
+
+    atexit.register(_dump)

@@ -1,0 +1,73 @@
+"""The scheduler's run cache against a real ``prefect server start``: after
+one full read, each tick reads only what changed, and what it keeps matches
+a full read after submissions, cancels, a worker's states, a flow retry and
+a deletion (the changes a queued run can see from outside the scheduler)."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+
+def _spec(name: str, root: Path):
+    from e31.specs import parse_spec
+
+    return parse_spec({"name": name, "work": {"kind": "simulation", "command": [sys.executable, "-c", "pass"]},
+                       "request": {"cpus": 1, "duration": "5s", "limit": "1m"},
+                       "output": {"kind": "results", "url": str(root / "out" / name), "files": ["r.json"]}})
+
+
+def test_the_cache_follows_every_change_and_matches_a_full_read(prefect_api, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Completed, Pending, Running, Scheduled
+
+    from e31.deployments.scheduler import tick
+    from e31.deployments.worker import E31Worker
+    from e31.flows.deploy import parameters
+    from e31.flows.queue import RunCache, read, submit
+    from e31.specs.pool import parse_pool
+
+    pool = parse_pool({"pool_version": 1, "name": f"c{uuid.uuid4().hex[:8]}",
+                       "nodes": [{"name": "n1", "gpus": 0, "cpus": 1, "memory": "1GiB"}]})
+    template = E31Worker.get_default_base_job_template()
+    tag = uuid.uuid4().hex[:6]
+
+    def new(name: str) -> str:
+        return str(submit(client, pool, parameters(_spec(f"{name}-{tag}", tmp_path), None), ["e31"], template).id)
+
+    with get_client(sync_client=True) as client:
+        a, b, c = new("a"), new("b"), new("c")
+        cache = RunCache(pool, full_every_s=3600)
+        assert {str(r.id) for r in cache.read(client)} == {a, b, c}
+        assert (cache.full_reads, cache.incremental_reads) == (1, 0)
+
+        d = new("d")  # a submission
+        client.set_flow_run_state(b, Cancelled(message="cancelled while queued"), force=True)  # from the UI
+        client.set_flow_run_state(c, Pending(), force=True)  # a worker takes it...
+        client.set_flow_run_state(c, Running(), force=True)  # ...and runs it
+        cache.read(client)
+        assert set(cache.runs) == {a, c, d} and cache.runs[c].state.type.value == "RUNNING"
+        assert (cache.full_reads, cache.incremental_reads) == (1, 1)
+
+        client.set_flow_run_state(c, Completed(), force=True)  # ends
+        client.set_flow_run_state(a, Running(), force=True)
+        cache.read(client)
+        assert set(cache.runs) == {a, d}
+        client.set_flow_run_state(a, Scheduled(name="AwaitingRetry"), force=True)  # a flow retry: running -> scheduled
+        cache.read(client)
+        assert set(cache.runs) == {a, d} and cache.runs[a].state.name == "AwaitingRetry"
+
+        client.delete_flow_run(d)  # no filter shows a deletion: the write to it drops it
+        e = new("e")
+        cache.read(client)
+        assert d in cache.runs
+        result = tick(client, pool, cache=cache)
+        assert result.counts["gone"] == 1 and d not in cache.runs and not result.full
+        assert set(cache.runs) == {str(r) for r in read(client, pool).runs} == {a, e}
+        kept = cache.runs[e]  # the tick's own write, kept as the server answered it
+        assert kept.state.name == "Queued" and kept.state.message.startswith("Queued: waiting for 1 CPU on one node")
+        server = client.read_flow_run(e)
+        assert (kept.state.message, kept.next_scheduled_start_time) == (server.state.message,
+                                                                       server.next_scheduled_start_time)
+        assert cache.runs[a].state.name == "AwaitingRetry"  # not due before its expected start: left as it is
