@@ -103,14 +103,13 @@ def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None 
     tick then reads only what changed), else every active run is read;
     ``max_waits``: see :func:`e31.flows.queue.apply`."""
     started = time.monotonic()
-    fulls = cache.full_reads if cache is not None else 0
     snap = snapshot(client, pool, past, now, lease_s, cache)
     t0 = time.monotonic()
     placements = plan(snap.nodes, snap.running, snap.queued, snap.now, policy)
     plan_s = time.monotonic() - t0
     counts = queue.apply(client, snap, placements, cache, max_waits)
     return Tick(len(snap.queued), len(snap.running), counts, plan_s, time.monotonic() - started,
-                frozenset(r.id for r in snap.running), t0 - started, cache is None or cache.full_reads > fulls)
+                frozenset(r.id for r in snap.running), t0 - started, cache is None or cache.last_full)
 
 
 def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, once: bool = False,
@@ -126,26 +125,30 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
     with get_client(sync_client=True) as client:
         queue.ensure_pool(client, pool, E31Worker.get_default_base_job_template())
         past, read_at, holding, cache = None, 0.0, frozenset(), queue.RunCache(pool)
-        while True:
-            if time.monotonic() - read_at > HISTORY_EVERY_S:
-                past, read_at = history(client, pool), time.monotonic()
-            try:
-                result = tick(client, pool, policy, past, lease_s=lease_s, cache=cache, max_waits=MAX_WAITS)
-            except Exception as exc:  # the API is busy or a run changed under us: the next tick reads all again
+        try:
+            while True:
+                if time.monotonic() - read_at > HISTORY_EVERY_S:
+                    past, read_at = history(client, pool), time.monotonic()
+                try:
+                    result = tick(client, pool, policy, past, lease_s=lease_s, cache=cache, max_waits=MAX_WAITS)
+                except Exception as exc:  # the API is busy or a run changed under us: the next tick reads all again
+                    if once:
+                        raise
+                    cache.close()
+                    cache = queue.RunCache(pool)
+                    print(f"e31 scheduler: tick failed ({type(exc).__name__}: {str(exc)[:300]}); next tick in "
+                          f"{interval_s:g} s", flush=True)
+                    time.sleep(interval_s)
+                    continue
+                if holding - result.holding:
+                    read_at = 0.0  # a run ended: its run time and the node holding its inputs count from the next tick
+                holding = result.holding
+                changed = sum(v for k, v in result.counts.items() if k != "unchanged")
+                if report is not None and changed:
+                    report(result)
                 if once:
-                    raise
-                cache = queue.RunCache(pool)
-                print(f"e31 scheduler: tick failed ({type(exc).__name__}: {str(exc)[:300]}); next tick in "
-                      f"{interval_s:g} s", flush=True)
-                time.sleep(interval_s)
-                continue
-            if holding - result.holding:
-                read_at = 0.0  # a run ended: its run time and the node holding its inputs count from the next tick
-            holding = result.holding
-            changed = sum(v for k, v in result.counts.items() if k != "unchanged")
-            if report is not None and changed:
-                report(result)
-            if once:
-                return
-            if not changed:
-                time.sleep(interval_s)
+                    return
+                if not changed:
+                    time.sleep(interval_s)
+        finally:
+            cache.close()

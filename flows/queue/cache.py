@@ -1,8 +1,9 @@
 """The pool's active flow runs, kept between the scheduler's ticks: a full
-read now and then, and between full reads only what can have changed.
+read now and then (in the background), and at each tick only what can have
+changed.
 
 With 1,000 runs queued, reading every active run of the pool each tick
-(``POST /flow_runs/filter``, 200 per page) takes ~1.4 s on a 2-core machine,
+(``POST /flow_runs/filter``, 200 per page) takes 1-3 s on a 2-core machine,
 nearly all of the tick.  Prefect's flow run filter has no "updated since";
 what changes a queued run from outside the scheduler is, though, each
 visible through a filter that returns few runs:
@@ -26,13 +27,14 @@ to a run only after reading it again and finding the state the plan saw
 overwritten.  What no
 filter shows (a run deleted from the UI, a state forced on a queued run by
 hand, a submitter whose clock is off by more than ``margin_s``) is seen at
-the next full read, at most ``full_every_s`` later; a write to a deleted run
+the next full read, about ``full_every_s`` later; a write to a deleted run
 fails and drops it at once (:meth:`RunCache.forget`).
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -80,31 +82,69 @@ class RunCache:
     incremental read reaches back before the previous one (clock skew
     between the submitters, workers and this process, and the time a write
     takes to land).  Counters ``full_reads`` and ``incremental_reads`` say
-    what the reads were."""
+    what the reads were.  ``background``: full reads after the first run
+    in a thread, beside the ticks (False: in the calling tick)."""
 
-    def __init__(self, pool: PoolSpec, full_every_s: float = 60.0, margin_s: float = 10.0) -> None:
-        self.pool, self.full_every_s, self.margin_s = pool, full_every_s, margin_s
+    def __init__(self, pool: PoolSpec, full_every_s: float = 60.0, margin_s: float = 10.0,
+                 background: bool = True) -> None:
+        self.pool, self.full_every_s, self.margin_s, self.background = pool, full_every_s, margin_s, background
         self.runs: dict[str, Any] = {}
         self.read_at: float | None = None  # Unix seconds of the last read's start
-        self.full_at = float("-inf")  # monotonic seconds of the last full read
+        self.full_at = float("-inf")  # monotonic seconds of the last full read's start
         self.full_reads = self.incremental_reads = 0
+        self.last_full = False  # whether the last read read every run itself (not in the background)
+        self._pending: Future | None = None  # a full read under way in the background
+        self._executor: ThreadPoolExecutor | None = None
 
     def read(self, client: Any, now: float | None = None, full: bool = False) -> list[Any]:
-        """The pool's active runs now: a full read when ``full``, at the
-        first call, or when the last full one is ``full_every_s`` old; else
-        the changes since the last read applied to the kept runs."""
+        """The pool's active runs now.  The first call (or ``full``) reads
+        every active run.  Later calls apply the changes since the last read
+        to the kept runs; when the last full read is ``full_every_s`` old,
+        a new one starts in the background (its own client: with 1,000
+        runs queued it takes seconds) and replaces the kept runs at the
+        first call after it ends, whose changes then reach back to its start."""
         now = time.time() if now is None else now
-        if full or self.read_at is None or time.monotonic() - self.full_at >= self.full_every_s:
+        if full or self.read_at is None or not self.background and \
+                time.monotonic() - self.full_at >= self.full_every_s:
             started = time.monotonic()
-            found = read_all(client, self.pool, flow_run_filter(state=state_filter(ACTIVE)))
-            self.runs = {str(r.id): r for r in found}
+            self.runs = {str(r.id): r for r in self._read_every(client)}
             self.read_at, self.full_at = now, started
             self.full_reads += 1
+            self.last_full = True
             return list(self.runs.values())
+        self.last_full = False
+        if self._pending is not None and self._pending.done():
+            pending, self._pending = self._pending, None
+            try:
+                found, read_at, full_at = pending.result()
+            except Exception:  # the API was busy: the next call starts another
+                pass
+            else:
+                self.runs = {str(r.id): r for r in found}
+                self.read_at, self.full_at = min(self.read_at, read_at), full_at
+                self.full_reads += 1
+        elif self._pending is None and time.monotonic() - self.full_at >= self.full_every_s:
+            self._executor = self._executor or ThreadPoolExecutor(1, thread_name_prefix="e31-full-read")
+            self._pending = self._executor.submit(self._read_in_background, time.time(), time.monotonic())
         self._changes(client, now)
         self.read_at = now
         self.incremental_reads += 1
         return list(self.runs.values())
+
+    def _read_every(self, client: Any) -> list[Any]:
+        return read_all(client, self.pool, flow_run_filter(state=state_filter(ACTIVE)))
+
+    def _read_in_background(self, read_at: float, full_at: float) -> tuple[list[Any], float, float]:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            return self._read_every(client), read_at, full_at
+
+    def close(self) -> None:
+        """Stop the background full read (if any)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
 
     def _changes(self, client: Any, now: float) -> None:
         from prefect.client.schemas.filters import (FlowRunFilterEndTime, FlowRunFilterExpectedStartTime,

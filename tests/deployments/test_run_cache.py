@@ -71,3 +71,42 @@ def test_the_cache_follows_every_change_and_matches_a_full_read(prefect_api, tmp
         assert (kept.state.message, kept.next_scheduled_start_time) == (server.state.message,
                                                                        server.next_scheduled_start_time)
         assert cache.runs[a].state.name == "AwaitingRetry"  # not due before its expected start: left as it is
+
+
+def test_a_background_full_read_replaces_the_kept_runs_and_loses_no_change(prefect_api, tmp_path):
+    """The scheduler's periodic full read runs beside its ticks: no tick
+    reads every run itself, and what changed while the full read ran (a
+    submission, a cancel) is there after it replaced the kept runs."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    from e31.deployments.worker import E31Worker
+    from e31.flows.deploy import parameters
+    from e31.flows.queue import RunCache, read, submit
+    from e31.specs.pool import parse_pool
+
+    pool = parse_pool({"pool_version": 1, "name": f"c{uuid.uuid4().hex[:8]}",
+                       "nodes": [{"name": "n1", "gpus": 0, "cpus": 1, "memory": "1GiB"}]})
+    template, tag = E31Worker.get_default_base_job_template(), uuid.uuid4().hex[:6]
+    with get_client(sync_client=True) as client:
+        def new(name: str) -> str:
+            return str(submit(client, pool, parameters(_spec(f"{name}-{tag}", tmp_path), None), ["e31"], template).id)
+
+        a, b = new("a"), new("b")
+        cache = RunCache(pool, full_every_s=0.0)  # every read after the first starts (or takes) a full read
+        try:
+            cache.read(client)
+            assert (cache.full_reads, cache.last_full) == (1, True)
+            cache.read(client)  # starts one in the background
+            c = new("c")
+            client.set_flow_run_state(b, Cancelled(message="cancelled while queued"), force=True)
+            deadline = time.monotonic() + 60
+            while cache.full_reads < 3:  # two more: one may have begun before the changes
+                cache.read(client)
+                assert cache.last_full is False and time.monotonic() < deadline
+                time.sleep(0.05)
+            assert set(cache.runs) == {str(r) for r in read(client, pool).runs} == {a, c}
+        finally:
+            cache.close()
