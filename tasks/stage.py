@@ -111,6 +111,8 @@ def quick_reuse(item: DataInput, data_dir: Path) -> Reused | None:
             or saved.get("path") != str(folder) or not storage.is_local(item.url):
         return None
     root = storage.filesystem(item.url)[1].rstrip("/") or "/"
+    if not os.path.isdir(root):  # the scans below say nothing of the root itself: a file there now has none either
+        return None
     with ThreadPoolExecutor(2) as pool:  # two processes: the scans take one core each
         source, copy = pool.submit(find_output, root), pool.submit(find_output, str(folder))
         try:

@@ -120,7 +120,7 @@ class RunCache:
             except Exception:  # the API was busy: the next call starts another
                 pass
             else:
-                self.runs = {str(r.id): r for r in found}
+                self.runs = self._merged(found, read_at)
                 self.read_at, self.full_at = min(self.read_at, read_at), full_at
                 self.full_reads += 1
         elif self._pending is None and time.monotonic() - self.full_at >= self.full_every_s:
@@ -130,6 +130,25 @@ class RunCache:
         self.read_at = now
         self.incremental_reads += 1
         return list(self.runs.values())
+
+    def _merged(self, found: list[Any], read_at: float) -> dict[str, Any]:
+        """The runs of a full read started at ``read_at`` (Unix seconds),
+        each replaced by the kept one where that one's state is newer (the
+        scheduler placed or requeued it while the full read ran), and with
+        the kept runs whose state is newer than the read's start (margin
+        included) that it did not see."""
+        runs = {str(r.id): r for r in found}
+        for key, kept in self.runs.items():
+            mine = kept.state.timestamp.timestamp() if kept.state is not None else None
+            if mine is None:
+                continue
+            theirs = runs.get(key)
+            if theirs is None:
+                if mine >= read_at - self.margin_s:
+                    runs[key] = kept
+            elif theirs.state is None or mine > theirs.state.timestamp.timestamp():
+                runs[key] = kept
+        return runs
 
     def _read_every(self, client: Any) -> list[Any]:
         return read_all(client, self.pool, flow_run_filter(state=state_filter(ACTIVE)))

@@ -79,6 +79,7 @@ class _Writer:
 
     def __init__(self, client: Any, cache: RunCache | None, counts: dict[str, int]) -> None:
         self.client, self.cache, self.counts = client, cache, counts
+        self.seen: dict[str, Any] = {}  # run id -> the state id :meth:`current` found
 
     def current(self, key: str) -> bool:
         """Whether the run ``key`` is still as the plan saw it (always, without a cache)."""
@@ -92,6 +93,7 @@ class _Writer:
         except ObjectNotFound:
             return self._gone(key)
         if kept is not None and kept.state is not None and run.state is not None and kept.state.id == run.state.id:
+            self.seen[key] = run.state.id
             return True
         self.cache.refresh(run)
         self.counts["stale"] += 1
@@ -110,6 +112,29 @@ class _Writer:
             return self._gone(key)
         if self.cache is not None:
             self.cache.note_state(key, result, getattr(state.state_details, "scheduled_time", None))
+            if state.type.value == "SCHEDULED" and key in self.seen and self._overtaken(key, result):
+                return False
+        return True
+
+    def _overtaken(self, key: str, result: Any) -> bool:
+        """Undo a write that overtook a final state (a cancel made between
+        :meth:`current` and the write: the write is forced, and Prefect lets
+        a run leave ``Cancelled`` for ``Scheduled``): that state is set
+        again.  True when the write was undone (counted ``undone``)."""
+        from prefect.states import State
+
+        mine = getattr(getattr(result, "state", None), "id", None)
+        history = self.client.read_flow_run_states(key)
+        index = next((i for i, s in enumerate(history) if s.id == mine), None)
+        if not index:
+            return False
+        before = history[index - 1]
+        if before.id == self.seen[key] or not before.is_final():
+            return False
+        again = self.client.set_flow_run_state(key, State(type=before.type, name=before.name, message=before.message),
+                                               force=True)
+        self.cache.note_state(key, again)
+        self.counts["undone"] += 1
         return True
 
     def variables(self, key: str, job_variables: dict[str, Any], check: bool = True) -> bool:
@@ -123,9 +148,14 @@ class _Writer:
             self.client.update_flow_run(key, job_variables=job_variables)
         except ObjectNotFound:
             return self._gone(key)
-        except Exception as exc:  # the sync client answers a missing run with the HTTP error itself
-            if getattr(getattr(exc, "response", None), "status_code", None) == 404:
+        except Exception as exc:  # the sync client answers with the HTTP error itself
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            if status == 404:
                 return self._gone(key)
+            if status in (400, 409) and self.cache is not None:  # the run changed meanwhile (e.g. cancelled)
+                self.cache.refresh(self.client.read_flow_run(key))
+                self.counts["stale"] += 1
+                return False
             raise
         if self.cache is not None:
             self.cache.note_variables(key, job_variables)
@@ -151,11 +181,12 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
     whole queue does not hold the next placement back: the others are
     counted ``deferred`` and written by the next calls.  Returns counts per
     action (``gone``: runs deleted on the server since they were read;
-    ``stale``: runs changed since, not written; see :class:`_Writer`)."""
+    ``stale``: runs changed since, not written; ``undone``: writes that
+    overtook a cancel, undone; see :class:`_Writer`)."""
     from prefect.states import Crashed, Failed, Scheduled
 
     counts = {"start": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0, "gone": 0,
-              "stale": 0, "deferred": 0}
+              "stale": 0, "undone": 0, "deferred": 0}
     write = _Writer(client, cache, counts)
     now = datetime.fromtimestamp(snap.now, timezone.utc)
     for key in snap.lost:

@@ -110,3 +110,112 @@ def test_a_background_full_read_replaces_the_kept_runs_and_loses_no_change(prefe
             assert set(cache.runs) == {str(r) for r in read(client, pool).runs} == {a, c}
         finally:
             cache.close()
+
+
+class _CancelAfter:
+    """The session server's client, with one injected concurrent event: a
+    cancel of run ``victim`` (forced, as from the UI or the API) that lands
+    just after the scheduler's call ``after`` on that run (its check
+    ``read_flow_run``, or a placement's ``update_flow_run``)."""
+
+    def __init__(self, client, victim: str, after: str):
+        self._client, self.victim, self.after, self.fired = client, victim, after, False
+
+    def __getattr__(self, name):
+        call = getattr(self._client, name)
+        if name != self.after:
+            return call
+
+        def then_cancel(run_id, *args, **kwargs):
+            from prefect.states import Cancelled
+
+            answer = call(run_id, *args, **kwargs)
+            if str(run_id) == self.victim and not self.fired:
+                self.fired = True
+                self._client.set_flow_run_state(run_id, Cancelled(message="cancelled by hand"), force=True)
+            return answer
+        return then_cancel
+
+
+def test_a_cancel_landing_between_the_check_and_the_write_is_never_undone(prefect_api, tmp_path):
+    """Found by an attack: a queued job cancelled in the instant the
+    scheduler placed it was placed anyway (the write is forced) and ran.
+    Now the write that overtook the cancel is undone: the run ends
+    Cancelled, for a placement and for a waiting run's new reason alike."""
+    from prefect.client.orchestration import get_client
+
+    from e31.deployments.scheduler import tick
+    from e31.deployments.worker import E31Worker
+    from e31.flows.deploy import parameters
+    from e31.flows.queue import RunCache, submit, work_pool_name
+    from e31.specs.pool import parse_pool
+
+    pool = parse_pool({"pool_version": 1, "name": f"c{uuid.uuid4().hex[:8]}",
+                       "nodes": [{"name": "n1", "gpus": 0, "cpus": 1, "memory": "1GiB"}]})
+    template, tag = E31Worker.get_default_base_job_template(), uuid.uuid4().hex[:6]
+    with get_client(sync_client=True) as client:
+        def new(name: str) -> str:
+            return str(submit(client, pool, parameters(_spec(f"{name}-{tag}", tmp_path), None), ["e31"], template).id)
+
+        runs = [new("first"), new("second"), new("third")]
+        cache = RunCache(pool, full_every_s=3600)
+        cases = [("update_flow_run", "start", "undone"), ("read_flow_run", "start", "stale"),
+                 ("read_flow_run", "wait", "undone")]
+        for victim, (after, action, count) in zip(runs, cases):
+            if action == "start":  # node n1's worker answers (the API call a worker makes), so a run may start
+                client.send_worker_heartbeat(work_pool_name(pool), "n1")
+            injected = _CancelAfter(client, victim, after)
+            result = tick(injected, pool, cache=cache, lease_s=60.0 if action == "start" else 1e-3)  # no node: waits
+            assert injected.fired and result.counts[count] == 1 and result.counts[action] == 0, (after, str(result.counts))
+            assert victim not in cache.runs
+            states = [(s.type.value, s.name) for s in client.read_flow_run_states(victim)]
+            if count == "undone":  # the write overtook the cancel: the cancel is set again
+                written = "Placed" if action == "start" else "Queued"
+                assert states[-3:] == [("CANCELLED", "Cancelled"), ("SCHEDULED", written), ("CANCELLED", "Cancelled")]
+            else:  # Prefect refused to change a cancelled run's job variables: nothing was written
+                assert states[-1] == ("CANCELLED", "Cancelled")
+            assert client.read_flow_run(victim).state.message == "cancelled by hand"
+
+
+def test_a_background_full_read_keeps_what_the_scheduler_wrote_while_it_ran(prefect_api, tmp_path):
+    """Found by an attack: a full read that began before the scheduler
+    placed a run replaced the kept runs with its older view, so the placed
+    run looked queued again and its node free (two jobs on one GPU)."""
+    import threading
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Scheduled
+
+    from e31.deployments.worker import E31Worker
+    from e31.flows.deploy import parameters
+    from e31.flows.queue import RunCache, submit
+    from e31.specs.pool import parse_pool
+
+    pool = parse_pool({"pool_version": 1, "name": f"c{uuid.uuid4().hex[:8]}",
+                       "nodes": [{"name": "n1", "gpus": 0, "cpus": 1, "memory": "1GiB"}]})
+    template, tag = E31Worker.get_default_base_job_template(), uuid.uuid4().hex[:6]
+    read, go_on = threading.Event(), threading.Event()
+
+    class Held(RunCache):  # the background full read is held after it has read, until the placement is written
+        def _read_every(self, client):
+            found = super()._read_every(client)
+            if threading.current_thread() is not threading.main_thread():
+                read.set()
+                go_on.wait(30)
+            return found
+
+    with get_client(sync_client=True) as client:
+        placed = str(submit(client, pool, parameters(_spec(f"p-{tag}", tmp_path), None), ["e31"], template).id)
+        cache = Held(pool, full_every_s=0.0)
+        try:
+            cache.read(client)
+            cache.read(client)  # starts the full read in the background
+            assert read.wait(30)
+            cache.note_state(placed, client.set_flow_run_state(placed, Scheduled(name="Placed"), force=True))
+            go_on.set()
+            while cache.full_reads < 2:
+                cache.read(client)
+            assert cache.runs[placed].state.name == "Placed"
+        finally:
+            go_on.set()
+            cache.close()

@@ -566,6 +566,17 @@ def test_an_unchanged_local_folder_is_reused_from_two_scans_without_a_listing(tm
     (data / "t.stage.json").write_text(json.dumps({k: v for k, v in record.items() if k not in ("scan", "kind")}))
     assert quick_reuse(item, data) is None  # a record written before the scans were kept: listed as before
 
+    empty = tmp_path / "empty"  # found by an attack: an empty folder, then a file at its path
+    empty.mkdir()
+    hollow = DataInput(name="e", url=str(empty))
+    assert stage_input(hollow, data, preflight([hollow], data)["e"]).copied is True
+    assert isinstance(preflight([hollow], data)["e"], Reused)
+    empty.rmdir()
+    empty.write_bytes(b"now a file")
+    assert quick_reuse(hollow, data) is None
+    staged = stage_input(hollow, data, preflight([hollow], data)["e"])
+    assert staged.copied is True and Path(staged.path).read_bytes() == b"now a file"
+
 
 def test_file_url_single_file_and_glob(tmp_path):
     src = tmp_path / "in"
