@@ -40,7 +40,7 @@ from e31.tasks import settings, storage
 from e31.tasks.storage import transfer
 from e31.tasks.storage.local import SCRATCH_FIX, disk_full, human_size, mount_point, space
 from e31.tasks.supervisor.cancel import staging_stop
-from e31.tasks.storage.listing import Listing, OnlyFolders, find_output, list_input, unchanged
+from e31.tasks.storage.listing import Listing, OnlyFolders, change_hash, list_input, unchanged
 from e31.tasks.retrying import retry_unless
 from e31.tasks.storage.progress import TransferProgress, TransferStopped
 
@@ -92,21 +92,23 @@ class Reused(Listing):
 
 def quick_reuse(item: DataInput, data_dir: Path) -> Reused | None:
     """The staged copy of a local folder input, when both the source folder
-    and the copy scan now exactly as they did when it was staged (the two
-    GNU find scans run at once and only their sha256 is compared: no
-    listing is parsed); None when that cannot be said (not a local folder,
-    no record of such scans, no GNU find, or anything changed): then list
-    it and compare as usual.
+    and the copy scan now exactly as they did when it was staged (two GNU
+    find scans of ctime, inode and name, taken at once, whose sha256 is
+    compared with the stage record's: no listing is parsed); None when that
+    cannot be said (not a local folder, no such record, no GNU find, or
+    anything changed): then list it and compare as usual.
 
-    The check is at least as strict as the listing's: the scans hold every
-    name, type, size, mtime, inode and ctime, in directory order."""
+    The check is at least as strict as the listing's: any change to a file
+    or folder (content, size, mtime, mode, a rename, a name added or
+    removed) moves a ctime, which no process can set back (see
+    :data:`e31.tasks.storage.listing.CHANGE_FORMAT`)."""
     started = time.monotonic()
     try:
         saved = json.loads((data_dir / f"{item.name}.stage.json").read_text())
     except (OSError, ValueError):
         return None
     folder = data_dir / item.name
-    if saved.get("kind") != "folder" or not saved.get("scan") or not str(saved.get("staged", "")).startswith("scan:") \
+    if saved.get("kind") != "folder" or not saved.get("source_hash") or not saved.get("copy_hash") \
             or saved.get("url") != _url_key(item.url) or saved.get("sha256") != item.sha256 \
             or saved.get("path") != str(folder) or not storage.is_local(item.url):
         return None
@@ -114,14 +116,12 @@ def quick_reuse(item: DataInput, data_dir: Path) -> Reused | None:
     if not os.path.isdir(root):  # the scans below say nothing of the root itself: a file there now has none either
         return None
     with ThreadPoolExecutor(2) as pool:  # two processes: the scans take one core each
-        source, copy = pool.submit(find_output, root), pool.submit(find_output, str(folder))
+        source, copy = pool.submit(change_hash, root), pool.submit(change_hash, str(folder))
         try:
-            source_raw, copy_raw = source.result(), copy.result()
+            if (source.result(), copy.result()) != (saved["source_hash"], saved["copy_hash"]):
+                return None
         except OSError:
             return None
-    if source_raw is None or copy_raw is None or hashlib.sha256(source_raw).hexdigest() != saved["scan"] or \
-            transfer.scan_identity(copy_raw) != saved["staged"]:
-        return None
     staged = Staged(item.name, str(folder), int(saved.get("bytes", 0)), False, time.monotonic() - started,
                     int(saved.get("files", 0)))
     return Reused(item.url, "folder", [], local=True, root=root, staged=staged)
@@ -242,10 +242,15 @@ def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None)
                                   stop=staging_stop(str(data_dir))) as progress:
                 checked = transfer.fetch(listing, tmp, progress)
             transfer.make_read_only(listing, tmp)  # the work reads its inputs; it must not change them
-            with ThreadPoolExecutor(1) as pool:  # list the source again while the copy is checked
+            quick = listing.kind == "folder" and bool(listing.scan)  # a local folder: kept for quick_reuse
+            # taken before the source is listed again below: a change after the listing shows there
+            source_hash = change_hash(listing.root) if quick else None
+            with ThreadPoolExecutor(2) as pool:  # list the source again while the copy is checked
                 again = pool.submit(_changed_since_listed, item, listing)
+                copy_hash = pool.submit(change_hash, str(tmp)) if quick else None
                 staged_identity = transfer.verify(listing, tmp, checked)
                 changed = again.result()
+                copy_hash = copy_hash.result() if copy_hash is not None else None
             if changed:
                 raise transfer.ChangedWhileCopying(changed)
             if item.sha256:
@@ -274,8 +279,9 @@ def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None)
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)
         record["staged"] = staged_identity
-        if listing.kind == "folder" and listing.scan:  # what quick_reuse compares
-            record.update(kind="folder", scan=listing.scan, bytes=listing.bytes, files=listing.files)
+        if source_hash and copy_hash:  # what quick_reuse compares
+            record.update(kind="folder", source_hash=source_hash, copy_hash=copy_hash, bytes=listing.bytes,
+                          files=listing.files)
         record_path.write_text(json.dumps(record, indent=1))
         return Staged(item.name, str(local), listing.bytes, True, time.monotonic() - started, len(listing.entries))
     raise AssertionError("unreachable")

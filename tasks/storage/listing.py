@@ -170,11 +170,29 @@ def _walk_local(root: str, raw: bytes | None = None) -> tuple[list[Entry], list[
     return entries, _empty_dirs(folders, files)
 
 
-def find_output(root: str) -> bytes | None:
+#: The ``-printf`` format of :func:`find_output`: type, size, ``mtime:inode:ctime`` and path.
+FULL_FORMAT = "%y %s %T@:%i:%C@ %P\\0"
+#: A cheaper format that still changes with any change below the root: ``ctime:inode`` and path (every
+#: change to a file -- content, size, mtime set back, mode, a rename -- moves its ctime, which no process
+#: can set back; a new file is a new inode and name; an added or removed name moves its folder's ctime).
+#: GNU find spends most of a scan formatting: this takes ~20% less than :data:`FULL_FORMAT`.
+CHANGE_FORMAT = "%C@:%i %P\\0"
+
+
+def change_hash(root: str) -> str | None:
+    """sha256 of a :data:`CHANGE_FORMAT` scan of the local folder ``root``
+    (None without GNU find): equal hashes mean nothing below ``root``
+    changed in between.  Raises ``OSError`` as :func:`find_output`."""
+    raw = find_output(root, CHANGE_FORMAT)
+    return hashlib.sha256(raw).hexdigest() if raw is not None else None
+
+
+def find_output(root: str, fmt: str = FULL_FORMAT) -> bytes | None:
     """The raw output of one GNU ``find -L ROOT -mindepth 1 -printf``
     pass over the local folder ``root``: for each entry below it, its type,
     size in bytes, ``mtime:inode:ctime`` and path relative to ``root``,
-    NUL-terminated, in directory order.  None when GNU find is not available.  Raises
+    NUL-terminated, in directory order (``fmt``: another ``-printf``
+    format).  None when GNU find is not available.  Raises
     ``OSError`` naming the first path that cannot be read.
 
     (C; 10,000 files in ~0.02 s on 2 cores, 3-4x faster than ``os.scandir``
@@ -182,7 +200,7 @@ def find_output(root: str) -> bytes | None:
     """
     if not _GNU_FIND:
         return None
-    done = subprocess.run([_GNU_FIND, "-L", root, "-mindepth", "1", "-printf", "%y %s %T@:%i:%C@ %P\\0"],
+    done = subprocess.run([_GNU_FIND, "-L", root, "-mindepth", "1", "-printf", fmt],
                           capture_output=True)
     if done.returncode != 0:
         problem = os.fsdecode(done.stderr).strip().splitlines()

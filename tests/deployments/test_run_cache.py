@@ -165,8 +165,9 @@ def test_a_cancel_landing_between_the_check_and_the_write_is_never_undone(prefec
             if action == "start":  # node n1's worker answers (the API call a worker makes), so a run may start
                 client.send_worker_heartbeat(work_pool_name(pool), "n1")
             injected = _CancelAfter(client, victim, after)
-            result = tick(injected, pool, cache=cache, lease_s=60.0 if action == "start" else 1e-3)  # no node: waits
-            assert injected.fired and result.counts[count] == 1 and result.counts[action] == 0, (after, str(result.counts))
+            lease = 60.0 if action == "start" else 1e-3  # a lease of 1 ms: no live node, so the run waits
+            result = tick(injected, pool, cache=cache, lease_s=lease)
+            assert injected.fired and result.counts[count] == 1 and result.counts[action] == 0, str(result.counts)
             assert victim not in cache.runs
             states = [(s.type.value, s.name) for s in client.read_flow_run_states(victim)]
             if count == "undone":  # the write overtook the cancel: the cancel is set again

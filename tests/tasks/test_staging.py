@@ -539,8 +539,8 @@ def test_local_folder_cache_sees_changed_sources_and_changed_copies(tmp_path, sc
 
 def test_an_unchanged_local_folder_is_reused_from_two_scans_without_a_listing(tmp_path):
     """The second run's preflight compares only the sha256 of two GNU find
-    scans (source and staged copy, taken at once) with the stage record's:
-    no listing is parsed.  A source file touched, a file added to the copy or
+    scans (ctime, inode and name; source and staged copy, taken at once)
+    with the stage record's: no listing is parsed.  A source file touched, a file added to the copy or
     a record from before these scans each fall back to the full listing."""
     from e31.tasks.stage import Reused, quick_reuse
     from e31.tasks.storage import listing as listing_module
@@ -563,7 +563,9 @@ def test_an_unchanged_local_folder_is_reused_from_two_scans_without_a_listing(tm
     (data / "t" / "d1" / "left.tmp").write_bytes(b"by the work")
     assert quick_reuse(item, data) is None
     assert stage_input(item, data).copied is True and not (data / "t" / "d1" / "left.tmp").exists()
-    (data / "t.stage.json").write_text(json.dumps({k: v for k, v in record.items() if k not in ("scan", "kind")}))
+    assert len(record["source_hash"]) == len(record["copy_hash"]) == 64
+    (data / "t.stage.json").write_text(json.dumps({k: v for k, v in record.items() if k not in ("source_hash",
+                                                                                                "kind")}))
     assert quick_reuse(item, data) is None  # a record written before the scans were kept: listed as before
 
     empty = tmp_path / "empty"  # found by an attack: an empty folder, then a file at its path
