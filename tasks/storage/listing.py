@@ -175,7 +175,7 @@ FULL_FORMAT = "%y %s %T@:%i:%C@ %P\\0"
 #: A cheaper format that still changes with any change below the root: ``ctime:inode`` and path (every
 #: change to a file -- content, size, mtime set back, mode, a rename -- moves its ctime, which no process
 #: can set back; a new file is a new inode and name; an added or removed name moves its folder's ctime).
-#: GNU find spends most of a scan formatting: this takes ~20% less than :data:`FULL_FORMAT`.
+#: GNU find spends most of a scan formatting: this takes less than :data:`FULL_FORMAT`.
 CHANGE_FORMAT = "%C@:%i %P\\0"
 
 
