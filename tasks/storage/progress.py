@@ -43,8 +43,9 @@ class TransferProgress:
 
     ``advance(n)`` is thread-safe; ``close()`` shows the final state.  Use it
     as a context manager.  ``label`` names the bar, the log lines and the
-    Prefect artifact key (lowercase letters, digits and dashes).  With a
-    ``stop`` event, the transfer is ended (:meth:`advance` raises) once it
+    Prefect artifact key (lowercase letters, digits and dashes); the
+    progress artifact is created at the first report, :data:`ARTIFACT_EVERY_S`
+    seconds in, so a transfer done sooner makes none.  With a ``stop`` event, the transfer is ended (:meth:`advance` raises) once it
     is set.
     """
 
@@ -148,6 +149,8 @@ class TransferProgress:
         while True:
             closed = self._closed.wait(ARTIFACT_EVERY_S)
             percent = 100.0 * self.done / self.total if self.total else (100.0 if closed else 0.0)
+            if closed and artifact_id is None:  # done before its first report: no progress to show (the
+                artifact = False                # task's log line and the manifest say what moved)
             if artifact:
                 try:
                     if artifact_id is None:

@@ -163,11 +163,8 @@ def test_flow_run_shows_tasks_artifacts_and_tags_in_the_ui(prefect_api, scratch,
     names = sorted(t.name for t in task_runs)
     assert names[0].startswith("checkpoint-step-") and names[-3:] == ["return", "run", "stage-digits"]
     by_key = {a.key: a for a in artifacts}
-    assert set(by_key) == {"job-spec", "progress", "stage-digits", "return", "manifest", "output"}
-    assert by_key["return"].type == "progress" and by_key["return"].data == 100.0  # the upload's progress
-    # staging progress in the UI: the bytes of the one input, all copied
-    assert by_key["stage-digits"].type == "progress" and by_key["stage-digits"].data == 100.0
-    assert by_key["stage-digits"].description.startswith("stage-digits: ")
+    # the staging and the return took less than a progress report's interval: no progress artifacts of theirs
+    assert set(by_key) == {"job-spec", "progress", "manifest", "output"}
     assert by_key["job-spec"].type == "markdown" and "**work**: training" in by_key["job-spec"].data
     assert by_key["progress"].type == "progress" and by_key["progress"].data == 100.0
     assert by_key["output"].data == f"[{out}]({out.as_uri()})"  # Prefect keeps a link artifact as markdown
