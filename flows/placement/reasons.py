@@ -1,8 +1,8 @@
 """The one-line reason of each placement, for a person reading the plan.
 
     starts now on n3, GPUs 0,1, 8 CPUs, 32 GiB; expected end 04:10 UTC (run time 2h: duration)
-    waiting for 6 GPUs on one node (2 free on n3); earliest start 02:40 UTC, after job retrain-7 ends
-    waiting for its turn (first come, first served); earliest start 03:00 UTC, after job a ends
+    waiting for 6 GPUs on one node (2 free on n3); earliest start 02:40 UTC on n1, after job retrain-7 ends
+    waiting for its turn (first come, first served); earliest start 03:00 UTC on n2, after job a ends
     waiting: room is free now on n2 but held for jobs ahead of it from 01:30 UTC; estimated start ...
 
 A deadline job's reason ends with its planned end against its deadline.
@@ -74,7 +74,7 @@ class Explainer:
         return answer
 
     def wait(self, job: QueuedJob, eligible: Sequence[bool] | None, node: int, start: float, reserved: bool) -> str:
-        """``waiting for ...; earliest start HH:MM UTC, after job X ends`` (or ``estimated start`` for
+        """``waiting for ...; earliest start HH:MM UTC on NODE, after job X ends`` (or ``estimated start`` for
         a job beyond the planning depth, whose start is not reserved)."""
         cap, now = self.cap, self.cap.now
         text, i, room = self._short_now(job, eligible)
@@ -85,7 +85,7 @@ class Explainer:
                 text = (f"waiting: room is free now on {cap.nodes[i].name} but held for jobs ahead of it "
                         f"from {clock(room, now)}")
         if reserved:
-            text += f"; earliest start {clock(start, now)}"
+            text += f"; earliest start {clock(start, now)} on {cap.nodes[node].name}"
             ender = cap.ender(node, start)
             if ender is not None and ender != job.id:
                 text += f", after job {ender} ends"

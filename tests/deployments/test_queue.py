@@ -182,7 +182,7 @@ def test_a_waiting_job_says_why_in_its_state_and_in_e31_queue(prefect_api, tmp_p
     reason = state.message.removeprefix("Queued: ")
     assert state.name == "Queued"
     assert reason.startswith("waiting for 6 GPUs on one node (0 free on n1); earliest start ")
-    assert reason.endswith(f" UTC, after job holder ({first[:8]}) ends")
+    assert reason.endswith(f" UTC on n1, after job holder ({first[:8]}) ends")
     lines = listed.stdout.splitlines()
     assert lines[0].split() == ["JOB", "RUN", "STATE", "NODE", "GPUS", "START", "REASON"]
     assert lines[1].split()[:5] == ["holder", first[:8], "Running", "n1", "0,1,2,3,4,5,6,7"]

@@ -18,7 +18,7 @@ def table(placements):
 POOL = [node("n1")]
 R1 = [running("r1", "n1", range(6), 2)]
 A_WAITS = ("wait", "n1", tuple(range(8)), 2.0, 3.0,
-           "waiting for 8 GPUs on one node (0 free on n1); earliest start 02:00 UTC, after job r1 ends")
+           "waiting for 8 GPUs on one node (0 free on n1); earliest start 02:00 UTC on n1, after job r1 ends")
 
 
 @pytest.mark.parametrize("policy", ["easy", "e31"])
@@ -36,13 +36,14 @@ def test_a_backfill_that_must_happen(policy):
     ("easy", "waiting: room is free now on n1 but held for jobs ahead of it from 02:00 UTC; estimated start "
              "03:00 UTC (not reserved: only the first waiting job in priority order holds a reservation)"),
     ("e31", "waiting: room is free now on n1 but held for jobs ahead of it from 02:00 UTC; earliest start "
-            "03:00 UTC, after job A ends"),
+            "03:00 UTC on n1, after job A ends"),
 ])
 def test_a_backfill_that_must_not_happen(policy, b_reason):
     # B (2 GPUs, 3 h) would still hold GPUs 6,7 at 02:00, when A needs all eight: it would delay A
     placements = plan(POOL, R1, [queued("A", 8, 1, ago_h=1 / 6), queued("B", 2, 3, ago_h=1 / 12)], T0, policy)
     assert table(placements) == {
-        "A": A_WAITS[:5] + ("waiting for 8 GPUs on one node (2 free on n1); earliest start 02:00 UTC, after job r1 ends",),
+        "A": A_WAITS[:5] + ("waiting for 8 GPUs on one node (2 free on n1); earliest start 02:00 UTC on n1, "
+                            "after job r1 ends",),
         "B": ("wait", "n1", (0, 1), 3.0, 6.0, b_reason),
     }
     assert [p.reserved for p in placements] == [True, policy == "e31"]
@@ -51,7 +52,7 @@ def test_a_backfill_that_must_not_happen(policy, b_reason):
 def test_first_come_first_served_never_overtakes():
     placements = plan(POOL, R1, [queued("A", 8, 1, ago_h=1 / 6), queued("B", 2, 1, ago_h=1 / 12)], T0, "fcfs")
     assert table(placements)["B"] == ("wait", "n1", (0, 1), 3.0, 4.0, "waiting for its turn (first come, first "
-                                      "served); earliest start 03:00 UTC, after job A ends")
+                                      "served); earliest start 03:00 UTC on n1, after job A ends")
 
 
 @pytest.mark.parametrize(("policy", "starts"), [
@@ -67,7 +68,8 @@ def test_a_deadline_job_jumps_ahead_of_an_earlier_job_with_slack(policy, starts)
     assert {p.job: (p.start - T0) / H for p in placements} == starts
     d = table(placements)["D"]
     if policy in ("edf", "e31"):
-        assert d[5] == ("waiting for 8 GPUs on one node (0 free on n1); earliest start 01:00 UTC, after job r1 ends; "
+        assert d[5] == ("waiting for 8 GPUs on one node (0 free on n1); earliest start 01:00 UTC on n1, "
+                        "after job r1 ends; "
                         "ends 02:00 UTC, before its deadline 02:30 UTC")
     else:
         assert d[5].endswith("; ends 04:00 UTC, after its deadline 02:30 UTC: at risk")
@@ -78,7 +80,8 @@ def test_the_reason_names_what_is_short_and_who_frees_it():
     busy = [running("a", "n1", range(8), 5), running("b", "n2", range(8), 5),
             running("retrain-7", "n3", range(6), 2 + 40 / 60)]
     (only,) = plan(nodes, busy, [queued("X", 6, 1)], T0)
-    assert only.reason == "waiting for 6 GPUs on one node (2 free on n3); earliest start 02:40 UTC, after job retrain-7 ends"
+    assert only.reason == ("waiting for 6 GPUs on one node (2 free on n3); earliest start 02:40 UTC on n3, "
+                           "after job retrain-7 ends")
     assert (only.node, only.devices, only.start) == ("n3", (0, 1, 2, 3, 4, 5), T0 + 2 * H + 40 * 60)
 
 
@@ -117,7 +120,8 @@ def test_gpu_type_chooses_the_node():
                 "starts now on a1, GPUs 0, 4 CPUs; expected end 01:00 UTC (run time 1h: duration)"),
     }
     (typed,) = plan(nodes, [running("r", "h1", range(8), 3)], [queued("t", 1, 1, gpu_type="H100")], T0)
-    assert typed.reason == "waiting for 1 GPU on one node (0 free on h1); earliest start 03:00 UTC, after job r ends"
+    assert typed.reason == ("waiting for 1 GPU on one node (0 free on h1); earliest start 03:00 UTC on h1, "
+                            "after job r ends")
 
 
 def test_ageing_bound_puts_a_long_waiting_job_first():
@@ -151,7 +155,7 @@ def test_cpu_only_pool_and_memory():
     got = table(plan(nodes, [], queue, T0, "fcfs"))
     assert got["b"][:5] == ("start", "c1", (), 0.0, 1.0)
     assert got["a"] == ("wait", "c1", (), 1.0, 2.0, "waiting for 6 CPUs on one node (4 free on c1); earliest start "
-                        "01:00 UTC, after job b ends")
+                        "01:00 UTC on c1, after job b ends")
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
