@@ -303,7 +303,11 @@ def _entry(fs: fsspec.AbstractFileSystem, path: str, rel: str, info: dict[str, A
 
 
 def _version(info: dict[str, Any]) -> str:
-    """ETag when the store has one, else the modification time, as a string."""
+    """ETag when the store has one, else the modification time, as a string;
+    for a local file (fsspec's local ``info`` has ``ino``), ``mtime:inode:ctime``
+    (a file rewritten with its size and mtime put back has another ctime)."""
+    if info.get("ino") is not None and info.get("mtime") is not None:
+        return f"{info['mtime']}:{info['ino']}:{info.get('created')}"
     for key in ("ETag", "etag", "md5", "mtime", "LastModified", "last_modified", "created"):
         if info.get(key) is not None:
             return str(info[key]).strip('"')

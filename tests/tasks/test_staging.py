@@ -580,6 +580,21 @@ def test_an_unchanged_local_folder_is_reused_from_two_scans_without_a_listing(tm
     assert staged.copied is True and Path(staged.path).read_bytes() == b"now a file"
 
 
+def test_a_local_file_rewritten_with_its_size_and_mtime_put_back_is_copied_again(tmp_path):
+    """Found by an attack: a single local file (and a glob's files) were
+    cached on size and mtime only; its ctime and inode now count too."""
+    src = tmp_path / "one.bin"
+    src.write_bytes(b"0123456789")
+    item, data = DataInput(name="one", url=str(src)), tmp_path / "data"
+    assert stage_input(item, data, preflight([item], data)["one"]).copied is True
+    assert stage_input(item, data, preflight([item], data)["one"]).copied is False
+    before = os.stat(src)
+    src.write_bytes(b"9876543210")
+    os.utime(src, ns=(before.st_atime_ns, before.st_mtime_ns))
+    again = stage_input(item, data, preflight([item], data)["one"])
+    assert again.copied is True and Path(again.path).read_bytes() == b"9876543210"
+
+
 def test_file_url_single_file_and_glob(tmp_path):
     src = tmp_path / "in"
     src.mkdir()
