@@ -193,6 +193,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
     for p in plan(snap.nodes, snap.running, snap.queued, snap.now):
         rows.append((snap.specs[p.job].name, p.job[:8], "Queued", p.node or "-",
                      ",".join(map(str, p.devices)) or "-", _hhmm(p.start), humane(p.reason, snap)))
+    for key, why in sorted(snap.blocked.items(), key=lambda kv: snap.runs[kv[0]].created or 0):  # a job's later runs
+        rows.append((snap.specs[key].name, key[:8], "Queued", "-", "-", "-", humane(why, snap)))
     widths = [max(len(str(row[i])) for row in rows) for i in range(6)]
     for row in rows:
         print("  ".join(str(v).ljust(w) for v, w in zip(row[:6], widths)) + "  " + row[6])

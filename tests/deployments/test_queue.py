@@ -318,7 +318,8 @@ def test_runs_of_a_deployment_on_the_pool_go_through_the_queue(prefect_api, tmp_
         run = run_deployment("e31-job/deployed", timeout=0)
         wait_for(lambda: _done(q, "deployed"), what="the deployed run")
         record = q.record("deployed")
-        with get_client(sync_client=True) as client:
+        with get_client(sync_client=True) as client:  # the flow run's state is set after its manifest is written
+            wait_for(lambda: client.read_flow_run(run.id).state.is_final(), what="the run's final state")
             final = client.read_flow_run(run.id)
     assert record["node"] == "n1" and record["devices"] == "0,1"
     assert final.state.type.value == "COMPLETED" and final.job_variables["e31_node"] == "n1"
@@ -332,3 +333,17 @@ def _pool_exists(client, name: str) -> bool:
         return True
     except ObjectNotFound:
         return False
+
+
+def test_e31_queue_lists_a_second_run_of_a_job_and_why_it_waits(prefect_api, tmp_path):
+    """Found by a fresh-user trial: a job submitted again while its first
+    run waited was missing from `e31 queue` (one run of a job at a time)."""
+    with queue(tmp_path, {"n1": 0}) as q:
+        spec = q.job("again", 0, 1)
+        first = q.submit(spec).split("flow run ")[1].split()[0]
+        second = q.submit(spec).split("flow run ")[1].split()[0]
+        listed = subprocess.run([q.exe, "queue", "--pool", str(q.pool)], capture_output=True, text=True, cwd=q.root)
+    lines = listed.stdout.splitlines()
+    assert [line.split()[:3] for line in lines[1:]] == [["again", first[:8], "Queued"], ["again", second[:8], "Queued"]]
+    assert lines[2].endswith(f"waiting for the run again ({first[:8]}) of this job, queued ahead, to end: one run of "
+                             "a job at a time")
