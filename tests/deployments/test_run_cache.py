@@ -18,23 +18,38 @@ def _spec(name: str, root: Path):
                        "output": {"kind": "results", "url": str(root / "out" / name), "files": ["r.json"]}})
 
 
+class _Pool:
+    """A one-node pool (n1) of its own on the session server; ``submit``
+    creates a queued run of a small job named ``NAME-<tag>``."""
+
+    def __init__(self, root: Path):
+        from e31.deployments.worker import E31Worker
+        from e31.specs.pool import parse_pool
+
+        self.spec = parse_pool({"pool_version": 1, "name": f"c{uuid.uuid4().hex[:8]}",
+                                "nodes": [{"name": "n1", "gpus": 0, "cpus": 1, "memory": "1GiB"}]})
+        self.template, self.tag, self.root = E31Worker.get_default_base_job_template(), uuid.uuid4().hex[:6], root
+
+    def submit(self, client, name: str) -> str:
+        from e31.flows.deploy import parameters
+        from e31.flows.queue import submit
+
+        spec = _spec(f"{name}-{self.tag}", self.root)
+        return str(submit(client, self.spec, parameters(spec, None), ["e31"], self.template).id)
+
+
 def test_the_cache_follows_every_change_and_matches_a_full_read(prefect_api, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelled, Completed, Pending, Running, Scheduled
 
     from e31.deployments.scheduler import tick
-    from e31.deployments.worker import E31Worker
-    from e31.flows.deploy import parameters
-    from e31.flows.queue import RunCache, read, submit
-    from e31.specs.pool import parse_pool
+    from e31.flows.queue import RunCache, read
 
-    pool = parse_pool({"pool_version": 1, "name": f"c{uuid.uuid4().hex[:8]}",
-                       "nodes": [{"name": "n1", "gpus": 0, "cpus": 1, "memory": "1GiB"}]})
-    template = E31Worker.get_default_base_job_template()
-    tag = uuid.uuid4().hex[:6]
+    made = _Pool(tmp_path)
+    pool = made.spec
 
     def new(name: str) -> str:
-        return str(submit(client, pool, parameters(_spec(f"{name}-{tag}", tmp_path), None), ["e31"], template).id)
+        return made.submit(client, name)
 
     with get_client(sync_client=True) as client:
         a, b, c = new("a"), new("b"), new("c")
@@ -82,17 +97,13 @@ def test_a_background_full_read_replaces_the_kept_runs_and_loses_no_change(prefe
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelled
 
-    from e31.deployments.worker import E31Worker
-    from e31.flows.deploy import parameters
-    from e31.flows.queue import RunCache, read, submit
-    from e31.specs.pool import parse_pool
+    from e31.flows.queue import RunCache, read
 
-    pool = parse_pool({"pool_version": 1, "name": f"c{uuid.uuid4().hex[:8]}",
-                       "nodes": [{"name": "n1", "gpus": 0, "cpus": 1, "memory": "1GiB"}]})
-    template, tag = E31Worker.get_default_base_job_template(), uuid.uuid4().hex[:6]
+    made = _Pool(tmp_path)
+    pool = made.spec
     with get_client(sync_client=True) as client:
         def new(name: str) -> str:
-            return str(submit(client, pool, parameters(_spec(f"{name}-{tag}", tmp_path), None), ["e31"], template).id)
+            return made.submit(client, name)
 
         a, b = new("a"), new("b")
         cache = RunCache(pool, full_every_s=0.0)  # every read after the first starts (or takes) a full read
@@ -145,17 +156,13 @@ def test_a_cancel_landing_between_the_check_and_the_write_is_never_undone(prefec
     from prefect.client.orchestration import get_client
 
     from e31.deployments.scheduler import tick
-    from e31.deployments.worker import E31Worker
-    from e31.flows.deploy import parameters
-    from e31.flows.queue import RunCache, submit, work_pool_name
-    from e31.specs.pool import parse_pool
+    from e31.flows.queue import RunCache, work_pool_name
 
-    pool = parse_pool({"pool_version": 1, "name": f"c{uuid.uuid4().hex[:8]}",
-                       "nodes": [{"name": "n1", "gpus": 0, "cpus": 1, "memory": "1GiB"}]})
-    template, tag = E31Worker.get_default_base_job_template(), uuid.uuid4().hex[:6]
+    made = _Pool(tmp_path)
+    pool = made.spec
     with get_client(sync_client=True) as client:
         def new(name: str) -> str:
-            return str(submit(client, pool, parameters(_spec(f"{name}-{tag}", tmp_path), None), ["e31"], template).id)
+            return made.submit(client, name)
 
         runs = [new("first"), new("second"), new("third")]
         cache = RunCache(pool, full_every_s=3600)
@@ -187,14 +194,10 @@ def test_a_background_full_read_keeps_what_the_scheduler_wrote_while_it_ran(pref
     from prefect.client.orchestration import get_client
     from prefect.states import Scheduled
 
-    from e31.deployments.worker import E31Worker
-    from e31.flows.deploy import parameters
-    from e31.flows.queue import RunCache, submit
-    from e31.specs.pool import parse_pool
+    from e31.flows.queue import RunCache
 
-    pool = parse_pool({"pool_version": 1, "name": f"c{uuid.uuid4().hex[:8]}",
-                       "nodes": [{"name": "n1", "gpus": 0, "cpus": 1, "memory": "1GiB"}]})
-    template, tag = E31Worker.get_default_base_job_template(), uuid.uuid4().hex[:6]
+    made = _Pool(tmp_path)
+    pool = made.spec
     read, go_on = threading.Event(), threading.Event()
 
     class Held(RunCache):  # the background full read is held after it has read, until the placement is written
@@ -206,7 +209,7 @@ def test_a_background_full_read_keeps_what_the_scheduler_wrote_while_it_ran(pref
             return found
 
     with get_client(sync_client=True) as client:
-        placed = str(submit(client, pool, parameters(_spec(f"p-{tag}", tmp_path), None), ["e31"], template).id)
+        placed = made.submit(client, "p")
         cache = Held(pool, full_every_s=0.0)
         try:
             cache.read(client)
