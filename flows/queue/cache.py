@@ -82,12 +82,11 @@ class RunCache:
     incremental read reaches back before the previous one (clock skew
     between the submitters, workers and this process, and the time a write
     takes to land).  Counters ``full_reads`` and ``incremental_reads`` say
-    what the reads were.  ``background``: full reads after the first run
-    in a thread, beside the ticks (False: in the calling tick)."""
+    what the reads were.  Full reads after the first run in a thread,
+    beside the ticks."""
 
-    def __init__(self, pool: PoolSpec, full_every_s: float = 60.0, margin_s: float = 10.0,
-                 background: bool = True) -> None:
-        self.pool, self.full_every_s, self.margin_s, self.background = pool, full_every_s, margin_s, background
+    def __init__(self, pool: PoolSpec, full_every_s: float = 60.0, margin_s: float = 10.0) -> None:
+        self.pool, self.full_every_s, self.margin_s = pool, full_every_s, margin_s
         self.runs: dict[str, Any] = {}
         self.read_at: float | None = None  # Unix seconds of the last read's start
         self.full_at = float("-inf")  # monotonic seconds of the last full read's start
@@ -104,8 +103,7 @@ class RunCache:
         runs queued it takes seconds) and replaces the kept runs at the
         first call after it ends, whose changes then reach back to its start."""
         now = time.time() if now is None else now
-        if full or self.read_at is None or not self.background and \
-                time.monotonic() - self.full_at >= self.full_every_s:
+        if full or self.read_at is None:
             started = time.monotonic()
             self.runs = {str(r.id): r for r in self._read_every(client)}
             self.read_at, self.full_at = now, started
