@@ -116,12 +116,36 @@ def cmd_worker(args: argparse.Namespace) -> int:
             await worker.start()
 
     print(f"e31 worker: node {args.node} of pool {pool.name}", flush=True)
-    with temporary_settings(updates={PREFECT_WORKER_QUERY_SECONDS: query}):
-        try:
-            anyio.run(run)
-        except KeyboardInterrupt:
-            pass
+    prefetcher = _start_prefetch(args.pool, args.node, pool)
+    try:
+        with temporary_settings(updates={PREFECT_WORKER_QUERY_SECONDS: query}):
+            try:
+                anyio.run(run)
+            except KeyboardInterrupt:
+                pass
+    finally:
+        if prefetcher is not None:
+            prefetcher.kill()  # a copy cut short leaves only a temporary folder, which no run reuses
+            prefetcher.wait()
     return EXIT_OK
+
+
+def _start_prefetch(pool_path: str, node: str, pool: Any) -> Any:
+    """Start the node's prefetcher (:mod:`e31.deployments.prefetch`) when its
+    pool line declares a ``scratch_budget``; returns the process or None."""
+    import subprocess
+
+    from e31.deployments.prefetch import prefetch_rate
+
+    line = next(line for name, line in pool.node_lines() if name == node)
+    if not line.scratch_budget:
+        return None
+    prefetch_rate()  # a bad E31_PREFETCH_RATE is said now, not in the child's log
+    from e31.tasks.storage.progress import human_bytes
+
+    print(f"e31 worker: prefetching the inputs of jobs planned on {node} (scratch_budget "
+          f"{human_bytes(line.scratch_budget)})", flush=True)
+    return subprocess.Popen([sys.executable, "-m", "e31.deployments.prefetch", "--pool", pool_path, "--node", node])
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -181,8 +205,15 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
     pool = _pool(args.pool)
     _need_api()
+    from e31.deployments.prefetch import progress_of
+
     with get_client(sync_client=True) as client:
         snap = snapshot(client, pool)
+        placements = plan(snap.nodes, snap.running, snap.queued, snap.now)
+        try:
+            staging = progress_of(client, [p.job for p in placements if p.action == "wait"])
+        except Exception:  # the progress is a courtesy: the queue is listed without it
+            staging = {}
     rows = [("JOB", "RUN", "STATE", "NODE", "GPUS", "START", "REASON")]
     for r in sorted(snap.running, key=lambda j: (j.node, j.start)):
         if r.id not in snap.runs:  # a node held for want of a live worker
@@ -190,9 +221,10 @@ def cmd_queue(args: argparse.Namespace) -> int:
         run = snap.runs[r.id]
         rows.append((snap.specs[r.id].name, r.id[:8], run.state.name, r.node, ",".join(map(str, r.devices)) or "-",
                      _hhmm(r.start), "running"))
-    for p in plan(snap.nodes, snap.running, snap.queued, snap.now):
+    for p in placements:
+        reason = humane(p.reason, snap) + (f"; {staging[p.job]}" if p.job in staging else "")
         rows.append((snap.specs[p.job].name, p.job[:8], "Queued", p.node or "-",
-                     ",".join(map(str, p.devices)) or "-", _hhmm(p.start), humane(p.reason, snap)))
+                     ",".join(map(str, p.devices)) or "-", _hhmm(p.start), reason))
     for key, why in sorted(snap.blocked.items(), key=lambda kv: snap.runs[kv[0]].created or 0):  # a job's later runs
         rows.append((snap.specs[key].name, key[:8], "Queued", "-", "-", "-", humane(why, snap)))
     widths = [max(len(str(row[i])) for row in rows) for i in range(6)]

@@ -43,6 +43,7 @@ from e31.tasks.supervisor.warm import discard, prestart
 from e31.tasks.run import SupervisorConfig, run_task
 from e31.tasks.pending import deliver_pending, permanent, recorded_return
 from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
+from e31.tasks.storage.scratch_cache import prefetched_seconds, transferring
 from e31.tasks.storage import describe_error, scrub
 from e31.tasks.storage.masking import install_log_masking
 from e31.tasks.storage.options import register_destination, register_inputs
@@ -207,7 +208,9 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
         return _finish(plan, _return(spec, plan, target, outcome))
     started = time.monotonic()
     stopped = False
-    with cancel_stops_staging(target.run_id, str(plan.data_dir)):  # a cancel ends the transfers within a chunk
+    results: list = []
+    with cancel_stops_staging(target.run_id, str(plan.data_dir)), \
+            transferring(Path(plan.scratch).parent, plan.job):  # a cancel ends the transfers within a chunk
         try:
             listings = preflight(plan.inputs, plan.data_dir)  # every input listed, and the space checked, first
             if listings:
@@ -216,7 +219,8 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
                 get_run_logger().info("data: %d input(s), %d file(s), %d bytes to stage", len(listings), files, total)
             futures = [stage_task.with_options(task_run_name=f"stage-{item.name}").submit(
                            item, str(plan.data_dir), listings[item.name]) for item in plan.inputs]
-            staged = {s.name: s.path for s in (f.result() for f in futures)}
+            results = [f.result() for f in futures]
+            staged = {s.name: s.path for s in results}
         except StagingCancelled:
             stopped = True
         except Exception as exc:
@@ -225,6 +229,9 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
                                    f"staging failed: {type(exc).__name__}: {scrub(str(exc))}")
             raise
     target.staging_s = time.monotonic() - started
+    if results:
+        target.staged_before_allocation = not any(s.copied for s in results)
+        target.prefetch_s = prefetched_seconds(plan.data_dir, target.run_id) if target.staged_before_allocation else 0.0
     if stopped or cancel_requested(target.run_id):  # cancelled while staging: the work never starts, nothing removed
         outcome = RunOutcome(reason="cancelled", exit_code=None, run_s=0.0,
                              message="cancelled while the inputs were staged; the work did not start")
@@ -261,7 +268,8 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
     way.  When the destination stays unreachable the output stays in
     scratch with the record; raises :class:`ReturnError`."""
     scratch = Path(plan.scratch)
-    with signals_deferred("e31: returning the output first (kill -9 abandons it)"):
+    with signals_deferred("e31: returning the output first (kill -9 abandons it)"), \
+            transferring(scratch.parent, plan.job):  # the node's prefetcher pauses meanwhile
         try:
             with recorded_return(scratch, target, outcome, spec.output.storage_options,
                                  _checkpoints(spec, plan, target.run_id)):

@@ -30,6 +30,7 @@ from e31.tasks.checkpoint import latest_durable
 from e31.tasks.work.local_checkpoints import MARKER, commit_pending, discard_torn, latest_valid, parse_step, step_dir_name
 from e31.tasks.deliver import existing_manifest
 from e31.tasks.pending import keep_reserve
+from e31.tasks.storage.scratch_cache import release_data, remove_torn, take_data
 
 WORK_HASH_FILE = "work.sha256"
 ATTEMPT_FILE = "attempt.json"
@@ -60,8 +61,10 @@ def open_scratch(plan: JobPlan) -> bool:
     job is running here already."""
     Path(plan.scratch).mkdir(parents=True, exist_ok=True)
     lock_job(plan.scratch, plan.job)
+    take_data(plan.scratch)  # a prefetch of the job's inputs (e31 worker) yields; nobody replaces them until the end
     for folder in (plan.data_dir, plan.output_dir, plan.checkpoint_dir, plan.run_dir):
         folder.mkdir(parents=True, exist_ok=True)
+    remove_torn(plan.data_dir)  # a staging or a prefetch killed mid-copy
     keep_reserve(Path(plan.scratch))  # room for a pending return record even if the work fills the disk
     commit_pending(plan.checkpoint_dir)  # written whole by a work whose supervisor died too
     discard_torn(plan.checkpoint_dir)
@@ -107,6 +110,7 @@ def end_attempt(plan: JobPlan) -> None:
         (plan.run_dir / ATTEMPT_FILE).write_text(json.dumps({"state": "ended", "ended": time.time()}))
     except OSError:
         pass
+    release_data(plan.scratch)
     unlock_job(plan.scratch)
 
 

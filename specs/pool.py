@@ -57,6 +57,10 @@ class NodeSpec(SpecModel):
     gpu_type: GpuType | None = Field(None, description="GPU model of the node, e.g. H100; jobs naming one run only on such nodes.")
     cpus: StrictInt = Field(ge=1, description="CPU cores per node.")
     memory: Memory = Field(description="Memory per node in bytes, or a size such as 512GiB.")
+    scratch_budget: Memory | None = Field(None, description=(
+        "Bytes of staged inputs the node's scratch may keep (a size such as 500GiB). With it, the node's e31 worker "
+        "prefetches the inputs of jobs planned on it while they wait, evicting the least recently used staged "
+        "copies to stay within it; without it, inputs are staged when a job starts."))
 
     @classmethod
     def _rules(cls, data: Mapping[str, Any]) -> list[RuleError]:
@@ -122,7 +126,8 @@ _POOL_WORDS = Vocabulary(
          ("nodes", "name"): "add e.g. name: gpu",
          ("nodes", "cpus"): "add e.g. cpus: 64",
          ("nodes", "memory"): "add e.g. memory: 512GiB"},
-    mapping_of={(): "pool_version, name, nodes", ("nodes",): "name, count, gpus, gpu_type, cpus, memory"},
+    mapping_of={(): "pool_version, name, nodes", ("nodes",): "name, count, gpus, gpu_type, cpus, memory, "
+                                                                "scratch_budget"},
 )
 
 

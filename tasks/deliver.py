@@ -86,7 +86,10 @@ class ReturnTarget:
     """Where and what the return step delivers: the ``job`` and flow run
     (``run_id``), the local ``output_dir``, the ``output_url``, the
     ``declared`` output files, the request's ``gpus``/``cpus`` (for the
-    meter), the spec's sha256, ``staging_s`` (seconds) and the durable
+    meter), the spec's sha256, ``staging_s`` (seconds staging in the run,
+    resources held), ``prefetch_s`` (seconds the node's prefetcher staged
+    the inputs before the allocation; 0: none), ``staged_before_allocation``
+    (see :func:`e31.tasks.manifest.build_manifest`) and the durable
     ``checkpoint_url`` (a sub-folder of the output URL by default)."""
 
     job: str
@@ -99,6 +102,8 @@ class ReturnTarget:
     spec_sha256: str
     staging_s: float = 0.0
     checkpoint_url: str = ""
+    prefetch_s: float = 0.0
+    staged_before_allocation: bool | None = None
 
 
 def existing_manifest(output_url: str) -> dict[str, Any] | None:
@@ -182,7 +187,7 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
         step=out.checkpoint.step if out.checkpoint else None,
         files=rows,
         checkpoint=mask_url(out.checkpoint.url) if out.checkpoint else None,
-        timings={"staging_s": req.staging_s, "run_s": out.run_s, **out.phases,
+        timings={"prefetch_s": req.prefetch_s, "staging_s": req.staging_s, "run_s": out.run_s, **out.phases,
                  "return_s": time.monotonic() - started},
         gpus=req.gpus,
         cpus=req.cpus,
@@ -195,6 +200,7 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
         folder="." if completed else PARTIAL,
         stale=stale,
         peak_memory=out.peak_memory,
+        staged_before_allocation=req.staged_before_allocation,
     )
     if completed:
         Destination(storage.join(req.output_url, PARTIAL)).clear()  # superseded by this complete output

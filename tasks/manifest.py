@@ -64,6 +64,7 @@ def build_manifest(
     folder: str = ".",
     stale: list[str] | None = None,
     peak_memory: int = 0,
+    staged_before_allocation: bool | None = None,
 ) -> dict[str, Any]:
     """The manifest as a JSON-ready dict.
 
@@ -75,11 +76,18 @@ def build_manifest(
     lines were not forwarded to the run's log.  ``folder``: where the files
     are, relative to ``output.url`` (``.`` for a completed run, ``partial``
     for any other); ``stale``: other files found beside the manifest that
-    no E31 run of the job wrote (left in place, not part of the output).  The
-    meter bills allocated resources from run start to release, as batch
-    schedulers do: ``gpu_seconds = gpus * run_s``, ``cpu_seconds = cpus * run_s``.
+    no E31 run of the job wrote (left in place, not part of the output).
+    ``staged_before_allocation``: True when every input was found staged
+    and unchanged at the run's start (copied ahead by the node's prefetcher,
+    ``timings.prefetch_s``, or by an earlier run), so nothing was copied
+    while the job held its resources; False when some input was copied in
+    the run; None when the job reads no data.  The meter bills the seconds
+    the job held its resources, in-run staging and the work, as batch
+    schedulers bill allocations: ``gpu_seconds = gpus * (staging_s + run_s)``,
+    ``cpu_seconds = cpus * (staging_s + run_s)`` (a prefetch, made before the
+    allocation, is not billed).
     """
-    run_s = float(timings.get("run_s", 0.0))
+    held_s = float(timings.get("staging_s", 0.0)) + float(timings.get("run_s", 0.0))
     manifest: dict[str, Any] = {
         "job": job,
         "run_id": run_id,
@@ -93,7 +101,8 @@ def build_manifest(
         "stale": list(stale or []),
         "checkpoint": checkpoint,
         "timings": {k: round(float(v), 3) for k, v in timings.items()},
-        "meter": {"gpu_seconds": round(gpus * run_s, 3), "cpu_seconds": round(cpus * run_s, 3)},
+        "meter": {"gpu_seconds": round(gpus * held_s, 3), "cpu_seconds": round(cpus * held_s, 3)},
+        "staged_before_allocation": staged_before_allocation,
         "peak_memory_bytes": peak_memory,
         "spec_sha256": spec_sha256,
         "finished_at": finished_at,

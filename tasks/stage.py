@@ -38,8 +38,9 @@ from e31.errors import E31Error
 from e31.specs import DataInput, mask_url
 from e31.tasks import settings, storage
 from e31.tasks.storage import transfer
+from e31.tasks.storage.scratch_cache import touch_record
 from e31.tasks.storage.local import SCRATCH_FIX, disk_full, human_size, mount_point, space
-from e31.tasks.supervisor.cancel import staging_stop
+from e31.tasks.supervisor.cancel import staging_gate, staging_stop
 from e31.tasks.storage.listing import Listing, OnlyFolders, change_hash, list_input, unchanged
 from e31.tasks.retrying import retry_unless
 from e31.tasks.storage.progress import TransferProgress, TransferStopped
@@ -122,6 +123,7 @@ def quick_reuse(item: DataInput, data_dir: Path) -> Reused | None:
                 return None
         except OSError:
             return None
+    touch_record(data_dir / f"{item.name}.stage.json")  # used now: the last to be evicted
     staged = Staged(item.name, str(folder), int(saved.get("bytes", 0)), False, time.monotonic() - started,
                     int(saved.get("files", 0)))
     return Reused(item.url, "folder", [], local=True, root=root, staged=staged)
@@ -235,11 +237,12 @@ def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None)
     for attempt in range(1, ATTEMPTS + 1):
         record = {"url": _url_key(item.url), "digest": listing.digest(), "sha256": item.sha256, "path": str(local)}
         if _cached(record_path, record, folder, listing):
+            touch_record(record_path)  # used now: the last to be evicted
             return Staged(item.name, str(local), listing.bytes, False, time.monotonic() - started, len(listing.entries))
         tmp = data_dir / f".{item.name}.part-{uuid.uuid4().hex[:8]}"
         try:
             with TransferProgress(f"stage-{item.name}", listing.bytes, len(listing.entries),
-                                  stop=staging_stop(str(data_dir))) as progress:
+                                  stop=staging_stop(str(data_dir)), gate=staging_gate(str(data_dir))) as progress:
                 checked = transfer.fetch(listing, tmp, progress)
             transfer.make_read_only(listing, tmp)  # the work reads its inputs; it must not change them
             quick = listing.kind == "folder" and bool(listing.scan)  # a local folder: kept for quick_reuse
@@ -278,10 +281,9 @@ def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None)
         record_path.unlink(missing_ok=True)
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)
-        record["staged"] = staged_identity
+        record.update(staged=staged_identity, bytes=listing.bytes, files=listing.files)  # sizes: for eviction
         if source_hash and copy_hash:  # what quick_reuse compares
-            record.update(kind="folder", source_hash=source_hash, copy_hash=copy_hash, bytes=listing.bytes,
-                          files=listing.files)
+            record.update(kind="folder", source_hash=source_hash, copy_hash=copy_hash)
         record_path.write_text(json.dumps(record, indent=1))
         return Staged(item.name, str(local), listing.bytes, True, time.monotonic() - started, len(listing.entries))
     raise AssertionError("unreachable")

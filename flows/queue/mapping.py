@@ -15,6 +15,9 @@ WORKER_TYPE = "e31"
 QUEUED, PLACED = "Queued", "Placed"
 #: The node, GPU devices and CPUs of a placement, in a flow run's ``job_variables``.
 NODE_VAR, DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = "e31_node", "gpu_devices", "cpus", "e31_attempt"
+#: The node a waiting run's reserved start is planned on, in its ``job_variables``: that node's ``e31 worker``
+#: prefetches the run's inputs (absent when the planned start is no reservation).
+PLANNED_VAR = "e31_planned_node"
 #: Seconds ahead of now a waiting run's scheduled time is kept at least (Prefect marks runs past
 #: their scheduled time Late).
 AHEAD_S = 120.0

@@ -9,7 +9,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from e31.flows.placement import Placement
-from e31.flows.queue.mapping import AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, NODE_VAR, PLACED, QUEUED
+from e31.flows.queue.mapping import (AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, NODE_VAR, PLACED, PLANNED_VAR,
+                                     QUEUED)
 from e31.flows.queue.cache import RunCache
 from e31.flows.queue.snapshot import Snapshot
 from e31.specs import JobSpec
@@ -243,13 +244,27 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
             current = run.state
             same_time = run.next_scheduled_start_time is not None and \
                 abs(run.next_scheduled_start_time.timestamp() - planned.timestamp()) < AHEAD_S / 2
-            if current.name == QUEUED and _same(current.message, message) and same_time:
+            variables = dict(run.job_variables or {})
+            node = p.node if p.reserved else None  # the node whose worker prefetches the inputs
+            same_node = variables.get(PLANNED_VAR) == node
+            if current.name == QUEUED and _same(current.message, message) and same_time and same_node:
                 counts["unchanged"] += 1
                 continue
             if max_waits is not None and counts["wait"] >= max_waits:
                 counts["deferred"] += 1
                 continue
-            if not write.state(p.job, Scheduled(name=QUEUED, scheduled_time=planned, message=message)):
+            if not same_node:
+                if node is None:
+                    variables.pop(PLANNED_VAR, None)
+                else:
+                    variables[PLANNED_VAR] = node
+                if not write.variables(p.job, variables):
+                    continue
+                if current.name == QUEUED and _same(current.message, message) and same_time:
+                    counts["wait"] += 1
+                    continue
+            if not write.state(p.job, Scheduled(name=QUEUED, scheduled_time=planned, message=message),
+                               check=same_node):
                 continue
             if not _same(current.message, message):
                 _log(client, p.job, message)

@@ -15,6 +15,7 @@ import contextvars
 import sys
 import threading
 import time
+from typing import Callable
 
 from fsspec.callbacks import Callback
 
@@ -46,13 +47,17 @@ class TransferProgress:
     Prefect artifact key (lowercase letters, digits and dashes); the
     progress artifact is created at the first report, :data:`ARTIFACT_EVERY_S`
     seconds in, so a transfer done sooner makes none.  With a ``stop`` event, the transfer is ended (:meth:`advance` raises) once it
-    is set.
+    is set.  A ``gate`` is called with the bytes done so far at every
+    advance: it may sleep (a paused or rate-capped transfer: the
+    prefetcher's, :mod:`e31.deployments.prefetch`) or raise
+    :class:`TransferStopped` to end the transfer.
     """
 
     def __init__(self, label: str, total: int, files: int, *, artifact: bool = True,
-                 stop: threading.Event | None = None):
+                 stop: threading.Event | None = None, gate: Callable[[int], None] | None = None):
         self.label, self.total, self.files = label, max(0, int(total)), files
         self._stop = stop
+        self._gate = gate
         self.done = 0
         self._lock = threading.Lock()
         self._started = time.monotonic()
@@ -83,6 +88,8 @@ class TransferProgress:
             raise TransferStopped("the flow run was cancelled")
         with self._lock:
             self.done += nbytes
+        if self._gate is not None:
+            self._gate(self.done)
         if self._task is not None:
             try:
                 _display.update(self._task, completed=self.done)

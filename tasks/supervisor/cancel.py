@@ -13,6 +13,7 @@ import contextvars
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Callable
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
@@ -117,6 +118,30 @@ def cancel_stops_staging(flow_run_id: str | None, data_dir: str) -> Iterator[Can
         with _STAGING_LOCK:
             _STAGING.pop(data_dir, None)
         watcher.stop()
+
+
+_GATES: dict[str, Callable[[int], None]] = {}  # data folder -> the prefetcher's gate of its transfers
+
+
+@contextmanager
+def gate_staging(data_dir: str, gate: Callable[[int], None]) -> Iterator[None]:
+    """While the block runs, every staging transfer into ``data_dir`` calls
+    ``gate(bytes_done)`` at each chunk (see
+    :class:`e31.tasks.storage.progress.TransferProgress`): the prefetcher
+    pauses, caps or stops its transfers with it."""
+    with _STAGING_LOCK:
+        _GATES[data_dir] = gate
+    try:
+        yield
+    finally:
+        with _STAGING_LOCK:
+            _GATES.pop(data_dir, None)
+
+
+def staging_gate(data_dir: str) -> Callable[[int], None] | None:
+    """The gate :func:`gate_staging` set for ``data_dir``, or None."""
+    with _STAGING_LOCK:
+        return _GATES.get(data_dir)
 
 
 def staging_stop(data_dir: str) -> threading.Event | None:

@@ -44,13 +44,15 @@ def test_example_job_trains_and_returns_model(prefect_api, scratch, tmp_path):
         assert f["sha256"] == _sha(out / f["path"]) and f["bytes"] == (out / f["path"]).stat().st_size
     assert json.loads((out / "manifest.json").read_text()) == manifest
     timings = manifest["timings"]
-    assert set(timings) == {"staging_s", "run_s", "child_start_s", "work_s", "settle_s", "prestart_s", "return_s"}
+    assert set(timings) == {"prefetch_s", "staging_s", "run_s", "child_start_s", "work_s", "settle_s", "prestart_s",
+                            "return_s"}
+    assert timings["prefetch_s"] == 0.0 and manifest["staged_before_allocation"] is False  # staged in the run
     # the child's phases lie within run_s (rounding to ms aside); settle_s comes after the child's exit
     assert timings["child_start_s"] + timings["work_s"] <= timings["run_s"] + 0.01
     assert timings["child_start_s"] > 0 and timings["work_s"] > 0
     assert timings["prestart_s"] > 0  # the child was started before staging and waited for its go
     assert manifest["meter"]["gpu_seconds"] == 0
-    assert manifest["meter"]["cpu_seconds"] == pytest.approx(manifest["timings"]["run_s"], abs=0.01)
+    assert manifest["meter"]["cpu_seconds"] == pytest.approx(timings["staging_s"] + timings["run_s"], abs=0.01)
     # keep: 3 durable checkpoints, the newest being the final epoch.  Epochs here take
     # ~15 ms, faster than a checkpoint upload, so the uploader coalesces to the newest.
     steps = _durable_steps(out / "checkpoints")

@@ -96,7 +96,8 @@ def test_manifest_meter_bills_allocated_seconds():
         timings={"staging_s": 0.5, "run_s": 10.0, "return_s": 0.25}, gpus=2, cpus=4,
         spec_sha256="s", finished_at="t",
     )
-    assert m["meter"] == {"gpu_seconds": 20.0, "cpu_seconds": 40.0}
+    assert m["meter"] == {"gpu_seconds": 21.0, "cpu_seconds": 42.0}  # in-run staging and the work: held seconds
+    assert m["staged_before_allocation"] is None
     assert m["timings"] == {"staging_s": 0.5, "run_s": 10.0, "return_s": 0.25}
     assert list(m) == ["job", "run_id", "status", "reason", "message", "exit_code", "step", "folder", "files", "stale",
                        "checkpoint", "timings", "meter", "peak_memory_bytes", "spec_sha256", "finished_at",
