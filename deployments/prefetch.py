@@ -80,23 +80,27 @@ class Gate:
     _checked: float = 0.0
 
     def __call__(self, done: int) -> None:
-        from e31.tasks.storage.progress import TransferStopped
-
         self.done = done
         now = time.monotonic()
         if now - self._checked >= CHECK_EVERY_S:
             self._checked = now
-            if self.stop():
-                raise TransferStopped("the prefetch yielded")
+            self._check()
             while self.busy():
                 time.sleep(CHECK_EVERY_S)
                 self.paused_s += CHECK_EVERY_S
-                if self.stop():
-                    raise TransferStopped("the prefetch yielded")
-        if self.rate:
+                self._check()
+        while self.rate:  # in short sleeps: a yield is seen within CHECK_EVERY_S
             ahead = done / self.rate - (time.monotonic() - self._started - self.paused_s)
-            if ahead > 0:
-                time.sleep(min(ahead, 1.0))
+            if ahead <= 0:
+                break
+            time.sleep(min(ahead, CHECK_EVERY_S))
+            self._check()
+
+    def _check(self) -> None:
+        from e31.tasks.storage.progress import TransferStopped
+
+        if self.stop():
+            raise TransferStopped("the prefetch yielded")
 
     def reset(self) -> None:
         """A new transfer starts (its byte count starts from 0)."""

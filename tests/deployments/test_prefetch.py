@@ -158,3 +158,49 @@ def test_a_prefetch_killed_with_its_worker_leaves_nothing_a_run_reuses(prefect_a
     staged = folder / "blob" / "cut.bin"
     assert hashlib.sha256(staged.read_bytes()).hexdigest() == digest
     assert not list(folder.glob(".blob.part-*"))  # the torn folder was removed
+
+
+def test_a_run_that_wants_its_data_folder_stops_a_prefetch_within_a_chunk(tmp_path):
+    """No server: a prefetch (rate-capped, holding the job's data folder)
+    of a local file, and a run of the same job taking the folder."""
+    import threading
+
+    from e31.deployments.prefetch import Gate
+    from e31.specs import DataInput
+    from e31.tasks.stage import StagingCancelled, stage_input
+    from e31.tasks.storage.scratch_cache import release_data, take_data, try_hold_data, yield_wanted
+    from e31.tasks.supervisor.cancel import gate_staging
+
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(2 * 64 * MiB))  # two sendfile steps; 16 MiB/s holds the first step back 4 s
+    scratch = tmp_path / "scratch" / "job"
+    data = scratch / "data"
+    data.mkdir(parents=True)
+    gate = Gate(stop=lambda: yield_wanted(scratch), busy=lambda: False, rate=16 * MiB)
+    outcome: list = []
+
+    def prefetch() -> None:
+        with try_hold_data(scratch) as held:
+            assert held
+            with gate_staging(str(data), gate):
+                try:
+                    stage_input(DataInput(name="big", url=str(src)), data)
+                    outcome.append("staged")
+                except StagingCancelled as exc:
+                    outcome.append(exc)
+
+    thread = threading.Thread(target=prefetch)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while gate.done < 64 * MiB:  # the first step is copied; the gate holds the copy back
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.05)
+    started = time.monotonic()
+    take_data(scratch)  # the run: it asks the prefetch to yield, and waits for the folder
+    waited = time.monotonic() - started
+    release_data(scratch)
+    thread.join(10)
+    assert waited < 3.0  # the gate checks every 0.2 s; the capped copy would hold the folder 4 s or more
+    assert len(outcome) == 1 and isinstance(outcome[0], StagingCancelled)
+    assert sorted(os.listdir(data)) == []  # the half copy removed, no record: nothing a run would reuse
+    assert not yield_wanted(scratch)

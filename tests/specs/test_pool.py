@@ -53,7 +53,12 @@ def test_json_pool_and_defaults(tmp_path):
     ]),
     ("nodes: [{name: n, count: 0, cpus: 1, memory: 1GiB, colour: red}]\n", [
         "nodes[0].count: must be >= 1 (got 0)",
-        "nodes[0].colour: unknown field; allowed fields: name, count, gpus, gpu_type, cpus, memory",
+        "nodes[0].colour: unknown field; allowed fields: name, count, gpus, gpu_type, cpus, memory, scratch_budget",
+    ]),
+    ("nodes: [{name: n, cpus: 1, memory: 1GiB, scratch_budget: lots}, {name: m, cpus: 1, memory: 1GiB, "
+     "scratch_budget: 0}]\n", [
+        "nodes[0].scratch_budget: must be a memory size such as 512MB, 1.5GB, 4GiB or a number of bytes (got 'lots')",
+        "nodes[1].scratch_budget: must be more than 0 bytes (got 0)",
     ]),
     ("nodes: [{name: n, count: 60000, cpus: 1, memory: 1GiB}, {name: m, count: 60000, cpus: 1, memory: 1GiB}]\n", [
         "nodes: must declare at most 100,000 nodes (got 120,000 with counts expanded)",
@@ -92,7 +97,7 @@ def test_schema_describes_every_field():
     schema = pool_json_schema()
     assert schema["title"] == "E31 pool"
     node = schema["$defs"]["NodeSpec"]["properties"]
-    assert list(node) == ["name", "count", "gpus", "gpu_type", "cpus", "memory"]
+    assert list(node) == ["name", "count", "gpus", "gpu_type", "cpus", "memory", "scratch_budget"]
     assert all(prop.get("description") for prop in [*schema["properties"].values(), *node.values()])
     assert schema["$defs"]["NodeSpec"]["required"] == ["name", "cpus", "memory"]
 

@@ -1,0 +1,69 @@
+"""The staged copies of a node's scratch: eviction down to a budget (least
+recently used first, never a copy in use or kept), the data folder's lock,
+and the markers of transfers under way.  Real files and real locks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from e31.specs import DataInput
+from e31.tasks.stage import stage_input
+from e31.tasks.storage.scratch_cache import (data_in_use, evict, release_data, remove_torn, staged_copies,
+                                             take_data, transferring, transfers_busy, try_hold_data)
+
+
+def _stage(tmp_path, root, job: str, size: int, used: float) -> None:
+    src = tmp_path / "src" / f"{job}.bin"
+    src.parent.mkdir(exist_ok=True)
+    src.write_bytes(os.urandom(size))
+    data = root / job / "data"
+    data.mkdir(parents=True)
+    stage_input(DataInput(name="x", url=str(src)), data)
+    os.utime(data / "x.stage.json", (used, used))
+
+
+def test_eviction_takes_the_least_recently_used_copies_first_and_spares_those_in_use_or_kept(tmp_path):
+    root = tmp_path / "scratch"
+    for job, used in (("old", 1000.0), ("busy", 500.0), ("kept", 700.0), ("mid", 2000.0), ("new", 3000.0)):
+        _stage(tmp_path, root, job, 100, used)
+    assert [(c.job, c.bytes, c.used) for c in staged_copies(root)] == [
+        ("busy", 100, 500.0), ("kept", 100, 700.0), ("old", 100, 1000.0), ("mid", 100, 2000.0), ("new", 100, 3000.0)]
+    take_data(root / "busy")  # a run holds it
+    try:
+        assert data_in_use(root / "busy") and not data_in_use(root / "old")
+        assert evict(root, 450, 600, keep={"kept"}) == (False, [])  # busy + kept (200) + 450 > 600
+        assert len(staged_copies(root)) == 5  # nothing removed when it cannot fit
+        fits, gone = evict(root, 150, 500, keep={"kept"})
+        assert fits and [(c.job, c.name) for c in gone] == [("old", "x"), ("mid", "x")]
+        assert sorted(c.job for c in staged_copies(root)) == ["busy", "kept", "new"]
+        assert not (root / "old" / "data" / "x").exists() and not (root / "old" / "data" / "x.stage.json").exists()
+        assert evict(root, 100, 500) == (True, [])  # 300 + 100 fit: nothing to do
+    finally:
+        release_data(root / "busy")
+    assert not data_in_use(root / "busy")
+
+
+def test_the_data_folder_is_held_by_one_at_a_time_and_torn_copies_are_removed(tmp_path):
+    scratch = tmp_path / "job"
+    with try_hold_data(scratch) as held:
+        assert held
+        with try_hold_data(scratch) as again:
+            assert not again  # a second prefetch (or one while a run holds it) never waits
+    (scratch / "data" / ".x.part-0badf00d").mkdir(parents=True)
+    (scratch / "data" / ".x.part-0badf00d" / "half").write_bytes(b"12")
+    (scratch / "data" / "x").mkdir()
+    assert remove_torn(scratch / "data") == [".x.part-0badf00d"]
+    assert sorted(os.listdir(scratch / "data")) == ["x"]
+
+
+def test_a_transfer_marker_counts_while_its_process_lives(tmp_path):
+    assert not transfers_busy(tmp_path)
+    with transferring(tmp_path, "job"):
+        assert transfers_busy(tmp_path)
+    assert not transfers_busy(tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    marker = tmp_path / ".transfers" / f"gone.{int(dead.stdout)}"
+    marker.touch()  # a process killed while it staged
+    assert not transfers_busy(tmp_path) and not marker.exists()
