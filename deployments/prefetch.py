@@ -119,6 +119,7 @@ class Result:
     outcome: str
     copied_bytes: int = 0
     seconds: float = 0.0
+    staging_s: float = 0.0
     evicted: list[str] = field(default_factory=list)
     detail: str = ""
 
@@ -139,6 +140,27 @@ def planned_here(client: Any, pool: Any, node: str, limit: int = LOOKAHEAD) -> l
             type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]), name=FlowRunFilterStateName(any_=[QUEUED]))),
         sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=limit)
     return [r for r in runs if (r.job_variables or {}).get(PLANNED_VAR) == node]
+
+
+def tag_staged(client: Any, run_id: str, node: str, seconds: float) -> None:
+    """Tell the scheduler that ``node`` holds the run's inputs staged, and
+    how long staging them took (``seconds``; 0: not measured): tags
+    ``e31-staged``, ``e31-staged:NODE``, ``e31-staging-s:N`` on the flow run
+    (a PATCH of its tags alone: the scheduler's writes are untouched).  The
+    planner then prefers this node (see
+    :attr:`e31.flows.placement.QueuedJob.locality_wait_s`).  Best effort."""
+    from e31.flows.queue import STAGED, STAGED_ON, STAGING_S, staged_tags
+
+    try:
+        tags = list(client.read_flow_run(run_id).tags or [])
+        _, before = staged_tags(tags)
+        keep = [t for t in tags if t != STAGED and t != STAGED_ON + node and not t.startswith(STAGING_S)]
+        keep += [STAGED, STAGED_ON + node]
+        if max(before, seconds) > 0:
+            keep.append(f"{STAGING_S}{max(before, seconds):.0f}")
+        client.update_flow_run(run_id, tags=keep)
+    except Exception:
+        pass
 
 
 def starting_here(client: Any, pool: Any, node: str) -> set[str]:
@@ -184,11 +206,18 @@ class Prefetcher:
             results.append(result)
             if result.outcome in ("copied", "staged"):
                 self.finished[str(run.id)] = result.job
+                if self.plans_inputs(run):
+                    tag_staged(client, str(run.id), self.node, result.staging_s)
             gone = {name.split("/", 1)[0] for name in result.evicted}  # their runs are prefetched again in turn
             self.finished = {r: job for r, job in self.finished.items() if job not in gone}
             if result.outcome != "staged":
                 self.report(_line(self.node, result))
         return results
+
+    @staticmethod
+    def plans_inputs(run: Any) -> bool:
+        """Whether the run's job reads any data (a job without inputs has nothing staged to prefer a node for)."""
+        return bool(((run.parameters or {}).get("spec") or {}).get("data"))
 
     def prefetch(self, client: Any, run: Any, keep: frozenset[str] = frozenset()) -> Result:
         """Stage the inputs of the queued flow run ``run`` here (see the
@@ -259,6 +288,7 @@ class Prefetcher:
             finally:
                 still_queued.close()
             result.seconds = time.monotonic() - started
+            result.staging_s = max(0.0, result.seconds - gate.paused_s)  # what the copy takes, without its pauses
             result.outcome = "copied"
             progress.done(result.seconds)
             note_prefetch(plan.data_dir, key, self.node, result.seconds, result.copied_bytes)

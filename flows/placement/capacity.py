@@ -199,19 +199,22 @@ class Capacity:
         return None
 
     def earliest(self, req: Request, eligible: Sequence[bool] | None, after: float, latest: float = float("inf"),
-                 preferred: Sequence[int] = ()) -> tuple[float, int, int] | None:
+                 preferred: Sequence[int] = (), wait_s: float = 0.0) -> tuple[float, int, int] | None:
         """The earliest ``(start, node index, device mask)`` for ``req`` with ``after <= start <=
         latest`` on an eligible node (``eligible[i]``; None: every node).  Among nodes where it can start
         equally early: ``preferred`` nodes first, then the node whose entirely-free time it pushes back
-        least (so nodes drain whole for wide jobs), then the fewest free devices, then pool order.
+        least (so nodes drain whole for wide jobs), then the fewest free devices, then pool order.  A
+        preferred node also wins over others that start it at most ``wait_s`` seconds sooner.
         None when there is no such start."""
         best, found = latest, None
         for i in preferred:
             hit = self.fit(i, req, after, best)
             if hit is not None and (found is None or hit[0] < best):
                 best, found = hit[0], (hit[0], i, hit[1])
-        if found is not None and best == after:
+        if found is not None and (best == after or best - wait_s <= after):
             return found
+        if found is not None and wait_s > 0:
+            best -= wait_s  # another node wins only by starting it more than wait_s sooner
         g, d = req[0], req[3]
         if g == 0:
             order = ((after, 0, i) for i in range(len(self.nodes)))

@@ -78,6 +78,10 @@ class QueuedJob:
             e.g. ``p90 of 14 past runs`` for history).
         preferred_nodes: nodes that already hold its inputs staged; among equal
             start times the planner picks one of these.
+        locality_wait_s: seconds later than its earliest start elsewhere it
+            may start on a preferred node and still go there (the staging
+            that node saves; delay scheduling, Zaharia et al., EuroSys 2010);
+            0: only an equally early start.
     """
 
     id: str
@@ -94,6 +98,7 @@ class QueuedJob:
     runtime_source: RuntimeSource = "limit"
     runtime_note: str = ""
     preferred_nodes: tuple[str, ...] = field(default=())
+    locality_wait_s: float = 0.0
 
     @property
     def occupancy_s(self) -> float:

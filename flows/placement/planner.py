@@ -119,7 +119,8 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
         if hit is not None:
             start, i, mask = hit
         elif reservations < depth:
-            start, i, mask = cap.earliest(req, j.eligible, floor if fcfs else now, preferred=j.preferred)
+            start, i, mask = cap.earliest(req, j.eligible, floor if fcfs else now, preferred=j.preferred,
+                                          wait_s=job.locality_wait_s)
         elif not (fcfs and blocked) and (hit := cap.start_now(req, j.eligible, j.kind, j.preferred)):
             start, (i, mask) = now, hit
         else:

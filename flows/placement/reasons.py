@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from .capacity import Capacity, devices_of
 from .model import QueuedJob
-from .text import clock, gib, run_time
+from .text import clock, gib, run_time, span
 
 __all__ = ["Explainer", "start_reason"]
 
@@ -78,14 +78,20 @@ class Explainer:
         a job beyond the planning depth, whose start is not reserved)."""
         cap, now = self.cap, self.cap.now
         text, i, room = self._short_now(job, eligible)
-        if not text:
+        name = cap.nodes[node].name
+        local = name in job.preferred_nodes
+        if not text and local and start > now:  # room is free elsewhere, but its inputs wait on this node
+            text = (f"waiting for {name}, where its inputs are staged: it frees sooner than they would stage "
+                    f"elsewhere (about {span(job.locality_wait_s)})")
+            local = False
+        elif not text:
             if self.fcfs and room - now >= job.occupancy_s:
                 text = "waiting for its turn (first come, first served)"
             else:
                 text = (f"waiting: room is free now on {cap.nodes[i].name} but held for jobs ahead of it "
                         f"from {clock(room, now)}")
         if reserved:
-            text += f"; earliest start {clock(start, now)} on {cap.nodes[node].name}"
+            text += f"; earliest start {clock(start, now)} on {name}" + (" (its inputs are staged there)" if local else "")
             ender = cap.ender(node, start)
             if ender is not None and ender != job.id:
                 text += f", after job {ender} ends"

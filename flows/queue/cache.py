@@ -18,7 +18,9 @@ visible through a filter that returns few runs:
   ``CRASHED`` (few: at most the pool's slots, plus crashed runs);
 * a run ending (completed, failed, or cancelled while queued, e.g. from the
   UI): a final type with an ``end_time`` since the last read (Prefect's
-  ``SetEndTime`` rule sets it on every entry into a final state, forced or not).
+  ``SetEndTime`` rule sets it on every entry into a final state, forced or not);
+* a node's prefetcher tagging a queued run whose inputs it staged: the
+  queued runs tagged ``e31-staged`` (few: a node's scratch budget bounds them).
 
 What the scheduler writes itself it records here as the server answered it
 (:meth:`RunCache.note_state`, :meth:`RunCache.note_variables`), and it writes
@@ -38,7 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from e31.flows.queue.mapping import AHEAD_S, QUEUED, work_pool_name
+from e31.flows.queue.mapping import AHEAD_S, QUEUED, STAGED, work_pool_name
 from e31.specs.pool import PoolSpec
 
 #: The state types of the runs the queue plans with (waiting, holding resources, or crashed: maybe requeued).
@@ -165,7 +167,7 @@ class RunCache:
 
     def _changes(self, client: Any, now: float) -> None:
         from prefect.client.schemas.filters import (FlowRunFilterEndTime, FlowRunFilterExpectedStartTime,
-                                                    FlowRunFilterId, FlowRunFilterStateName)
+                                                    FlowRunFilterId, FlowRunFilterStateName, FlowRunFilterTags)
 
         since = datetime.fromtimestamp(self.read_at - self.margin_s, timezone.utc)
         stamp = datetime.fromtimestamp(now, timezone.utc)
@@ -179,6 +181,7 @@ class RunCache:
         moving = read_all(client, self.pool, flow_run_filter(state=state_filter(MOVING)))
         ended = read_all(client, self.pool, flow_run_filter(state=state_filter(ENDED),
                                                            end_time=FlowRunFilterEndTime(after_=since)))
+        staged = read_all(client, self.pool, flow_run_filter(state=state, tags=FlowRunFilterTags(all_=[STAGED])))
         seen = {str(r.id) for r in moving}
         left = [key for key, run in self.runs.items()  # left the moving types without ending (a flow retry)
                 if run.state is not None and run.state.type.value in MOVING and key not in seen]
@@ -187,7 +190,7 @@ class RunCache:
         if left:
             submitted += read_all(client, self.pool, flow_run_filter(id=FlowRunFilterId(any_=left),
                                                                     state=state_filter(ACTIVE)))
-        for run in submitted + due + moving:
+        for run in submitted + due + moving + staged:
             self.runs[str(run.id)] = run
         for run in ended:  # last: a run read above that ended since is gone
             self.runs.pop(str(run.id), None)

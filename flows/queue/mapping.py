@@ -18,6 +18,9 @@ NODE_VAR, DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = "e31_node", "gpu_devices", "cpus"
 #: The node a waiting run's reserved start is planned on, in its ``job_variables``: that node's ``e31 worker``
 #: prefetches the run's inputs (absent when the planned start is no reservation).
 PLANNED_VAR = "e31_planned_node"
+#: Tags a node's prefetcher puts on a queued run whose inputs it staged: ``e31-staged`` (what the scheduler's
+#: read filters on), ``e31-staged:NODE`` and ``e31-staging-s:SECONDS`` (how long the copy took: the locality wait).
+STAGED, STAGED_ON, STAGING_S = "e31-staged", "e31-staged:", "e31-staging-s:"
 #: Seconds ahead of now a waiting run's scheduled time is kept at least (Prefect marks runs past
 #: their scheduled time Late).
 AHEAD_S = 120.0
@@ -42,6 +45,21 @@ def deployment_name(pool: PoolSpec) -> str:
 def nodes_of(pool: PoolSpec) -> list[Node]:
     """The planner's nodes of a pool declaration (``count`` expanded)."""
     return [Node(name, n.gpus, n.cpus, n.memory, n.gpu_type) for n in pool.nodes for name in n.names()]
+
+
+def staged_tags(tags: Any) -> tuple[tuple[str, ...], float]:
+    """The nodes a run's tags say hold its inputs staged (prefetched), and
+    the seconds the slowest of those copies took (0.0: none said)."""
+    nodes, seconds = [], 0.0
+    for tag in tags or ():
+        if tag.startswith(STAGED_ON):
+            nodes.append(tag[len(STAGED_ON):])
+        elif tag.startswith(STAGING_S):
+            try:
+                seconds = max(seconds, float(tag[len(STAGING_S):]))
+            except ValueError:
+                pass
+    return tuple(nodes), seconds
 
 
 def inputs_key(spec: Any) -> tuple[str, ...]:

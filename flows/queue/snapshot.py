@@ -12,7 +12,7 @@ from e31.flows.placement import Node, QueuedJob, RunningJob
 from e31.flows.placement.estimates import estimate_runtime
 from e31.flows.queue.cache import ACTIVE, RunCache, flow_run_filter, read_all, state_filter
 from e31.flows.queue.mapping import (CPUS_VAR, DEVICES_VAR, DOWN, LEASE_S, NODE_VAR, PLACED, QUEUED, SETTLE_S,
-                                     inputs_key, nodes_of, work_pool_name)
+                                     inputs_key, nodes_of, staged_tags, work_pool_name)
 from e31.specs import JobSpec
 from e31.specs.pool import PoolSpec
 
@@ -126,6 +126,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
             continue
         due = state.name == QUEUED or (_ts(run.expected_start_time) or now) <= now
         if state.type == StateType.SCHEDULED and due:
+            prefetched, wait_s = staged_tags(run.tags)  # inputs a node's prefetcher staged for this run
             submitted = _ts(run.created) if state.name == QUEUED else _ts(run.expected_start_time)
             submitted = min(submitted or now, now)
             estimate = estimate_runtime(_secs(req.duration), _secs(req.limit or req.duration),
@@ -136,7 +137,9 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 deadline=_deadline(spec, datetime.fromtimestamp(submitted, timezone.utc)),
                 runtime_s=estimate.runtime_s, limit_s=_secs(req.limit or req.duration) or estimate.runtime_s,
                 runtime_source=estimate.source, runtime_note=estimate.note,
-                preferred_nodes=tuple(n for n in (staged or {}).get(inputs_key(spec), ()) if n in known)))
+                preferred_nodes=tuple(dict.fromkeys(n for n in (*prefetched, *(staged or {}).get(inputs_key(spec), ()))
+                                                    if n in known)),
+                locality_wait_s=wait_s))
     _one_run_per_job(snap)
     for node in snap.nodes:  # a node without a live worker takes nothing: held whole until its worker answers
         if node.name not in alive:

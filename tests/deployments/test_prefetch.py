@@ -64,11 +64,19 @@ def test_a_job_waiting_behind_another_has_its_inputs_staged_before_it_starts(pre
         wait_for(lambda: final_manifest(q.root / "out" / "late"), timeout=120, what="the late job's manifest")
         manifest = final_manifest(q.root / "out" / "late")
         record = q.record("late")
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            tags = client.read_flow_run(late).tags
+            placed = next(s for s in client.read_flow_run_states(late) if s.name == "Placed")
     assert note["run_id"] == late and note["node"] == node and note["bytes"] == 30 * MiB
     assert note["at"] < record["start"]
     staged = scratches[node] / "blob" / "late.bin"
     assert hashlib.sha256(staged.read_bytes()).hexdigest() == digest
-    assert record["node"] == node  # it ran where it was prefetched
+    assert record["node"] == node  # it ran where it was prefetched ...
+    assert {"e31-staged", f"e31-staged:{node}"} <= set(tags)  # ... which the prefetcher told the scheduler
+    assert any(t.startswith("e31-staging-s:") for t in tags)
+    assert placed.message.endswith("; inputs already staged there")
     line = next(x for x in listed.stdout.splitlines() if x.startswith("late "))
     assert re.search(rf"; inputs 30\.0 MiB of 30\.0 MiB staged on {node} before allocation, in \d+\.\d s$", line), line
     assert manifest["status"] == "completed"

@@ -149,6 +149,28 @@ def test_preferred_nodes_win_ties():
     assert (p.node, p.devices) == ("n2", (0,))
 
 
+def test_a_job_waits_for_the_node_holding_its_inputs_when_it_frees_within_the_staging_it_saves():
+    # n1 holds the job's inputs and frees at 00:10 (r1); n2 is free now.  Staging there takes 15 min: worth the wait.
+    base = queued("p", 1, 1)
+    wait = type(base)(**{**base.__dict__, "preferred_nodes": ("n1",), "locality_wait_s": 900.0})
+    other = queued("q", 1, 1, ago_h=0.01)
+    busy = [running("r1", "n1", range(8), 1 / 6)]
+    got = table(plan([node("n1"), node("n2")], busy, [wait, other], T0))
+    assert got["p"] == ("wait", "n1", (0,), 1 / 6, 1 / 6 + 1,
+                        "waiting for n1, where its inputs are staged: it frees sooner than they would stage elsewhere "
+                        "(about 15m); earliest start 00:10 UTC on n1, after job r1 ends")
+    assert got["q"][:4] == ("start", "n2", (0,), 0.0)  # the free node goes to the next job
+    # staging takes 5 min: cheaper than waiting 10 min for n1, so it starts on n2 now
+    short = type(base)(**{**wait.__dict__, "locality_wait_s": 300.0})
+    got = table(plan([node("n1"), node("n2")], busy, [short], T0))
+    assert got["p"][:4] == ("start", "n2", (0,), 0.0)
+    # a pool with no room now: the usual reason, and where its inputs are
+    full = [*busy, running("r2", "n2", range(8), 1)]
+    got = table(plan([node("n1"), node("n2")], full, [wait], T0))
+    assert got["p"][5] == ("waiting for 1 GPU on one node (0 free on n1); earliest start 00:10 UTC on n1 (its "
+                           "inputs are staged there), after job r1 ends")
+
+
 def test_cpu_only_pool_and_memory():
     nodes = [node("c1", gpus=0, cpus=8, memory_gib=32)]
     queue = [queued("a", 0, 1, cpus=6, memory_gib=8), queued("b", 0, 1, cpus=4, memory_gib=8, ago_h=0.1)]
