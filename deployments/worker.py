@@ -98,9 +98,11 @@ def check_node(declared: Any, gpus: int | None = None) -> None:
     if declared.memory > here.memory:
         short.append(f"{declared.memory / 2**30:.1f} GiB of memory declared, {here.memory / 2**30:.1f} GiB here")
     if short:
+        gpu_hint = ("; to try GPU placement on a machine without them, E31_NODE_GPUS=N makes the worker take N "
+                    "GPUs as found" if declared.gpus > have_gpus and gpus is None else "")
         raise NodeMismatch(f"this machine ({here.name}) cannot be node {declared.name!r} of the pool: "
                            + "; ".join(short) + "; start the worker on a machine that has them, or declare what this "
-                           "one has in the pool file")
+                           "one has in the pool file" + gpu_hint)
 
 
 def node_gpus_override() -> int | None:

@@ -230,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         from e31.tasks.storage import scrub
 
         api = os.environ.get("PREFECT_API_URL")
-        hint = f" (PREFECT_API_URL={api})" if api and api_error(exc) else ""
+        hint = (f" (PREFECT_API_URL={api}): is the Prefect server running? Start it (prefect server start) or point "
+                "PREFECT_API_URL at it" if api and api_error(exc) else "")
         print(f"e31: {type(exc).__name__}: {scrub(str(exc))}{hint}; set E31_DEBUG=1 for the traceback", file=sys.stderr)
         return EXIT_FAILED
 

@@ -1,0 +1,50 @@
+"""The queue's commands where no server is needed: ``e31 worker`` refusing a
+node this machine cannot give what the pool file declares, and a command
+whose Prefect server does not answer."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from e31.deployments.worker import NodeMismatch, check_node
+from e31.flows.admission import this_node
+from e31.flows.placement import Node
+
+
+def test_a_worker_refuses_a_node_bigger_than_this_machine_and_names_the_fix():
+    here = this_node()
+    declared = Node("big", gpus=here.gpus + 8, cpus=here.cpus + 1, memory=here.memory + 2**30)
+    with pytest.raises(NodeMismatch) as info:
+        check_node(declared)
+    assert str(info.value) == (
+        f"this machine ({here.name}) cannot be node 'big' of the pool: {here.gpus + 8} GPUs declared, {here.gpus} here; "
+        f"{here.cpus + 1} CPUs declared, {here.cpus} here; {(here.memory + 2**30) / 2**30:.1f} GiB of memory declared, "
+        f"{here.memory / 2**30:.1f} GiB here; start the worker on a machine that has them, or declare what this one "
+        "has in the pool file; to try GPU placement on a machine without them, E31_NODE_GPUS=N makes the worker take "
+        "N GPUs as found")
+    with pytest.raises(NodeMismatch) as info:
+        check_node(Node("big", gpus=8, cpus=1, memory=2**20), gpus=4)  # told 4 GPUs: no hint, the count is given
+    assert str(info.value).endswith("8 GPUs declared, 4 here; start the worker on a machine that has them, or "
+                                    "declare what this one has in the pool file")
+    check_node(Node("small", gpus=8, cpus=1, memory=2**20), gpus=8)  # fits: no error
+
+
+def test_a_queue_command_whose_server_does_not_answer_says_how_to_fix_it(tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("pool_version: 1\nname: p\nnodes: [{name: n1, cpus: 1, memory: 1GiB}]\n")
+    api = f"http://127.0.0.1:{port}/api"
+    done = subprocess.run([str(Path(sys.executable).with_name("e31")), "queue", "--pool", str(pool)], text=True,
+                          capture_output=True, env={**os.environ, "PREFECT_API_URL": api}, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr == (f"e31: ConnectError: [Errno 111] Connection refused (PREFECT_API_URL={api}): is the Prefect "
+                           "server running? Start it (prefect server start) or point PREFECT_API_URL at it; set "
+                           "E31_DEBUG=1 for the traceback\n")
