@@ -22,8 +22,8 @@ and takes those the scheduler planned on this node (``job_variables``
    a temporary folder renamed into place when whole and verified: a prefetch
    killed at any moment leaves no copy that a run would reuse.
 
-While it copies, a :class:`Gate` pauses it whenever a flow run on this node
-is staging or returning, caps its rate (``E31_PREFETCH_RATE`` bytes/s), and
+While it copies, a :class:`Gate` pauses it whenever a flow run on this
+machine is staging or returning, caps its rate (``E31_PREFETCH_RATE`` bytes/s), and
 stops it within a chunk when the job's own run wants its data folder or
 the run left the queue.  Its progress is a Prefect progress artifact on the
 flow run ("inputs 3.2 GiB of 10.0 GiB staged on n2"), which ``e31 queue``
@@ -52,6 +52,8 @@ LOOKAHEAD = 50
 REPORT_EVERY_S = 2.0
 #: Seconds between the gate's checks of the yield request and of the node's transfers.
 CHECK_EVERY_S = 0.2
+#: Seconds before a run whose prefetch failed (an input missing, unreadable) is tried again.
+RETRY_FAILED_S = 60.0
 #: Text of the progress artifact's description (and of ``e31 queue``'s column) starts with this.
 PROGRESS_PREFIX = "inputs "
 
@@ -75,9 +77,10 @@ class Gate:
     busy: Any
     rate: float | None = None
     done: int = 0
-    paused_s: float = 0.0
+    paused_s: float = 0.0  # seconds paused for others' transfers, over every transfer
     _started: float = field(default_factory=time.monotonic)
     _checked: float = 0.0
+    _paused_before: float = 0.0  # paused_s when the current transfer started
 
     def __call__(self, done: int) -> None:
         self.done = done
@@ -90,7 +93,7 @@ class Gate:
                 self.paused_s += CHECK_EVERY_S
                 self._check()
         while self.rate:  # in short sleeps: a yield is seen within CHECK_EVERY_S
-            ahead = done / self.rate - (time.monotonic() - self._started - self.paused_s)
+            ahead = done / self.rate - (time.monotonic() - self._started - (self.paused_s - self._paused_before))
             if ahead <= 0:
                 break
             time.sleep(min(ahead, CHECK_EVERY_S))
@@ -104,7 +107,7 @@ class Gate:
 
     def reset(self) -> None:
         """A new transfer starts (its byte count starts from 0)."""
-        self.done, self._started, self.paused_s = 0, time.monotonic(), 0.0
+        self.done, self._started, self._paused_before = 0, time.monotonic(), self.paused_s
 
 
 @dataclass
@@ -192,13 +195,20 @@ class Prefetcher:
         self.pool, self.node, self.budget, self.root, self.rate = pool, node, budget, Path(root), rate
         self.report = report or (lambda line: print(line, flush=True))
         self.finished: dict[str, str] = {}  # flow run id -> job: runs whose inputs are all staged here
+        self.said: dict[str, tuple[str, str]] = {}  # flow run id -> the last outcome reported (each change is said once)
+        self.later: dict[str, float] = {}  # flow run id -> monotonic time before which a failed one is not retried
 
     def pass_once(self, client: Any) -> list[Result]:
         """One pass: prefetch each queued run planned here, soonest first."""
         results, sooner = [], set(starting_here(client, self.pool, self.node))
-        for run in planned_here(client, self.pool, self.node):
+        planned = planned_here(client, self.pool, self.node)
+        ids = {str(r.id) for r in planned}  # what is kept of runs no longer planned here is let go
+        self.finished = {k: v for k, v in self.finished.items() if k in ids}
+        self.said = {k: v for k, v in self.said.items() if k in ids}
+        self.later = {k: v for k, v in self.later.items() if k in ids}
+        for run in planned:
             job = str(((run.parameters or {}).get("spec") or {}).get("name"))
-            if str(run.id) in self.finished:
+            if str(run.id) in self.finished or self.later.get(str(run.id), 0.0) > time.monotonic():
                 sooner.add(job)
                 continue
             result = self.prefetch(client, run, keep=frozenset(sooner))
@@ -210,7 +220,10 @@ class Prefetcher:
                     tag_staged(client, str(run.id), self.node, result.staging_s)
             gone = {name.split("/", 1)[0] for name in result.evicted}  # their runs are prefetched again in turn
             self.finished = {r: job for r, job in self.finished.items() if job not in gone}
-            if result.outcome != "staged":
+            if result.outcome == "failed":
+                self.later[str(run.id)] = time.monotonic() + RETRY_FAILED_S
+            if result.outcome != "staged" and (result.outcome, result.detail) != self.said.get(str(run.id)):
+                self.said[str(run.id)] = (result.outcome, result.detail)
                 self.report(_line(self.node, result))
         return results
 
@@ -225,7 +238,7 @@ class Prefetcher:
         planned here sooner) are not evicted for it."""
         from e31.flows.compile import compile_plan
         from e31.specs import JobSpec
-        from e31.tasks.stage import Reused, StageError, StagingCancelled, preflight, stage_input, _cached_now
+        from e31.tasks.stage import Reused, StagingCancelled, preflight, stage_input, staged_now
         from e31.tasks.storage.options import register_inputs
         from e31.tasks.storage.scratch_cache import evict, note_prefetch, remove_torn, try_hold_data
         from e31.tasks.supervisor.cancel import gate_staging
@@ -254,7 +267,7 @@ class Prefetcher:
                 result.outcome, result.detail = "failed", _why(exc)
                 return result
             todo = [i for i in plan.inputs if not isinstance(listings[i.name], Reused)
-                    and not _cached_now(i, listings[i.name], plan.data_dir)]
+                    and not staged_now(i, listings[i.name], plan.data_dir)]
             need = sum(listings[i.name].bytes for i in todo)
             if not todo:
                 return result
@@ -268,7 +281,7 @@ class Prefetcher:
             total = sum(x.bytes for x in listings.values())
             progress = _Progress(key, self.node, total, total - need)
             still_queued = _Watch(key)
-            gate = Gate(stop=lambda: _stop_wanted(scratch) or not still_queued.ok(), busy=lambda: _busy(self.root),
+            gate = Gate(stop=lambda: _stop_wanted(scratch) or not still_queued.ok(), busy=_busy,
                         rate=self.rate)
             try:
                 with gate_staging(str(plan.data_dir), gate), progress.running(gate):
@@ -282,8 +295,8 @@ class Prefetcher:
             except (Yielded, StagingCancelled):
                 result.outcome, result.detail = "yielded", "its run started, or it left the queue"
                 return result
-            except Exception as exc:
-                result.outcome, result.detail = "failed", _why(exc if isinstance(exc, StageError) else exc)
+            except Exception as exc:  # the run will stage it itself, and say why when it cannot
+                result.outcome, result.detail = "failed", _why(exc)
                 return result
             finally:
                 still_queued.close()
@@ -301,10 +314,10 @@ def _stop_wanted(scratch: Path) -> bool:
     return yield_wanted(scratch)
 
 
-def _busy(root: Path) -> bool:
+def _busy() -> bool:
     from e31.tasks.storage.scratch_cache import transfers_busy
 
-    return transfers_busy(root)
+    return transfers_busy()
 
 
 def _why(exc: BaseException) -> str:

@@ -51,8 +51,9 @@ class Tick:
 class History:
     """What the pool's recent completed runs tell: ``runtimes`` (job name ->
     run times in seconds, oldest first) and ``staged`` (a job's inputs, as
-    :func:`e31.flows.queue.inputs_key` -> the nodes that staged them, most
-    recent first: those nodes' scratch folders hold them)."""
+    :func:`e31.flows.queue.inputs_key` -> the nodes that staged them, in the
+    run or by prefetch, most recent first: those nodes' scratch folders hold
+    them, unless evicted since)."""
 
     runtimes: dict[str, list[float]]
     staged: dict[tuple[str, ...], list[str]]
@@ -78,11 +79,13 @@ def history(client: Any, pool: PoolSpec, limit: int = 200) -> History:
         if run.total_run_time:
             found.runtimes.setdefault(str(spec.get("name")), []).append(run.total_run_time.total_seconds())
         node, key = (run.job_variables or {}).get(queue.NODE_VAR), queue.inputs_key(spec)
-        if node and key:
-            nodes = found.staged.setdefault(key, [])
-            if node in nodes:
-                nodes.remove(node)
-            nodes.insert(0, node)
+        prefetched, _ = queue.staged_tags(run.tags)  # nodes whose prefetcher staged them too (where it did not run)
+        for held in (*prefetched, node):  # the node it ran on last: most recent first
+            if held and key:
+                nodes = found.staged.setdefault(key, [])
+                if held in nodes:
+                    nodes.remove(held)
+                nodes.insert(0, held)
     return found
 
 

@@ -210,7 +210,7 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
     stopped = False
     results: list = []
     with cancel_stops_staging(target.run_id, str(plan.data_dir)), \
-            transferring(Path(plan.scratch).parent, plan.job):  # a cancel ends the transfers within a chunk
+            transferring(plan.job):  # a cancel ends the transfers within a chunk; prefetches here pause
         try:
             listings = preflight(plan.inputs, plan.data_dir)  # every input listed, and the space checked, first
             if listings:
@@ -269,7 +269,7 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
     scratch with the record; raises :class:`ReturnError`."""
     scratch = Path(plan.scratch)
     with signals_deferred("e31: returning the output first (kill -9 abandons it)"), \
-            transferring(scratch.parent, plan.job):  # the node's prefetcher pauses meanwhile
+            transferring(plan.job):  # prefetches on this machine pause meanwhile
         try:
             with recorded_return(scratch, target, outcome, spec.output.storage_options,
                                  _checkpoints(spec, plan, target.run_id)):

@@ -199,7 +199,7 @@ def preflight(inputs: list[DataInput], data_dir: Path | None = None) -> dict[str
         listings[item.name] = reused or list_one(item)
     if data_dir is not None:
         needed = sum(listings[item.name].bytes for item in inputs if not isinstance(listings[item.name], Reused)
-                     and not _cached_now(item, listings[item.name], Path(data_dir)))
+                     and not staged_now(item, listings[item.name], Path(data_dir)))
         if needed:
             free, _ = space(Path(data_dir))
             if free < needed:
@@ -209,8 +209,9 @@ def preflight(inputs: list[DataInput], data_dir: Path | None = None) -> dict[str
     return listings
 
 
-def _cached_now(item: DataInput, listing: Listing, data_dir: Path) -> bool:
-    """Whether ``item`` is staged under ``data_dir`` and unchanged (nothing to copy)."""
+def staged_now(item: DataInput, listing: Listing, data_dir: Path) -> bool:
+    """Whether ``item`` (listed now as ``listing``) is staged under
+    ``data_dir`` and unchanged: nothing to copy."""
     folder = data_dir / item.name
     local = folder / listing.entries[0].rel if listing.kind == "file" else folder
     record = {"url": _url_key(item.url), "digest": listing.digest(), "sha256": item.sha256, "path": str(local)}

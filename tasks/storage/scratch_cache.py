@@ -14,8 +14,9 @@ a budget:
   chunk: a prefetch never holds back its own job.
 - :func:`try_hold_data` -- the prefetcher's: never waits.
 - :func:`transferring` / :func:`transfers_busy` -- a marker per flow run that
-  is staging or returning on this node; the prefetcher pauses while one
-  exists, so it never slows a job that holds its resources.
+  is staging or returning on this machine (:func:`transfers_dir`); the
+  prefetcher pauses while one exists, so it never slows a job that holds
+  its resources (nodes sharing a machine share its network and disks).
 - :func:`staged_copies` / :func:`evict` -- the copies in a scratch root, and
   the eviction of the least recently used ones (never a job's whose
   ``data.lock`` is held) down to a byte budget.
@@ -36,8 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOCK, WANTED = "data.lock", "data.wanted"
-#: Folder of the scratch root holding one marker per flow run staging or returning on this node.
-TRANSFERS = ".transfers"
 
 
 @dataclass(frozen=True)
@@ -132,11 +131,20 @@ def data_in_use(scratch: str | os.PathLike[str]) -> bool:
         os.close(fd)
 
 
+def transfers_dir() -> Path:
+    """The machine's folder of transfer markers: ``$E31_TRANSFERS_DIR``, else
+    ``<temp dir>/e31-transfers-<uid>`` (one per machine and user, whatever
+    the scratch root)."""
+    import tempfile
+
+    return Path(os.environ.get("E31_TRANSFERS_DIR") or Path(tempfile.gettempdir()) / f"e31-transfers-{os.getuid()}")
+
+
 @contextmanager
-def transferring(root: str | os.PathLike[str], job: str) -> Iterator[None]:
-    """Mark this process as staging or returning ``job`` on this node
-    (``root``: the scratch root) for the block."""
-    folder = Path(root) / TRANSFERS
+def transferring(job: str, folder: str | os.PathLike[str] | None = None) -> Iterator[None]:
+    """Mark this process as staging or returning ``job`` on this machine
+    for the block (``folder``: the markers' folder, default :func:`transfers_dir`)."""
+    folder = Path(folder) if folder is not None else transfers_dir()
     marker = folder / f"{job}.{os.getpid()}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -150,10 +158,11 @@ def transferring(root: str | os.PathLike[str], job: str) -> Iterator[None]:
             marker.unlink(missing_ok=True)
 
 
-def transfers_busy(root: str | os.PathLike[str]) -> bool:
-    """Whether a live process is staging or returning a job on this node
-    (markers of dead processes are removed)."""
-    folder = Path(root) / TRANSFERS
+def transfers_busy(folder: str | os.PathLike[str] | None = None) -> bool:
+    """Whether a live process is staging or returning a job on this
+    machine (markers of dead processes are removed; ``folder`` as for
+    :func:`transferring`)."""
+    folder = Path(folder) if folder is not None else transfers_dir()
     try:
         names = os.listdir(folder)
     except OSError:
@@ -161,7 +170,9 @@ def transfers_busy(root: str | os.PathLike[str]) -> bool:
     busy = False
     for name in names:
         pid = name.rpartition(".")[2]
-        if pid.isdigit() and _alive(int(pid)):
+        if not pid.isdigit():
+            continue  # not a marker
+        if _alive(int(pid)):
             busy = True
         else:
             (folder / name).unlink(missing_ok=True)

@@ -60,10 +60,10 @@ def test_the_data_folder_is_held_by_one_at_a_time_and_torn_copies_are_removed(tm
 
 def test_a_transfer_marker_counts_while_its_process_lives(tmp_path):
     assert not transfers_busy(tmp_path)
-    with transferring(tmp_path, "job"):
+    with transferring("job", tmp_path):
         assert transfers_busy(tmp_path)
     assert not transfers_busy(tmp_path)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    marker = tmp_path / ".transfers" / f"gone.{int(dead.stdout)}"
+    marker = tmp_path / f"gone.{int(dead.stdout)}"
     marker.touch()  # a process killed while it staged
     assert not transfers_busy(tmp_path) and not marker.exists()
