@@ -141,7 +141,7 @@ def planned_here(client: Any, pool: Any, node: str, limit: int = LOOKAHEAD) -> l
         work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[work_pool_name(pool)])),
         flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
             type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]), name=FlowRunFilterStateName(any_=[QUEUED]))),
-        sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=limit)
+        sort=FlowRunSort.NEXT_SCHEDULED_START_TIME_ASC, limit=limit)  # the planned start (its scheduled time)
     return [r for r in runs if (r.job_variables or {}).get(PLANNED_VAR) == node]
 
 
