@@ -245,7 +245,8 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
             same_time = run.next_scheduled_start_time is not None and \
                 abs(run.next_scheduled_start_time.timestamp() - planned.timestamp()) < AHEAD_S / 2
             variables = dict(run.job_variables or {})
-            node = p.node if p.reserved else None  # the node whose worker prefetches the inputs
+            # the node whose worker prefetches the inputs: for a reserved start of a job that reads data
+            node = p.node if p.reserved and snap.specs[p.job].data else None
             same_node = variables.get(PLANNED_VAR) == node
             if current.name == QUEUED and _same(current.message, message) and same_time and same_node:
                 counts["unchanged"] += 1
