@@ -132,20 +132,55 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def _start_prefetch(pool_path: str, node: str, pool: Any) -> Any:
     """Start the node's prefetcher (:mod:`e31.deployments.prefetch`) when its
-    pool line declares a ``scratch_budget``; returns the process or None."""
-    import subprocess
-
+    pool line declares a ``scratch_budget``, kept running; returns its
+    :class:`_Supervised` or None."""
     from e31.deployments.prefetch import prefetch_rate
 
     line = next(line for name, line in pool.node_lines() if name == node)
     if not line.scratch_budget:
         return None
-    prefetch_rate()  # a bad E31_PREFETCH_RATE is said now, not in the child's log
     from e31.tasks.storage.progress import human_bytes
 
+    rate = prefetch_rate()
     print(f"e31 worker: prefetching the inputs of jobs planned on {node} (scratch_budget "
-          f"{human_bytes(line.scratch_budget)})", flush=True)
-    return subprocess.Popen([sys.executable, "-m", "e31.deployments.prefetch", "--pool", pool_path, "--node", node])
+          f"{human_bytes(line.scratch_budget)}" + (f", at most {human_bytes(rate)}/s" if rate else "") + ")", flush=True)
+    return _Supervised([sys.executable, "-m", "e31.deployments.prefetch", "--pool", pool_path, "--node", node])
+
+
+class _Supervised:
+    """A child process started again (after :data:`RESTART_S` seconds, said
+    on stdout) whenever it ends, until :meth:`kill`: the worker's prefetcher,
+    which a run waiting on a stalled prefetch of its job may kill."""
+
+    RESTART_S = 5.0
+
+    def __init__(self, argv: list[str]) -> None:
+        import subprocess
+        import threading
+
+        self.argv, self._stop = argv, threading.Event()
+        self.proc = subprocess.Popen(argv)
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="e31-prefetch-supervisor")
+        self._thread.start()
+
+    def _watch(self) -> None:
+        import subprocess
+
+        while not self._stop.is_set():
+            code = self.proc.wait()
+            if self._stop.wait(self.RESTART_S):
+                return
+            print(f"e31 worker: the prefetcher ended (exit {code}); started again", flush=True)
+            self.proc = subprocess.Popen(self.argv)
+
+    def kill(self) -> None:
+        """Stop it for good (SIGKILL: a copy cut short leaves only a temporary folder)."""
+        self._stop.set()
+        self.proc.kill()
+
+    def wait(self) -> None:
+        self.proc.wait()
+        self._thread.join(timeout=1)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

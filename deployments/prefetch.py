@@ -166,6 +166,19 @@ def tag_staged(client: Any, run_id: str, node: str, seconds: float) -> None:
         pass
 
 
+def untag_staged(client: Any, run_id: str, node: str) -> None:
+    """Take back :func:`tag_staged` of ``node`` (its copy was evicted).  Best effort."""
+    from e31.flows.queue import STAGED, STAGED_ON
+
+    try:
+        tags = [t for t in client.read_flow_run(run_id).tags or [] if t != STAGED_ON + node]
+        if not any(t.startswith(STAGED_ON) for t in tags):
+            tags = [t for t in tags if t != STAGED]
+        client.update_flow_run(run_id, tags=tags)
+    except Exception:
+        pass
+
+
 def starting_here(client: Any, pool: Any, node: str) -> set[str]:
     """The names of the jobs placed on ``node`` whose runs have not ended
     (``Placed``, ``Pending``, ``Running``): their staged copies are about
@@ -219,12 +232,17 @@ class Prefetcher:
                 if self.plans_inputs(run):
                     tag_staged(client, str(run.id), self.node, result.staging_s)
             gone = {name.split("/", 1)[0] for name in result.evicted}  # their runs are prefetched again in turn
-            self.finished = {r: job for r, job in self.finished.items() if job not in gone}
+            for other in [r for r, j in self.finished.items() if j in gone]:
+                del self.finished[other]
+                untag_staged(client, other, self.node)  # the scheduler no longer counts this node for it
             if result.outcome == "failed":
                 self.later[str(run.id)] = time.monotonic() + RETRY_FAILED_S
             if result.outcome != "staged" and (result.outcome, result.detail) != self.said.get(str(run.id)):
                 self.said[str(run.id)] = (result.outcome, result.detail)
                 self.report(_line(self.node, result))
+                if result.outcome == "over budget":  # e31 queue and the UI say it too
+                    _Progress(str(run.id), self.node, 0, 0).said(
+                        f"{PROGRESS_PREFIX}not prefetched on {self.node}: {result.detail}; they stage when it starts")
         return results
 
     @staticmethod
@@ -271,7 +289,8 @@ class Prefetcher:
             need = sum(listings[i.name].bytes for i in todo)
             if not todo:
                 return result
-            fits, evicted = evict(self.root, need, self.budget, keep={spec.name, *keep})
+            keep = {spec.name, *keep, *starting_here(client, self.pool, self.node)}  # placed since the pass began
+            fits, evicted = evict(self.root, need, self.budget, keep=keep)
             result.evicted = [f"{c.job}/{c.name}" for c in evicted]
             if not fits:
                 result.outcome = "over budget"
@@ -336,9 +355,8 @@ def _line(node: str, r: Result) -> str:
     text = f"e31 prefetch on {node}: {r.job} ({r.run_id[:8]}): {r.outcome}"
     if r.outcome == "copied":
         text += f", {_size(r.copied_bytes)} in {r.seconds:.1f} s"
-    if r.evicted:
-        text += f"; evicted {', '.join(r.evicted)}"
-    return text + (f" ({r.detail})" if r.detail else "")
+    text += f" ({r.detail})" if r.detail else ""
+    return text + (f"; evicted to make room: {', '.join(r.evicted)}" if r.evicted else "")
 
 
 class _Watch:
@@ -430,6 +448,18 @@ class _Progress:
         self.base += nbytes
         if self.gate is not None:
             self.gate.done = 0
+
+    def said(self, text: str) -> None:
+        """Put ``text`` as the artifact's description (at 0%)."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.actions import ArtifactCreate
+
+        try:
+            with get_client(sync_client=True) as client:
+                client.create_artifact(ArtifactCreate(type="progress", data=0.0, description=text,
+                                                      flow_run_id=self.run_id))
+        except Exception:
+            pass
 
     def done(self, seconds: float) -> None:
         """Every input is staged, in ``seconds``."""

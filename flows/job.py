@@ -43,7 +43,7 @@ from e31.tasks.supervisor.warm import discard, prestart
 from e31.tasks.run import SupervisorConfig, run_task
 from e31.tasks.pending import deliver_pending, permanent, recorded_return
 from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
-from e31.tasks.storage.scratch_cache import prefetched_seconds, transferring
+from e31.tasks.storage.scratch_cache import data_wait_s, prefetched_seconds, transferring
 from e31.tasks.storage import describe_error, scrub
 from e31.tasks.storage.masking import install_log_masking
 from e31.tasks.storage.options import register_destination, register_inputs
@@ -228,7 +228,8 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
             write_failure_manifest(target, str(exc) if isinstance(exc, StageError) else
                                    f"staging failed: {type(exc).__name__}: {scrub(str(exc))}")
             raise
-    target.staging_s = time.monotonic() - started
+    # staging, and any wait for a prefetch of this job to yield (in open_scratch): resources were held meanwhile
+    target.staging_s = time.monotonic() - started + data_wait_s(plan.scratch)
     if results:
         target.staged_before_allocation = not any(s.copied for s in results)
         target.prefetch_s = prefetched_seconds(plan.data_dir, target.run_id) if target.staged_before_allocation else 0.0

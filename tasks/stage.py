@@ -285,9 +285,24 @@ def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None)
         record.update(staged=staged_identity, bytes=listing.bytes, files=listing.files)  # sizes: for eviction
         if source_hash and copy_hash:  # what quick_reuse compares
             record.update(kind="folder", source_hash=source_hash, copy_hash=copy_hash)
-        record_path.write_text(json.dumps(record, indent=1))
+        _write_record(record_path, record, folder, data_dir, item)
         return Staged(item.name, str(local), listing.bytes, True, time.monotonic() - started, len(listing.entries))
     raise AssertionError("unreachable")
+
+
+def _write_record(path: Path, record: dict, folder: Path, data_dir: Path, item: DataInput) -> None:
+    """Write the stage record whole (a temporary file renamed into place);
+    when it cannot be written (a full disk), the copy goes too, so no copy
+    without its record strands the space, and :class:`StageError` says why."""
+    tmp = path.with_name(f".{path.name}.part-{uuid.uuid4().hex[:8]}")
+    try:
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        full = disk_full(data_dir, exc)
+        raise StageError(f"data '{item.name}': cannot record the staged copy: {full or exc}") from None
 
 
 def _changed_since_listed(item: DataInput, listing: Listing) -> list[str]:

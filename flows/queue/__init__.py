@@ -33,12 +33,13 @@ every run), :mod:`.snapshot` (reading the runs as planner input),
 
 from e31.flows.queue.cache import RunCache
 from e31.flows.queue.mapping import (AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, LEASE_S, NODE_VAR, PLACED,
-                                     PLANNED_VAR, QUEUED, STAGED, STAGED_ON, STAGING_S, staged_tags, SETTLE_S, WORKER_TYPE, deployment_name, inputs_key, nodes_of,
-                                     work_pool_name)
+                                     PLANNED_VAR, QUEUED, SETTLE_S, STAGED, STAGED_ON, STAGING_S, WORKER_TYPE,
+                                     deployment_name, inputs_key, nodes_of, staged_tags, work_pool_name)
 from e31.flows.queue.record import apply, humane, refuse_at_destination
 from e31.flows.queue.snapshot import Snapshot, live_nodes, read
 from e31.flows.queue.submit import ensure_pool, submit
 
-__all__ = ["AHEAD_S", "ATTEMPT_VAR", "CPUS_VAR", "DEVICES_VAR", "DOWN", "LEASE_S", "NODE_VAR", "PLACED", "PLANNED_VAR", "QUEUED", "STAGED", "STAGED_ON", "STAGING_S",
-           "SETTLE_S", "WORKER_TYPE", "RunCache", "Snapshot", "apply", "deployment_name", "ensure_pool", "humane",
-           "inputs_key", "live_nodes", "nodes_of", "read", "refuse_at_destination", "staged_tags", "submit", "work_pool_name"]
+__all__ = ["AHEAD_S", "ATTEMPT_VAR", "CPUS_VAR", "DEVICES_VAR", "DOWN", "LEASE_S", "NODE_VAR", "PLACED", "PLANNED_VAR",
+           "QUEUED", "SETTLE_S", "STAGED", "STAGED_ON", "STAGING_S", "WORKER_TYPE", "RunCache", "Snapshot", "apply",
+           "deployment_name", "ensure_pool", "humane", "inputs_key", "live_nodes", "nodes_of", "read",
+           "refuse_at_destination", "staged_tags", "submit", "work_pool_name"]

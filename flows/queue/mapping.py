@@ -63,8 +63,15 @@ def staged_tags(tags: Any) -> tuple[tuple[str, ...], float]:
 
 
 def inputs_key(spec: Any) -> tuple[str, ...]:
-    """A job's inputs as a key: the sorted ``data[].url`` of its spec (a
-    JobSpec or its JSON form); () when it reads nothing."""
-    data = spec.get("data") if isinstance(spec, dict) else [d.model_dump() for d in spec.data]
-    return tuple(sorted(str(d.get("url")) for d in data or [] if isinstance(d, dict)))
+    """A job's staged inputs as a key: its ``name``, then the sorted
+    ``data[].url`` of its spec (a JobSpec or its JSON form); () when it
+    reads nothing.  The name is part of it: a job's copies live in its own
+    scratch folder (``<root>/<name>/data``), so only later runs of the same
+    job reuse them, not another job reading the same URLs."""
+    if isinstance(spec, dict):
+        name, data = spec.get("name"), spec.get("data")
+    else:
+        name, data = spec.name, [d.model_dump() for d in spec.data]
+    urls = sorted(str(d.get("url")) for d in data or [] if isinstance(d, dict))
+    return (str(name), *urls) if urls else ()
 

@@ -62,28 +62,79 @@ def _lock_fd(scratch: Path) -> int:
 
 
 _HELD: dict[str, int] = {}  # job scratch folder -> the descriptor holding its data.lock for a flow run
+_WAITED: dict[str, float] = {}  # job scratch folder -> seconds take_data waited for a prefetch to yield
+#: Seconds a flow run waits for a prefetch of its job to yield before it kills the prefetcher (whose copies
+#: are atomic: a kill leaves nothing a run reuses; ``e31 worker`` starts it again).
+YIELD_S = 5.0
+#: What a prefetcher's command line holds (a holder :func:`take_data` may kill is checked for it).
+PREFETCHER = b"e31.deployments.prefetch"
 
 
-def take_data(scratch: str | os.PathLike[str]) -> None:
+def _mark_holder(fd: int) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+
+
+def take_data(scratch: str | os.PathLike[str], yield_s: float = YIELD_S) -> float:
     """Hold the job's data folder (``scratch`` is ``<root>/<job>``) for a
-    flow run, until :func:`release_data` (or this process's death): waits
-    for a prefetch that holds it to yield -- it is asked to (``data.wanted``)
-    and stops within a chunk of its transfer.  Never raises for a busy lock."""
+    flow run, until :func:`release_data` (or this process's death).  A
+    prefetch holding it is asked to yield (``data.wanted``, naming this
+    process) and stops within a chunk of its transfer; one that has not
+    let go after ``yield_s`` seconds (a source that stopped sending) is
+    killed -- only a process whose command line is the prefetcher's.
+    Returns the seconds waited (0.0 at once); never raises for a busy lock."""
     scratch = Path(scratch)
     fd = _lock_fd(scratch)
+    started = time.monotonic()
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         wanted = scratch / WANTED
-        wanted.touch()
+        wanted.write_text(str(os.getpid()))
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    pass
+                if time.monotonic() - started > yield_s:
+                    _kill_prefetcher(fd)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    break
+                time.sleep(0.05)
         finally:
             wanted.unlink(missing_ok=True)
+    _mark_holder(fd)
     old = _HELD.pop(str(scratch), None)
     if old is not None:
         os.close(old)
     _HELD[str(scratch)] = fd
+    _WAITED[str(scratch)] = waited = time.monotonic() - started
+    return waited
+
+
+def _kill_prefetcher(fd: int) -> None:
+    """SIGKILL the holder named in the lock file when it is a prefetcher."""
+    import signal
+
+    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    if not text.isdigit() or int(text) == os.getpid():
+        return
+    try:
+        cmdline = Path(f"/proc/{text}/cmdline").read_bytes()
+    except OSError:
+        return
+    if PREFETCHER in cmdline:
+        try:
+            os.kill(int(text), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def data_wait_s(scratch: str | os.PathLike[str]) -> float:
+    """Seconds the last :func:`take_data` of ``scratch`` in this process waited (0.0: none)."""
+    return _WAITED.get(str(Path(scratch)), 0.0)
 
 
 def release_data(scratch: str | os.PathLike[str]) -> None:
@@ -104,31 +155,51 @@ def try_hold_data(scratch: str | os.PathLike[str]) -> Iterator[bool]:
         except BlockingIOError:
             yield False
             return
+        _mark_holder(fd)
         yield True
     finally:
         os.close(fd)
 
 
 def yield_wanted(scratch: str | os.PathLike[str]) -> bool:
-    """Whether a flow run of the job waits for the data folder (a prefetch holding it must stop)."""
-    return (Path(scratch) / WANTED).exists()
+    """Whether a flow run of the job waits for the data folder (a prefetch
+    holding it must stop).  A request left by a process that died is
+    removed and does not count."""
+    wanted = Path(scratch) / WANTED
+    try:
+        text = wanted.read_text().strip()
+    except OSError:
+        return False
+    if text.isdigit() and _alive(int(text)):
+        return True
+    wanted.unlink(missing_ok=True)
+    return False
 
 
 def data_in_use(scratch: str | os.PathLike[str]) -> bool:
     """Whether a flow run or a prefetch holds the job's data folder now (a
     probe that takes and drops the lock at once; the folder is not made)."""
-    path = Path(scratch) / LOCK
+    fd = _held_now(Path(scratch))
+    if fd is None:
+        return True
+    if fd >= 0:
+        os.close(fd)
+    return False
+
+
+def _held_now(scratch: Path) -> int | None:
+    """Take the job's data lock if free: its descriptor (-1: no lock file,
+    so nobody holds it), or None when someone holds it."""
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(scratch / LOCK, os.O_RDWR)
     except OSError:
-        return False
+        return -1
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
     except BlockingIOError:
-        return True
-    finally:
         os.close(fd)
+        return None
+    return fd
 
 
 def transfers_dir() -> Path:
@@ -191,8 +262,10 @@ def _alive(pid: int) -> bool:
 
 def staged_copies(root: str | os.PathLike[str]) -> list[StagedCopy]:
     """Every staged input under the scratch root ``root``, least recently
-    used first.  Sizes come from the records (``bytes``), else from a walk
-    of the copy."""
+    used first: a copy without its record (a staging killed between the
+    two, or whose record could not be written) counts as the oldest, since
+    no run reuses it.  Sizes come from the records (``bytes``), else from a
+    walk of the copy."""
     found = []
     root = Path(root)
     try:
@@ -202,9 +275,13 @@ def staged_copies(root: str | os.PathLike[str]) -> list[StagedCopy]:
     for job in jobs:
         data = job / "data"
         try:
-            records = [p for p in data.iterdir() if p.name.endswith(".stage.json") and not p.name.startswith(".")]
+            names = [p for p in data.iterdir() if not p.name.startswith(".")]
         except OSError:
             continue
+        records = [p for p in names if p.name.endswith(".stage.json")]
+        recorded = {p.name[:-len(".stage.json")] for p in records}
+        for orphan in (p for p in names if p.is_dir() and p.name not in recorded):  # its record never written
+            found.append(StagedCopy(job.name, orphan.name, orphan, _size(orphan), 0.0))  # no run reuses it: first out
         for record in records:
             name = record.name[:-len(".stage.json")]
             try:
@@ -236,32 +313,45 @@ def evict(root: str | os.PathLike[str], need: int, budget: int,
           keep: set[str] | frozenset[str] = frozenset()) -> tuple[bool, list[StagedCopy]]:
     """Make room for ``need`` more bytes of staged copies under ``root``
     within ``budget`` bytes: remove the least recently used copies first,
-    never those of the jobs named in ``keep`` or of a job whose data folder is in use
-    (:func:`data_in_use`: a run or a prefetch holds it).  Each copy goes
-    record first, then its folder, so a kill in between leaves a folder no
-    run reuses (a copy without its record is staged again).  Returns
-    ``(fits, evicted)``; when it cannot fit, nothing is removed."""
+    never those of the jobs named in ``keep`` or of a job whose data folder
+    is in use (a run or a prefetch holds it: each chosen copy's folder is
+    held, as a prefetch holds it, until its copy is removed, so a run that
+    starts meanwhile waits and then stages it again).  Each copy goes record
+    first, then its folder, so a kill in between leaves a folder no run
+    reuses (a copy without its record is staged again).  Returns ``(fits,
+    evicted)``; when it cannot fit, nothing is removed."""
     copies = staged_copies(root)
     total = sum(c.bytes for c in copies)
     if total + need <= budget:
         return True, []
-    chosen, freed = [], 0
-    for copy in copies:
-        if copy.job in keep or data_in_use(Path(root) / copy.job):
-            continue
-        chosen.append(copy)
-        freed += copy.bytes
-        if total - freed + need <= budget:
-            break
-    if total - freed + need > budget:
-        return False, []
-    for copy in chosen:
-        copy.record.unlink(missing_ok=True)
-        if copy.path.is_dir():
-            shutil.rmtree(copy.path, ignore_errors=True)
-        else:
-            copy.path.unlink(missing_ok=True)
-    return True, chosen
+    chosen, held, freed = [], {}, 0
+    try:
+        for copy in copies:
+            if copy.job in keep:
+                continue
+            folder = Path(root) / copy.job
+            if str(folder) not in held:
+                fd = _held_now(folder)
+                if fd is None:  # in use
+                    continue
+                held[str(folder)] = fd
+            chosen.append(copy)
+            freed += copy.bytes
+            if total - freed + need <= budget:
+                break
+        if total - freed + need > budget:
+            return False, []
+        for copy in chosen:
+            copy.record.unlink(missing_ok=True)
+            if copy.path.is_dir():
+                shutil.rmtree(copy.path, ignore_errors=True)
+            else:
+                copy.path.unlink(missing_ok=True)
+        return True, chosen
+    finally:
+        for fd in held.values():
+            if fd >= 0:
+                os.close(fd)
 
 
 def touch_record(record: Path) -> None:

@@ -2,7 +2,7 @@
 
 * Local folders are copied by GNU ``cp -R`` (the fastest copier on this
   kind of machine: fsspec's local recursive copy is ~3x slower on 10,000
-  small files); local single files by ``sendfile`` in 64 MiB steps (progress
+  small files); local single files by ``sendfile`` in 8 MiB steps (progress
   between steps).
 * Async stores (s3, gs, az, http) get every file of a list in one fsspec
   ``get`` with ``batch_size`` concurrent transfers; other stores use a
@@ -35,7 +35,7 @@ from e31.tasks.storage.progress import TransferProgress
 
 BATCH_SIZE = settings.value("E31_TRANSFER_BATCH")  # concurrent file transfers from a store
 THREADS = 8  # get_file threads for stores without an async client
-STEP = 64 * 2**20  # bytes per sendfile call on local copies
+STEP = 8 * 2**20  # bytes per sendfile call on local copies (a prefetch's rate cap acts between them)
 #: Single objects at least this big (bytes) are hashed while they download.
 FOLLOW_BYTES = 16 * 2**20
 #: Concurrent ranged GETs per large object on S3 (s3fs ``max_concurrency``).

@@ -17,8 +17,12 @@ and one ``e31 worker`` per node (each 1 CPU slot), then:
    job's end, against the sum of the works' seconds divided by the pool's
    slots (target <= 1.3x);
 5. **stagings saved by locality**: each job reads one of ``--inputs`` input
-   files (1 MiB each); the runs placed on a node that had staged their
-   inputs before (their ``Placed`` message says so) each saved a staging.
+   files (1 MiB each); the runs whose manifest says their inputs were
+   found staged (``staged_before_allocation``).  Each job here has its own
+   name, and a job's staged copies live in its own scratch folder, so none
+   is expected: locality pays off for later runs of the same job
+   (``tests/deployments/test_queue.py``) and for prefetch
+   (``bench_prefetch.py``).
 
 Each job is a command work sleeping ``--work-s`` seconds.  On a 2-core
 machine every job also costs a flow process (Python, Prefect and E31
@@ -173,8 +177,11 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
         print(f"scheduler ticks that changed something while the jobs ran: {len(ms)}, cycle median "
               f"{ms[len(ms) // 2]:.0f} ms, p95 {ms[max(0, int(0.95 * len(ms)) - 1)]:.0f} ms, max {ms[-1]:.0f} ms "
               f"({sum(kind == 'full' for _, kind in cycles)} with a full read)")
-    print(f"stagings saved by locality: {local} of {len(specs)} runs placed where their inputs were staged "
-          f"(at best {max(0, len(specs) - args.inputs)}: each input staged once; none without locality but by chance)")
+    reused = sum(1 for s in specs if (root / "out" / s.name / "manifest.json").exists() and json.loads(
+        (root / "out" / s.name / "manifest.json").read_text()).get("staged_before_allocation"))
+    print(f"stagings saved by locality: {reused} of {len(specs)} runs found their inputs staged (manifest "
+          f"staged_before_allocation); {local} placed with 'inputs already staged there'.  Each job is its own, and "
+          f"a job's copies live in its own scratch folder: only a later run of the same job reuses them")
     return 0
 
 

@@ -84,7 +84,7 @@ def test_a_job_waiting_behind_another_has_its_inputs_staged_before_it_starts(pre
     assert manifest["timings"]["prefetch_s"] == note["seconds"] > 0
     timings = manifest["timings"]
     # the meter bills the seconds the job held its GPU: in-run staging (a check of the copy) and the work
-    assert manifest["meter"]["gpu_seconds"] == round(timings["staging_s"] + timings["run_s"], 3)
+    assert abs(manifest["meter"]["gpu_seconds"] - (timings["staging_s"] + timings["run_s"])) <= 0.002  # (rounding)
     assert abs(manifest["meter"]["gpu_seconds"] - (record["end"] - record["start"])) < 1.0  # the work's own time
 
 
@@ -111,7 +111,8 @@ def test_a_scratch_budget_too_small_for_two_jobs_evicts_the_older_copy(prefect_a
     assert re.search(r"e31 prefetch on n1: second \(\w{8}\): over budget \(its inputs to copy \(30\.0 MiB\) do not "
                      r"fit the node's scratch_budget \(50\.0 MiB\) beside the copies in use\)", log), log[-3000:]
     # ... and was prefetched while the middle job ran, evicting the first's copy, now unused
-    assert re.search(r"e31 prefetch on n1: second \(\w{8}\): copied, 30\.0 MiB in [\d.]+ s; evicted first/blob", log)
+    assert re.search(r"e31 prefetch on n1: second \(\w{8}\): copied, 30\.0 MiB in [\d.]+ s; evicted to make room: first/blob",
+                     log)
     assert not (q.root / "scratch-n1" / "first" / "data" / "blob").exists()
     assert not (q.root / "scratch-n1" / "first" / "data" / "blob.stage.json").exists()
     staged = q.root / "scratch-n1" / "second" / "data" / "blob" / "second.bin"

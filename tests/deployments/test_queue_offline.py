@@ -48,3 +48,23 @@ def test_a_queue_command_whose_server_does_not_answer_says_how_to_fix_it(tmp_pat
     assert done.stderr == (f"e31: ConnectError: [Errno 111] Connection refused (PREFECT_API_URL={api}): is the Prefect "
                            "server running? Start it (prefect server start) or point PREFECT_API_URL at it; set "
                            "E31_DEBUG=1 for the traceback\n")
+
+
+def test_the_worker_starts_its_prefetcher_again_when_it_ends(capsys):
+    import time
+
+    from e31.deployments.commands import _Supervised
+
+    _Supervised.RESTART_S = 0.1
+    child = _Supervised([sys.executable, "-c", "pass"])  # ends at once, as a killed prefetcher would
+    try:
+        first = child.proc.pid
+        deadline = time.monotonic() + 30
+        while child.proc.pid == first:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        child.kill()
+        child.wait()
+        _Supervised.RESTART_S = 5.0
+    assert "e31 worker: the prefetcher ended (exit 0); started again" in capsys.readouterr().out

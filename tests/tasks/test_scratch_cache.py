@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 
 from e31.specs import DataInput
 from e31.tasks.stage import stage_input
@@ -67,3 +68,50 @@ def test_a_transfer_marker_counts_while_its_process_lives(tmp_path):
     marker = tmp_path / f"gone.{int(dead.stdout)}"
     marker.touch()  # a process killed while it staged
     assert not transfers_busy(tmp_path) and not marker.exists()
+
+
+def test_a_copy_without_its_record_is_the_first_to_go(tmp_path):
+    root = tmp_path / "scratch"
+    _stage(tmp_path, root, "kept", 100, 1000.0)
+    orphan = root / "torn" / "data" / "x"  # moved into place, then killed before its record was written
+    orphan.mkdir(parents=True)
+    (orphan / "f").write_bytes(b"a" * 50)
+    assert [(c.job, c.bytes, c.used) for c in staged_copies(root)] == [("torn", 50, 0.0), ("kept", 100, 1000.0)]
+    fits, gone = evict(root, 10, 110)
+    assert fits and [c.job for c in gone] == ["torn"] and not orphan.exists()
+
+
+def test_a_run_kills_a_prefetch_that_does_not_yield_and_ignores_a_dead_waiter(tmp_path):
+    import signal
+    import time
+
+    from e31.tasks.storage.scratch_cache import yield_wanted
+
+    scratch = tmp_path / "job"
+    scratch.mkdir()
+    holder = textwrap.dedent(f"""
+        import fcntl, os, sys, time
+        fd = os.open({str(scratch / "data.lock")!r}, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        print("held", flush=True)
+        time.sleep(600)  # a download whose source stopped sending: no chunk, so no check of the yield request
+    """)
+    # its command line names the prefetcher's module, as the real one's does
+    proc = subprocess.Popen([sys.executable, "-c", holder, "e31.deployments.prefetch"], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "held\n"
+        started = time.monotonic()
+        waited = take_data(scratch, yield_s=1.0)
+        assert 1.0 <= waited < 10 and time.monotonic() - started < 10
+        assert proc.wait(10) == -signal.SIGKILL
+        assert not (scratch / "data.wanted").exists()
+    finally:
+        proc.kill()
+        release_data(scratch)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (scratch / "data.wanted").write_text(dead.stdout.strip())  # a run killed while it waited
+    assert not yield_wanted(scratch) and not (scratch / "data.wanted").exists()
+    (scratch / "data.wanted").write_text(str(os.getpid()))  # a live waiter
+    assert yield_wanted(scratch)
