@@ -320,6 +320,33 @@ def _hold_signals() -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, note)
+    ignore_signals_at_exit()
+
+
+_IGNORING_AT_EXIT: list[bool] = []
+
+
+def ignore_signals_at_exit() -> None:
+    """Ignore SIGTERM and SIGINT (``SIG_IGN``) from the interpreter's exit
+    on, once per process.  At exit CPython puts ``SIG_DFL`` back for every
+    signal with a Python handler (``_PySignal_Fini``), so a late signal
+    there would still end the process with 143 after the output was
+    returned; an ignored signal is left ignored.  Registered with
+    :mod:`atexit`, whose functions run before that reset."""
+    import atexit
+
+    if _IGNORING_AT_EXIT:
+        return
+    _IGNORING_AT_EXIT.append(True)
+
+    def ignore() -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                signal.signal(sig, signal.SIG_IGN)
+            except ValueError:  # not the main thread
+                pass
+
+    atexit.register(ignore)
 
 
 #: The manifest each job's last run in this process delivered (job name -> manifest): the CLI
