@@ -82,6 +82,10 @@ class QueuedJob:
             may start on a preferred node and still go there (the staging
             that node saves; delay scheduling, Zaharia et al., EuroSys 2010);
             0: only an equally early start.
+        planned_node: the node an earlier plan reserved its start on (its
+            prefetch may be under way there); among equally early starts it
+            is kept, after ``preferred_nodes``, so the plan does not move a
+            job between equally free nodes from one tick to the next.
     """
 
     id: str
@@ -99,6 +103,7 @@ class QueuedJob:
     runtime_note: str = ""
     preferred_nodes: tuple[str, ...] = field(default=())
     locality_wait_s: float = 0.0
+    planned_node: str | None = None
 
     @property
     def occupancy_s(self) -> float:

@@ -39,7 +39,7 @@ class Promotion:
 class Ranked:
     """A queued job with what the planning passes need, computed once: ``req`` = (gpus, cpus,
     memory, seconds on the node), ``eligible`` (None: every node), ``kind`` (the GPU type,
-    lower case), ``preferred`` (indices of nodes holding its inputs)."""
+    lower case), ``preferred`` (indices of nodes holding its inputs, then of its planned node)."""
 
     __slots__ = ("job", "req", "eligible", "kind", "preferred")
 
@@ -48,7 +48,10 @@ class Ranked:
         self.req = (job.gpus, job.cpus, job.memory, job.occupancy_s)
         self.eligible = None if all(eligible) else eligible
         self.kind = job.gpu_type.lower() if job.gpu_type else None
-        self.preferred = tuple(where[n] for n in job.preferred_nodes if n in where and eligible[where[n]])
+        # the planned node only as a tie-break: the wait a node holding the inputs is worth is theirs alone
+        sticky = job.planned_node if job.planned_node and not job.locality_wait_s else None
+        names = (*job.preferred_nodes, sticky) if sticky else job.preferred_nodes
+        self.preferred = tuple(dict.fromkeys(where[n] for n in names if n in where and eligible[where[n]]))
 
 
 def _arrival(j: Ranked) -> tuple[float, str]:

@@ -204,3 +204,20 @@ def test_a_job_past_its_expected_end_still_holds_its_devices():
     overdue = running("r", "n1", range(8), -1)  # expected to end an hour ago
     (p,) = plan([node("n1")], [overdue], [queued("q", 1, 1)], T0)
     assert (p.action, p.start) == ("wait", T0 + 1)
+
+
+def test_a_waiting_job_keeps_its_planned_node_between_equally_free_nodes():
+    # n1 and n2 both free at 00:30; without a planned node the tie goes to n1 (pool order)
+    busy = [running("r1", "n1", range(8), 0.5), running("r2", "n2", range(8), 0.5)]
+    base = queued("p", 1, 1)
+    got = table(plan([node("n1"), node("n2")], busy, [base], T0))
+    assert got["p"][:4] == ("wait", "n1", (0,), 0.5)
+    # planned on n2 by an earlier tick (its prefetch may be under way there): it stays, and no reason says staged
+    kept = type(base)(**{**base.__dict__, "planned_node": "n2"})
+    got = table(plan([node("n1"), node("n2")], busy, [kept], T0))
+    assert got["p"][:4] == ("wait", "n2", (0,), 0.5)
+    assert "staged" not in got["p"][5]
+    # a sooner start elsewhere still wins
+    sooner = [running("r1", "n1", range(8), 0.25), running("r2", "n2", range(8), 0.5)]
+    got = table(plan([node("n1"), node("n2")], sooner, [kept], T0))
+    assert got["p"][:4] == ("wait", "n1", (0,), 0.25)
