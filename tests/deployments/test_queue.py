@@ -86,6 +86,11 @@ def queue(tmp_path: Path, nodes: dict[str, int]):
     q = Queue(tmp_path, nodes)
     try:
         yield q
+    except BaseException:  # a failure's report shows what the scheduler and the workers said
+        for log in sorted(tmp_path.glob("*.log")):
+            print(f"--- {log.name}\n{log.read_text(errors='replace')[-6000:]}")
+        print(f"--- flow runs\n{_states()}")
+        raise
     finally:
         q.stop()
 
@@ -135,12 +140,14 @@ def test_a_deadline_job_goes_before_a_long_job_that_has_slack(prefect_api, tmp_p
     with queue(tmp_path, {"n1": 4}) as q:
         q.scheduler()
         q.worker("n1", 4)
-        q.submit(q.job("busy", 4, 8))
+        q.submit(q.job("busy", 4, 25))  # long enough for both submissions to land while it runs, even under load
         wait_for(lambda: (q.root / "out").exists() and any((q.root / "scratch-n1").glob("busy/output/started.json")),
                  what="the first job to start")
         q.submit(q.job("long", 4, 30))
-        deadline = (datetime.now(timezone.utc) + timedelta(seconds=60)).isoformat()
+        # must stop 30 s before its deadline: only if it goes before long (which would end ~55 s from now)
+        deadline = (datetime.now(timezone.utc) + timedelta(seconds=80)).isoformat()
         q.submit(q.job("urgent", 4, 5, deadline=deadline))
+        assert not _done(q, "busy")
         wait_for(lambda: _done(q, "busy", "long", "urgent"), timeout=240, what="three jobs")
         busy, long, urgent = q.record("busy"), q.record("long"), q.record("urgent")
     assert busy["end"] <= urgent["start"] < long["start"]
@@ -208,6 +215,12 @@ STEPS = textwrap.dedent("""
 """)
 
 
+def _durable_step(durable: Path) -> int:
+    """The newest step whose checkpoint is durable at the destination (0: none
+    yet); older ones are removed as newer ones land, so a poll may miss one."""
+    return max((int(p.parent.name.split("-")[1]) for p in durable.glob("step-*/COMMITTED")), default=0)
+
+
 def _flow_process(q: Queue, name: str, node: str) -> int:
     """The pid of the flow process running job ``name``'s work on ``node``
     (the work's parent: its supervisor)."""
@@ -224,7 +237,7 @@ def test_a_killed_flow_process_frees_its_node_and_a_retried_job_resumes(prefect_
         q.submit(q.job("resumer", 8, 30, work="steps.py", retries=1))
         q.submit(q.job("next", 8, 1))
         durable = q.root / "out" / "resumer" / "checkpoints"
-        wait_for(lambda: (durable / "step-3" / "COMMITTED").exists(), what="three durable steps")
+        wait_for(lambda: _durable_step(durable) >= 3, what="three durable steps")
         os.kill(_flow_process(q, "resumer", "n1"), signal.SIGKILL)  # the flow process, not the worker
         wait_for(lambda: _done(q, "resumer", "next"), timeout=300, what="both jobs")
         record = q.record("resumer")
@@ -239,7 +252,7 @@ def test_a_lost_node_releases_its_jobs_within_the_lease_and_they_resume_elsewher
         doomed = q.worker("n1", 4)
         q.submit(q.job("survivor", 4, 40, work="steps.py", retries=1))
         durable = q.root / "out" / "survivor" / "checkpoints"
-        wait_for(lambda: (durable / "step-3" / "COMMITTED").exists(), what="three durable steps on n1")
+        wait_for(lambda: _durable_step(durable) >= 3, what="three durable steps on n1")
         os.killpg(doomed.pid, signal.SIGKILL)  # the worker and everything it started: the machine is gone
         flow = _flow_process(q, "survivor", "n1")
         try:
