@@ -75,6 +75,26 @@ class E31Worker(ProcessWorker):
         super().__init__(*args, **kwargs)
         self.node = node
 
+    async def run(self, flow_run: Any, configuration: Any, task_status: Any = None) -> Any:
+        """Prefect's process worker's run, marking the flow process as staging
+        on this machine from its start (:func:`e31.tasks.storage.scratch_cache.mark_starting`:
+        the node's prefetcher pauses until the run's own staging ends)."""
+        import anyio
+
+        from e31.tasks.storage.scratch_cache import mark_starting
+
+        spec = (flow_run.parameters or {}).get("spec")
+        job = spec.get("name") if isinstance(spec, dict) else None
+        outer = task_status if task_status is not None else anyio.TASK_STATUS_IGNORED
+
+        class _Started:
+            def started(self, value: Any = None) -> None:
+                if isinstance(job, str) and isinstance(value, int):
+                    mark_starting(job, value)
+                outer.started(value)
+
+        return await super().run(flow_run, configuration, task_status=_Started())
+
     async def _get_scheduled_flow_runs(self) -> list[Any]:
         """Prefect's scheduled runs of the pool, less those not placed on this node."""
         runs = await super()._get_scheduled_flow_runs()

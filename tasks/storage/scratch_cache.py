@@ -229,6 +229,21 @@ def transferring(job: str, folder: str | os.PathLike[str] | None = None) -> Iter
             marker.unlink(missing_ok=True)
 
 
+def mark_starting(job: str, pid: int, folder: str | os.PathLike[str] | None = None) -> None:
+    """Mark the flow process ``pid`` (just started by a worker) as staging
+    ``job`` already: the marker :func:`transferring` will take over in that
+    process and remove when its staging ends, so prefetches on this machine
+    also pause while the process starts (its imports and engine set-up
+    compete with a prefetch for the CPU).  Best effort; a marker of a
+    process that dies first is removed by :func:`transfers_busy`."""
+    folder = Path(folder) if folder is not None else transfers_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{job}.{pid}").touch()
+    except OSError:
+        pass
+
+
 def transfers_busy(folder: str | os.PathLike[str] | None = None) -> bool:
     """Whether a live process is staging or returning a job on this
     machine (markers of dead processes are removed; ``folder`` as for

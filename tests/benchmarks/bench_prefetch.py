@@ -19,6 +19,8 @@ Printed for each run, and as ratios:
 - the **meter** (manifest ``meter.cpu_seconds``: in-run staging + work);
 - **in-run staging** seconds (manifest ``timings.staging_s``) summed, and
   ``timings.prefetch_s`` summed (staging done before allocation);
+- the rest of the held time (held less in-run staging, work, settle and
+  return: the flow processes' start and end, the same work in both runs);
 - **wall**: first submission to last final state (target: the same or less);
 - **a running job's own staging beside a prefetch**: the in-run staging
   rate of the jobs that staged in their run (the first ones) with prefetch
@@ -109,7 +111,8 @@ def _bench(args, root: Path, env: dict, s3) -> int:
         r = results[mode]
         print(f"{mode:>7} prefetch: held {r['held']:.1f} resource-s, meter {r['meter']:.1f} cpu-s, in-run staging "
               f"{r['staging']:.1f} s ({r['staged_in_run']} jobs), prefetch {r['prefetch']:.1f} s "
-              f"({r['prefetched']} jobs), wall {r['wall']:.1f} s")
+              f"({r['prefetched']} jobs), wall {r['wall']:.1f} s; held beyond staging, work and return "
+              f"{r['held'] - r['in_run']:.1f} s (starting and ending the flow processes)")
     a, b = results["without"], results["with"]
     saved_staging = a["staging"] - b["staging"]
     saved_held = a["held"] - b["held"]
@@ -192,6 +195,7 @@ def _queue(args, root: Path, env: dict, urls: list[str], size: int, prefetch: bo
     in_run = [m for m in manifests if not m["staged_before_allocation"]]
     return {"held": held, "wall": end - t0, "meter": sum(m["meter"]["cpu_seconds"] for m in manifests),
             "staging": sum(m["timings"]["staging_s"] for m in manifests), "staged_in_run": len(in_run),
+            "in_run": sum(m["timings"][k] for m in manifests for k in ("staging_s", "run_s", "settle_s", "return_s")),
             "prefetch": sum(m["timings"]["prefetch_s"] for m in manifests),
             "prefetched": sum(1 for m in manifests if m["timings"]["prefetch_s"] > 0),
             "rates": [size / m["timings"]["staging_s"] for m in in_run if m["timings"]["staging_s"] > 0]}

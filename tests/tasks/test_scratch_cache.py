@@ -12,7 +12,8 @@ import textwrap
 from e31.specs import DataInput
 from e31.tasks.stage import stage_input
 from e31.tasks.storage.scratch_cache import (data_in_use, evict, release_data, remove_torn, staged_copies,
-                                             take_data, transferring, transfers_busy, try_hold_data)
+                                             mark_starting, take_data, transferring, transfers_busy,
+                                             try_hold_data)
 
 
 def _stage(tmp_path, root, job: str, size: int, used: float) -> None:
@@ -68,6 +69,14 @@ def test_a_transfer_marker_counts_while_its_process_lives(tmp_path):
     marker = tmp_path / f"gone.{int(dead.stdout)}"
     marker.touch()  # a process killed while it staged
     assert not transfers_busy(tmp_path) and not marker.exists()
+
+
+def test_a_flow_process_started_by_a_worker_counts_from_its_start_until_its_staging_ends(tmp_path):
+    mark_starting("job", os.getpid(), tmp_path)  # the worker, as the flow process starts
+    assert transfers_busy(tmp_path) and os.listdir(tmp_path) == [f"job.{os.getpid()}"]
+    with transferring("job", tmp_path):  # that process's staging takes the marker over
+        assert os.listdir(tmp_path) == [f"job.{os.getpid()}"]
+    assert not transfers_busy(tmp_path) and os.listdir(tmp_path) == []
 
 
 def test_a_copy_without_its_record_is_the_first_to_go(tmp_path):
