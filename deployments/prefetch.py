@@ -332,7 +332,7 @@ def _stop_wanted(scratch: Path) -> bool:
 
 
 def _busy() -> bool:
-    from e31.tasks.storage.scratch_cache import transfers_busy
+    from e31.tasks.storage.transfer_markers import transfers_busy
 
     return transfers_busy()
 

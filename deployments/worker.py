@@ -77,11 +77,11 @@ class E31Worker(ProcessWorker):
 
     async def run(self, flow_run: Any, configuration: Any, task_status: Any = None) -> Any:
         """Prefect's process worker's run, marking the flow process as staging
-        on this machine from its start (:func:`e31.tasks.storage.scratch_cache.mark_starting`:
+        on this machine from its start (:func:`e31.tasks.storage.transfer_markers.mark_starting`:
         the node's prefetcher pauses until the run's own staging ends)."""
         import anyio
 
-        from e31.tasks.storage.scratch_cache import mark_starting
+        from e31.tasks.storage.transfer_markers import mark_starting
 
         spec = (flow_run.parameters or {}).get("spec")
         job = spec.get("name") if isinstance(spec, dict) else None

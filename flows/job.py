@@ -43,7 +43,8 @@ from e31.tasks.supervisor.warm import discard, prestart
 from e31.tasks.run import SupervisorConfig, run_task
 from e31.tasks.pending import deliver_pending, permanent, recorded_return
 from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
-from e31.tasks.storage.scratch_cache import data_wait_s, prefetched_seconds, transferring
+from e31.tasks.storage.scratch_cache import data_wait_s, prefetched_seconds
+from e31.tasks.storage.transfer_markers import transferring
 from e31.tasks.storage import describe_error, scrub
 from e31.tasks.storage.masking import install_log_masking
 from e31.tasks.storage.options import register_destination, register_inputs

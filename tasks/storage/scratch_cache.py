@@ -13,10 +13,10 @@ a budget:
   prefetch holding it is asked to yield (``data.wanted``) and stops within a
   chunk: a prefetch never holds back its own job.
 - :func:`try_hold_data` -- the prefetcher's: never waits.
-- :func:`transferring` / :func:`transfers_busy` -- a marker per flow run that
-  is staging or returning on this machine (:func:`transfers_dir`); the
-  prefetcher pauses while one exists, so it never slows a job that holds
-  its resources (nodes sharing a machine share its network and disks).
+- the transfer markers (:mod:`e31.tasks.storage.transfer_markers`): a
+  marker per flow run that is starting, staging or returning on this
+  machine; the prefetcher pauses while one exists, so it never slows a job
+  that holds its resources (nodes sharing a machine share its network and disks).
 - :func:`staged_copies` / :func:`evict` -- the copies in a scratch root, and
   the eviction of the least recently used ones (never a job's whose
   ``data.lock`` is held) down to a byte budget.
@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from e31.tasks.storage.transfer_markers import alive
 
 LOCK, WANTED = "data.lock", "data.wanted"
 
@@ -170,7 +172,7 @@ def yield_wanted(scratch: str | os.PathLike[str]) -> bool:
         text = wanted.read_text().strip()
     except OSError:
         return False
-    if text.isdigit() and _alive(int(text)):
+    if text.isdigit() and alive(int(text)):
         return True
     wanted.unlink(missing_ok=True)
     return False
@@ -200,79 +202,6 @@ def _held_now(scratch: Path) -> int | None:
         os.close(fd)
         return None
     return fd
-
-
-def transfers_dir() -> Path:
-    """The machine's folder of transfer markers: ``$E31_TRANSFERS_DIR``, else
-    ``<temp dir>/e31-transfers-<uid>`` (one per machine and user, whatever
-    the scratch root)."""
-    import tempfile
-
-    return Path(os.environ.get("E31_TRANSFERS_DIR") or Path(tempfile.gettempdir()) / f"e31-transfers-{os.getuid()}")
-
-
-@contextmanager
-def transferring(job: str, folder: str | os.PathLike[str] | None = None) -> Iterator[None]:
-    """Mark this process as staging or returning ``job`` on this machine
-    for the block (``folder``: the markers' folder, default :func:`transfers_dir`)."""
-    folder = Path(folder) if folder is not None else transfers_dir()
-    marker = folder / f"{job}.{os.getpid()}"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-    except OSError:  # a full disk: the marker is a courtesy to the prefetcher, never a reason to fail
-        marker = None
-    try:
-        yield
-    finally:
-        if marker is not None:
-            marker.unlink(missing_ok=True)
-
-
-def mark_starting(job: str, pid: int, folder: str | os.PathLike[str] | None = None) -> None:
-    """Mark the flow process ``pid`` (just started by a worker) as staging
-    ``job`` already: the marker :func:`transferring` will take over in that
-    process and remove when its staging ends, so prefetches on this machine
-    also pause while the process starts (its imports and engine set-up
-    compete with a prefetch for the CPU).  Best effort; a marker of a
-    process that dies first is removed by :func:`transfers_busy`."""
-    folder = Path(folder) if folder is not None else transfers_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{job}.{pid}").touch()
-    except OSError:
-        pass
-
-
-def transfers_busy(folder: str | os.PathLike[str] | None = None) -> bool:
-    """Whether a live process is staging or returning a job on this
-    machine (markers of dead processes are removed; ``folder`` as for
-    :func:`transferring`)."""
-    folder = Path(folder) if folder is not None else transfers_dir()
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return False
-    busy = False
-    for name in names:
-        pid = name.rpartition(".")[2]
-        if not pid.isdigit():
-            continue  # not a marker
-        if _alive(int(pid)):
-            busy = True
-        else:
-            (folder / name).unlink(missing_ok=True)
-    return busy
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def staged_copies(root: str | os.PathLike[str]) -> list[StagedCopy]:

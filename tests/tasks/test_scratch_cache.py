@@ -12,8 +12,8 @@ import textwrap
 from e31.specs import DataInput
 from e31.tasks.stage import stage_input
 from e31.tasks.storage.scratch_cache import (data_in_use, evict, release_data, remove_torn, staged_copies,
-                                             mark_starting, take_data, transferring, transfers_busy,
-                                             try_hold_data)
+                                             take_data, try_hold_data)
+from e31.tasks.storage.transfer_markers import mark_starting, transferring, transfers_busy
 
 
 def _stage(tmp_path, root, job: str, size: int, used: float) -> None:
