@@ -25,6 +25,9 @@ INTERVAL_S = 2.0
 #: Waiting runs whose reason one tick rewrites at most (the rest follow in the next ticks, which come at
 #: once): a change that moves the planned start of the whole queue does not hold back the next placement.
 MAX_WAITS = 25
+#: Seconds one tick spends at most rewriting waiting runs' reasons (after the first): on a busy server a
+#: write can take 0.5 s, and 25 of them would hold back for 10 s a placement the next tick could make.
+MAX_WAIT_S = 0.5
 #: Seconds between reads of the jobs' run-time history (completed runs).
 HISTORY_EVERY_S = 60.0
 
@@ -100,17 +103,17 @@ def snapshot(client: Any, pool: PoolSpec, past: History | None = None, now: floa
 
 def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None = None,
          now: float | None = None, lease_s: float = queue.LEASE_S, cache: queue.RunCache | None = None,
-         max_waits: int | None = None) -> Tick:
+         max_waits: int | None = None, max_wait_s: float | None = None) -> Tick:
     """Read, plan, apply once (see the module docstring).  ``cache``: the
     pool's runs kept between ticks (:class:`e31.flows.queue.RunCache`; a
     tick then reads only what changed), else every active run is read;
-    ``max_waits``: see :func:`e31.flows.queue.apply`."""
+    ``max_waits``, ``max_wait_s``: see :func:`e31.flows.queue.apply`."""
     started = time.monotonic()
     snap = snapshot(client, pool, past, now, lease_s, cache)
     t0 = time.monotonic()
     placements = plan(snap.nodes, snap.running, snap.queued, snap.now, policy)
     plan_s = time.monotonic() - t0
-    counts = queue.apply(client, snap, placements, cache, max_waits)
+    counts = queue.apply(client, snap, placements, cache, max_waits, max_wait_s)
     return Tick(len(snap.queued), len(snap.running), counts, plan_s, time.monotonic() - started,
                 frozenset(r.id for r in snap.running), t0 - started, cache is None or cache.last_full)
 
@@ -133,7 +136,8 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
                 if time.monotonic() - read_at > HISTORY_EVERY_S:
                     past, read_at = history(client, pool), time.monotonic()
                 try:
-                    result = tick(client, pool, policy, past, lease_s=lease_s, cache=cache, max_waits=MAX_WAITS)
+                    result = tick(client, pool, policy, past, lease_s=lease_s, cache=cache, max_waits=MAX_WAITS,
+                                  max_wait_s=MAX_WAIT_S)
                 except Exception as exc:  # the API is busy or a run changed under us: the next tick reads all again
                     if once:
                         raise

@@ -5,6 +5,7 @@ a lost node and requeue crashed runs with retries left."""
 from __future__ import annotations
 
 import re
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -170,7 +171,7 @@ class _Writer:
 
 
 def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCache | None = None,
-          max_waits: int | None = None) -> dict[str, int]:
+          max_waits: int | None = None, max_wait_s: float | None = None) -> dict[str, int]:
     """Record the plan on the flow runs: place the runs that start now (their
     node, devices and CPUs in ``job_variables``, state ``Placed``), write each
     waiting run's reason and planned start (only when they changed), fail the
@@ -178,9 +179,11 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
     crashed runs with retries left.  Each write is recorded in ``cache``
     (when given).  Starts and refusals are written first; ``max_waits``
     bounds the waiting runs whose reason is rewritten in this call (~25 ms
-    each), soonest planned start first, so that a change that moves the
-    whole queue does not hold the next placement back: the others are
-    counted ``deferred`` and written by the next calls.  Returns counts per
+    each on an idle server), soonest planned start first, and ``max_wait_s``
+    the seconds spent on them (checked before each write after the first:
+    on a busy server one write can take 0.5 s), so that a change that
+    moves the whole queue does not hold the next placement back: the others
+    are counted ``deferred`` and written by the next calls.  Returns counts per
     action (``gone``: runs deleted on the server since they were read;
     ``stale``: runs changed since, not written; ``undone``: writes that
     overtook a cancel, undone; see :class:`_Writer`)."""
@@ -219,6 +222,7 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
             _log(client, key, message)
             counts["wait"] += 1
     order = {"start": 0, "refuse": 1}
+    waits_from: float | None = None  # when the first waiting run's reason was written
     for p in sorted(placements, key=lambda p: (order.get(p.action, 2), p.start or 0.0)):
         run = snap.runs[p.job]
         if p.action == "start":
@@ -251,9 +255,11 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
             if current.name == QUEUED and _same(current.message, message) and same_time and same_node:
                 counts["unchanged"] += 1
                 continue
-            if max_waits is not None and counts["wait"] >= max_waits:
+            if (max_waits is not None and counts["wait"] >= max_waits) or (
+                    max_wait_s is not None and waits_from is not None and time.monotonic() - waits_from >= max_wait_s):
                 counts["deferred"] += 1
                 continue
+            waits_from = time.monotonic() if waits_from is None else waits_from
             if not same_node:
                 if node is None:
                     variables.pop(PLANNED_VAR, None)

@@ -238,7 +238,10 @@ def test_a_killed_flow_process_frees_its_node_and_a_retried_job_resumes(prefect_
         q.submit(q.job("next", 8, 1))
         durable = q.root / "out" / "resumer" / "checkpoints"
         wait_for(lambda: _durable_step(durable) >= 3, what="three durable steps")
-        os.kill(_flow_process(q, "resumer", "n1"), signal.SIGKILL)  # the flow process, not the worker
+        flow = _flow_process(q, "resumer", "n1")
+        warm = Path(f"/proc/{flow}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        assert b"e31.deployments.warmstart" in Path(f"/proc/{warm}/cmdline").read_bytes()  # forked, warm
+        os.kill(flow, signal.SIGKILL)  # the flow process, not the worker nor its client
         wait_for(lambda: _done(q, "resumer", "next"), timeout=300, what="both jobs")
         record = q.record("resumer")
     assert record["resumed_from"] >= 3  # the retry resumed from its newest durable checkpoint

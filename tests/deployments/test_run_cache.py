@@ -18,6 +18,10 @@ def _spec(name: str, root: Path):
                        "output": {"kind": "results", "url": str(root / "out" / name), "files": ["r.json"]}})
 
 
+def _name(client, run_id: str) -> str:
+    return client.read_flow_run(run_id).parameters["spec"]["name"]
+
+
 class _Pool:
     """A one-node pool (n1) of its own on the session server; ``submit``
     creates a queued run of a small job named ``NAME-<tag>``."""
@@ -223,3 +227,31 @@ def test_a_background_full_read_keeps_what_the_scheduler_wrote_while_it_ran(pref
         finally:
             go_on.set()
             cache.close()
+
+
+def test_a_tick_writes_waiting_reasons_within_its_time_budget_and_defers_the_rest(prefect_api, tmp_path):
+    """``max_wait_s``: a tick rewrites waiting runs' reasons (soonest
+    planned start first) only for as long as its budget allows; the next
+    ticks write the rest.  A budget of 0 s writes one per tick.  (No worker
+    answers for n1 here, so every run waits.)"""
+    from prefect.client.orchestration import get_client
+
+    from e31.deployments.scheduler import tick
+    from e31.flows.queue import RunCache
+
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        runs = [made.submit(client, name) for name in ("a", "b", "c", "d")]
+        cache = RunCache(made.spec, full_every_s=3600)
+        counts = [tick(client, made.spec, cache=cache, max_wait_s=0.0).counts for _ in range(5)]
+        states = [client.read_flow_run(r).state for r in runs]
+        names = {r: _name(client, r) for r in runs}
+    pick = ("start", "wait", "deferred", "unchanged")
+    assert [tuple(c[k] for k in pick) for c in counts] == [(0, 1, 3, 0), (0, 1, 2, 1), (0, 1, 1, 2), (0, 1, 0, 3),
+                                                            (0, 0, 0, 4)]
+    assert [s.name for s in states] == ["Queued"] * 4
+    assert all(s.message.startswith("Queued: waiting for 1 CPU on one node (0 free on n1); earliest start ")
+               for s in states)
+    assert states[0].message.endswith(" UTC on n1, once node n1's e31 worker answers")
+    for before, state in zip(runs, states[1:]):
+        assert state.message.endswith(f" UTC on n1, after job {names[before]} ({before[:8]}) ends")

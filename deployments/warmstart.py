@@ -1,0 +1,245 @@
+"""Warm flow processes for ``e31 worker``: Prefect and E31 imported once,
+forked per flow run.
+
+A cold flow process spends 1.3 s of CPU (idle machine) to 3 s of wall time
+(busy 2-core machine) importing Prefect and E31 before the run's first API
+call.  ``e31 worker`` instead starts this module once:
+
+    python -m e31.deployments.warm SOCKET
+
+It imports ``prefect.engine``, ``prefect.flow_engine`` and ``e31.flows.job``
+(no torch, no CUDA: the work's own process imports those with its placed
+``CUDA_VISIBLE_DEVICES``), checks that it is a single thread (a fork copies
+only the calling thread, so a forked copy of a threaded process can
+deadlock), and serves the Unix socket ``SOCKET`` (mode 0600).  Each flow
+run's command is :mod:`e31.deployments.warm_client`, which hands over the
+run's environment, working folder and standard streams; this process forks,
+and the child takes them and runs ``prefect.engine`` as ``__main__``,
+exactly what ``python -m prefect.engine`` runs.
+
+Rules that keep a forked run the same as a cold one:
+
+- The child gets the run's whole environment.  Prefect's settings are read
+  at import, so a run whose ``PREFECT_*`` settings differ from this
+  process's is answered ``cold`` and starts as a fresh process.
+- If this process has more than one thread when a run comes, the run is
+  answered ``cold``.
+- This process is its own session (the worker starts it with
+  ``start_new_session``): a Ctrl-C at the worker's terminal reaches the
+  client, which forwards it once to its child.
+- It ends when its standard input closes (the worker ended or died), after
+  its last child is reaped: the runs it started finish, and their clients
+  get their exit status.
+
+Linux and macOS only (``fork``, ``SCM_RIGHTS``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import threading
+from typing import Any
+
+#: The modules imported before any fork.
+PRELOAD = ("prefect.engine", "prefect.flow_engine", "e31.flows.job")
+
+
+def settings_env(env: dict[str, str]) -> dict[str, str]:
+    """The ``PREFECT_*`` settings in ``env`` (not Prefect's ``PREFECT__*``
+    per-run variables, which the engine reads when it runs)."""
+    return {k: v for k, v in env.items() if k.startswith("PREFECT_") and not k.startswith("PREFECT__")}
+
+
+def threads() -> int:
+    """Threads of this process (all of them on Linux, not only Python's)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def _recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """One request: (``{"env": ..., "cwd": ...}``, [fd 0, fd 1, fd 2])."""
+    data, fds, _flags, _addr = socket.recv_fds(conn, 4, 3)
+    while len(data) < 4:
+        more = conn.recv(4 - len(data))
+        if not more:
+            raise ConnectionError("client closed before its request")
+        data += more
+    (size,) = struct.unpack("!I", data)
+    body = b""
+    while len(body) < size:
+        more = conn.recv(size - len(body))
+        if not more:
+            raise ConnectionError("client closed during its request")
+        body += more
+    if len(fds) != 3:
+        raise ConnectionError(f"expected 3 file descriptors, got {len(fds)}")
+    return json.loads(body), fds
+
+
+class Server:
+    """The warm process's loop: accept a run, fork it, reap it, report its end."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.env = dict(os.environ)
+        self.children: dict[int, socket.socket] = {}
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            self.listener.bind(path)
+        finally:
+            os.umask(old)
+        self.listener.listen(64)
+        self.open = True
+
+    def serve(self) -> tuple[dict[str, Any], list[int], socket.socket] | None:
+        """Serve until stdin closes and the last child is reaped (returns
+        None), or return in a forked child with its request, fds and
+        connection."""
+        sel = selectors.DefaultSelector()
+        sel.register(self.listener, selectors.EVENT_READ, "accept")
+        sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
+        while self.open or self.children:
+            for key, _ in sel.select(timeout=0.2):
+                if key.data == "stdin":
+                    if not os.read(sys.stdin.fileno(), 4096):  # the worker ended: accept no more runs
+                        sel.unregister(key.fd)
+                        sel.unregister(self.listener)
+                        self.listener.close()
+                        self._close()
+                elif key.data == "accept" and self.open:
+                    child = self._accept()
+                    if child is not None:
+                        sel.close()
+                        return child
+            self._reap()
+        return None
+
+    def _close(self) -> None:
+        self.open = False
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def _accept(self) -> tuple[dict[str, Any], list[int], socket.socket] | None:
+        conn, _ = self.listener.accept()
+        try:
+            conn.settimeout(10)
+            request, fds = _recv_request(conn)
+        except (OSError, ValueError) as exc:
+            print(f"e31 warm: a flow-process request failed: {exc}", file=sys.stderr, flush=True)
+            conn.close()
+            return None
+        env = request.get("env") or {}
+        if settings_env(env) != settings_env(self.env) or threads() > 1:
+            conn.sendall(b"cold\n")
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+            return None
+        pid = os.fork()
+        if pid == 0:
+            self.listener.close()
+            for c in self.children.values():
+                c.close()
+            return request, fds, conn
+        for fd in fds:
+            os.close(fd)
+        self.children[pid] = conn
+        return None
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is None:
+                continue
+            if os.WIFSIGNALED(status):
+                line = f"signal {os.WTERMSIG(status)}\n"
+            else:
+                line = f"exit {os.waitstatus_to_exitcode(status)}\n"
+            try:
+                conn.sendall(line.encode())
+            except OSError:
+                pass  # the client is gone; nobody waits for this status
+            conn.close()
+
+
+def _watch_client(conn: socket.socket) -> None:
+    """In the child: SIGKILL this process when the client's end closes (the
+    worker killed the flow process it knows)."""
+    try:
+        while conn.recv(4096):
+            pass
+    except OSError:
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def become_flow_process(request: dict[str, Any], fds: list[int], conn: socket.socket) -> None:
+    """In the forked child: take the run's streams, folder and environment,
+    then run ``prefect.engine`` as ``__main__`` (raises what it raises;
+    ``SystemExit`` carries its exit status)."""
+    import runpy
+    import warnings
+
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL if sig != signal.SIGPIPE else signal.SIG_IGN)
+    os.chdir(request.get("cwd") or "/")
+    os.environ.clear()
+    os.environ.update(request["env"])
+    conn.settimeout(None)
+    conn.sendall(f"pid {os.getpid()}\n".encode())
+    threading.Thread(target=_watch_client, args=(conn,), name="e31-warm-client", daemon=True).start()
+    import prefect.engine
+
+    sys.argv = [prefect.engine.__file__]
+    # what ``python -m prefect.engine`` runs; the module was imported before the fork, which runpy warns of
+    warnings.filterwarnings("ignore", message="'prefect.engine' found in sys.modules", category=RuntimeWarning)
+    runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m e31.deployments.warm SOCKET``."""
+    import importlib
+
+    path = (argv if argv is not None else sys.argv[1:])[0]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops this process by closing stdin
+    for name in PRELOAD:
+        importlib.import_module(name)
+    from prefect.flow_engine import _load_flow_from_runtime_entrypoint
+
+    from e31.flows.deploy import ENTRYPOINT
+
+    _load_flow_from_runtime_entrypoint(ENTRYPOINT)
+    server = Server(path)
+    if threads() > 1:
+        print(f"e31 warm: {threads()} threads after import; every run will start cold", file=sys.stderr, flush=True)
+    child = server.serve()
+    if child is None:
+        return 0
+    become_flow_process(*child)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""The worker's warm flow process (``e31.deployments.warmstart``) and its
+client, as real processes: fd handover, exit status, signals, the cold
+fallback, a killed client, the end of the warm process.
+
+The Prefect API here is a frozen server (a socket that accepts and never
+answers), so a forked engine run blocks in its first API call for as long
+as a test needs.  Runs that reach a real server go through the whole queue
+in ``test_queue.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from e31.deployments import warmstart_client
+
+CLIENT = Path(warmstart_client.__file__)
+
+
+def _wait(cond, timeout: float = 60, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def warm(tmp_path):
+    """A warm process whose Prefect API is a frozen server; yields
+    (process, socket path, its environment)."""
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(64)
+    env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{frozen.getsockname()[1]}/api"}
+    path = str(tmp_path / "warm.sock")
+    proc = subprocess.Popen([sys.executable, "-m", "e31.deployments.warmstart", path], env=env, stdin=subprocess.PIPE,
+                            start_new_session=True)
+    _wait(lambda: os.path.exists(path) or proc.poll() is not None, what="the warm process to listen")
+    assert proc.poll() is None
+    yield proc, path, env
+    if proc.poll() is None:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    frozen.close()
+
+
+def _client(path: str, env: dict, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-S", str(CLIENT), path], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, **kw)
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _raw_request(path: str, env: dict) -> tuple[socket.socket, int, int]:
+    """Send a request as the client does, with a pipe as the child's stderr;
+    returns (connection, read end of that pipe, the client side's copy of it)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+    r, w = os.pipe()
+    header = json.dumps({"env": env, "cwd": "/"}).encode()
+    socket.send_fds(conn, [struct.pack("!I", len(header))], [0, w, w])
+    conn.sendall(header)
+    os.close(w)
+    return conn, r, w
+
+
+def _lines(conn: socket.socket) -> list[str]:
+    conn.settimeout(60)
+    data = b""
+    while chunk := conn.recv(4096):
+        data += chunk
+    return data.decode().splitlines()
+
+
+def test_a_forked_run_gets_the_clients_streams_and_environment_and_its_exit_status(warm):
+    proc, path, env = warm
+    conn, r, _ = _raw_request(path, {**env, "PREFECT__FLOW_RUN_ID": "not-a-run-id"})
+    lines = _lines(conn)
+    err = b""
+    while chunk := os.read(r, 65536):
+        err += chunk
+    assert len(lines) == 2 and lines[0].startswith("pid ") and int(lines[0].split()[1]) not in (os.getpid(), proc.pid)
+    assert lines[1] == "exit 1"  # prefect.engine's own exit for a bad flow run id
+    import prefect.engine
+
+    assert f"Invalid flow run id. Received arguments: [{prefect.engine.__file__!r}]" in err.decode()
+
+
+def test_the_client_ends_as_its_forked_run_ends(warm):
+    _, path, env = warm
+    client = _client(path, {**env, "PREFECT__FLOW_RUN_ID": "not-a-run-id"})
+    out, err = client.communicate(timeout=60)
+    assert client.returncode == 1
+    assert "Invalid flow run id" in err.decode()
+
+
+def test_a_run_with_other_prefect_settings_is_answered_cold(warm):
+    _, path, env = warm
+    conn, r, _ = _raw_request(path, {**env, "PREFECT_LOGGING_LEVEL": "DEBUG" if env.get(
+        "PREFECT_LOGGING_LEVEL") != "DEBUG" else "INFO"})
+    assert _lines(conn) == ["cold"]
+    os.close(r)
+
+
+def test_sigterm_to_the_client_reaches_its_forked_run_which_ends_as_a_cold_one_would(warm):
+    proc, path, env = warm
+    run_env = {**env, "PREFECT__FLOW_RUN_ID": str(uuid.uuid4())}
+    cold = subprocess.Popen([sys.executable, "-m", "prefect.engine"], env=run_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    client = _client(path, run_env)
+    children = lambda: [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]  # noqa: E731
+    _wait(lambda: children(), what="the forked run")
+    (child,) = children()
+    time.sleep(5)  # both inside the engine now, blocked on the frozen API
+    cold.send_signal(signal.SIGTERM)
+    client.send_signal(signal.SIGTERM)
+    cold.communicate(timeout=60)
+    client.communicate(timeout=60)
+    _wait(lambda: _state(child) in ("gone", "Z"), what="the forked run to end")
+    assert client.returncode == cold.returncode == -signal.SIGTERM
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_a_killed_client_takes_its_forked_run_with_it(warm):
+    proc, path, env = warm
+    client = _client(path, {**env, "PREFECT__FLOW_RUN_ID": str(uuid.uuid4())})
+    children = lambda: [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]  # noqa: E731
+    _wait(lambda: children(), what="the forked run")
+    (child,) = children()
+    client.kill()
+    client.wait(timeout=30)
+    _wait(lambda: _state(child) in ("gone", "Z"), timeout=30, what="the forked run to die with its client")
+    _wait(lambda: not children(), timeout=30, what="the warm process to reap it")
+
+
+def test_the_warm_process_ends_when_its_worker_closes_stdin_after_its_last_run(warm):
+    proc, path, env = warm
+    client = _client(path, {**env, "PREFECT__FLOW_RUN_ID": str(uuid.uuid4())})
+    _wait(lambda: Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split(), what="the forked run")
+    proc.stdin.close()
+    _wait(lambda: not os.path.exists(path), what="the socket to go")
+    time.sleep(1)
+    assert proc.poll() is None  # its run goes on
+    late = _client(path, {**env, "PREFECT__FLOW_RUN_ID": "not-a-run-id"})  # no warm process: starts cold
+    assert late.communicate(timeout=120)[1].count(b"Invalid flow run id") == 1 and late.returncode == 1
+    client.kill()
+    client.wait(timeout=30)
+    assert proc.wait(timeout=30) == 0
