@@ -7,8 +7,9 @@ call.  ``e31 worker`` instead starts this module once:
 
     python -m e31.deployments.warm SOCKET
 
-It imports ``prefect.engine``, ``prefect.flow_engine`` and ``e31.flows.job``
-(no torch, no CUDA: the work's own process imports those with its placed
+It imports ``prefect.engine``, ``prefect.flow_engine`` and ``e31.flows.job``,
+and what a run imports later (:data:`PRELOAD_OPTIONAL`; no torch, no CUDA:
+the work's own process imports those with its placed
 ``CUDA_VISIBLE_DEVICES``), checks that it is a single thread (a fork copies
 only the calling thread, so a forked copy of a threaded process can
 deadlock), and serves the Unix socket ``SOCKET`` (mode 0600).  Each flow
@@ -48,6 +49,11 @@ from typing import Any
 
 #: The modules imported before any fork.
 PRELOAD = ("prefect.engine", "prefect.flow_engine", "e31.flows.job")
+#: Imported too when they can be: what a run of ``run_job`` imports later (measured with Prefect 3.9.1:
+#: its task engine, anyio's asyncio backend, fastapi and graphviz through Prefect; s3fs for object-store
+#: data, ~0.4 s), none of which starts a thread at import.
+PRELOAD_OPTIONAL = ("prefect.task_engine", "prefect.concurrency.sync", "anyio._backends._asyncio", "fastapi",
+                    "graphviz", "s3fs")
 
 
 def settings_env(env: dict[str, str]) -> dict[str, str]:
@@ -226,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops this process by closing stdin
     for name in PRELOAD:
         importlib.import_module(name)
+    for name in PRELOAD_OPTIONAL:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
     from prefect.flow_engine import _load_flow_from_runtime_entrypoint
 
     from e31.flows.deploy import ENTRYPOINT

@@ -17,6 +17,10 @@ and SIGUSR2 to the child and ends as the child ended (its exit status, or
 killed by the same signal).  If it is killed itself (SIGKILL), the child sees
 its connection close and kills itself with SIGKILL too.
 
+The environment it hands over adds ``E31_FLOW_PROCESS_PID``, this process's
+pid: the run's transfer markers carry the pid the worker knows
+(:func:`e31.tasks.storage.transfer_markers.flow_process_pid`).
+
 If the warm process cannot be reached, or it answers ``cold`` (the run's
 Prefect settings differ from those it imported with), this process becomes
 ``python -m prefect.engine`` in place (``exec``): the run starts cold, never
@@ -65,7 +69,9 @@ def main(path: str) -> int:
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(path)
-        header = json.dumps({"env": dict(os.environ), "cwd": os.getcwd()}).encode()
+        # the pid Prefect's worker knows, which names the run's transfer markers (e31.tasks.storage.transfer_markers)
+        env = {**os.environ, "E31_FLOW_PROCESS_PID": str(os.getpid())}
+        header = json.dumps({"env": env, "cwd": os.getcwd()}).encode()
         socket.send_fds(conn, [struct.pack("!I", len(header))], [0, 1, 2])
         conn.sendall(header)
     except OSError:

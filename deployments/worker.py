@@ -139,6 +139,8 @@ class E31Worker(ProcessWorker):
 
         from e31.tasks.storage.transfer_markers import mark_starting
 
+        if self._warm is not None and self._warm.poll() is not None:  # it died: this run starts cold, later ones warm
+            self._warm = start_warm_process()
         spec = (flow_run.parameters or {}).get("spec")
         job = spec.get("name") if isinstance(spec, dict) else None
         outer = task_status if task_status is not None else anyio.TASK_STATUS_IGNORED

@@ -39,16 +39,27 @@ def _same(old: str | None, new: str) -> bool:
     return old is not None and _CLOCK.sub("", old) == _CLOCK.sub("", new)
 
 
-def _log(client: Any, run_id: str, message: str) -> None:
-    """One line in the flow run's log (its page in the UI opens on it): the
-    queue's word on the run, as it changes.  Best effort."""
-    from prefect.client.schemas.actions import LogCreate
+class _Logs:
+    """Lines for the flow runs' logs (a run's page in the UI opens on them):
+    the queue's word on each run, as it changes.  Collected during a call
+    of :func:`apply` and sent in one request at its end.  Best effort."""
 
-    try:
-        client.create_logs([LogCreate(name="e31.scheduler", level=20, message=message,
-                                      timestamp=datetime.now(timezone.utc), flow_run_id=run_id)])
-    except Exception:
-        pass
+    def __init__(self, client: Any) -> None:
+        self.client, self.lines = client, []
+
+    def add(self, run_id: str, message: str) -> None:
+        from prefect.client.schemas.actions import LogCreate
+
+        self.lines.append(LogCreate(name="e31.scheduler", level=20, message=message,
+                                    timestamp=datetime.now(timezone.utc), flow_run_id=run_id))
+
+    def send(self) -> None:
+        if self.lines:
+            try:
+                self.client.create_logs(self.lines)
+            except Exception:
+                pass
+            self.lines = []
 
 
 def refuse_at_destination(spec: JobSpec, run_id: str, reason: str) -> None:
@@ -186,7 +197,17 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
     are counted ``deferred`` and written by the next calls.  Returns counts per
     action (``gone``: runs deleted on the server since they were read;
     ``stale``: runs changed since, not written; ``undone``: writes that
-    overtook a cancel, undone; see :class:`_Writer`)."""
+    overtook a cancel, undone; see :class:`_Writer`).  The lines each write
+    adds to its run's log are sent in one request at the end."""
+    logs = _Logs(client)
+    try:
+        return _apply(client, snap, placements, cache, max_waits, max_wait_s, logs)
+    finally:
+        logs.send()
+
+
+def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCache | None, max_waits: int | None,
+           max_wait_s: float | None, logs: _Logs) -> dict[str, int]:
     from prefect.states import Crashed, Failed, Scheduled
 
     counts = {"start": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0, "gone": 0,
@@ -219,7 +240,7 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
             counts["unchanged"] += 1
             continue
         if write.state(key, Scheduled(name=QUEUED, message=message, scheduled_time=now + timedelta(seconds=AHEAD_S))):
-            _log(client, key, message)
+            logs.add(key, message)
             counts["wait"] += 1
     order = {"start": 0, "refuse": 1}
     waits_from: float | None = None  # when the first waiting run's reason was written
@@ -235,7 +256,7 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
             if not write.state(p.job, Scheduled(name=PLACED, scheduled_time=now,
                                                 message=humane(p.reason, snap) + local), check=False):
                 continue
-            _log(client, p.job, f"Placed: {humane(p.reason, snap)}{local}")
+            logs.add(p.job, f"Placed: {humane(p.reason, snap)}{local}")
             counts["start"] += 1
         elif p.action == "refuse":
             if not write.state(p.job, Failed(message=f"refused: {humane(p.reason, snap)}")):
@@ -274,6 +295,6 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
                                check=same_node):
                 continue
             if not _same(current.message, message):
-                _log(client, p.job, message)
+                logs.add(p.job, message)
             counts["wait"] += 1
     return counts

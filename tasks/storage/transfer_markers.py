@@ -22,12 +22,26 @@ def transfers_dir() -> Path:
     return Path(os.environ.get("E31_TRANSFERS_DIR") or Path(tempfile.gettempdir()) / f"e31-transfers-{os.getuid()}")
 
 
+#: Set in a flow process forked by a worker's warm process (:mod:`e31.deployments.warmstart`): the pid of
+#: the process Prefect's worker started for the run (the warm start's client), which names its markers.
+FLOW_PROCESS_PID_VAR = "E31_FLOW_PROCESS_PID"
+
+
+def flow_process_pid() -> int:
+    """The pid the worker knows for this flow process (``$E31_FLOW_PROCESS_PID``
+    when forked warm, else this process's): the pid :func:`mark_starting`
+    marked, so :func:`transferring` takes that marker over.  That process
+    lives as long as this one."""
+    text = os.environ.get(FLOW_PROCESS_PID_VAR, "")
+    return int(text) if text.isdigit() else os.getpid()
+
+
 @contextmanager
 def transferring(job: str, folder: str | os.PathLike[str] | None = None) -> Iterator[None]:
     """Mark this process as staging or returning ``job`` on this machine
     for the block (``folder``: the markers' folder, default :func:`transfers_dir`)."""
     folder = Path(folder) if folder is not None else transfers_dir()
-    marker = folder / f"{job}.{os.getpid()}"
+    marker = folder / f"{job}.{flow_process_pid()}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         marker.touch()

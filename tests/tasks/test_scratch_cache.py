@@ -79,6 +79,15 @@ def test_a_flow_process_started_by_a_worker_counts_from_its_start_until_its_stag
     assert not transfers_busy(tmp_path) and os.listdir(tmp_path) == []
 
 
+def test_a_flow_process_forked_warm_takes_over_the_marker_of_the_pid_its_worker_knows(tmp_path, monkeypatch):
+    client = os.getppid()  # a live process other than this one: the warm start's client
+    mark_starting("job", client, tmp_path)
+    monkeypatch.setenv("E31_FLOW_PROCESS_PID", str(client))
+    with transferring("job", tmp_path):
+        assert os.listdir(tmp_path) == [f"job.{client}"]
+    assert not transfers_busy(tmp_path) and os.listdir(tmp_path) == []
+
+
 def test_a_copy_without_its_record_is_the_first_to_go(tmp_path):
     root = tmp_path / "scratch"
     _stage(tmp_path, root, "kept", 100, 1000.0)
