@@ -15,7 +15,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -327,20 +327,25 @@ def _hold_signals() -> None:
 _IGNORING_AT_EXIT: list[bool] = []
 
 
-def ignore_signals_at_exit() -> None:
+def ignore_signals_at_exit(when: Callable[[], bool] | None = None) -> None:
     """Ignore SIGTERM and SIGINT (``SIG_IGN``) from the interpreter's exit
-    on, once per process.  At exit CPython puts ``SIG_DFL`` back for every
-    signal with a Python handler (``_PySignal_Fini``), so a late signal
-    there would still end the process with 143 after the output was
-    returned; an ignored signal is left ignored.  Registered with
-    :mod:`atexit`, whose functions run before that reset."""
+    on: always (``when`` None; registered once per process), or when
+    ``when()`` is true at exit (the ``e31`` command: once its job's output
+    was delivered).  At exit CPython puts ``SIG_DFL`` back for every signal
+    with a Python handler (``_PySignal_Fini``), so a late signal there would
+    still end the process with 143 after the output was returned; an
+    ignored signal is left ignored.  Registered with :mod:`atexit`, whose
+    functions run before that reset."""
     import atexit
 
-    if _IGNORING_AT_EXIT:
-        return
-    _IGNORING_AT_EXIT.append(True)
+    if when is None:
+        if _IGNORING_AT_EXIT:
+            return
+        _IGNORING_AT_EXIT.append(True)
 
     def ignore() -> None:
+        if when is not None and not when():
+            return
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 signal.signal(sig, signal.SIG_IGN)

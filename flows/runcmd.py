@@ -94,10 +94,9 @@ def _hold_signals_once_delivered(job: str) -> None:
     the SIGTERM handler it found at its start (its own replaces it during
     the run and hands a signal on to it); the flow's own holding of signals
     (``e31.flows.job._hold_signals``) ends there."""
-    import atexit
     import signal
 
-    from e31.flows.job import DELIVERED
+    from e31.flows.job import DELIVERED, ignore_signals_at_exit
 
     told: list[int] = []
 
@@ -113,15 +112,10 @@ def _hold_signals_once_delivered(job: str) -> None:
             print("e31: the output is returned; the signal is ignored and the run ends with its manifest",
                   file=sys.stderr)
 
-    def ignore_once_delivered() -> None:
-        if DELIVERED.get(job) is not None:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, signal.SIG_IGN)  # at exit CPython resets Python handlers, not SIG_IGN
-
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, handler)
-        atexit.register(ignore_once_delivered)
+        ignore_signals_at_exit(when=lambda: DELIVERED.get(job) is not None)
 
 
 API_GONE_S = 20.0  # seconds the Prefect API must stay unreachable, once the output is returned, before e31 run leaves

@@ -150,22 +150,37 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
             print("gave up after 3 h")
             break
     with get_client(sync_client=True) as client:
-        latencies, first_placed, local = [], None, 0
+        latencies, first_placed, local, slots = [], None, 0, {}
         for key in ids:
             states = client.read_flow_run_states(key)
             placed = next((s.timestamp.timestamp() for s in states if s.name == "Placed"), None)
+            final = next((s.timestamp.timestamp() for s in states if s.type.value == "COMPLETED"), None)
             local += any(s.name == "Placed" and "inputs already staged there" in (s.message or "") for s in states)
-            name = client.read_flow_run(key).name
-            record = root / "out" / name / "r.json"
+            run = client.read_flow_run(key)
+            record = root / "out" / run.name / "r.json"
             if placed and record.exists():
-                latencies.append(json.loads(record.read_text())["start"] - placed)
+                times = json.loads(record.read_text())
+                latencies.append(times["start"] - placed)
                 first_placed = placed if first_placed is None else min(first_placed, placed)
+                node = (run.job_variables or {}).get("e31_node")
+                slots.setdefault(node, []).append((placed, times["start"], times["end"], final))
     ends = [json.loads((root / "out" / s.name / "r.json").read_text())["end"] for s in specs
             if (root / "out" / s.name / "r.json").exists()]
     latencies.sort()
     p95 = latencies[max(0, int(0.95 * len(latencies)) - 1)]
     print(f"release to start: median {statistics.median(latencies):.2f} s, p95 {p95:.2f} s   target p95 < 5 s: "
           f"{'met' if p95 < 5 else 'missed'}")
+    ends_to_final, final_to_placed = [], []
+    for runs in slots.values():  # one job at a time per node: each gap between two runs on a node
+        runs.sort()
+        for (_, _, end, final), (placed, _, _, _) in zip(runs, runs[1:]):
+            if final is not None:
+                ends_to_final.append(final - end)
+                final_to_placed.append(placed - final)
+    if ends_to_final:
+        print(f"a node's slot between two jobs (medians): work end -> flow run Completed "
+              f"{statistics.median(ends_to_final):.2f} s, Completed -> next Placed "
+              f"{statistics.median(final_to_placed):.2f} s, Placed -> work start {statistics.median(latencies):.2f} s")
     wall = max(ends) - first_placed
     ideal = len(specs) * args.work_s / args.nodes
     print(f"total wall {wall:.1f} s against the ideal {ideal:.1f} s (work / slots): {wall / ideal:.2f}x   "
