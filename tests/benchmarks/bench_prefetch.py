@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -64,6 +65,7 @@ def main() -> int:
     parser.add_argument("--size", default="1GiB", help="bytes each job reads (a size such as 1GiB)")
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--work-s", type=float, default=15.0)
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, scratch, outputs)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="e31-bench-prefetch-"))
     port = _port()
@@ -86,6 +88,8 @@ def main() -> int:
             return _bench(args, root, env, s3)
     finally:
         os.killpg(server.pid, 15)
+        if not args.keep:  # the store, two scratch copies per node and the outputs: ~3x --jobs x --size
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _bench(args, root: Path, env: dict, s3) -> int:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import re
 import socket
 import statistics
@@ -62,6 +63,7 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--work-s", type=float, default=3.0)
     parser.add_argument("--inputs", type=int, default=6, help="distinct input files the jobs read (locality)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, scratch, outputs)")
     parser.add_argument("--no-run", action="store_true", help="measure submit and the scheduler cycle only")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="e31-bench-queue-"))
@@ -84,6 +86,8 @@ def main() -> int:
                 os.killpg(proc.pid, 15)
             except ProcessLookupError:
                 pass
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _run(args, root: Path, env: dict, procs: list) -> int:
