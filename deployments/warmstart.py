@@ -5,7 +5,7 @@ A cold flow process spends 1.3 s of CPU (idle machine) to 3 s of wall time
 (busy 2-core machine) importing Prefect and E31 before the run's first API
 call.  ``e31 worker`` instead starts this module once:
 
-    python -m e31.deployments.warm SOCKET
+    python -m e31.deployments.warmstart SOCKET
 
 It imports ``prefect.engine``, ``prefect.flow_engine`` and ``e31.flows.job``,
 and what a run imports later (:data:`PRELOAD_OPTIONAL`; no torch, no CUDA:
@@ -13,7 +13,7 @@ the work's own process imports those with its placed
 ``CUDA_VISIBLE_DEVICES``), checks that it is a single thread (a fork copies
 only the calling thread, so a forked copy of a threaded process can
 deadlock), and serves the Unix socket ``SOCKET`` (mode 0600).  Each flow
-run's command is :mod:`e31.deployments.warm_client`, which hands over the
+run's command is :mod:`e31.deployments.warmstart_client`, which hands over the
 run's environment, working folder and standard streams; this process forks,
 and the child takes them and runs ``prefect.engine`` as ``__main__``,
 exactly what ``python -m prefect.engine`` runs.
@@ -130,10 +130,13 @@ class Server:
         return None
 
     def _close(self) -> None:
+        """Accept no more runs: the socket goes, and the worker's ``e31-warm-*`` folder of it."""
         self.open = False
         try:
             os.unlink(self.path)
-        except FileNotFoundError:
+            if os.path.basename(os.path.dirname(self.path)).startswith("e31-warm-"):
+                os.rmdir(os.path.dirname(self.path))
+        except OSError:
             pass
 
     def _accept(self) -> tuple[dict[str, Any], list[int], socket.socket] | None:
@@ -225,7 +228,7 @@ def become_flow_process(request: dict[str, Any], fds: list[int], conn: socket.so
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m e31.deployments.warm SOCKET``."""
+    """``python -m e31.deployments.warmstart SOCKET``."""
     import importlib
 
     path = (argv if argv is not None else sys.argv[1:])[0]

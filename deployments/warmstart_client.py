@@ -1,11 +1,11 @@
 """The flow-process command of ``e31 worker`` when warm starts are on.
 
-    python -S .../warm_client.py SOCKET
+    python -S .../deployments/warmstart_client.py SOCKET
 
 Prefect's process worker starts this command for each flow run, with the
 run's environment, exactly as it would start ``python -m prefect.engine``.
 It imports only the standard library (``-S``: no site packages), connects to
-the worker's warm flow process (:mod:`e31.deployments.warm`) over the Unix
+the worker's warm flow process (:mod:`e31.deployments.warmstart`) over the Unix
 socket ``SOCKET`` and hands it its environment, working folder and standard
 streams (fds 0, 1 and 2, passed with ``SCM_RIGHTS``).  The warm process forks
 a child that already has Prefect and E31 imported; the child runs the flow
@@ -101,7 +101,10 @@ def main(path: str) -> int:
         return 1
     word, value = outcome
     if word == "signal":
-        signal.signal(value, signal.SIG_DFL)
+        try:
+            signal.signal(value, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL, SIGSTOP: no handler to reset
+            pass
         os.kill(os.getpid(), value)
         return 128 + value
     return value

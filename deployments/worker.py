@@ -139,8 +139,7 @@ class E31Worker(ProcessWorker):
 
         from e31.tasks.storage.transfer_markers import mark_starting
 
-        if self._warm is not None and self._warm.poll() is not None:  # it died: this run starts cold, later ones warm
-            self._warm = start_warm_process()
+        self._keep_warm()
         spec = (flow_run.parameters or {}).get("spec")
         job = spec.get("name") if isinstance(spec, dict) else None
         outer = task_status if task_status is not None else anyio.TASK_STATUS_IGNORED
@@ -153,8 +152,15 @@ class E31Worker(ProcessWorker):
 
         return await super().run(flow_run, configuration, task_status=_Started())
 
+    def _keep_warm(self) -> None:
+        """Start a new warm process when the worker's died (runs meanwhile start cold)."""
+        if self._warm is not None and self._warm.poll() is not None:
+            self._warm = start_warm_process()
+
     async def _get_scheduled_flow_runs(self) -> list[Any]:
-        """Prefect's scheduled runs of the pool, less those not placed on this node."""
+        """Prefect's scheduled runs of the pool, less those not placed on this
+        node (each poll also restarts a warm process that died)."""
+        self._keep_warm()
         runs = await super()._get_scheduled_flow_runs()
         return [r for r in runs if (r.flow_run.job_variables or {}).get("e31_node") == self.node]
 

@@ -208,7 +208,10 @@ def test_deploy_refuses_bad_schedules_before_contacting_the_server(e31, tmp_path
     bad cron strings and timezones came back as library errors, and an
     absolute deadline was deployed on a schedule that would refuse every
     run after it.  No server is needed to refuse these (none is set here)."""
+    from datetime import datetime, timedelta, timezone
+
     env = {"PREFECT_API_URL": "http://127.0.0.1:9/api"}
+    later = (datetime.now(timezone.utc) + timedelta(days=30)).replace(microsecond=0).isoformat()  # always ahead
     cases = [
         (["--timezone", "Europe/London"],
          ["--timezone applies to a --cron schedule; give --cron too (e.g. --cron '0 2 * * *')"]),
@@ -224,8 +227,8 @@ def test_deploy_refuses_bad_schedules_before_contacting_the_server(e31, tmp_path
           "--cron '' is not a cron schedule; five fields: minute hour day-of-month month day-of-week, "
           "e.g. '0 2 * * *' (02:00 every day)"]),
         (["--cron", "0 2 * * *", "--set", "request.deadline_within=null",
-          "--set", "request.deadline=2026-12-01T06:00:00+00:00"],
-         ["request.deadline 2026-12-01T06:00:00+00:00 is one moment, and every scheduled run after it would be "
+          "--set", f"request.deadline={later}"],
+         [f"request.deadline {later} is one moment, and every scheduled run after it would be "
           "refused; for a schedule use request.deadline_within (e.g. 4h after each scheduled start) or "
           "request.deadline_at (e.g. \"06:00 Europe/London\")"]),
     ]

@@ -169,3 +169,16 @@ def test_the_warm_process_ends_when_its_worker_closes_stdin_after_its_last_run(w
     client.kill()
     client.wait(timeout=30)
     assert proc.wait(timeout=30) == 0
+
+
+def test_a_forked_run_killed_with_sigkill_kills_its_client_the_same_way(warm):
+    """Found by a fresh-user trial: the client could not reset SIGKILL's
+    handler and ended with a traceback and status 1."""
+    proc, path, env = warm
+    client = _client(path, {**env, "PREFECT__FLOW_RUN_ID": str(uuid.uuid4())})
+    children = lambda: [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]  # noqa: E731
+    _wait(lambda: children(), what="the forked run")
+    (child,) = children()
+    os.kill(child, signal.SIGKILL)
+    _, err = client.communicate(timeout=60)
+    assert client.returncode == -signal.SIGKILL and b"Traceback" not in err
