@@ -57,9 +57,12 @@ PRELOAD_OPTIONAL = ("prefect.task_engine", "prefect.concurrency.sync", "anyio._b
 
 
 def settings_env(env: dict[str, str]) -> dict[str, str]:
-    """The ``PREFECT_*`` settings in ``env`` (not Prefect's ``PREFECT__*``
-    per-run variables, which the engine reads when it runs)."""
-    return {k: v for k, v in env.items() if k.startswith("PREFECT_") and not k.startswith("PREFECT__")}
+    """What in ``env`` took effect at interpreter start or import: Prefect's
+    ``PREFECT_*`` settings (not its ``PREFECT__*`` per-run variables, which
+    the engine reads when it runs) and Python's ``PYTHON*`` variables
+    (``PYTHONPATH``, ...)."""
+    return {k: v for k, v in env.items() if (k.startswith("PREFECT_") and not k.startswith("PREFECT__"))
+            or k.startswith("PYTHON")}
 
 
 def threads() -> int:
@@ -70,15 +73,23 @@ def threads() -> int:
         return threading.active_count()
 
 
-def _recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """One request: (``{"env": ..., "cwd": ...}``, [fd 0, fd 1, fd 2])."""
-    data, fds, _flags, _addr = socket.recv_fds(conn, 4, 3)
+#: Bytes a request may have (an environment is a few KiB).
+MAX_REQUEST = 1 << 20
+
+
+def _recv_request(conn: socket.socket, fds: list[int]) -> dict[str, Any]:
+    """One request: ``{"env": {...}, "cwd": "..."}``, its fds appended to
+    ``fds`` (three: 0, 1, 2).  Raises ``ValueError`` or ``OSError``."""
+    data, got, _flags, _addr = socket.recv_fds(conn, 4, 3)
+    fds.extend(got)
     while len(data) < 4:
         more = conn.recv(4 - len(data))
         if not more:
             raise ConnectionError("client closed before its request")
         data += more
     (size,) = struct.unpack("!I", data)
+    if size > MAX_REQUEST:
+        raise ValueError(f"request of {size} bytes")
     body = b""
     while len(body) < size:
         more = conn.recv(size - len(body))
@@ -86,8 +97,13 @@ def _recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
             raise ConnectionError("client closed during its request")
         body += more
     if len(fds) != 3:
-        raise ConnectionError(f"expected 3 file descriptors, got {len(fds)}")
-    return json.loads(body), fds
+        raise ValueError(f"expected 3 file descriptors, got {len(fds)}")
+    request = json.loads(body)
+    if not (isinstance(request, dict) and isinstance(request.get("env"), dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in request["env"].items())
+            and isinstance(request.get("cwd", ""), str)):
+        raise ValueError("not a request: {\"env\": {name: value}, \"cwd\": path}")
+    return request
 
 
 class Server:
@@ -141,14 +157,18 @@ class Server:
 
     def _accept(self) -> tuple[dict[str, Any], list[int], socket.socket] | None:
         conn, _ = self.listener.accept()
+        fds: list[int] = []
         try:
-            conn.settimeout(10)
-            request, fds = _recv_request(conn)
-        except (OSError, ValueError) as exc:
-            print(f"e31 warm: a flow-process request failed: {exc}", file=sys.stderr, flush=True)
+            conn.settimeout(2)  # a client sends at once; a stalled one holds the others back at most this long
+            request = _recv_request(conn, fds)
+        except Exception as exc:  # noqa: BLE001 - a bad request ends that request only
+            print(f"e31 warm: a flow-process request failed ({type(exc).__name__}: {str(exc)[:200]}); its client "
+                  "starts the run cold", file=sys.stderr, flush=True)
             conn.close()
+            for fd in fds:
+                os.close(fd)
             return None
-        env = request.get("env") or {}
+        env = request["env"]
         if settings_env(env) != settings_env(self.env) or threads() > 1:
             conn.sendall(b"cold\n")
             conn.close()

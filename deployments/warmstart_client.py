@@ -44,8 +44,14 @@ import sys
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def cold() -> None:
-    """Become ``python -m prefect.engine`` with this environment (never returns)."""
+def cold(pending: list[int]) -> None:
+    """Become ``python -m prefect.engine`` with this environment (never
+    returns); a signal that came meanwhile (``pending``) ends this process
+    as it would have ended a cold one that was starting."""
+    for signum in FORWARDED:
+        signal.signal(signum, signal.SIG_DFL)
+    for signum in pending:
+        os.kill(os.getpid(), signum)
     os.execv(sys.executable, [sys.executable, "-m", "prefect.engine"])
 
 
@@ -75,20 +81,20 @@ def main(path: str) -> int:
         socket.send_fds(conn, [struct.pack("!I", len(header))], [0, 1, 2])
         conn.sendall(header)
     except OSError:
-        cold()
+        cold(pending)
     stream = conn.makefile("rb")
     outcome: tuple[str, int] | None = None
     while True:
         try:
             line = stream.readline()
-        except InterruptedError:  # pragma: no cover - PEP 475 retries reads
-            continue
+        except OSError:  # the warm process died while it read the request: as at EOF
+            line = b""
         if not line:
             break
-        word, _, value = line.decode("ascii").strip().partition(" ")
+        word, _, value = line.decode("ascii", errors="replace").strip().partition(" ")
         if word == "cold" and not child:
             conn.close()
-            cold()
+            cold(pending)
         elif word == "pid":
             child.append(int(value))
             for signum in pending:
@@ -97,7 +103,7 @@ def main(path: str) -> int:
             outcome = (word, int(value))
     if outcome is None:  # the warm process died before it could reap the child: its status is lost
         if not child:
-            cold()  # it died before it started the run: start it here
+            cold(pending)  # it died before it started the run: start it here
         return 1
     word, value = outcome
     if word == "signal":

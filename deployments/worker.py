@@ -155,6 +155,10 @@ class E31Worker(ProcessWorker):
     def _keep_warm(self) -> None:
         """Start a new warm process when the worker's died (runs meanwhile start cold)."""
         if self._warm is not None and self._warm.poll() is not None:
+            import shutil
+
+            if _WARM_SOCKET:
+                shutil.rmtree(Path(_WARM_SOCKET[0]).parent, ignore_errors=True)
             self._warm = start_warm_process()
 
     async def _get_scheduled_flow_runs(self) -> list[Any]:

@@ -181,4 +181,36 @@ def test_a_forked_run_killed_with_sigkill_kills_its_client_the_same_way(warm):
     (child,) = children()
     os.kill(child, signal.SIGKILL)
     _, err = client.communicate(timeout=60)
-    assert client.returncode == -signal.SIGKILL and b"Traceback" not in err
+    assert client.returncode == -signal.SIGKILL and b"warmstart_client" not in err
+
+
+def test_bad_requests_end_only_themselves_and_their_fds_are_closed(warm):
+    """Found by an attack: a non-object body killed the warm process, and a
+    rejected request's fds stayed open (a reader of them never saw EOF)."""
+    proc, path, env = warm
+    for body, fds in ((b"[]", 3), (b"{not json", 3), (json.dumps({"env": env, "cwd": "/"}).encode(), 2)):
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(path)
+        r, w = os.pipe()
+        socket.send_fds(conn, [struct.pack("!I", len(body))], [w] * fds)
+        conn.sendall(body)
+        os.close(w)
+        assert _lines(conn) == []  # closed without an answer: the client starts the run cold
+        assert os.read(r, 1) == b""  # every copy of the write end is closed
+        os.close(r)
+    assert proc.poll() is None
+    conn, r, _ = _raw_request(path, {**env, "PREFECT__FLOW_RUN_ID": "not-a-run-id"})
+    assert _lines(conn)[1:] == ["exit 1"]  # and it still serves runs
+    os.close(r)
+
+
+def test_a_client_whose_warm_process_dies_before_answering_starts_its_run_cold(warm):
+    proc, path, env = warm
+    os.kill(proc.pid, signal.SIGSTOP)
+    client = _client(path, {**env, "PREFECT__FLOW_RUN_ID": "not-a-run-id"})
+    time.sleep(1.5)  # connected, its request in the socket, no answer
+    os.kill(proc.pid, signal.SIGKILL)
+    _, err = client.communicate(timeout=120)
+    # prefect.engine's own refusal of the id (with its traceback), run cold in the client's place; the client's own
+    # ConnectionResetError is not shown
+    assert client.returncode == 1 and "Invalid flow run id" in err.decode() and "warmstart_client" not in err.decode()
