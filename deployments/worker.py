@@ -40,6 +40,8 @@ from e31.flows.queue import WORKER_TYPE
 
 #: ``0`` starts every flow process cold (to compare, or to rule warm starts out).
 WARM_VAR = "E31_WARM_START"
+#: Seconds between starts of the warm process when it keeps dying.
+WARM_RESTART_S = 30.0
 #: The Unix socket of this process's warm flow process, while its worker runs (one worker per process).
 _WARM_SOCKET: list[str] = []
 
@@ -110,6 +112,7 @@ class E31Worker(ProcessWorker):
         super().__init__(*args, **kwargs)
         self.node = node
         self._warm: subprocess.Popen | None = None
+        self._warm_at = 0.0  # time.monotonic() of the warm process's start
         self._depth = 0  # setup() calls not yet torn down
 
     async def setup(self) -> None:
@@ -119,7 +122,9 @@ class E31Worker(ProcessWorker):
         await super().setup()
         self._depth += 1
         if self._warm is None and os.environ.get(WARM_VAR, "1") != "0" and sys.platform != "win32":
-            self._warm = start_warm_process()
+            import time
+
+            self._warm, self._warm_at = start_warm_process(), time.monotonic()
 
     async def teardown(self, *exc_info: Any) -> None:
         """Prefect's teardown; the outer one also closes the warm process's
@@ -153,13 +158,20 @@ class E31Worker(ProcessWorker):
         return await super().run(flow_run, configuration, task_status=_Started())
 
     def _keep_warm(self) -> None:
-        """Start a new warm process when the worker's died (runs meanwhile start cold)."""
-        if self._warm is not None and self._warm.poll() is not None:
-            import shutil
+        """Start a new warm process when the worker's died, at most once per
+        :data:`WARM_RESTART_S` (one that cannot start is not retried in a
+        loop); runs meanwhile start cold."""
+        import time
 
-            if _WARM_SOCKET:
-                shutil.rmtree(Path(_WARM_SOCKET[0]).parent, ignore_errors=True)
-            self._warm = start_warm_process()
+        if self._warm is None or self._warm.poll() is None or time.monotonic() - self._warm_at < WARM_RESTART_S:
+            return
+        import shutil
+
+        self._logger.warning("the warm flow process ended (exit status %s); starting another (runs start cold "
+                             "meanwhile)", self._warm.returncode)
+        if _WARM_SOCKET:
+            shutil.rmtree(Path(_WARM_SOCKET[0]).parent, ignore_errors=True)
+        self._warm, self._warm_at = start_warm_process(), time.monotonic()
 
     async def _get_scheduled_flow_runs(self) -> list[Any]:
         """Prefect's scheduled runs of the pool, less those not placed on this

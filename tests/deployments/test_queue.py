@@ -363,3 +363,20 @@ def test_e31_queue_lists_a_second_run_of_a_job_and_why_it_waits(prefect_api, tmp
     assert [line.split()[:3] for line in lines[1:]] == [["again", first[:8], "Queued"], ["again", second[:8], "Queued"]]
     assert lines[2].endswith(f"waiting for the run again ({first[:8]}) of this job, queued ahead, to end: one run of "
                              "a job at a time")
+
+
+def test_a_worker_starts_a_new_warm_process_when_its_own_dies(prefect_api, tmp_path):
+    def warm(worker) -> list[int]:
+        kids = Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()
+        return [int(k) for k in kids if b"e31.deployments.warmstart" in Path(f"/proc/{k}/cmdline").read_bytes()]
+
+    with queue(tmp_path, {"n1": 1}) as q:
+        worker = q.worker("n1", 1)
+        wait_for(lambda: len(warm(worker)) == 1, what="the worker's warm process")
+        (first,) = warm(worker)
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: len(warm(worker)) == 1 and warm(worker) != [first], timeout=90, what="a new warm process")
+        q.scheduler()
+        q.submit(q.job("after-warm", 1, 1))
+        wait_for(lambda: _done(q, "after-warm"), what="a job after the restart")
+    assert "the warm flow process ended (exit status -9); starting another" in (q.root / "worker-n1.log").read_text()
