@@ -94,7 +94,7 @@ def test_a_scratch_budget_too_small_for_two_jobs_evicts_the_older_copy(prefect_a
         _pool(q, ["n1"], "50MiB")  # room for one 30 MiB input, not two
         q.scheduler("--policy", "fcfs")  # one job after the other, in the order submitted
         q.worker("n1", 1)
-        q.submit(q.job("holder", 1, 10))
+        q.submit(q.job("holder", 1, 40))  # long enough that the first still waits when the second is submitted
         wait_for(lambda: _started(q, "n1", "holder"), what="the holder")
         first_data, _ = _input(q, "first", 30)
         second_data, second_digest = _input(q, "second", 30)
@@ -103,6 +103,7 @@ def test_a_scratch_budget_too_small_for_two_jobs_evicts_the_older_copy(prefect_a
                  what="the first job's prefetch")
         q.submit(q.job("middle", 1, 8))  # reads nothing; the second waits while it runs
         q.submit(q.job("second", 1, 1, data=second_data))
+        assert final_manifest(q.root / "out" / "holder") is None  # the first still waits: the premise of the test
         wait_for(lambda: all(final_manifest(q.root / "out" / j) for j in ("holder", "first", "middle", "second")),
                  timeout=180, what="four jobs")
         log = (q.root / "worker-n1.log").read_text()
