@@ -64,6 +64,11 @@ def _client(path: str, env: dict, **kw) -> subprocess.Popen:
                             stderr=subprocess.PIPE, **kw)
 
 
+def _children(proc: subprocess.Popen) -> list[int]:
+    """The pids of ``proc``'s children (its forked runs)."""
+    return [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+
+
 def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
@@ -125,7 +130,7 @@ def test_sigterm_to_the_client_reaches_its_forked_run_which_ends_as_a_cold_one_w
     cold = subprocess.Popen([sys.executable, "-m", "prefect.engine"], env=run_env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     client = _client(path, run_env)
-    children = lambda: [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]  # noqa: E731
+    children = lambda: _children(proc)  # noqa: E731
     _wait(lambda: children(), what="the forked run")
     (child,) = children()
     time.sleep(5)  # both inside the engine now, blocked on the frozen API
@@ -147,7 +152,7 @@ def _state(pid: int) -> str:
 def test_a_killed_client_takes_its_forked_run_with_it(warm):
     proc, path, env = warm
     client = _client(path, {**env, "PREFECT__FLOW_RUN_ID": str(uuid.uuid4())})
-    children = lambda: [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]  # noqa: E731
+    children = lambda: _children(proc)  # noqa: E731
     _wait(lambda: children(), what="the forked run")
     (child,) = children()
     client.kill()
@@ -159,7 +164,7 @@ def test_a_killed_client_takes_its_forked_run_with_it(warm):
 def test_the_warm_process_ends_when_its_worker_closes_stdin_after_its_last_run(warm):
     proc, path, env = warm
     client = _client(path, {**env, "PREFECT__FLOW_RUN_ID": str(uuid.uuid4())})
-    _wait(lambda: Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split(), what="the forked run")
+    _wait(lambda: _children(proc), what="the forked run")
     proc.stdin.close()
     _wait(lambda: not os.path.exists(path), what="the socket to go")
     time.sleep(1)
@@ -176,7 +181,7 @@ def test_a_forked_run_killed_with_sigkill_kills_its_client_the_same_way(warm):
     handler and ended with a traceback and status 1."""
     proc, path, env = warm
     client = _client(path, {**env, "PREFECT__FLOW_RUN_ID": str(uuid.uuid4())})
-    children = lambda: [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]  # noqa: E731
+    children = lambda: _children(proc)  # noqa: E731
     _wait(lambda: children(), what="the forked run")
     (child,) = children()
     os.kill(child, signal.SIGKILL)
