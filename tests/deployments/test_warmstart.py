@@ -69,10 +69,6 @@ def _children(proc: subprocess.Popen) -> list[int]:
     return [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
 
 
-def _parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
 def _raw_request(path: str, env: dict) -> tuple[socket.socket, int, int]:
     """Send a request as the client does, with a pipe as the child's stderr;
     returns (connection, read end of that pipe, the client side's copy of it)."""
