@@ -80,9 +80,10 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
     def report(t) -> None:
         done = ", ".join(f"{v} {k}" for k, v in t.counts.items() if v and k != "unchanged")
+        busy = f"; {t.resent} request(s) sent again, the database was busy" if t.resent else ""
         print(f"{datetime.now(timezone.utc):%H:%M:%S} {t.queued} queued, {t.running} running: {done} "
               f"(read {t.read_s * 1000:.0f} ms {'full' if t.full else 'changes'}, plan {t.plan_s * 1000:.0f} ms, "
-              f"cycle {t.cycle_s * 1000:.0f} ms)", flush=True)
+              f"cycle {t.cycle_s * 1000:.0f} ms{busy})", flush=True)
 
     print(f"e31 scheduler: pool {pool.name}, {sum(n.count for n in pool.nodes)} node(s), policy {args.policy}",
           flush=True)
@@ -191,12 +192,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from e31.flows.checks import SpecChecks
     from e31.flows.deploy import job_tags
     from e31.specs import load_spec
+    from e31.tasks.supervisor.busy import retry_busy_quickly
 
     pool = _pool(args.pool)
     _need_api()
     checks = SpecChecks(code_dir=str(Path(args.spec).resolve().parent))
     spec = load_spec(args.spec, overrides=args.overrides, checks=checks)
-    with get_client(sync_client=True) as client:
+    with retry_busy_quickly(get_client(sync_client=True)) as client:
         run = submit_run(client, pool, spec, str(Path(args.spec).resolve().parent), job_tags(spec),
                          E31Worker.get_default_base_job_template())
         snap = snapshot(client, pool)

@@ -37,8 +37,9 @@ class Tick:
     """What one tick saw and did: ``queued``/``running`` counts, ``counts``
     per action (:func:`e31.flows.queue.apply`), ``plan_s`` the planner's
     seconds, ``cycle_s`` the whole tick's, ``read_s`` its read's (``full``:
-    every active run was read, not only the changes), and the ids of the
-    runs holding resources (``holding``)."""
+    every active run was read, not only the changes), the ids of the runs
+    holding resources (``holding``), and ``resent``: the requests the tick
+    sent again after a busy database's 503 (:mod:`e31.tasks.supervisor.busy`)."""
 
     queued: int
     running: int
@@ -48,6 +49,7 @@ class Tick:
     holding: frozenset = frozenset()
     read_s: float = 0.0
     full: bool = True
+    resent: int = 0
 
 
 @dataclass
@@ -108,14 +110,17 @@ def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None 
     pool's runs kept between ticks (:class:`e31.flows.queue.RunCache`; a
     tick then reads only what changed), else every active run is read;
     ``max_waits``, ``max_wait_s``: see :func:`e31.flows.queue.apply`."""
-    started = time.monotonic()
+    from e31.tasks.supervisor.busy import busy_retries
+
+    started, resent = time.monotonic(), busy_retries(client)[0]
     snap = snapshot(client, pool, past, now, lease_s, cache)
     t0 = time.monotonic()
     placements = plan(snap.nodes, snap.running, snap.queued, snap.now, policy)
     plan_s = time.monotonic() - t0
     counts = queue.apply(client, snap, placements, cache, max_waits, max_wait_s)
     return Tick(len(snap.queued), len(snap.running), counts, plan_s, time.monotonic() - started,
-                frozenset(r.id for r in snap.running), t0 - started, cache is None or cache.last_full)
+                frozenset(r.id for r in snap.running), t0 - started, cache is None or cache.last_full,
+                busy_retries(client)[0] - resent)
 
 
 def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, once: bool = False,
@@ -127,8 +132,9 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
     from prefect.client.orchestration import get_client
 
     from e31.deployments.worker import E31Worker
+    from e31.tasks.supervisor.busy import retry_busy_quickly
 
-    with get_client(sync_client=True) as client:
+    with retry_busy_quickly(get_client(sync_client=True)) as client:
         queue.ensure_pool(client, pool, E31Worker.get_default_base_job_template())
         past, read_at, holding, cache = None, 0.0, frozenset(), queue.RunCache(pool)
         try:

@@ -116,10 +116,16 @@ class E31Worker(ProcessWorker):
         self._depth = 0  # setup() calls not yet torn down
 
     async def setup(self) -> None:
-        """Prefect's setup, then the warm flow process (unless ``E31_WARM_START=0``).
-        Prefect's ``start`` enters the worker again inside ``async with``: one warm
-        process serves both, ended by the outer teardown."""
+        """Prefect's setup, then quick retries of the API's 503 answers
+        (:mod:`e31.tasks.supervisor.busy`: a busy SQLite database made a run's
+        start wait 2 s in Prefect's retries), then the warm flow process
+        (unless ``E31_WARM_START=0``).  Prefect's ``start`` enters the worker
+        again inside ``async with``: one warm process serves both, ended by
+        the outer teardown."""
+        from e31.tasks.supervisor.busy import retry_busy_quickly
+
         await super().setup()
+        retry_busy_quickly(self._client)
         self._depth += 1
         if self._warm is None and os.environ.get(WARM_VAR, "1") != "0" and sys.platform != "win32":
             import time
