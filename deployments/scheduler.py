@@ -128,15 +128,20 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
     """Run ticks until interrupted (``once``: a single tick).  Creates the
     pool's work pool and queue deployment first.  ``report`` is called with
     every tick that changed something.  ``lease_s``: seconds without a
-    worker heartbeat after which a node's runs count as lost."""
+    worker heartbeat after which a node's runs count as lost.  Between
+    ticks that change nothing it waits ``interval_s`` seconds, or less: a
+    flow run of the pool ending or being submitted wakes it at once
+    (:class:`e31.deployments.runevents.Wakeup`, the server's event stream)."""
     from prefect.client.orchestration import get_client
 
+    from e31.deployments.runevents import SCHEDULER_EVENTS, Wakeup
     from e31.deployments.worker import E31Worker
     from e31.tasks.supervisor.busy import retry_busy_quickly
 
     with retry_busy_quickly(get_client(sync_client=True)) as client:
         queue.ensure_pool(client, pool, E31Worker.get_default_base_job_template())
         past, read_at, holding, cache = None, 0.0, frozenset(), queue.RunCache(pool)
+        wake = None if once else Wakeup(queue.work_pool_name(pool), SCHEDULER_EVENTS)
         try:
             while True:
                 if time.monotonic() - read_at > HISTORY_EVERY_S:
@@ -162,6 +167,8 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
                 if once:
                     return
                 if not changed:
-                    time.sleep(interval_s)
+                    wake.wait(interval_s)
         finally:
             cache.close()
+            if wake is not None:
+                wake.close()

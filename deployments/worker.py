@@ -114,6 +114,7 @@ class E31Worker(ProcessWorker):
         self._warm: subprocess.Popen | None = None
         self._warm_at = 0.0  # time.monotonic() of the warm process's start
         self._depth = 0  # setup() calls not yet torn down
+        self._followers: list[Any] = []  # the asyncio tasks that poll when a run is placed
 
     async def setup(self) -> None:
         """Prefect's setup, then quick retries of the API's 503 answers
@@ -127,15 +128,49 @@ class E31Worker(ProcessWorker):
         await super().setup()
         retry_busy_quickly(self._client)
         self._depth += 1
+        if self._depth == 1:
+            self._follow_placements()
         if self._warm is None and os.environ.get(WARM_VAR, "1") != "0" and sys.platform != "win32":
             import time
 
             self._warm, self._warm_at = start_warm_process(), time.monotonic()
 
+    def _follow_placements(self) -> None:
+        """Poll at once when the scheduler places a run of the pool (the
+        server's ``prefect.flow-run.Placed`` events,
+        :func:`e31.deployments.runevents.follow`), besides the poll every
+        ``PREFECT_WORKER_QUERY_SECONDS``: a placed run starts about half a
+        poll interval sooner."""
+        import asyncio
+
+        from e31.deployments.runevents import WORKER_EVENTS, follow
+
+        placed = asyncio.Event()
+
+        async def poll_when_placed() -> None:
+            while True:
+                await placed.wait()
+                placed.clear()
+                try:
+                    await self.get_and_submit_flow_runs()  # Prefect skips runs it is already submitting
+                except Exception as exc:  # the periodic poll goes on
+                    self._logger.debug("poll after a placement failed: %s: %s", type(exc).__name__, exc)
+
+        self._followers = [asyncio.create_task(follow(self._work_pool_name, WORKER_EVENTS, lambda _: placed.set())),
+                           asyncio.create_task(poll_when_placed())]
+
     async def teardown(self, *exc_info: Any) -> None:
-        """Prefect's teardown; the outer one also closes the warm process's
-        stdin (it ends once the runs it forked end)."""
+        """Prefect's teardown; the outer one also stops following the
+        placements and closes the warm process's stdin (it ends once the
+        runs it forked end)."""
+        import asyncio
+
         self._depth -= 1
+        if self._depth == 0:
+            for task in self._followers:
+                task.cancel()
+            await asyncio.gather(*self._followers, return_exceptions=True)
+            self._followers = []
         if self._warm is not None and self._depth == 0:
             _WARM_SOCKET.clear()
             self._warm.stdin.close()

@@ -33,8 +33,10 @@ from typing import Any
 
 import httpx
 
-#: Seconds before each quick resend of a request answered 503 (times a jitter of 0.5-1.5): 0.8 s in all at most.
-DELAYS_S = (0.02, 0.05, 0.1, 0.2, 0.4)
+#: Seconds before each quick resend of a request answered 503 (times a jitter of 0.5-1.5): 2.3 s in all at most,
+#: about what Prefect's first retry waits.  With five resends, 3 of the scheduler's 139 busy writes in a
+#: bench_queue run still fell through to Prefect's retries.
+DELAYS_S = (0.02, 0.05, 0.1, 0.2, 0.3, 0.3, 0.3, 0.3)
 
 _log = logging.getLogger("e31.api")
 

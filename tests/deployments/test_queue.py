@@ -380,3 +380,26 @@ def test_a_worker_starts_a_new_warm_process_when_its_own_dies(prefect_api, tmp_p
         q.submit(q.job("after-warm", 1, 1))
         wait_for(lambda: _done(q, "after-warm"), what="a job after the restart")
     assert "the warm flow process ended (exit status -9); starting another" in (q.root / "worker-n1.log").read_text()
+
+
+def test_the_scheduler_and_the_worker_wake_on_the_server_s_events(prefect_api, tmp_path):
+    """With ticks and worker polls 600 s apart, jobs still start within
+    seconds: a submission's ``Queued`` event wakes the scheduler, a
+    ``Placed`` event the worker (e31.deployments.runevents)."""
+    from prefect.client.orchestration import get_client
+
+    with queue(tmp_path, {"n1": 0}) as q:
+        q.scheduler("--interval", "600")  # the last --interval wins
+        q.start("worker-n1", "worker", "--pool", str(q.pool), "--node", "n1",
+                env={"E31_NODE_GPUS": "0", "E31_SCRATCH": str(q.root / "scratch-n1"),
+                     "PREFECT_WORKER_QUERY_SECONDS": "600"})
+        q.submit(q.job("first", 0, 1))  # placed by the scheduler's first tick or by an event; started by either
+        wait_for(lambda: _done(q, "first"), timeout=150, what="the first job")
+        submitted = time.time()
+        run_id = q.submit(q.job("second", 0, 1)).split("flow run ")[1].split()[0]
+        wait_for(lambda: _done(q, "second"), timeout=150, what="the second job, by events alone")
+        with get_client(sync_client=True) as client:
+            states = [(s.type.value, s.name) for s in client.read_flow_run_states(run_id)]
+    assert ("SCHEDULED", "Placed") in states and states[-1] == ("COMPLETED", "Completed")
+    # both the next tick and the next poll were 600 s away when it was submitted
+    assert q.record("second")["end"] - submitted < 300

@@ -1,0 +1,110 @@
+"""Wake the scheduler and the workers when a pool's flow runs change, from
+the Prefect server's event stream, instead of at their next poll.
+
+The Prefect server emits an event for each state a flow run enters, named
+``prefect.flow-run.<state name>`` (``Completed``, ``Queued``, E31's
+``Placed``...), with the run's work pool among its related resources
+(``prefect.work-pool.<id>``; Prefect 3.9.1, ``prefect/server/models/events.py``),
+and streams the events matching a filter to a websocket subscriber
+(``prefect.events.clients.get_events_subscriber``).  The scheduler follows
+the run ends and submissions (:data:`SCHEDULER_EVENTS`), the workers the
+placements (:data:`WORKER_EVENTS`); both still poll at their interval, so
+a lost stream (a server restart, a proxy that drops websockets) costs only
+latency.  Measured with ``tests/benchmarks/bench_queue.py``: see the README.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Callable
+
+#: State names whose events make the scheduler tick at once: a run's end frees its resources, a
+#: submission (and each requeue) may start at once, a run late or awaiting a retry is due.
+SCHEDULER_EVENTS = ("Completed", "Failed", "Cancelled", "Crashed", "TimedOut", "Queued", "Late", "AwaitingRetry")
+#: State names whose events make a worker poll at once: the scheduler placed a run (on some node).
+WORKER_EVENTS = ("Placed",)
+#: Seconds between attempts to subscribe again after the stream was lost.
+RESUBSCRIBE_S = 5.0
+
+_log = logging.getLogger("e31.events")
+
+
+async def follow(work_pool: str, states: tuple[str, ...], on_event: Callable[[str], None],
+                 connected: Callable[[bool], None] | None = None) -> None:
+    """Call ``on_event(name)`` for each event of a flow run of the work pool
+    named ``work_pool`` entering one of the state names ``states``, until
+    cancelled.  Subscribes again after :data:`RESUBSCRIBE_S` seconds when the
+    stream ends or fails (a missing work pool is looked up again then);
+    ``connected(True/False)`` is told each time the stream starts or is lost."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.clients import get_events_subscriber
+    from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
+
+    names = [f"prefect.flow-run.{s}" for s in states]
+    while True:
+        try:
+            async with get_client() as client:
+                pool_id = (await client.read_work_pool(work_pool)).id
+            related = EventRelatedFilter(id=[f"prefect.work-pool.{pool_id}"])
+            async with get_events_subscriber(filter=EventFilter(event=EventNameFilter(name=names), related=related),
+                                             reconnection_attempts=2) as events:
+                if connected is not None:
+                    connected(True)
+                async for event in events:
+                    on_event(event.event)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the server is down or has no event stream: the poll goes on meanwhile
+            _log.debug("the event stream of work pool %s was lost (%s: %s)", work_pool, type(exc).__name__, exc)
+        if connected is not None:
+            connected(False)
+        await asyncio.sleep(RESUBSCRIBE_S)
+
+
+class Wakeup:
+    """A daemon thread that follows the work pool's flow-run events of the
+    state names ``states`` (:func:`follow`); :meth:`wait` returns as soon as
+    one came since the last call, or after ``timeout`` seconds.
+    ``connected``: whether the stream is up now."""
+
+    def __init__(self, work_pool: str, states: tuple[str, ...] = SCHEDULER_EVENTS) -> None:
+        self._event = threading.Event()
+        self.connected = False
+        self.events = 0  # events received
+        self._thread = threading.Thread(target=self._run, args=(work_pool, states), name="e31-events", daemon=True)
+        self._thread.start()
+
+    def _run(self, work_pool: str, states: tuple[str, ...]) -> None:
+        def seen(_name: str) -> None:
+            self.events += 1
+            self._event.set()
+
+        def up(value: bool) -> None:
+            self.connected = value
+
+        async def main() -> None:
+            self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+            await follow(work_pool, states, seen, up)
+
+        try:
+            asyncio.run(main())
+        except asyncio.CancelledError:
+            pass
+
+    def close(self) -> None:
+        """Stop following (the thread ends soon after)."""
+        loop, task = getattr(self, "_loop", None), getattr(self, "_task", None)
+        if loop is not None and task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # its loop has ended already
+                pass
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for an event; True when one came
+        (since the last call, or during this one)."""
+        came = self._event.wait(timeout)
+        self._event.clear()
+        return came
