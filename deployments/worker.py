@@ -198,6 +198,26 @@ class E31Worker(ProcessWorker):
 
         return await super().run(flow_run, configuration, task_status=_Started())
 
+    async def _give_worker_labels_to_flow_run(self, flow_run_id: Any) -> None:
+        """Prefect's labels naming this worker on the run, written beside the
+        run's start instead of before it: the write is a read-then-write
+        transaction that a busy SQLite database answers with 503, and the
+        run's start waited for its resends (:mod:`e31.tasks.supervisor.busy`).
+        A label write that fails is logged; the run goes on."""
+        parent = super()._give_worker_labels_to_flow_run
+
+        async def label() -> None:
+            try:
+                await parent(flow_run_id)
+            except Exception as exc:
+                self._logger.warning("could not label flow run %s with its worker: %s: %s", flow_run_id,
+                                     type(exc).__name__, exc)
+
+        if self._runs_task_group is None:
+            await label()
+        else:
+            self._runs_task_group.start_soon(label)
+
     def _keep_warm(self) -> None:
         """Start a new warm process when the worker's died, at most once per
         :data:`WARM_RESTART_S` (one that cannot start is not retried in a

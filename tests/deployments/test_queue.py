@@ -399,7 +399,10 @@ def test_the_scheduler_and_the_worker_wake_on_the_server_s_events(prefect_api, t
         run_id = q.submit(q.job("second", 0, 1)).split("flow run ")[1].split()[0]
         wait_for(lambda: _done(q, "second"), timeout=150, what="the second job, by events alone")
         with get_client(sync_client=True) as client:
+            wait_for(lambda: client.read_flow_run(run_id).state.is_final(), what="the second run's final state")
             states = [(s.type.value, s.name) for s in client.read_flow_run_states(run_id)]
+            labels = client.read_flow_run(run_id).labels  # written beside the run's start, not before it
     assert ("SCHEDULED", "Placed") in states and states[-1] == ("COMPLETED", "Completed")
+    assert (labels["prefect.worker.name"], labels["prefect.worker.type"]) == ("n1", "e31")
     # both the next tick and the next poll were 600 s away when it was submitted
     assert q.record("second")["end"] - submitted < 300
