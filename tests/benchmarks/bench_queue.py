@@ -24,10 +24,12 @@ and one ``e31 worker`` per node (each 1 CPU slot), then:
    (``tests/deployments/test_queue.py``) and for prefetch
    (``bench_prefetch.py``).
 
-Each job is a command work sleeping ``--work-s`` seconds.  On a 2-core
-machine every job also costs a flow process (Python, Prefect and E31
-imported: 3-5 s of CPU), so use a modest ``--jobs``; the numbers say what
-part is the queue's and what part the machine's.
+Each job is a command work sleeping ``--work-s`` seconds.  Every job also
+costs a flow run's life on the Prefect server (its states, task runs, logs
+and artifacts) and a flow process forked from the worker's warm process;
+on a 2-core machine that is ~1.5 s of a node's time per job whatever the
+queue does, so the wall ratio depends on ``--work-s`` (run it with 3 and
+with 10).  Use a modest ``--jobs`` (1,000 jobs of 3 s take about 30 min).
 """
 
 from __future__ import annotations
@@ -196,6 +198,8 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
         print(f"scheduler ticks that changed something while the jobs ran: {len(ms)}, cycle median "
               f"{ms[len(ms) // 2]:.0f} ms, p95 {ms[max(0, int(0.95 * len(ms)) - 1)]:.0f} ms, max {ms[-1]:.0f} ms "
               f"({sum(kind == 'full' for _, kind in cycles)} with a full read)")
+    resent = sum(int(n) for n in re.findall(r"(\d+) request\(s\) sent again", (root / "scheduler.log").read_text()))
+    print(f"scheduler requests sent again after a busy database's 503 (e31.tasks.supervisor.busy): {resent}")
     reused = sum(1 for s in specs if (root / "out" / s.name / "manifest.json").exists() and json.loads(
         (root / "out" / s.name / "manifest.json").read_text()).get("staged_before_allocation"))
     print(f"stagings saved by locality: {reused} of {len(specs)} runs found their inputs staged (manifest "
