@@ -47,7 +47,12 @@ _DEPLOYMENTS: dict[tuple[str, str], str] = {}  # (API URL, pool) -> its queue de
 def submit(client: Any, pool: PoolSpec, parameters: dict[str, Any], tags: list[str],
            job_template: dict[str, Any] | None = None) -> Any:
     """Create the queued flow run of a job (``parameters``: the flow's
-    ``spec`` and ``code_dir``); returns the flow run."""
+    ``spec`` and ``code_dir``); returns the flow run.  The request carries
+    a fresh idempotency key: sent again after a 503 (a busy database, by
+    Prefect's client or :mod:`e31.tasks.supervisor.busy`), it cannot create
+    a second run."""
+    import uuid
+
     from prefect.states import Scheduled
 
     key = (str(client.api_url), pool.name)
@@ -56,6 +61,7 @@ def submit(client: Any, pool: PoolSpec, parameters: dict[str, Any], tags: list[s
     deployment_id = _DEPLOYMENTS[key]
     return client.create_flow_run_from_deployment(
         deployment_id, parameters=parameters, tags=tags, name=str(parameters["spec"].get("name")),
+        idempotency_key=f"e31-submit-{uuid.uuid4()}",
         state=Scheduled(name=QUEUED, message="Queued: waiting for the scheduler to place it",
                         scheduled_time=datetime.now(timezone.utc) + timedelta(seconds=AHEAD_S)))
 

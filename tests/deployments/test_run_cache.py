@@ -255,3 +255,31 @@ def test_a_tick_writes_waiting_reasons_within_its_time_budget_and_defers_the_res
     assert states[0].message.endswith(" UTC on n1, once node n1's e31 worker answers")
     for before, state in zip(runs, states[1:]):
         assert state.message.endswith(f" UTC on n1, after job {names[before]} ({before[:8]}) ends")
+
+
+def test_a_submission_sent_twice_creates_one_run(prefect_api, tmp_path):
+    """``submit`` gives its request an idempotency key, so the request sent
+    again after a 503 (by Prefect's retries or E31's quick ones) returns the
+    run the first one created instead of queueing the job twice."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        sent: list = []
+        send = client._client.send
+
+        def send_twice(request, *args, **kwargs):  # the server answers both sends; the client keeps the second
+            if request.url.path.endswith("/create_flow_run"):
+                sent.append(send(request, *args, **kwargs).json()["id"])
+            return send(request, *args, **kwargs)
+
+        client._client.send = send_twice
+        run_id = made.submit(client, "twice")
+        client._client.send = send
+        key = client.read_flow_run(run_id).idempotency_key
+        same_name = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(
+            any_=[f"twice-{made.tag}"])))
+    assert sent == [run_id]
+    assert key.startswith("e31-submit-") and len(key) == len("e31-submit-") + 36
+    assert [str(r.id) for r in same_name] == [run_id]
