@@ -94,6 +94,50 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: Seconds ``e31 worker`` waits, after its first SIGINT or SIGTERM, for its running jobs to stop and
+#: return their output (``E31_WORKER_STOP_S``); a second signal stops it at once.
+WORKER_STOP_S = 300.0
+
+
+async def serve_until_stopped(worker: Any) -> None:
+    """Run ``worker`` (an :class:`e31.deployments.worker.E31Worker`, not
+    entered: Prefect's ``start`` enters it) until SIGINT or SIGTERM.  The first signal drains it: no new run is
+    taken, each running flow process is told to stop (it returns its output
+    marked ``partial``), and the worker exits once they have ended, or after
+    ``E31_WORKER_STOP_S`` seconds (default :data:`WORKER_STOP_S`); a second
+    signal exits at once (Prefect's teardown ends what still runs, and the
+    runs end ``Crashed``).  Without the drain, a Ctrl-C in the worker's
+    terminal ended its flow processes before they returned anything, and a
+    run it left ``Running`` held its node."""
+    import signal
+
+    import anyio
+
+    grace = float(os.environ.get("E31_WORKER_STOP_S") or WORKER_STOP_S)
+    async with anyio.create_task_group() as group:
+        async def serve() -> None:
+            await worker.start()
+            group.cancel_scope.cancel()
+
+        async def stop_when_drained() -> None:
+            with anyio.move_on_after(grace):
+                while worker.flows:
+                    await anyio.sleep(0.2)
+            group.cancel_scope.cancel()
+
+        group.start_soon(serve)
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                if worker.draining:
+                    print("e31 worker: stopping now", flush=True)
+                    group.cancel_scope.cancel()
+                    break
+                told = worker.drain(signum)
+                print(f"e31 worker: stopping: no new job is taken; {told} running job(s) told to stop and return "
+                      f"their output (waiting up to {grace:g} s; send the signal again to stop now)", flush=True)
+                group.start_soon(stop_when_drained)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     import anyio
     from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
@@ -111,10 +155,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     check_node(declared, node_gpus_override())
     query = float(os.environ.get("PREFECT_WORKER_QUERY_SECONDS") or 1)  # released runs start within a second or two
 
-    async def run() -> None:
-        async with E31Worker(work_pool_name=work_pool_name(pool), node=args.node, prefetch_seconds=5,
-                             heartbeat_interval_seconds=10) as worker:
-            await worker.start()
+    async def run() -> None:  # Prefect's start() enters the worker itself (setup, then teardown at its end)
+        await serve_until_stopped(E31Worker(work_pool_name=work_pool_name(pool), node=args.node, prefetch_seconds=5,
+                                            heartbeat_interval_seconds=10))
 
     print(f"e31 worker: node {args.node} of pool {pool.name}", flush=True)
     prefetcher = _start_prefetch(args.pool, args.node, pool)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -115,6 +116,9 @@ class E31Worker(ProcessWorker):
         self._warm_at = 0.0  # time.monotonic() of the warm process's start
         self._depth = 0  # setup() calls not yet torn down
         self._followers: list[Any] = []  # the asyncio tasks that poll when a run is placed
+        self.flows: dict[int, str] = {}  # pid -> flow run id of each flow process this worker started, while it runs
+        self.draining = False  # stopping: no new run is taken (see drain())
+        self._told: set[int] = set()  # flow processes drain() signalled
 
     async def setup(self) -> None:
         """Prefect's setup, then quick retries of the API's 503 answers
@@ -167,9 +171,12 @@ class E31Worker(ProcessWorker):
 
         self._depth -= 1
         if self._depth == 0:
+            import anyio
+
             for task in self._followers:
                 task.cancel()
-            await asyncio.gather(*self._followers, return_exceptions=True)
+            with anyio.CancelScope(shield=True):  # a teardown under cancellation still waits for them
+                await asyncio.gather(*self._followers, return_exceptions=True)
             self._followers = []
         if self._warm is not None and self._depth == 0:
             _WARM_SOCKET.clear()
@@ -190,13 +197,41 @@ class E31Worker(ProcessWorker):
         job = spec.get("name") if isinstance(spec, dict) else None
         outer = task_status if task_status is not None else anyio.TASK_STATUS_IGNORED
 
+        worker, started_pid = self, []
+
         class _Started:
             def started(self, value: Any = None) -> None:
-                if isinstance(job, str) and isinstance(value, int):
-                    mark_starting(job, value)
+                if isinstance(value, int):
+                    worker.flows[value] = str(flow_run.id)
+                    started_pid.append(value)
+                    if isinstance(job, str):
+                        mark_starting(job, value)
+                    if worker.draining:  # submitted before the drain, started after it: stopped as the others
+                        worker.drain()
                 outer.started(value)
 
-        return await super().run(flow_run, configuration, task_status=_Started())
+        try:
+            return await super().run(flow_run, configuration, task_status=_Started())
+        finally:
+            for pid in started_pid:
+                self.flows.pop(pid, None)
+
+    def drain(self, signum: int = signal.SIGTERM) -> int:
+        """Stop taking runs, and send ``signum`` to each flow process this
+        worker started: each stops its work and returns its output marked
+        ``partial`` (reason ``signal``), as a Ctrl-C of ``e31 run`` does.
+        Returns how many were signalled.  ``e31 worker`` calls it on its first
+        SIGINT or SIGTERM, and exits once they have ended."""
+        self.draining = True
+        told = 0
+        for pid in [p for p in self.flows if p not in self._told]:  # each once: a second signal is not a stronger one
+            self._told.add(pid)
+            try:
+                os.kill(pid, signum)
+                told += 1
+            except ProcessLookupError:
+                self.flows.pop(pid, None)
+        return told
 
     async def _give_worker_labels_to_flow_run(self, flow_run_id: Any) -> None:
         """Prefect's labels naming this worker on the run, written beside the
@@ -238,6 +273,8 @@ class E31Worker(ProcessWorker):
         """Prefect's scheduled runs of the pool, less those not placed on this
         node (each poll also restarts a warm process that died)."""
         self._keep_warm()
+        if self.draining:
+            return []
         runs = await super()._get_scheduled_flow_runs()
         return [r for r in runs if (r.flow_run.job_variables or {}).get("e31_node") == self.node]
 

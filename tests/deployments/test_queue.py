@@ -229,11 +229,25 @@ def _flow_process(q: Queue, name: str, node: str) -> int:
     return int(Path(f"/proc/{work}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def _warm_processes(worker: subprocess.Popen) -> list[int]:
+    """The pids of the worker's warm flow processes (its children running e31.deployments.warmstart)."""
+    kids = Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()
+    return [int(k) for k in kids if b"e31.deployments.warmstart" in Path(f"/proc/{k}/cmdline").read_bytes()]
+
+
+def _warm_listening(worker: subprocess.Popen) -> bool:
+    """Whether the worker's warm process listens on its socket (its last argument): runs started before
+    start cold, and with event wakeups a job submitted at once can come first."""
+    return any(Path(Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0")[-2].decode()).exists()
+               for k in _warm_processes(worker))
+
+
 def test_a_killed_flow_process_frees_its_node_and_a_retried_job_resumes(prefect_api, tmp_path):
     with queue(tmp_path, {"n1": 8}) as q:
         (q.root / "steps.py").write_text(STEPS)
         q.scheduler()
-        q.worker("n1", 8)
+        worker = q.worker("n1", 8)
+        wait_for(lambda: _warm_listening(worker), what="the worker's warm process")
         q.submit(q.job("resumer", 8, 30, work="steps.py", retries=1))
         q.submit(q.job("next", 8, 1))
         durable = q.root / "out" / "resumer" / "checkpoints"
@@ -366,10 +380,7 @@ def test_e31_queue_lists_a_second_run_of_a_job_and_why_it_waits(prefect_api, tmp
 
 
 def test_a_worker_starts_a_new_warm_process_when_its_own_dies(prefect_api, tmp_path):
-    def warm(worker) -> list[int]:
-        kids = Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()
-        return [int(k) for k in kids if b"e31.deployments.warmstart" in Path(f"/proc/{k}/cmdline").read_bytes()]
-
+    warm = _warm_processes
     with queue(tmp_path, {"n1": 1}) as q:
         worker = q.worker("n1", 1)
         wait_for(lambda: len(warm(worker)) == 1, what="the worker's warm process")
@@ -406,3 +417,32 @@ def test_the_scheduler_and_the_worker_wake_on_the_server_s_events(prefect_api, t
     assert (labels["prefect.worker.name"], labels["prefect.worker.type"]) == ("n1", "e31")
     # both the next tick and the next poll were 600 s away when it was submitted
     assert q.record("second")["end"] - submitted < 300
+
+
+def test_ctrl_c_of_a_worker_returns_its_running_job_s_output_before_it_exits(prefect_api, tmp_path):
+    """SIGINT to the worker's process group (a Ctrl-C in its terminal, which
+    the flow processes' clients get too): the worker takes no new job, its
+    running job stops and returns its output marked partial, its flow run
+    ends, and only then does the worker exit."""
+    from prefect.client.orchestration import get_client
+
+    with queue(tmp_path, {"n1": 0}) as q:
+        q.scheduler()
+        worker = q.worker("n1", 0)
+        running = q.submit(q.job("long-one", 0, 120, cpus=2)).split("flow run ")[1].split()[0]  # the whole node
+        wait_for(lambda: any((q.root / "scratch-n1").glob("long-one/output/started.json")), what="the job's work")
+        waiting = q.submit(q.job("after", 0, 1, cpus=2)).split("flow run ")[1].split()[0]
+        os.killpg(worker.pid, signal.SIGINT)
+        worker.wait(timeout=120)
+        manifest = final_manifest(tmp_path / "out" / "long-one" / "partial")  # returned before the worker exited
+        with get_client(sync_client=True) as client:
+            ended = client.read_flow_run(running).state
+            after = client.read_flow_run(waiting).state
+        log = (q.root / "worker-n1.log").read_text()
+    assert worker.returncode == 0
+    assert (manifest["status"], manifest["reason"]) == ("partial", "signal")
+    assert (ended.type.value, ended.name) == ("COMPLETED", "Partial")
+    assert (after.type.value, after.name) == ("SCHEDULED", "Queued") or after.name == "Placed"  # never taken
+    assert not (tmp_path / "out" / "after").exists()
+    assert ("e31 worker: stopping: no new job is taken; 1 running job(s) told to stop and return their output "
+            "(waiting up to 300 s; send the signal again to stop now)") in log
