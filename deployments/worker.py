@@ -133,11 +133,42 @@ class E31Worker(ProcessWorker):
         retry_busy_quickly(self._client)
         self._depth += 1
         if self._depth == 1:
+            await self._crash_orphans()
             self._follow_placements()
         if self._warm is None and os.environ.get(WARM_VAR, "1") != "0" and sys.platform != "win32":
             import time
 
             self._warm, self._warm_at = start_warm_process(), time.monotonic()
+
+    async def _crash_orphans(self) -> None:
+        """Mark ``Crashed`` the runs a previous worker of this node left
+        ``Pending``, ``Running`` or ``Cancelling`` whose flow process is gone
+        from this machine (:func:`flow_process_alive`), so that they release
+        the node at once: this worker's heartbeats would otherwise keep them
+        holding it for good (the lease only ends the runs of a node whose
+        worker is silent).  The scheduler requeues those with retries left.
+        Best effort: a failure is logged and the worker starts."""
+        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                    WorkPoolFilter, WorkPoolFilterName)
+        from prefect.client.schemas.objects import StateType
+        from prefect.states import Crashed
+
+        try:
+            runs = await self._client.read_flow_runs(
+                work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])),
+                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                    any_=[StateType.PENDING, StateType.RUNNING, StateType.CANCELLING]))), limit=200)
+            for run in runs:
+                if (run.job_variables or {}).get("e31_node") != self.node or flow_process_alive(run):
+                    continue
+                await self._client.set_flow_run_state(run.id, Crashed(message=(
+                    f"its flow process is gone: node {self.node}'s e31 worker started again and found no process "
+                    f"for it on this machine; its resources are free again")), force=True)
+                self._logger.warning("flow run %s (%s) had no flow process left on this machine: marked Crashed",
+                                     run.id, run.name)
+        except Exception as exc:
+            self._logger.warning("could not check this node's runs left by an earlier worker: %s: %s",
+                                 type(exc).__name__, exc)
 
     def _follow_placements(self) -> None:
         """Poll at once when the scheduler places a run of the pool (the
@@ -277,6 +308,28 @@ class E31Worker(ProcessWorker):
             return []
         runs = await super()._get_scheduled_flow_runs()
         return [r for r in runs if (r.flow_run.job_variables or {}).get("e31_node") == self.node]
+
+
+def flow_process_alive(run: Any) -> bool:
+    """Whether the flow process of ``run`` (a Prefect ``FlowRun``) runs on
+    this machine: its ``infrastructure_pid`` (the pid Prefect's process
+    worker recorded) is a live process whose environment names this flow
+    run (``PREFECT__FLOW_RUN_ID``), so a pid reused by another process does
+    not count.  A run with no pid yet (the worker died while submitting it)
+    has none.  A process whose environment cannot be read (another user's)
+    counts as alive."""
+    pid = str(run.infrastructure_pid or "").rsplit(":", 1)[-1]
+    if not pid.isdigit():
+        return False
+    if not Path("/proc/self/environ").exists():  # no /proc (not Linux): cannot tell, so not gone
+        return True
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError:  # not ours to read (or no /proc): do not crash what may be running
+        return True
+    return f"PREFECT__FLOW_RUN_ID={run.id}".encode() in environ.split(b"\0")
 
 
 def start_warm_process() -> subprocess.Popen:

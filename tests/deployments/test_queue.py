@@ -446,3 +446,43 @@ def test_ctrl_c_of_a_worker_returns_its_running_job_s_output_before_it_exits(pre
     assert not (tmp_path / "out" / "after").exists()
     assert ("e31 worker: stopping: no new job is taken; 1 running job(s) told to stop and return their output "
             "(waiting up to 300 s; send the signal again to stop now)") in log
+
+
+def _has_env(environ: Path, entry: str) -> bool:
+    try:
+        return entry.encode() in environ.read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def test_a_worker_started_again_frees_the_runs_its_predecessor_left_without_a_process(prefect_api, tmp_path):
+    """kill -9 of a worker and of its flow process, and a new worker for the
+    node at once (well within the lease, which its heartbeats then keep
+    from ever running out): the run left ``Running`` is marked ``Crashed`` by
+    the new worker, the node is free again, and the next job runs."""
+    from prefect.client.orchestration import get_client
+
+    with queue(tmp_path, {"n1": 0}) as q:
+        q.scheduler()
+        worker = q.worker("n1", 0)
+        lost = q.submit(q.job("orphan", 0, 120, cpus=2)).split("flow run ")[1].split()[0]
+        wait_for(lambda: any((q.root / "scratch-n1").glob("orphan/output/started.json")), what="the job's work")
+        q.submit(q.job("next-one", 0, 1, cpus=2))
+        run_procs = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/environ") if _has_env(
+            p, f"PREFECT__FLOW_RUN_ID={lost}")]  # its client, the fork of the warm process, the work's processes
+        assert run_procs
+        os.killpg(worker.pid, signal.SIGKILL)  # the worker (and the flow process's client)
+        for pid in run_procs:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        worker.wait()
+        q.worker("n1", 0)
+        wait_for(lambda: _done(q, "next-one"), timeout=120, what="the next job, on the freed node")
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(lost).state
+    assert (state.type.value, state.message) == ("CRASHED", "its flow process is gone: node n1's e31 worker started "
+                                                            "again and found no process for it on this machine; its "
+                                                            "resources are free again")
+    assert "had no flow process left on this machine: marked Crashed" in (q.root / "worker-n1.log").read_text()
