@@ -20,12 +20,15 @@ scheduler's 125 job-variable writes and 14 of the workers' 47 label writes
 were answered 503.  :func:`retry_busy_quickly` puts a transport in front
 of a client's own that sends a request answered 503 again after
 :data:`DELAYS_S` (with jitter) before handing the last answer to Prefect's
-retries, which stay as they are.
+retries, which stay as they are.  Only the server's own answer for a busy
+database is resent so (not a 503 with ``Retry-After``, nor a proxy's), and
+at most :data:`BUDGET` times per :data:`BUDGET_WINDOW_S` seconds per client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -41,6 +44,15 @@ DELAYS_S = (0.02, 0.05, 0.1, 0.2, 0.3, 0.3, 0.3, 0.3)
 _log = logging.getLogger("e31.api")
 
 
+#: The body of the Prefect server's 503 for a retryable database error
+#: (``custom_internal_exception_handler`` in ``prefect/server/api/server.py``).
+BUSY_BODY = {"exception_message": "Service Unavailable"}
+#: Quick resends one client makes at most per :data:`BUDGET_WINDOW_S` seconds: beyond them a 503 goes to
+#: Prefect's own back-off at once, so a server that keeps answering 503 is not sent more requests than it was.
+BUDGET = 20
+BUDGET_WINDOW_S = 10.0
+
+
 class _Busy:
     """What the quick retries of one client did: ``resent`` requests sent
     again after a 503, ``recovered`` of them answered otherwise in the end."""
@@ -48,12 +60,29 @@ class _Busy:
     def __init__(self, wrapped: Any, delays: tuple[float, ...]) -> None:
         self.wrapped, self.delays = wrapped, tuple(delays)
         self.resent = self.recovered = 0
+        self._recent: list[float] = []  # time.monotonic() of the quick resends within the budget window
+
+    @staticmethod
+    def busy(response: httpx.Response) -> bool:
+        """Whether ``response`` (read) is the Prefect server's own 503 for a
+        busy database: no ``Retry-After`` (a server or proxy shedding load
+        asks for a wait: Prefect's retries honour it) and Prefect's body."""
+        if response.status_code != 503 or "retry-after" in response.headers:
+            return False
+        try:
+            return json.loads(response.content) == BUSY_BODY
+        except ValueError:
+            return False
 
     def _again(self, request: httpx.Request, attempt: int) -> float | None:
         """Seconds to wait before sending ``request`` again after its
-        ``attempt``-th 503 (counted from 0), or None when the quick retries are spent."""
-        if attempt >= len(self.delays):
+        ``attempt``-th busy 503 (counted from 0), or None when the quick
+        retries are spent (for this request, or the client's budget)."""
+        now = time.monotonic()
+        self._recent = [t for t in self._recent if now - t < BUDGET_WINDOW_S]
+        if attempt >= len(self.delays) or len(self._recent) >= BUDGET:
             return None
+        self._recent.append(now)
         self.resent += 1
         _log.debug("%s %s answered 503 (the database was busy); sending it again", request.method, request.url.path)
         return self.delays[attempt] * random.uniform(0.5, 1.5)
@@ -67,11 +96,13 @@ class BusyRetryTransport(_Busy, httpx.BaseTransport):
         attempt = 0
         while True:
             response = self.wrapped.handle_request(request)
-            wait = self._again(request, attempt) if response.status_code == 503 else None
-            if wait is None:
-                self.recovered += attempt > 0 and response.status_code != 503
+            if response.status_code != 503:
+                self.recovered += attempt > 0
                 return response
             response.read()
+            wait = self._again(request, attempt) if self.busy(response) else None
+            if wait is None:
+                return response
             response.close()
             time.sleep(wait)
             attempt += 1
@@ -87,11 +118,13 @@ class AsyncBusyRetryTransport(_Busy, httpx.AsyncBaseTransport):
         attempt = 0
         while True:
             response = await self.wrapped.handle_async_request(request)
-            wait = self._again(request, attempt) if response.status_code == 503 else None
-            if wait is None:
-                self.recovered += attempt > 0 and response.status_code != 503
+            if response.status_code != 503:
+                self.recovered += attempt > 0
                 return response
             await response.aread()
+            wait = self._again(request, attempt) if self.busy(response) else None
+            if wait is None:
+                return response
             await response.aclose()
             await asyncio.sleep(wait)
             attempt += 1

@@ -22,6 +22,8 @@ from e31.tasks.supervisor.busy import DELAYS_S, busy_retries, retry_busy_quickly
 class _Server:
     def __init__(self) -> None:
         self.busy: dict[str, int] = {}  # path -> 503 answers still to give
+        self.body = b'{"exception_message":"Service Unavailable"}'  # Prefect's (JSONResponse has no spaces)
+        self.headers: dict[str, str] = {}  # extra headers of a 503
         self.seen: list[tuple[str, str, bytes]] = []  # (method, path, body) of every request
         owner = self
 
@@ -32,10 +34,12 @@ class _Server:
                 left = owner.busy.get(self.path, 0)
                 if left:
                     owner.busy[self.path] = left - 1
-                    payload, status = b'{"exception_message": "Service Unavailable"}', 503
+                    payload, status = owner.body, 503
                 else:
                     payload, status = json.dumps({"ok": True}).encode(), 200
                 self.send_response(status)
+                for name, value in (owner.headers.items() if status == 503 else ()):
+                    self.send_header(name, value)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(payload)))
                 self.end_headers()
@@ -114,3 +118,37 @@ def test_the_async_client_of_a_worker_retries_quickly_too(server):
 
     assert asyncio.run(main()) == (200, (2, 1))
     assert len(server.seen) == 3
+
+
+@pytest.mark.parametrize("body, headers", [
+    (b'{"exception_message":"Service Unavailable"}', {"Retry-After": "1"}),  # a server asking for a wait
+    (b"<html>503 Service Temporarily Unavailable</html>", {}),  # a proxy's
+])
+def test_a_503_that_is_not_a_busy_database_goes_to_prefect_s_retries_alone(server, body, headers):
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    server.busy["/api/flow_runs/abc"], server.body, server.headers = 1, body, headers
+    with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 1}):
+        with retry_busy_quickly(_sync_client(server.url)) as client:
+            response = client.request("PATCH", "/flow_runs/abc", json={})
+            assert busy_retries(client) == (0, 0)
+    assert response.status_code == 200
+    assert len(server.seen) == 2  # the 503, then Prefect's own retry
+
+
+def test_quick_resends_are_budgeted_per_client(server, monkeypatch):
+    """A server answering busy 503s to everything gets at most BUDGET quick
+    resends per window from one client: the rest go to Prefect's back-off."""
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    from e31.tasks.supervisor import busy
+
+    monkeypatch.setattr(busy, "DELAYS_S", (0.0, 0.0, 0.0))
+    monkeypatch.setattr(busy, "BUDGET", 5)
+    server.busy.update({f"/api/flow_runs/r{i}": 1 for i in range(8)})
+    with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 1}):
+        with retry_busy_quickly(_sync_client(server.url), delays=busy.DELAYS_S) as client:
+            codes = [client.request("PATCH", f"/flow_runs/r{i}", json={}).status_code for i in range(8)]
+            assert busy_retries(client) == (5, 5)
+    assert codes == [200] * 8  # the first 5 by a quick resend, the last 3 by Prefect's retry after ~2 s
+    assert len(server.seen) == 16
