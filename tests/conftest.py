@@ -47,6 +47,9 @@ _QUIET = {
 os.environ.update(_QUIET)
 
 
+SERVER: list[subprocess.Popen] = []  # the session's prefect server process, while it runs (to freeze it)
+
+
 @pytest.fixture(scope="session")
 def prefect_api():
     """A real ``prefect server start`` on 127.0.0.1 for the whole session;
@@ -57,6 +60,7 @@ def prefect_api():
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "PREFECT_UI_ENABLED": "true"},  # the UI test opens its pages
     )
+    SERVER[:] = [proc]
     url = os.environ["PREFECT_API_URL"]
     deadline = time.monotonic() + 120
     while not api_ready(url):

@@ -51,6 +51,10 @@ MOVING = ("PENDING", "RUNNING", "CANCELLING", "CRASHED")
 ENDED = ("COMPLETED", "FAILED", "CANCELLED")
 #: Runs per page of ``read_flow_runs`` (the API's largest page).
 PAGE = 200
+#: Seconds a node's worker must stay silent past the lease, seen at the ticks, before its runs are
+#: crashed: more than a worker's heartbeat interval (10 s), so that after the API itself stopped
+#: answering for a while (every heartbeat then looks old) the workers are heard from first.
+LOST_CONFIRM_S = 15.0
 
 
 def read_all(client: Any, pool: PoolSpec, runs_filter: Any) -> list[Any]:
@@ -95,6 +99,7 @@ class RunCache:
         self.full_reads = self.incremental_reads = 0
         self.last_full = False  # whether the last read read every run itself (not in the background)
         self._pending: Future | None = None  # a full read under way in the background
+        self.silent_since: dict[str, float] = {}  # node -> time.monotonic() its worker was first seen past the lease
         self._executor: ThreadPoolExecutor | None = None
 
     def read(self, client: Any, now: float | None = None, full: bool = False) -> list[Any]:
@@ -160,6 +165,16 @@ class RunCache:
 
         with retry_busy_quickly(get_client(sync_client=True)) as client:
             return self._read_every(client), read_at, full_at
+
+    def confirm_lost(self, silent: set[str]) -> set[str]:
+        """Of the nodes ``silent`` now (no worker heartbeat within the lease),
+        those found silent at every read for :data:`LOST_CONFIRM_S` seconds:
+        their runs are lost.  A node heard from again starts over."""
+        now = time.monotonic()
+        self.silent_since = {n: t for n, t in self.silent_since.items() if n in silent}
+        for node in silent:
+            self.silent_since.setdefault(node, now)
+        return {n for n in silent if now - self.silent_since[n] >= LOST_CONFIRM_S}
 
     def close(self) -> None:
         """Stop the background full read (if any)."""

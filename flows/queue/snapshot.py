@@ -82,7 +82,13 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
     that may be retried) as planner input.  ``history``: job name -> past run
     times in seconds (for jobs without a ``duration``); ``staged``: inputs
     key -> nodes holding those inputs staged (data locality); ``cache``: the
-    runs kept since the last read, brought up to date (else all are read)."""
+    runs kept since the last read, brought up to date (else all are read).
+    With a ``cache``, the runs of a node whose worker is silent past the
+    lease are ``lost`` only once it has stayed so for
+    :data:`e31.flows.queue.cache.LOST_CONFIRM_S` seconds (after the API
+    itself stopped answering, every heartbeat looks old until the workers
+    are heard from again); meanwhile they keep their resources and the node
+    takes nothing new."""
     from prefect.client.schemas.objects import StateType
 
     now = time.time() if now is None else now
@@ -91,6 +97,8 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
     runs = cache.read(client, now) if cache is not None else \
         read_all(client, pool, flow_run_filter(state=state_filter(ACTIVE)))
     known = {n.name for n in snap.nodes}
+    silent = known - set(alive)
+    lost_nodes = cache.confirm_lost(silent) if cache is not None else silent
     for run in runs:
         key = str(run.id)
         snap.runs[key] = run
@@ -113,7 +121,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
         if holding:
             if node not in known:
                 continue
-            if node not in alive:
+            if node in lost_nodes:
                 snap.lost.append(key)
                 continue
             start = _ts(run.start_time) or _ts(state.timestamp) or now
@@ -141,10 +149,14 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                                                     if n in known)),
                 locality_wait_s=wait_s, planned_node=variables.get(PLANNED_VAR)))
     _one_run_per_job(snap)
-    for node in snap.nodes:  # a node without a live worker takes nothing: held whole until its worker answers
-        if node.name not in alive:
-            snap.running.append(RunningJob(id=f"{DOWN}{node.name}", node=node.name, devices=tuple(range(node.gpus)),
-                                           cpus=node.cpus, memory=node.memory, start=now, expected_end=now + lease_s))
+    for node in snap.nodes:  # a node without a live worker takes nothing: what its runs leave is held
+        if node.name not in alive:  # until its worker answers (all of it once they are lost)
+            held = [r for r in snap.running if r.node == node.name]
+            snap.running.append(RunningJob(
+                id=f"{DOWN}{node.name}", node=node.name,
+                devices=tuple(d for d in range(node.gpus) if not any(d in r.devices for r in held)),
+                cpus=max(0, node.cpus - sum(r.cpus for r in held)),
+                memory=max(0, node.memory - sum(r.memory for r in held)), start=now, expected_end=now + lease_s))
     return snap
 
 

@@ -283,7 +283,9 @@ def test_a_lost_node_releases_its_jobs_within_the_lease_and_they_resume_elsewher
         released_s = time.monotonic() - lost_at
         wait_for(lambda: _done(q, "survivor"), timeout=240, what="the job")
         record = q.record("survivor")
-    assert released_s < 25 + 30  # the lease, plus a worker's poll and the flow process's start
+    from e31.flows.queue.cache import LOST_CONFIRM_S
+
+    assert released_s < 25 + LOST_CONFIRM_S + 30  # the lease and its confirmation, a worker's poll, a process start
     assert record["node"] == "n2" and record["resumed_from"] >= 3
 
 
@@ -486,3 +488,35 @@ def test_a_worker_started_again_frees_the_runs_its_predecessor_left_without_a_pr
                                                             "again and found no process for it on this machine; its "
                                                             "resources are free again")
     assert "had no flow process left on this machine: marked Crashed" in (q.root / "worker-n1.log").read_text()
+
+
+def test_a_frozen_server_does_not_make_live_nodes_look_lost(prefect_api, tmp_path):
+    """The Prefect server stopped (SIGSTOP) for twice the lease while a job
+    runs, and its worker heard from only 6 s after the server answers again:
+    meanwhile every heartbeat the server holds is past the lease, but the
+    scheduler waits LOST_CONFIRM_S before calling the node lost, so the job
+    is not crashed and completes (e31.flows.queue.cache)."""
+    from prefect.client.orchestration import get_client
+
+    from tests.conftest import SERVER
+
+    with queue(tmp_path, {"n1": 0}) as q:
+        q.scheduler("--lease", "15")
+        worker = q.worker("n1", 0)
+        run_id = q.submit(q.job("through-freeze", 0, 45, cpus=2)).split("flow run ")[1].split()[0]
+        wait_for(lambda: any((q.root / "scratch-n1").glob("through-freeze/output/started.json")), what="the work")
+        os.killpg(SERVER[0].pid, signal.SIGSTOP)
+        os.kill(worker.pid, signal.SIGSTOP)  # the worker alone (its flow process runs on): its heartbeats stop too
+        try:
+            time.sleep(30)
+            os.killpg(SERVER[0].pid, signal.SIGCONT)
+            time.sleep(6)  # the scheduler ticks with a heartbeat 36 s old, past the 15 s lease; then the worker
+        finally:  # comes back (as a worker whose requests were backing off would), within LOST_CONFIRM_S
+            os.killpg(SERVER[0].pid, signal.SIGCONT)
+            os.kill(worker.pid, signal.SIGCONT)
+        wait_for(lambda: _done(q, "through-freeze"), timeout=240, what="the job")
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: client.read_flow_run(run_id).state.is_final(), what="its final state")
+            states = [s.type.value for s in client.read_flow_run_states(run_id)]
+    assert "CRASHED" not in states and states[-1] == "COMPLETED"
+    assert json.loads((tmp_path / "out" / "through-freeze" / "manifest.json").read_text())["status"] == "completed"
