@@ -42,7 +42,10 @@ async def follow(work_pool: str, states: tuple[str, ...], on_event: Callable[[st
     from prefect.events.clients import get_events_subscriber
     from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
 
+    from e31.tasks.storage.masking import scrub
+
     names = [f"prefect.flow-run.{s}" for s in states]
+    up = None  # whether the stream was up, the last time it changed (None: never yet)
     while True:
         try:
             async with get_client() as client:
@@ -50,6 +53,9 @@ async def follow(work_pool: str, states: tuple[str, ...], on_event: Callable[[st
             related = EventRelatedFilter(id=[f"prefect.work-pool.{pool_id}"])
             async with get_events_subscriber(filter=EventFilter(event=EventNameFilter(name=names), related=related),
                                              reconnection_attempts=2) as events:
+                if up is False:
+                    _log.warning("the Prefect server's event stream of work pool %s is back", work_pool)
+                up = True
                 if connected is not None:
                     connected(True)
                 async for event in events:
@@ -57,7 +63,11 @@ async def follow(work_pool: str, states: tuple[str, ...], on_event: Callable[[st
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the server is down or has no event stream: the poll goes on meanwhile
-            _log.debug("the event stream of work pool %s was lost (%s: %s)", work_pool, type(exc).__name__, exc)
+            if up is not False:  # said once per loss (a proxy that drops websockets shows here), then quiet
+                _log.warning("no event stream from the Prefect server for work pool %s (%s: %s); polling only "
+                             "until it is back (changes are seen at the next poll, not at once)", work_pool,
+                             type(exc).__name__, scrub(str(exc))[:200])
+            up = False
         if connected is not None:
             connected(False)
         await asyncio.sleep(RESUBSCRIBE_S)
@@ -70,7 +80,7 @@ class Wakeup:
     ``connected``: whether the stream is up now."""
 
     def __init__(self, work_pool: str, states: tuple[str, ...] = SCHEDULER_EVENTS) -> None:
-        self._event = threading.Event()
+        self._event, self._closed = threading.Event(), False
         self.connected = False
         self.events = 0  # events received
         self._thread = threading.Thread(target=self._run, args=(work_pool, states), name="e31-events", daemon=True)
@@ -86,7 +96,8 @@ class Wakeup:
 
         async def main() -> None:
             self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
-            await follow(work_pool, states, seen, up)
+            if not self._closed:  # close() may have come before this thread ran
+                await follow(work_pool, states, seen, up)
 
         try:
             asyncio.run(main())
@@ -95,6 +106,7 @@ class Wakeup:
 
     def close(self) -> None:
         """Stop following (the thread ends soon after)."""
+        self._closed = True
         loop, task = getattr(self, "_loop", None), getattr(self, "_task", None)
         if loop is not None and task is not None:
             try:
