@@ -32,6 +32,10 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     s.add_argument("--lease", type=float, default=60.0,
                    help="seconds without a worker heartbeat after which its node's runs are crashed and requeued "
                         "(default 60; workers beat every 10 s)")
+    s.add_argument("--handover", type=float, default=10.0, metavar="SECONDS",
+                   help="hand a node's resources over to the next job planned on them this many seconds before the "
+                        "running job's planned end: its flow process starts and stages its inputs meanwhile, and its "
+                        "work starts once the job ahead has returned its output (default 10; 0: off)")
     w = sub.add_parser("worker", help="run the jobs placed on one node of a pool",
                        description="a Prefect worker (type e31) that runs only the flow runs placed on --node")
     w.add_argument("--pool", required=True, help="pool file (YAML)")
@@ -88,7 +92,8 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     print(f"e31 scheduler: pool {pool.name}, {sum(n.count for n in pool.nodes)} node(s), policy {args.policy}",
           flush=True)
     try:
-        serve(pool, policy=args.policy, interval_s=args.interval, once=args.once, report=report, lease_s=args.lease)
+        serve(pool, policy=args.policy, interval_s=args.interval, once=args.once, report=report, lease_s=args.lease,
+              handover_s=args.handover)
     except KeyboardInterrupt:
         pass
     return EXIT_OK
@@ -301,6 +306,13 @@ def cmd_queue(args: argparse.Namespace) -> int:
         run = snap.runs[r.id]
         rows.append((snap.specs[r.id].name, r.id[:8], run.state.name, r.node, ",".join(map(str, r.devices)) or "-",
                      _hhmm(r.start), "running"))
+        for key, ahead in snap.behind.items():  # handed over behind it: flow process started, work not yet
+            run, follower = snap.runs[key], snap.runs[key].job_variables or {}
+            if ahead == r.id:
+                rows.append((snap.specs[key].name, key[:8], run.state.name, r.node,
+                             ",".join(map(str, follower.get("gpu_devices") or ())) or "-", "-",
+                             f"handed over behind {snap.specs[ahead].name} ({ahead[:8]}): its work starts once that "
+                             "job has returned its output"))
     for p in placements:
         reason = humane(p.reason, snap) + (f"; {staging[p.job]}" if p.job in staging else "")
         rows.append((snap.specs[p.job].name, p.job[:8], "Queued", p.node or "-",

@@ -105,11 +105,13 @@ def snapshot(client: Any, pool: PoolSpec, past: History | None = None, now: floa
 
 def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None = None,
          now: float | None = None, lease_s: float = queue.LEASE_S, cache: queue.RunCache | None = None,
-         max_waits: int | None = None, max_wait_s: float | None = None) -> Tick:
+         max_waits: int | None = None, max_wait_s: float | None = None,
+         handover_s: float = queue.HANDOVER_S) -> Tick:
     """Read, plan, apply once (see the module docstring).  ``cache``: the
     pool's runs kept between ticks (:class:`e31.flows.queue.RunCache`; a
     tick then reads only what changed), else every active run is read;
-    ``max_waits``, ``max_wait_s``: see :func:`e31.flows.queue.apply`."""
+    ``max_waits``, ``max_wait_s``, ``handover_s`` (seconds; 0: no
+    handovers): see :func:`e31.flows.queue.apply`."""
     from e31.tasks.supervisor.busy import busy_retries
 
     started, resent = time.monotonic(), busy_retries(client)[0]
@@ -117,18 +119,20 @@ def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None 
     t0 = time.monotonic()
     placements = plan(snap.nodes, snap.running, snap.queued, snap.now, policy)
     plan_s = time.monotonic() - t0
-    counts = queue.apply(client, snap, placements, cache, max_waits, max_wait_s)
+    counts = queue.apply(client, snap, placements, cache, max_waits, max_wait_s, handover_s)
     return Tick(len(snap.queued), len(snap.running), counts, plan_s, time.monotonic() - started,
                 frozenset(r.id for r in snap.running), t0 - started, cache is None or cache.last_full,
                 busy_retries(client)[0] - resent)
 
 
 def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, once: bool = False,
-          report: Callable[[Tick], None] | None = None, lease_s: float = queue.LEASE_S) -> None:
+          report: Callable[[Tick], None] | None = None, lease_s: float = queue.LEASE_S,
+          handover_s: float = queue.HANDOVER_S) -> None:
     """Run ticks until interrupted (``once``: a single tick).  Creates the
     pool's work pool and queue deployment first.  ``report`` is called with
     every tick that changed something.  ``lease_s``: seconds without a
-    worker heartbeat after which a node's runs count as lost.  Between
+    worker heartbeat after which a node's runs count as lost;
+    ``handover_s``: see :data:`e31.flows.queue.mapping.HANDOVER_S`.  Between
     ticks that change nothing it waits ``interval_s`` seconds, or less: a
     flow run of the pool ending or being submitted wakes it at once
     (:class:`e31.deployments.runevents.Wakeup`, the server's event stream)."""
@@ -148,7 +152,7 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
                     past, read_at = history(client, pool), time.monotonic()
                 try:
                     result = tick(client, pool, policy, past, lease_s=lease_s, cache=cache, max_waits=MAX_WAITS,
-                                  max_wait_s=MAX_WAIT_S)
+                                  max_wait_s=MAX_WAIT_S, handover_s=handover_s)
                 except Exception as exc:  # the API is busy or a run changed under us: the next tick reads all again
                     if once:
                         raise

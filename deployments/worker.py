@@ -38,6 +38,7 @@ from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, P
 from e31.errors import InvalidInput
 from e31.flows.deploy import ENTRYPOINT
 from e31.flows.queue import WORKER_TYPE
+from e31.flows.queue.handover import AFTER_ENV, flow_process_alive
 
 #: ``0`` starts every flow process cold (to compare, or to rule warm starts out).
 WARM_VAR = "E31_WARM_START"
@@ -57,17 +58,24 @@ class E31JobConfiguration(ProcessJobConfiguration):
     e31_node: str | None = Field(default=None)
     gpu_devices: list[int] = Field(default_factory=list)
     cpus: int | None = Field(default=None)
+    e31_after: str | None = Field(default=None)
 
     def prepare_for_flow_run(self, flow_run: Any, deployment: Any = None, flow: Any = None, work_pool: Any = None,
                              worker_name: str | None = None, worker_id: Any = None) -> None:
         """Prefect's preparation, then the placement into the flow process's
         environment: ``CUDA_VISIBLE_DEVICES`` and ``E31_GPU_DEVICES`` (the
-        placed devices, e.g. ``4,5``; empty for a CPU job) and ``E31_NODE``."""
+        placed devices, e.g. ``4,5``; empty for a CPU job) and ``E31_NODE``;
+        for a run handed over behind another, ``E31_AFTER`` (that run's id:
+        :mod:`e31.flows.queue.handover`)."""
         configured = self.command is not None
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id=worker_id)
         devices = ",".join(str(d) for d in self.gpu_devices)
         self.env = {**self.env, "CUDA_VISIBLE_DEVICES": devices, "E31_GPU_DEVICES": devices,
                     "E31_NODE": self.e31_node or ""}
+        # from the run itself, not only the work pool's template: a pool created by an older E31 lacks the variable
+        after = self.e31_after or (getattr(flow_run, "job_variables", None) or {}).get("e31_after")
+        if after:
+            self.env[AFTER_ENV] = str(after)
         if configured or getattr(deployment, "entrypoint", None) != ENTRYPOINT:
             return
         # E31's flow: loaded by its module path (no deployment read, no pull step), in one process
@@ -96,6 +104,8 @@ class E31Variables(ProcessVariables):
     cpus: int | None = Field(default=None, description="CPUs of the placement (the job's request.cpus).")
     e31_planned_node: str | None = Field(default=None, description="Node a waiting run is planned on (set by the "
                                                                    "scheduler); its worker prefetches the inputs.")
+    e31_after: str | None = Field(default=None, description="Flow run a handed-over run waits behind (set by the "
+                                                            "scheduler): its work starts once that run has ended.")
 
 
 class E31Worker(ProcessWorker):
@@ -308,28 +318,6 @@ class E31Worker(ProcessWorker):
             return []
         runs = await super()._get_scheduled_flow_runs()
         return [r for r in runs if (r.flow_run.job_variables or {}).get("e31_node") == self.node]
-
-
-def flow_process_alive(run: Any) -> bool:
-    """Whether the flow process of ``run`` (a Prefect ``FlowRun``) runs on
-    this machine: its ``infrastructure_pid`` (the pid Prefect's process
-    worker recorded) is a live process whose environment names this flow
-    run (``PREFECT__FLOW_RUN_ID``), so a pid reused by another process does
-    not count.  A run with no pid yet (the worker died while submitting it)
-    has none.  A process whose environment cannot be read (another user's)
-    counts as alive."""
-    pid = str(run.infrastructure_pid or "").rsplit(":", 1)[-1]
-    if not pid.isdigit():
-        return False
-    if not Path("/proc/self/environ").exists():  # no /proc (not Linux): cannot tell, so not gone
-        return True
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except FileNotFoundError:
-        return False
-    except OSError:  # not ours to read (or no /proc): do not crash what may be running
-        return True
-    return f"PREFECT__FLOW_RUN_ID={run.id}".encode() in environ.split(b"\0")
 
 
 def start_warm_process() -> subprocess.Popen:

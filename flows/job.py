@@ -40,6 +40,7 @@ from e31.tasks.outcome import ChildLost, RunOutcome
 from e31.tasks.supervisor.api import api_answers
 from e31.tasks.supervisor.process import signals_deferred
 from e31.tasks.supervisor.warm import discard, prestart
+from e31.flows.queue.handover import run_ahead, wait_for_run_ahead
 from e31.tasks.run import SupervisorConfig, run_task
 from e31.tasks.pending import deliver_pending, permanent, recorded_return
 from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
@@ -234,6 +235,15 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
     if results:
         target.staged_before_allocation = not any(s.copied for s in results)
         target.prefetch_s = prefetched_seconds(plan.data_dir, target.run_id) if target.staged_before_allocation else 0.0
+    ahead = run_ahead()
+    if ahead and not stopped:  # handed over behind a run on this node: the work starts once that run has ended
+        with cancel_stops_staging(target.run_id, str(plan.data_dir)) as watcher:
+            target.handover_wait_s = wait_for_run_ahead(ahead, stop=watcher.cancelled, say=get_run_logger().info)
+        stopped = watcher.cancelled()
+        if target.handover_wait_s > HANDOVER_HELD_S:  # the run ahead still held the node: staged before allocation
+            target.prefetch_s += target.staging_s
+            target.staging_s = 0.0
+            target.staged_before_allocation = True if results else None
     if stopped or cancel_requested(target.run_id):  # cancelled while staging: the work never starts, nothing removed
         outcome = RunOutcome(reason="cancelled", exit_code=None, run_s=0.0,
                              message="cancelled while the inputs were staged; the work did not start")
@@ -293,6 +303,11 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
                     return manifest
         except Exception as cause:
             raise ReturnError(plan, cause) from None
+
+
+#: Seconds a handed-over run's wait for the run ahead must pass for its staging to count as made before
+#: its allocation (the run ahead still held the node when the staging ended): one check of its process.
+HANDOVER_HELD_S = 0.1
 
 
 #: Set by the ``e31`` command (and true in a flow process started by a Prefect worker): once the

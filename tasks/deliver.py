@@ -89,8 +89,10 @@ class ReturnTarget:
     meter), the spec's sha256, ``staging_s`` (seconds staging in the run,
     resources held), ``prefetch_s`` (seconds the node's prefetcher staged
     the inputs before the allocation; 0: none), ``staged_before_allocation``
-    (see :func:`e31.tasks.manifest.build_manifest`) and the durable
-    ``checkpoint_url`` (a sub-folder of the output URL by default)."""
+    (see :func:`e31.tasks.manifest.build_manifest`), the durable
+    ``checkpoint_url`` (a sub-folder of the output URL by default) and
+    ``handover_wait_s`` (seconds a run handed over behind another waited,
+    after its staging, for that run to end; 0: none)."""
 
     job: str
     run_id: str | None
@@ -104,6 +106,7 @@ class ReturnTarget:
     checkpoint_url: str = ""
     prefetch_s: float = 0.0
     staged_before_allocation: bool | None = None
+    handover_wait_s: float = 0.0
 
 
 def existing_manifest(output_url: str) -> dict[str, Any] | None:
@@ -188,6 +191,7 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
         files=rows,
         checkpoint=mask_url(out.checkpoint.url) if out.checkpoint else None,
         timings={"prefetch_s": req.prefetch_s, "staging_s": req.staging_s, "run_s": out.run_s, **out.phases,
+                 **({"handover_wait_s": req.handover_wait_s} if req.handover_wait_s else {}),
                  "return_s": time.monotonic() - started},
         gpus=req.gpus,
         cpus=req.cpus,

@@ -70,7 +70,9 @@ def build_manifest(
 
     ``files``: ``[{"path", "bytes", "sha256"}]`` relative to the output URL.
     ``timings`` in seconds (``staging_s``, ``run_s``, ``return_s``; and the
-    run's phases ``child_start_s``, ``work_s``, ``settle_s`` when known).
+    run's phases ``child_start_s``, ``work_s``, ``settle_s`` when known;
+    ``handover_wait_s`` for a run handed over behind another on its node:
+    the seconds it waited, staged, for that run to end).
     ``stop_requested_at``: Unix seconds of the stop warning (None: no stop).
     ``logs``: the work's last stdout and stderr lines (masked) and how many
     lines were not forwarded to the run's log.  ``folder``: where the files
@@ -79,7 +81,8 @@ def build_manifest(
     no E31 run of the job wrote (left in place, not part of the output).
     ``staged_before_allocation``: True when every input was found staged
     and unchanged at the run's start (copied ahead by the node's prefetcher,
-    ``timings.prefetch_s``, or by an earlier run), so nothing was copied
+    ``timings.prefetch_s``, or by an earlier run, or by the run itself
+    while the run ahead of it still held the node), so nothing was copied
     while the job held its resources; False when some input was copied in
     the run; None when the job reads no data.  The meter bills the seconds
     the job held its resources, in-run staging and the work, as batch

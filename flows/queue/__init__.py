@@ -19,6 +19,11 @@ How a queue maps onto Prefect (nothing else holds queue state):
   ``e31 worker`` of that node takes it;
 - ``Pending``/``Running``/``Cancelling`` runs, and ``Placed`` ones, hold their
   resources until their state is final (the output returned);
+- a run handed over behind a running one (``job_variables`` ``e31_after``,
+  :data:`.mapping.HANDOVER_S`) is placed shortly before that run's planned
+  end: its flow process starts and stages, and its work waits until the
+  run ahead has ended (:mod:`.handover`); until then the run ahead holds
+  the resources for both;
 - a refused run ends ``Failed`` with the reason.
 
 Everything here is a plain function of a Prefect client; the policy is in
@@ -32,14 +37,14 @@ every run), :mod:`.snapshot` (reading the runs as planner input),
 """
 
 from e31.flows.queue.cache import RunCache
-from e31.flows.queue.mapping import (AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, LEASE_S, NODE_VAR, PLACED,
-                                     PLANNED_VAR, QUEUED, SETTLE_S, STAGED, STAGED_ON, STAGING_S, WORKER_TYPE,
-                                     deployment_name, inputs_key, nodes_of, staged_tags, work_pool_name)
-from e31.flows.queue.record import apply, humane, refuse_at_destination
+from e31.flows.queue.mapping import (AFTER_VAR, AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, HANDOVER_S, LEASE_S,
+                                     NODE_VAR, PLACED, PLANNED_VAR, QUEUED, SETTLE_S, STAGED, STAGED_ON, STAGING_S,
+                                     WORKER_TYPE, deployment_name, inputs_key, nodes_of, staged_tags, work_pool_name)
+from e31.flows.queue.record import apply, handover_lead, humane, refuse_at_destination
 from e31.flows.queue.snapshot import Snapshot, live_nodes, read
 from e31.flows.queue.submit import ensure_pool, submit
 
-__all__ = ["AHEAD_S", "ATTEMPT_VAR", "CPUS_VAR", "DEVICES_VAR", "DOWN", "LEASE_S", "NODE_VAR", "PLACED", "PLANNED_VAR",
-           "QUEUED", "SETTLE_S", "STAGED", "STAGED_ON", "STAGING_S", "WORKER_TYPE", "RunCache", "Snapshot", "apply",
-           "deployment_name", "ensure_pool", "humane", "inputs_key", "live_nodes", "nodes_of", "read",
-           "refuse_at_destination", "staged_tags", "submit", "work_pool_name"]
+__all__ = ["AFTER_VAR", "AHEAD_S", "ATTEMPT_VAR", "CPUS_VAR", "DEVICES_VAR", "DOWN", "HANDOVER_S", "LEASE_S", "NODE_VAR",
+           "PLACED", "PLANNED_VAR", "QUEUED", "SETTLE_S", "STAGED", "STAGED_ON", "STAGING_S", "WORKER_TYPE", "RunCache",
+           "Snapshot", "apply", "deployment_name", "ensure_pool", "handover_lead", "humane", "inputs_key", "live_nodes",
+           "nodes_of", "read", "refuse_at_destination", "staged_tags", "submit", "work_pool_name"]

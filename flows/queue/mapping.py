@@ -18,6 +18,13 @@ NODE_VAR, DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = "e31_node", "gpu_devices", "cpus"
 #: The node a waiting run's reserved start is planned on, in its ``job_variables``: that node's ``e31 worker``
 #: prefetches the run's inputs (absent when the planned start is no reservation).
 PLANNED_VAR = "e31_planned_node"
+#: The run a handed-over run waits behind, in its ``job_variables``: its flow process starts (and stages its
+#: inputs) while that run ends, and its work starts once that run's flow process has ended (see HANDOVER_S).
+AFTER_VAR = "e31_after"
+#: Seconds before a running job's planned end within which the scheduler hands its resources over to the
+#: next job planned on them: that job's flow run is released at once, its flow process starts, stages its
+#: inputs and waits (holding nothing) until the job ahead has returned its output; 0 turns it off.
+HANDOVER_S = 10.0
 #: Tags a node's prefetcher puts on a queued run whose inputs it staged: ``e31-staged`` (what the scheduler's
 #: read filters on), ``e31-staged:NODE`` and ``e31-staging-s:SECONDS`` (how long the copy took: the locality wait).
 STAGED, STAGED_ON, STAGING_S = "e31-staged", "e31-staged:", "e31-staging-s:"

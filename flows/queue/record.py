@@ -9,9 +9,9 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from e31.flows.placement import Placement
-from e31.flows.queue.mapping import (AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, NODE_VAR, PLACED, PLANNED_VAR,
-                                     QUEUED)
+from e31.flows.placement import Placement, RunningJob
+from e31.flows.queue.mapping import (AFTER_VAR, AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, NODE_VAR, PLACED,
+                                     PLANNED_VAR, QUEUED)
 from e31.flows.queue.cache import RunCache
 from e31.flows.queue.snapshot import Snapshot
 from e31.specs import JobSpec
@@ -181,8 +181,33 @@ class _Writer:
         return False
 
 
+def handover_lead(snap: Snapshot, p: Placement, handover_s: float, taken: set[str]) -> RunningJob | None:
+    """The running job whose resources the waiting placement ``p`` takes
+    over at its end, when ``p`` may be handed over now: ``p`` is a reserved
+    start on that job's node, planned at that job's planned end (within
+    1 s; an end already past counts as ``now + 1`` s, the planner's rule),
+    which is at most ``handover_s`` seconds away; the job is ``Running``,
+    not in ``taken`` (already has a run behind it), and holds every GPU
+    device ``p`` is planned on, at least its CPUs and its memory (bytes).
+    None otherwise (``handover_s`` <= 0 turns handovers off)."""
+    if handover_s <= 0 or p.action != "wait" or not p.reserved or p.node is None or p.start is None:
+        return None
+    memory = snap.specs[p.job].request.memory or 0
+    for lead in sorted(snap.running, key=lambda r: r.expected_end):
+        run = snap.runs.get(lead.id)
+        if lead.node != p.node or run is None or lead.id in taken or run.state.type.value != "RUNNING":
+            continue
+        end = max(lead.expected_end, snap.now + 1.0)
+        if end - snap.now > handover_s:
+            break
+        if abs(p.start - end) <= 1.0 and set(p.devices) <= set(lead.devices) and p.cpus <= lead.cpus \
+                and memory <= lead.memory:
+            return lead
+    return None
+
+
 def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCache | None = None,
-          max_waits: int | None = None, max_wait_s: float | None = None) -> dict[str, int]:
+          max_waits: int | None = None, max_wait_s: float | None = None, handover_s: float = 0.0) -> dict[str, int]:
     """Record the plan on the flow runs: place the runs that start now (their
     node, devices and CPUs in ``job_variables``, state ``Placed``), write each
     waiting run's reason and planned start (only when they changed), fail the
@@ -198,19 +223,26 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
     action (``gone``: runs deleted on the server since they were read;
     ``stale``: runs changed since, not written; ``undone``: writes that
     overtook a cancel, undone; see :class:`_Writer`).  The lines each write
-    adds to its run's log are sent in one request at the end."""
+    adds to its run's log are sent in one request at the end.
+
+    ``handover_s``: seconds before a running job's planned end within which
+    the next run planned on its resources is handed over
+    (:func:`handover_lead`): placed at once like a start, with ``e31_after``
+    naming the job ahead in its ``job_variables``, and counted
+    ``handover``; its flow process waits for the job ahead to end before
+    its work starts (:mod:`e31.flows.queue.handover`)."""
     logs = _Logs(client)
     try:
-        return _apply(client, snap, placements, cache, max_waits, max_wait_s, logs)
+        return _apply(client, snap, placements, cache, max_waits, max_wait_s, logs, handover_s)
     finally:
         logs.send()
 
 
 def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCache | None, max_waits: int | None,
-           max_wait_s: float | None, logs: _Logs) -> dict[str, int]:
+           max_wait_s: float | None, logs: _Logs, handover_s: float = 0.0) -> dict[str, int]:
     from prefect.states import Crashed, Failed, Scheduled
 
-    counts = {"start": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0, "gone": 0,
+    counts = {"start": 0, "handover": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0, "gone": 0,
               "stale": 0, "undone": 0, "deferred": 0}
     write = _Writer(client, cache, counts)
     now = datetime.fromtimestamp(snap.now, timezone.utc)
@@ -244,8 +276,25 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             counts["wait"] += 1
     order = {"start": 0, "refuse": 1}
     waits_from: float | None = None  # when the first waiting run's reason was written
+    taken = set(snap.behind.values())  # runs that have a run handed over behind them
     for p in sorted(placements, key=lambda p: (order.get(p.action, 2), p.start or 0.0)):
         run = snap.runs[p.job]
+        lead = handover_lead(snap, p, handover_s, taken)
+        if lead is not None:
+            attempt = int((run.job_variables or {}).get(ATTEMPT_VAR, 0))
+            if not write.variables(p.job, {NODE_VAR: p.node, DEVICES_VAR: list(p.devices), CPUS_VAR: p.cpus,
+                                           ATTEMPT_VAR: attempt, AFTER_VAR: lead.id}):
+                continue
+            ahead = snap.specs[lead.id].name
+            why = (f"handed over behind {ahead} ({lead.id[:8]}) on {p.node}: its flow process starts now and stages "
+                   f"the inputs; the work starts once {ahead} has returned its output (planned "
+                   f"{datetime.fromtimestamp(p.start, timezone.utc):%H:%M:%S} UTC)")
+            if not write.state(p.job, Scheduled(name=PLACED, scheduled_time=now, message=why), check=False):
+                continue
+            taken.add(lead.id)
+            logs.add(p.job, f"Placed: {why}")
+            counts["handover"] += 1
+            continue
         if p.action == "start":
             attempt = int((run.job_variables or {}).get(ATTEMPT_VAR, 0))
             if not write.variables(p.job, {NODE_VAR: p.node, DEVICES_VAR: list(p.devices), CPUS_VAR: p.cpus,

@@ -4,15 +4,15 @@ that hold resources, the queued ones, and the lost, crashed and blocked."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from e31.flows.placement import Node, QueuedJob, RunningJob
 from e31.flows.placement.estimates import estimate_runtime
 from e31.flows.queue.cache import ACTIVE, RunCache, flow_run_filter, read_all, state_filter
-from e31.flows.queue.mapping import (CPUS_VAR, DEVICES_VAR, DOWN, LEASE_S, NODE_VAR, PLACED, PLANNED_VAR, QUEUED,
-                                     SETTLE_S, inputs_key, nodes_of, staged_tags, work_pool_name)
+from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, LEASE_S, NODE_VAR, PLACED,
+                                     PLANNED_VAR, QUEUED, SETTLE_S, inputs_key, nodes_of, staged_tags, work_pool_name)
 from e31.specs import JobSpec
 from e31.specs.pool import PoolSpec
 
@@ -28,7 +28,12 @@ class Snapshot:
     answering; ``requeue``: ids of crashed runs that have retries left;
     ``blocked``: id -> why a queued run is held back from the plan (another
     run of the same job is running or queued ahead: one run of a job at a
-    time, as its scratch folder and destination are the job's)."""
+    time, as its scratch folder and destination are the job's); ``behind``:
+    id of a handed-over run -> id of the run it waits behind (its flow
+    process runs, its work has not started: see
+    :data:`e31.flows.queue.mapping.HANDOVER_S`).  A run behind another holds
+    nothing of its own: the planner sees the run ahead holding its
+    resources until its planned end plus the handed-over run's estimate."""
 
     now: float
     nodes: list[Node]
@@ -40,6 +45,7 @@ class Snapshot:
     lost: list[str] = field(default_factory=list)
     requeue: list[str] = field(default_factory=list)
     blocked: dict[str, str] = field(default_factory=dict)
+    behind: dict[str, str] = field(default_factory=dict)
     lease_s: float = LEASE_S
 
 
@@ -148,6 +154,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 preferred_nodes=tuple(dict.fromkeys(n for n in (*prefetched, *(staged or {}).get(inputs_key(spec), ()))
                                                     if n in known)),
                 locality_wait_s=wait_s, planned_node=variables.get(PLANNED_VAR)))
+    _chain_handovers(snap)
     _one_run_per_job(snap)
     for node in snap.nodes:  # a node without a live worker takes nothing: what its runs leave is held
         if node.name not in alive:  # until its worker answers (all of it once they are lost)
@@ -158,6 +165,27 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 cpus=max(0, node.cpus - sum(r.cpus for r in held)),
                 memory=max(0, node.memory - sum(r.memory for r in held)), start=now, expected_end=now + lease_s))
     return snap
+
+
+def _chain_handovers(snap: Snapshot) -> None:
+    """A run handed over behind a run that still holds its resources (both
+    on the same node) is taken out of ``running`` and recorded in
+    ``behind``: the run ahead holds the resources on, until its planned end
+    (at least ``now + 1`` s, the planner's rule) plus the handed-over run's
+    own planned time, as one chain.  Once the run ahead has ended, the
+    handed-over run holds its own placement."""
+    holders = {r.id: r for r in snap.running}
+    for follower in list(snap.running):
+        ahead = (snap.runs[follower.id].job_variables or {}).get(AFTER_VAR)
+        lead = holders.get(ahead) if isinstance(ahead, str) else None
+        if lead is None or lead.node != follower.node or lead.id == follower.id:
+            continue
+        snap.behind[follower.id] = lead.id
+        snap.running.remove(follower)
+        extended = replace(lead, expected_end=max(lead.expected_end, snap.now + 1.0)
+                           + (follower.expected_end - follower.start))
+        snap.running[snap.running.index(lead)] = extended
+        holders[lead.id] = extended
 
 
 def _one_run_per_job(snap: Snapshot) -> None:

@@ -176,7 +176,7 @@ def test_a_waiting_job_says_why_in_its_state_and_in_e31_queue(prefect_api, tmp_p
     from prefect.client.orchestration import get_client
 
     with queue(tmp_path, {"n1": 8}) as q:
-        q.scheduler()
+        q.scheduler("--handover", "0")  # the waiter stays queued (else handed over 10 s before the holder's end)
         q.worker("n1", 8)
         first = q.submit(q.job("holder", 8, 20)).split("flow run ")[1].split()[0]
         wait_for(lambda: any((q.root / "scratch-n1").glob("holder/output/started.json")), what="the holder")
@@ -520,3 +520,56 @@ def test_a_frozen_server_does_not_make_live_nodes_look_lost(prefect_api, tmp_pat
             states = [s.type.value for s in client.read_flow_run_states(run_id)]
     assert "CRASHED" not in states and states[-1] == "COMPLETED"
     assert json.loads((tmp_path / "out" / "through-freeze" / "manifest.json").read_text())["status"] == "completed"
+
+
+def test_the_next_job_is_handed_over_behind_the_running_one_and_its_work_waits_for_it(prefect_api, tmp_path):
+    """``--handover 30``: the job planned next on a running job's devices,
+    whose planned end is within 30 s, is released at once (``e31_after``):
+    its flow process starts and stages its input while the job ahead runs,
+    and its work starts only once the job ahead has ended (its flow run
+    final), on the same devices.  Its staging is not metered: the node was
+    still the job ahead's (e31.flows.queue.handover)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with queue(tmp_path, {"n1": 2}) as q:
+        q.scheduler("--handover", "30")
+        worker = q.start("worker-n1", "worker", "--pool", str(q.pool), "--node", "n1",  # its runs log at INFO
+                         env={"E31_NODE_GPUS": "2", "E31_SCRATCH": str(q.root / "scratch-n1"),
+                              "PREFECT_LOGGING_LEVEL": "INFO"})
+        wait_for(lambda: _warm_listening(worker), what="the worker's warm process")
+        source = q.root / "input.bin"
+        source.write_bytes(os.urandom(2**20))
+        ahead = q.submit(q.job("ahead", 2, 20)).split("flow run ")[1].split()[0]  # planned end: start + 25 s
+        wait_for(lambda: any((q.root / "scratch-n1").glob("ahead/output/started.json")), what="the first job's work")
+        behind = q.submit(q.job("behind", 2, 1, data=[{"name": "inp", "url": str(source)}])).split("flow run ")[1]
+        behind = behind.split()[0]
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: client.read_flow_run(behind).state.type.value == "RUNNING", what="its flow process")
+            listed = subprocess.run([q.exe, "queue", "--pool", str(q.pool)], capture_output=True, text=True,
+                                    cwd=q.root)
+            still_running = not (q.root / "scratch-n1" / "ahead" / "output" / "record.json").exists()
+            wait_for(lambda: _done(q, "ahead", "behind"), timeout=180, what="both jobs")
+            wait_for(lambda: client.read_flow_run(behind).state.is_final(), what="its final state")
+            ended = client.read_flow_run(ahead).state.timestamp.timestamp()
+            placed = next(s for s in client.read_flow_run_states(behind) if s.name == "Placed")
+            said = f"handed over behind ahead ({ahead[:8]}): the work starts once it has returned its output"
+            wait_for(lambda: said in [log.message for log in client.read_logs(LogFilter(
+                flow_run_id=LogFilterFlowRunId(any_=[behind])))], what="its log line")  # sent at its end
+        first, second = q.record("ahead"), q.record("behind")
+        manifest = json.loads((q.root / "out" / "behind" / "manifest.json").read_text())
+    assert still_running  # its flow run was Running while the job ahead's work still ran
+    assert placed.message.startswith(f"handed over behind ahead ({ahead[:8]}) on n1: its flow process starts now and "
+                                     "stages the inputs; the work starts once ahead has returned its output (planned ")
+    assert second["start"] >= ended  # the work waited for the job ahead's end (its final state)
+    assert first["devices"] == second["devices"] == "0,1" and second["node"] == "n1"
+    assert manifest["status"] == "completed" and manifest["staged_before_allocation"] is True
+    assert manifest["timings"]["staging_s"] == 0.0 and manifest["timings"]["handover_wait_s"] > 0
+    assert manifest["timings"]["prefetch_s"] > 0  # its own staging, made before the allocation
+    assert abs(manifest["meter"]["gpu_seconds"] - 2 * manifest["timings"]["run_s"]) <= 0.002  # the work alone
+    lines = listed.stdout.splitlines()
+    assert [line.split()[:4] for line in lines[1:]] == [["ahead", ahead[:8], "Running", "n1"],
+                                                       ["behind", behind[:8], "Running", "n1"]]
+    assert lines[2].split()[4:6] == ["0,1", "-"]
+    assert lines[2].endswith(f"handed over behind ahead ({ahead[:8]}): its work starts once that job has returned "
+                             "its output")

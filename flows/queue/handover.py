@@ -1,0 +1,105 @@
+"""A handed-over run's wait for the run ahead of it on its node.
+
+The scheduler hands a node's resources over to the next run planned on
+them shortly before the running job's planned end
+(:data:`e31.flows.queue.mapping.HANDOVER_S`): the next run is released at
+once with ``job_variables`` ``e31_after`` naming the run ahead, and its
+worker gives the flow process ``E31_AFTER``.  The flow process starts,
+stages its inputs, then waits here until the run ahead has ended (its flow
+process is gone from this machine, or its flow run is final) before its
+work starts: the Prefect lifecycle of the next run (its flow process,
+states, task runs) and its staging overlap the end of the run ahead, and
+the work of the two never overlaps.
+
+Both runs are placed on the same node, so the run ahead's flow process is
+on this machine: its pid (Prefect's ``infrastructure_pid``) is checked
+every :data:`POLL_S` seconds, and its flow run read every
+:data:`API_EVERY_S` seconds besides (for a run whose process this machine
+cannot see).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+#: The environment variable a handed-over run's flow process gets: the flow run id of the run ahead.
+AFTER_ENV = "E31_AFTER"
+#: Seconds between checks of the run ahead's flow process (a look in /proc).
+POLL_S = 0.05
+#: Seconds between reads of the run ahead's flow run from the Prefect API.
+API_EVERY_S = 2.0
+
+
+def flow_process_alive(run: Any) -> bool:
+    """Whether the flow process of ``run`` (a Prefect ``FlowRun``) runs on
+    this machine: its ``infrastructure_pid`` (the pid Prefect's process
+    worker recorded) is a live process whose environment names this flow
+    run (``PREFECT__FLOW_RUN_ID``), so a pid reused by another process does
+    not count.  A run with no pid yet (the worker died while submitting it)
+    has none.  A process whose environment cannot be read (another user's)
+    counts as alive, and so does any on a system without ``/proc``."""
+    pid = str(run.infrastructure_pid or "").rsplit(":", 1)[-1]
+    if not pid.isdigit():
+        return False
+    if not Path("/proc/self/environ").exists():  # no /proc (not Linux): cannot tell, so not gone
+        return True
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError:  # not ours to read: do not take what may be running for gone
+        return True
+    return f"PREFECT__FLOW_RUN_ID={run.id}".encode() in environ.split(b"\0")
+
+
+def run_ahead() -> str | None:
+    """The flow run id this process's run was handed over behind
+    (``E31_AFTER``), or None."""
+    return os.environ.get(AFTER_ENV) or None
+
+
+def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
+                       say: Callable[[str], None] = print, client: Any = None) -> float:
+    """Block until the flow run ``ahead`` has ended: its flow process is
+    gone from this machine (:func:`flow_process_alive`, checked every
+    :data:`POLL_S` s once its pid is known) or its state is final (read
+    every :data:`API_EVERY_S` s), or it no longer exists; or until
+    ``stop()`` is true (e.g. this run was cancelled).  ``say`` gets one line
+    when there is a wait.  An API that does not answer is read again at
+    the next turn (the process check goes on).  Returns the seconds waited."""
+    from prefect.exceptions import ObjectNotFound
+
+    started = time.monotonic()
+    own = None
+    if client is None:
+        from prefect.client.orchestration import get_client
+
+        own = client = get_client(sync_client=True)
+        client.__enter__()
+    try:
+        run, read_at, said = None, float("-inf"), False
+        while not stop():
+            if time.monotonic() - read_at >= API_EVERY_S:
+                read_at = time.monotonic()
+                try:
+                    run = client.read_flow_run(ahead)
+                except ObjectNotFound:
+                    break
+                except Exception:  # the API is busy or away: the process check goes on
+                    pass
+                if run is not None and run.state is not None and run.state.is_final():
+                    break
+                if run is not None and not said:
+                    said = True
+                    say(f"handed over behind {run.name} ({ahead[:8]}): the work starts once it has returned its "
+                        "output")
+            if run is not None and run.infrastructure_pid and not flow_process_alive(run):
+                break
+            time.sleep(POLL_S)
+        return time.monotonic() - started
+    finally:
+        if own is not None:
+            own.__exit__(None, None, None)

@@ -1,0 +1,120 @@
+"""The handover rules without a server: which running job a waiting run may
+be handed over behind (e31.flows.queue.record.handover_lead), and how the
+snapshot counts a handed-over run (e31.flows.queue.snapshot), on real
+Prefect flow run objects and job specs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+from prefect.client.schemas.objects import FlowRun
+from prefect.states import Running, Scheduled
+
+from e31.flows.placement import Node, Placement, RunningJob
+from e31.flows.queue import AFTER_VAR, handover_lead
+from e31.flows.queue.handover import flow_process_alive, wait_for_run_ahead
+from e31.flows.queue.snapshot import Snapshot, _chain_handovers
+from e31.specs import parse_spec
+
+NOW = 1_800_000_000.0
+
+
+def _spec(name: str, memory: str | None = None):
+    request = {"gpus": 2, "cpus": 1, "duration": "30s", **({"memory": memory} if memory else {})}
+    return parse_spec({"name": name, "work": {"kind": "simulation", "command": ["true"]}, "request": request,
+                       "output": {"kind": "results", "url": "/tmp/x", "files": ["r"]}})
+
+
+def _snap(lead_state=None, lead_end: float = NOW + 5, lead_memory: int = 0, follower_memory: str | None = None):
+    lead, waiting = str(uuid.uuid4()), str(uuid.uuid4())
+    snap = Snapshot(now=NOW, nodes=[Node("n1", 4, 8, 2**34)])
+    snap.runs[lead] = FlowRun(id=lead, flow_id=uuid.uuid4(), name="ahead", state=lead_state or Running())
+    snap.runs[waiting] = FlowRun(id=waiting, flow_id=uuid.uuid4(), name="next", state=Scheduled())
+    snap.specs[lead], snap.specs[waiting] = _spec("ahead"), _spec("next", follower_memory)
+    snap.running.append(RunningJob(lead, "n1", (0, 1), 1, lead_memory, NOW - 20, lead_end))
+    return snap, lead, waiting
+
+
+def _wait(job: str, start: float, devices=(0, 1), node="n1", reserved=True) -> Placement:
+    return Placement(job, "wait", node, devices, 1, start, start + 30, "planned", reserved)
+
+
+def test_a_waiting_run_is_handed_over_behind_the_job_whose_devices_it_is_planned_on():
+    snap, lead, waiting = _snap()
+    assert handover_lead(snap, _wait(waiting, NOW + 5), 10, set()).id == lead
+    assert handover_lead(snap, _wait(waiting, NOW + 5.9), 10, set()).id == lead  # within 1 s of its planned end
+
+
+def test_no_handover_outside_the_rules():
+    snap, lead, waiting = _snap()
+    assert handover_lead(snap, _wait(waiting, NOW + 5), 0, set()) is None  # turned off
+    assert handover_lead(snap, _wait(waiting, NOW + 5), 4, set()) is None  # the end is 5 s away, the window 4 s
+    assert handover_lead(snap, _wait(waiting, NOW + 5), 10, {lead}) is None  # a run is behind it already
+    assert handover_lead(snap, _wait(waiting, NOW + 5, devices=(1, 2)), 10, set()) is None  # device 2 is not its
+    assert handover_lead(snap, _wait(waiting, NOW + 8), 10, set()) is None  # planned after another job's end
+    assert handover_lead(snap, _wait(waiting, NOW + 5, node="n2"), 10, set()) is None
+    assert handover_lead(snap, _wait(waiting, NOW + 5, reserved=False), 10, set()) is None  # an estimate only
+    placed, _, waiting2 = _snap(lead_state=Scheduled(name="Placed"))
+    assert handover_lead(placed, _wait(waiting2, NOW + 5), 10, set()) is None  # the job ahead is not running yet
+    small, _, waiting3 = _snap(follower_memory="1GiB")
+    assert handover_lead(small, _wait(waiting3, NOW + 5), 10, set()) is None  # more memory than the job ahead holds
+
+
+def test_an_overrunning_job_ahead_counts_as_ending_in_one_second():
+    snap, lead, waiting = _snap(lead_end=NOW - 30)  # past its planned end: the planner says now + 1 s
+    assert handover_lead(snap, _wait(waiting, NOW + 1), 10, set()).id == lead
+
+
+def test_a_handed_over_run_holds_nothing_of_its_own_while_the_job_ahead_runs():
+    snap, lead, waiting = _snap(lead_end=NOW + 5)
+    snap.runs[waiting] = FlowRun(id=waiting, flow_id=uuid.uuid4(), name="next", state=Running(),
+                                 job_variables={AFTER_VAR: lead})
+    snap.running.append(RunningJob(waiting, "n1", (0, 1), 1, 0, NOW - 2, NOW + 28))
+    _chain_handovers(snap)
+    assert snap.behind == {waiting: lead}
+    assert snap.running == [RunningJob(lead, "n1", (0, 1), 1, 0, NOW - 20, NOW + 5 + 30)]  # its end + the next's 30 s
+    snap2, lead2, waiting2 = _snap()  # the job ahead has ended: the handed-over run holds its own placement
+    snap2.running.clear()
+    snap2.runs[waiting2] = FlowRun(id=waiting2, flow_id=uuid.uuid4(), name="next", state=Running(),
+                                   job_variables={AFTER_VAR: lead2})
+    snap2.running.append(RunningJob(waiting2, "n1", (0, 1), 1, 0, NOW - 2, NOW + 28))
+    _chain_handovers(snap2)
+    assert snap2.behind == {} and [r.id for r in snap2.running] == [waiting2]
+
+
+def test_the_wait_ends_when_the_process_of_the_run_ahead_is_gone():
+    """The run ahead's flow process is checked by its pid and its
+    PREFECT__FLOW_RUN_ID (a pid reused by another process does not count)."""
+    ahead = uuid.uuid4()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env={**os.environ, "PREFECT__FLOW_RUN_ID": str(ahead)})
+    try:
+        run = FlowRun(id=ahead, flow_id=uuid.uuid4(), name="ahead", state=Running(), infrastructure_pid=str(proc.pid))
+        assert flow_process_alive(run)
+        other = FlowRun(id=uuid.uuid4(), flow_id=uuid.uuid4(), name="x", state=Running(),
+                        infrastructure_pid=str(proc.pid))
+        assert not flow_process_alive(other)  # the pid lives, but it is not that run's process
+
+        class _Api:  # the run as the API would answer it, while its process runs
+            def read_flow_run(self, key):
+                assert key == str(ahead)
+                return run
+
+        said, polls = [], []
+
+        def stop() -> bool:
+            polls.append(1)
+            if len(polls) == 5:
+                proc.kill()
+                proc.wait()
+            return len(polls) > 400
+
+        waited = wait_for_run_ahead(str(ahead), stop=stop, say=said.append, client=_Api())
+    finally:
+        proc.kill()
+        proc.wait()
+    assert 5 <= len(polls) < 400 and waited > 0
+    assert said == [f"handed over behind ahead ({str(ahead)[:8]}): the work starts once it has returned its output"]
