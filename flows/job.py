@@ -40,7 +40,7 @@ from e31.tasks.outcome import ChildLost, RunOutcome
 from e31.tasks.supervisor.api import api_answers
 from e31.tasks.supervisor.process import signals_deferred
 from e31.tasks.supervisor.warm import discard, prestart
-from e31.flows.queue.handover import run_ahead, wait_for_run_ahead
+from e31.flows.queue.handover import release, run_ahead, wait_for_run_ahead
 from e31.tasks.run import SupervisorConfig, run_task
 from e31.tasks.pending import deliver_pending, permanent, recorded_return
 from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
@@ -122,7 +122,10 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     """
     install_log_masking()  # every log line of the run is masked, whoever writes it
     try:
-        manifest = _run_job(spec, code_dir)
+        try:
+            manifest = _run_job(spec, code_dir)
+        finally:  # the output is returned (or cannot be): a run handed over behind this one starts its work
+            release(str(flow_run.id) if flow_run.id else None)
     except JobBusyError as exc:  # refused, not failed: the job's history shows no failure that never ran
         get_run_logger().warning("%s", scrub(str(exc)))
         return Cancelled(name="Refused", message=f"refused: {scrub(str(exc))}", data=exc)
@@ -241,8 +244,7 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
             target.handover_wait_s = wait_for_run_ahead(ahead, stop=watcher.cancelled, say=get_run_logger().info)
         stopped = watcher.cancelled()
         if target.handover_wait_s > HANDOVER_HELD_S:  # the run ahead still held the node: staged before allocation
-            target.prefetch_s += target.staging_s
-            target.staging_s = 0.0
+            target.handover_staging_s, target.staging_s = target.staging_s, 0.0
             target.staged_before_allocation = True if results else None
     if stopped or cancel_requested(target.run_id):  # cancelled while staging: the work never starts, nothing removed
         outcome = RunOutcome(reason="cancelled", exit_code=None, run_s=0.0,

@@ -92,7 +92,8 @@ class ReturnTarget:
     (see :func:`e31.tasks.manifest.build_manifest`), the durable
     ``checkpoint_url`` (a sub-folder of the output URL by default) and
     ``handover_wait_s`` (seconds a run handed over behind another waited,
-    after its staging, for that run to end; 0: none)."""
+    after its staging, for that run to end; 0: none) with
+    ``handover_staging_s`` (its staging, made meanwhile: not metered)."""
 
     job: str
     run_id: str | None
@@ -107,6 +108,7 @@ class ReturnTarget:
     prefetch_s: float = 0.0
     staged_before_allocation: bool | None = None
     handover_wait_s: float = 0.0
+    handover_staging_s: float = 0.0
 
 
 def existing_manifest(output_url: str) -> dict[str, Any] | None:
@@ -191,7 +193,8 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
         files=rows,
         checkpoint=mask_url(out.checkpoint.url) if out.checkpoint else None,
         timings={"prefetch_s": req.prefetch_s, "staging_s": req.staging_s, "run_s": out.run_s, **out.phases,
-                 **({"handover_wait_s": req.handover_wait_s} if req.handover_wait_s else {}),
+                 **({"handover_staging_s": req.handover_staging_s, "handover_wait_s": req.handover_wait_s}
+                    if req.handover_wait_s else {}),
                  "return_s": time.monotonic() - started},
         gpus=req.gpus,
         cpus=req.cpus,

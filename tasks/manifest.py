@@ -71,8 +71,10 @@ def build_manifest(
     ``files``: ``[{"path", "bytes", "sha256"}]`` relative to the output URL.
     ``timings`` in seconds (``staging_s``, ``run_s``, ``return_s``; and the
     run's phases ``child_start_s``, ``work_s``, ``settle_s`` when known;
-    ``handover_wait_s`` for a run handed over behind another on its node:
-    the seconds it waited, staged, for that run to end).
+    ``handover_staging_s`` and ``handover_wait_s`` for a run handed over
+    behind another on its node: its staging, made while that run still held
+    the node (not metered), and the seconds it then waited for that run to
+    end).
     ``stop_requested_at``: Unix seconds of the stop warning (None: no stop).
     ``logs``: the work's last stdout and stderr lines (masked) and how many
     lines were not forwarded to the run's log.  ``folder``: where the files

@@ -12,10 +12,17 @@ states, task runs) and its staging overlap the end of the run ahead, and
 the work of the two never overlaps.
 
 Both runs are placed on the same node, so the run ahead's flow process is
-on this machine: its pid (Prefect's ``infrastructure_pid``) is checked
-every :data:`POLL_S` seconds, and its flow run read every
-:data:`API_EVERY_S` seconds besides (for a run whose process this machine
-cannot see).
+on this machine.  The wait ends at the first of:
+
+- the run ahead's own word: the waiting run leaves a marker file named
+  after it in :func:`handover_dir` (the node's scratch root), and every run
+  removes the marker of its own id once its output is returned
+  (:func:`release`, at the end of ``run_job``), before its flow process
+  goes through Prefect's shutdown (sending its last logs and events);
+- its flow process is gone (its pid, Prefect's ``infrastructure_pid``,
+  checked every :data:`POLL_S` seconds: a killed run);
+- its flow run is final (read every :data:`API_EVERY_S` seconds: a run
+  whose process this machine cannot see).
 """
 
 from __future__ import annotations
@@ -55,6 +62,25 @@ def flow_process_alive(run: Any) -> bool:
     return f"PREFECT__FLOW_RUN_ID={run.id}".encode() in environ.split(b"\0")
 
 
+def handover_dir() -> Path:
+    """``$E31_SCRATCH/.handover`` (the node's scratch root, shared by the
+    flow processes of one worker): the markers of runs waited for."""
+    from e31.flows.compile import default_scratch_root
+
+    return Path(default_scratch_root()) / ".handover"
+
+
+def release(run_id: str | None) -> None:
+    """Say that the run ``run_id`` has returned its output: remove its
+    marker, so a run handed over behind it starts its work now.  Best
+    effort (a run without a marker has nobody waiting)."""
+    if run_id:
+        try:
+            (handover_dir() / str(run_id)).unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
 def run_ahead() -> str | None:
     """The flow run id this process's run was handed over behind
     (``E31_AFTER``), or None."""
@@ -63,7 +89,8 @@ def run_ahead() -> str | None:
 
 def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
                        say: Callable[[str], None] = print, client: Any = None) -> float:
-    """Block until the flow run ``ahead`` has ended: its flow process is
+    """Block until the flow run ``ahead`` has ended: it removed the marker
+    this wait leaves for it (:func:`release`), or its flow process is
     gone from this machine (:func:`flow_process_alive`, checked every
     :data:`POLL_S` s once its pid is known) or its state is final (read
     every :data:`API_EVERY_S` s), or it no longer exists; or until
@@ -73,6 +100,12 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
     from prefect.exceptions import ObjectNotFound
 
     started = time.monotonic()
+    marker = handover_dir() / str(ahead)
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:  # no marker: the process and API checks still end the wait
+        marker = None
     own = None
     if client is None:
         from prefect.client.orchestration import get_client
@@ -96,10 +129,14 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
                     said = True
                     say(f"handed over behind {run.name} ({ahead[:8]}): the work starts once it has returned its "
                         "output")
+            if marker is not None and not marker.exists():
+                break
             if run is not None and run.infrastructure_pid and not flow_process_alive(run):
                 break
             time.sleep(POLL_S)
         return time.monotonic() - started
     finally:
+        if marker is not None:
+            marker.unlink(missing_ok=True)
         if own is not None:
             own.__exit__(None, None, None)

@@ -206,6 +206,12 @@ def handover_lead(snap: Snapshot, p: Placement, handover_s: float, taken: set[st
     return None
 
 
+def _local(snap: Snapshot, p: Placement) -> str:
+    """What a placement's message adds when its node holds the job's inputs staged."""
+    job = next((q for q in snap.queued if q.id == p.job), None)
+    return "; inputs already staged there" if job is not None and p.node in job.preferred_nodes else ""
+
+
 def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCache | None = None,
           max_waits: int | None = None, max_wait_s: float | None = None, handover_s: float = 0.0) -> dict[str, int]:
     """Record the plan on the flow runs: place the runs that start now (their
@@ -286,9 +292,10 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
                                            ATTEMPT_VAR: attempt, AFTER_VAR: lead.id}):
                 continue
             ahead = snap.specs[lead.id].name
+            local = _local(snap, p)
             why = (f"handed over behind {ahead} ({lead.id[:8]}) on {p.node}: its flow process starts now and stages "
                    f"the inputs; the work starts once {ahead} has returned its output (planned "
-                   f"{datetime.fromtimestamp(p.start, timezone.utc):%H:%M:%S} UTC)")
+                   f"{datetime.fromtimestamp(p.start, timezone.utc):%H:%M:%S} UTC){local}")
             if not write.state(p.job, Scheduled(name=PLACED, scheduled_time=now, message=why), check=False):
                 continue
             taken.add(lead.id)
@@ -300,8 +307,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             if not write.variables(p.job, {NODE_VAR: p.node, DEVICES_VAR: list(p.devices), CPUS_VAR: p.cpus,
                                            ATTEMPT_VAR: attempt}):
                 continue
-            job = next((q for q in snap.queued if q.id == p.job), None)
-            local = "; inputs already staged there" if job is not None and p.node in job.preferred_nodes else ""
+            local = _local(snap, p)
             if not write.state(p.job, Scheduled(name=PLACED, scheduled_time=now,
                                                 message=humane(p.reason, snap) + local), check=False):
                 continue

@@ -1,6 +1,6 @@
 """Benchmark: the live queue on a real Prefect server with real workers.
 
-    python tests/benchmarks/bench_queue.py [--jobs 1000] [--nodes 3] [--work-s 3] [--no-run]
+    python tests/benchmarks/bench_queue.py [--jobs 1000] [--nodes 3] [--work-s 3] [--handover 10] [--no-run]
 
 Starts its own ``prefect server start`` (SQLite, 127.0.0.1), ``e31 scheduler``
 and one ``e31 worker`` per node (each 1 CPU slot), then:
@@ -11,8 +11,9 @@ and one ``e31 worker`` per node (each 1 CPU slot), then:
    scheduler tick (read the pool's runs, plan, write every waiting job's
    reason) with ``--jobs`` jobs queued, in seconds (target < 1 s);
 3. **release to start**: for each job, seconds from its placement (the
-   ``Placed`` state) to its work's first line (median and p95; target p95 <
-   5 s);
+   ``Placed`` state; for a run handed over behind another, the end of the
+   job ahead, when its resources became its own) to its work's first line
+   (median and p95; target p95 < 5 s);
 4. **total wall against the ideal**: from the first placement to the last
    job's end, against the sum of the works' seconds divided by the pool's
    slots (target <= 1.3x);
@@ -65,6 +66,8 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--work-s", type=float, default=3.0)
     parser.add_argument("--inputs", type=int, default=6, help="distinct input files the jobs read (locality)")
+    parser.add_argument("--handover", type=float, default=10.0,
+                        help="the scheduler's --handover seconds (0: every run starts only once its resources are free)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, scratch, outputs)")
     parser.add_argument("--no-run", action="store_true", help="measure submit and the scheduler cycle only")
     args = parser.parse_args()
@@ -141,7 +144,8 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
             return 0
     exe = str(Path(sys.executable).with_name("e31"))
     t0 = time.time()
-    procs.append(subprocess.Popen([exe, "scheduler", "--pool", str(root / "pool.yaml"), "--interval", "0.5"], env=env,
+    procs.append(subprocess.Popen([exe, "scheduler", "--pool", str(root / "pool.yaml"), "--interval", "0.5",
+                                   "--handover", str(args.handover)], env=env,
                                   stdout=open(root / "scheduler.log", "wb"), stderr=subprocess.STDOUT,
                                   start_new_session=True))
     for i in range(1, args.nodes + 1):
@@ -156,14 +160,21 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
             print("gave up after 3 h")
             break
     with get_client(sync_client=True) as client:
-        latencies, first_placed, local, slots = [], None, 0, {}
+        latencies, first_placed, local, slots, finals, handed = [], None, 0, {}, {}, 0
+        history = {key: client.read_flow_run_states(key) for key in ids}
+        for key, states in history.items():
+            finals[key] = next((s.timestamp.timestamp() for s in states if s.type.value == "COMPLETED"), None)
         for key in ids:
-            states = client.read_flow_run_states(key)
+            states = history[key]
             placed = next((s.timestamp.timestamp() for s in states if s.name == "Placed"), None)
-            final = next((s.timestamp.timestamp() for s in states if s.type.value == "COMPLETED"), None)
+            final = finals[key]
             local += any(s.name == "Placed" and "inputs already staged there" in (s.message or "") for s in states)
             run = client.read_flow_run(key)
             record = root / "out" / run.name / "r.json"
+            ahead = (run.job_variables or {}).get("e31_after")
+            if placed and ahead:  # handed over: its resources were released to it when the job ahead ended
+                handed += 1
+                placed = max(placed, finals.get(ahead) or client.read_flow_run(ahead).state.timestamp.timestamp())
             if placed and record.exists():
                 times = json.loads(record.read_text())
                 latencies.append(times["start"] - placed)
@@ -175,7 +186,8 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
     latencies.sort()
     p95 = latencies[max(0, int(0.95 * len(latencies)) - 1)]
     print(f"release to start: median {statistics.median(latencies):.2f} s, p95 {p95:.2f} s   target p95 < 5 s: "
-          f"{'met' if p95 < 5 else 'missed'}")
+          f"{'met' if p95 < 5 else 'missed'}  ({handed} of {len(ids)} runs handed over behind the job ahead: "
+          f"released when it ended)")
     ends_to_final, final_to_placed = [], []
     for runs in slots.values():  # one job at a time per node: each gap between two runs on a node
         runs.sort()
@@ -186,7 +198,8 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
     if ends_to_final:
         print(f"a node's slot between two jobs (medians): work end -> flow run Completed "
               f"{statistics.median(ends_to_final):.2f} s, Completed -> next Placed "
-              f"{statistics.median(final_to_placed):.2f} s, Placed -> work start {statistics.median(latencies):.2f} s")
+              f"{statistics.median(final_to_placed):.2f} s (negative: handed over before it), release -> work start "
+              f"{statistics.median(latencies):.2f} s")
     wall = max(ends) - first_placed
     ideal = len(specs) * args.work_s / args.nodes
     print(f"total wall {wall:.1f} s against the ideal {ideal:.1f} s (work / slots): {wall / ideal:.2f}x   "

@@ -45,7 +45,7 @@ def _started(q, node: str, job: str) -> bool:
 def test_a_job_waiting_behind_another_has_its_inputs_staged_before_it_starts(prefect_api, tmp_path):
     with queue(tmp_path, {}) as q:
         _pool(q, ["n1", "n2"], "200MiB")
-        q.scheduler()
+        q.scheduler("--handover", "0")  # the late job waits queued (not handed over 10 s before a holder's end)
         q.worker("n1", 1)
         q.worker("n2", 1)
         # unequal: the node planned for the late job (the one that frees first) frees first under any load

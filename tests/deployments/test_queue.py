@@ -565,7 +565,7 @@ def test_the_next_job_is_handed_over_behind_the_running_one_and_its_work_waits_f
     assert first["devices"] == second["devices"] == "0,1" and second["node"] == "n1"
     assert manifest["status"] == "completed" and manifest["staged_before_allocation"] is True
     assert manifest["timings"]["staging_s"] == 0.0 and manifest["timings"]["handover_wait_s"] > 0
-    assert manifest["timings"]["prefetch_s"] > 0  # its own staging, made before the allocation
+    assert manifest["timings"]["handover_staging_s"] > 0  # its own staging, made before the allocation
     assert abs(manifest["meter"]["gpu_seconds"] - 2 * manifest["timings"]["run_s"]) <= 0.002  # the work alone
     lines = listed.stdout.splitlines()
     assert [line.split()[:4] for line in lines[1:]] == [["ahead", ahead[:8], "Running", "n1"],
