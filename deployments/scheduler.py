@@ -165,7 +165,7 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
                 if holding - result.holding:
                     read_at = 0.0  # a run ended: its run time and the node holding its inputs count from the next tick
                 holding = result.holding
-                changed = sum(v for k, v in result.counts.items() if k != "unchanged")
+                changed = sum(v for k, v in result.counts.items() if k not in ("unchanged", "kept"))
                 if report is not None and changed:
                     report(result)
                 if once:

@@ -247,8 +247,9 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
             target.handover_staging_s, target.staging_s = target.staging_s, 0.0
             target.staged_before_allocation = True if results else None
     if stopped or cancel_requested(target.run_id):  # cancelled while staging: the work never starts, nothing removed
+        when = "it waited for the job ahead of it on its node" if target.handover_wait_s else "the inputs were staged"
         outcome = RunOutcome(reason="cancelled", exit_code=None, run_s=0.0,
-                             message="cancelled while the inputs were staged; the work did not start")
+                             message=f"cancelled while {when}; the work did not start")
         return _finish(plan, _return(spec, plan, target, outcome))
     if resume.step is None:  # a fresh run starts now: an earlier run's durable checkpoints make way
         remove_stale_checkpoints(plan)

@@ -32,6 +32,20 @@ def humane(reason: str, snap: Snapshot) -> str:
 _CLOCK = re.compile(r"\d\d:\d\d:\d\d UTC")
 
 
+#: Waiting runs, soonest planned start first, whose reason and planned start every tick keeps exact; each
+#: later one is rewritten at most once per REASON_EVERY_S seconds (counted ``kept`` meanwhile): with a deep
+#: queue every run's end moves the plan of every waiting run, and rewriting them all loaded the server the
+#: running jobs need (a state write each).
+REASON_DEPTH = 25
+REASON_EVERY_S = 60.0
+
+
+def _planned(message: str | None) -> bool:
+    """Whether a waiting run's state message is a reason the planner gave
+    (with its planned start), not the submission's or a requeue's."""
+    return bool(message) and ("; earliest start " in message or "; estimated start " in message)
+
+
 def _same(old: str | None, new: str) -> bool:
     """Whether a waiting run's reason is the same but for its clock times
     (the planned start moves a little at every tick; the scheduled time
@@ -225,7 +239,10 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
     the seconds spent on them (checked before each write after the first:
     on a busy server one write can take 0.5 s), so that a change that
     moves the whole queue does not hold the next placement back: the others
-    are counted ``deferred`` and written by the next calls.  Returns counts per
+    are counted ``deferred`` and written by the next calls.  With a
+    ``cache`` (the scheduler's ticks), a waiting run beyond the
+    :data:`REASON_DEPTH` soonest whose reason was written less than
+    :data:`REASON_EVERY_S` seconds ago keeps it (counted ``kept``).  Returns counts per
     action (``gone``: runs deleted on the server since they were read;
     ``stale``: runs changed since, not written; ``undone``: writes that
     overtook a cancel, undone; see :class:`_Writer`).  The lines each write
@@ -249,7 +266,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
     from prefect.states import Crashed, Failed, Scheduled
 
     counts = {"start": 0, "handover": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0, "gone": 0,
-              "stale": 0, "undone": 0, "deferred": 0}
+              "stale": 0, "undone": 0, "deferred": 0, "kept": 0}
     write = _Writer(client, cache, counts)
     now = datetime.fromtimestamp(snap.now, timezone.utc)
     for key in snap.lost:
@@ -283,6 +300,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
     order = {"start": 0, "refuse": 1}
     waits_from: float | None = None  # when the first waiting run's reason was written
     taken = set(snap.behind.values())  # runs that have a run handed over behind them
+    waits_seen = 0  # waiting runs so far, soonest planned start first
     for p in sorted(placements, key=lambda p: (order.get(p.action, 2), p.start or 0.0)):
         run = snap.runs[p.job]
         lead = handover_lead(snap, p, handover_s, taken)
@@ -319,6 +337,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             refuse_at_destination(snap.specs[p.job], p.job, humane(p.reason, snap))
             counts["refuse"] += 1
         else:
+            waits_seen += 1
             message = f"Queued: {humane(p.reason, snap)}"
             planned = datetime.fromtimestamp(max(p.start or snap.now, snap.now + AHEAD_S), timezone.utc)
             current = run.state
@@ -330,6 +349,11 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             same_node = variables.get(PLANNED_VAR) == node
             if current.name == QUEUED and _same(current.message, message) and same_time and same_node:
                 counts["unchanged"] += 1
+                continue
+            written_s = snap.now - (current.timestamp.timestamp() if current.timestamp else 0.0)
+            if cache is not None and waits_seen > REASON_DEPTH and current.name == QUEUED and same_node \
+                    and _planned(current.message) and written_s < REASON_EVERY_S:  # deep in the queue: it can wait
+                counts["kept"] += 1
                 continue
             if (max_waits is not None and counts["wait"] >= max_waits) or (
                     max_wait_s is not None and waits_from is not None and time.monotonic() - waits_from >= max_wait_s):

@@ -60,6 +60,17 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+def _cpu() -> tuple[float, float] | None:
+    """(busy, total) CPU-seconds of the whole machine since boot, from /proc/stat (None elsewhere)."""
+    try:
+        fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / tick, sum(fields[:8]) / tick
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
@@ -143,7 +154,7 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
         if args.no_run:
             return 0
     exe = str(Path(sys.executable).with_name("e31"))
-    t0 = time.time()
+    t0, cpu0 = time.time(), _cpu()
     procs.append(subprocess.Popen([exe, "scheduler", "--pool", str(root / "pool.yaml"), "--interval", "0.5",
                                    "--handover", str(args.handover)], env=env,
                                   stdout=open(root / "scheduler.log", "wb"), stderr=subprocess.STDOUT,
@@ -159,6 +170,7 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
         if time.time() - t0 > 3600 * 3:
             print("gave up after 3 h")
             break
+    cpu1, ran_s = _cpu(), time.time() - t0
     with get_client(sync_client=True) as client:
         latencies, first_placed, local, slots, finals, handed = [], None, 0, {}, {}, 0
         history = {key: client.read_flow_run_states(key) for key in ids}
@@ -204,6 +216,13 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
     ideal = len(specs) * args.work_s / args.nodes
     print(f"total wall {wall:.1f} s against the ideal {ideal:.1f} s (work / slots): {wall / ideal:.2f}x   "
           f"target <= 1.3x: {'met' if wall / ideal <= 1.3 else 'missed'}")
+    if cpu0 and cpu1:
+        busy_s, cores = (cpu1[0] - cpu0[0]), os.cpu_count() or 1
+        print(f"CPU while the jobs ran (the whole machine: server, scheduler, workers, flow processes; the works "
+              f"only sleep): {busy_s:.0f} CPU-s in {ran_s:.0f} s on {cores} cores = {100 * busy_s / (ran_s * cores):.0f} "
+              f"% busy; {busy_s / len(specs):.2f} CPU-s per job, so {cores} cores run at most "
+              f"{cores * len(specs) / busy_s:.2f} jobs/s: a wall of at least {busy_s / cores:.1f} s "
+              f"({busy_s / cores / ideal:.2f}x the ideal)")
     cycles = [(float(m.group(2)), m.group(1)) for m in re.finditer(r"read \d+ ms (\w+), plan \d+ ms, cycle (\d+) ms",
                                                                    (root / "scheduler.log").read_text())]
     if cycles:

@@ -283,3 +283,37 @@ def test_a_submission_sent_twice_creates_one_run(prefect_api, tmp_path):
     assert sent == [run_id]
     assert key.startswith("e31-submit-") and len(key) == len("e31-submit-") + 36
     assert [str(r.id) for r in same_name] == [run_id]
+
+
+def test_deep_in_the_queue_a_reason_is_rewritten_at_most_once_a_minute(prefect_api, tmp_path, monkeypatch):
+    """Beyond the REASON_DEPTH soonest waiting runs (1 here), a run whose
+    planner reason is younger than REASON_EVERY_S keeps it when the plan
+    moves (counted ``kept``), while a run that never had a planner reason
+    gets one at once, however deep.  (No worker answers for n1: every run
+    waits; cancelling the middle one changes the last one's reason.)"""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    from e31.deployments.scheduler import tick
+    from e31.flows.queue import RunCache
+    from e31.flows.queue import record
+
+    monkeypatch.setattr(record, "REASON_DEPTH", 1)
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        runs = [made.submit(client, name) for name in ("a", "b", "c")]
+        cache = RunCache(made.spec, full_every_s=3600)
+        first = tick(client, made.spec, cache=cache).counts
+        before = client.read_flow_run(runs[2]).state.message
+        client.set_flow_run_state(runs[1], Cancelled(), force=True)
+        moved = tick(client, made.spec, cache=cache).counts
+        kept = client.read_flow_run(runs[2]).state.message
+        monkeypatch.setattr(record, "REASON_EVERY_S", 0.0)
+        again = tick(client, made.spec, cache=cache).counts
+        last = client.read_flow_run(runs[2]).state.message
+    assert (first["wait"], first["kept"]) == (3, 0)  # every run's first planner reason, however deep
+    assert before.endswith(f" UTC on n1, after job b-{made.tag} ({runs[1][:8]}) ends")
+    assert (moved["wait"], moved["kept"], moved["unchanged"]) == (0, 1, 1)  # the soonest (a) is as it was
+    assert kept == before  # younger than REASON_EVERY_S: the plan moved, the reason waits
+    assert (again["wait"], again["kept"]) == (1, 0)  # once REASON_EVERY_S has passed it is rewritten
+    assert last.endswith(f" UTC on n1, after job a-{made.tag} ({runs[0][:8]}) ends")
