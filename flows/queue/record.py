@@ -38,6 +38,9 @@ _CLOCK = re.compile(r"\d\d:\d\d:\d\d UTC")
 #: running jobs need (a state write each).
 REASON_DEPTH = 25
 REASON_EVERY_S = 60.0
+#: The same for a waiting run beyond the planner's reservations, whose start is an estimate ("estimated
+#: start ... not reserved"): at most once per ten minutes.
+ESTIMATE_EVERY_S = 600.0
 
 
 def _planned(message: str | None) -> bool:
@@ -242,7 +245,8 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
     are counted ``deferred`` and written by the next calls.  With a
     ``cache`` (the scheduler's ticks), a waiting run beyond the
     :data:`REASON_DEPTH` soonest whose reason was written less than
-    :data:`REASON_EVERY_S` seconds ago keeps it (counted ``kept``).  Returns counts per
+    :data:`REASON_EVERY_S` seconds ago (:data:`ESTIMATE_EVERY_S` for one
+    beyond the planner's reservations) keeps it (counted ``kept``).  Returns counts per
     action (``gone``: runs deleted on the server since they were read;
     ``stale``: runs changed since, not written; ``undone``: writes that
     overtook a cancel, undone; see :class:`_Writer`).  The lines each write
@@ -351,8 +355,9 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
                 counts["unchanged"] += 1
                 continue
             written_s = snap.now - (current.timestamp.timestamp() if current.timestamp else 0.0)
+            every_s = REASON_EVERY_S if p.reserved else ESTIMATE_EVERY_S
             if cache is not None and waits_seen > REASON_DEPTH and current.name == QUEUED and same_node \
-                    and _planned(current.message) and written_s < REASON_EVERY_S:  # deep in the queue: it can wait
+                    and _planned(current.message) and written_s < every_s:  # deep in the queue: it can wait
                 counts["kept"] += 1
                 continue
             if (max_waits is not None and counts["wait"] >= max_waits) or (
