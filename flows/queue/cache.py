@@ -100,6 +100,7 @@ class RunCache:
         self.last_full = False  # whether the last read read every run itself (not in the background)
         self._pending: Future | None = None  # a full read under way in the background
         self.silent_since: dict[str, float] = {}  # node -> time.monotonic() its worker was first seen past the lease
+        self.ended_at: dict[str, float] = {}  # run id -> Unix seconds of its end, for runs seen ending (the last 1,000)
         self._executor: ThreadPoolExecutor | None = None
 
     def read(self, client: Any, now: float | None = None, full: bool = False) -> list[Any]:
@@ -211,6 +212,10 @@ class RunCache:
             self.runs[str(run.id)] = run
         for run in ended:  # last: a run read above that ended since is gone
             self.runs.pop(str(run.id), None)
+            if run.end_time is not None:
+                self.ended_at[str(run.id)] = run.end_time.timestamp()
+        while len(self.ended_at) > 1000:  # oldest first (dicts keep their order)
+            del self.ended_at[next(iter(self.ended_at))]
 
     def note_state(self, run_id: str, result: Any, scheduled_time: datetime | None = None) -> None:
         """Record a state the scheduler set (``result``: the

@@ -19,7 +19,11 @@ from e31.specs import JobSpec
 
 def humane(reason: str, snap: Snapshot) -> str:
     """``reason`` with each flow run id it names given as ``NAME (ID8)``, and
-    a node held for want of a worker said so."""
+    a node held for want of a worker said so.  A run with a run handed over
+    behind it stands for both, and the reason names the last of them (the
+    one whose end frees the resources)."""
+    for behind, ahead in snap.behind.items():
+        reason = reason.replace(f"after job {ahead} ends", f"after job {behind} ends")
     for key, spec in snap.specs.items():
         if key in reason:
             reason = reason.replace(key, f"{spec.name} ({key[:8]})")

@@ -154,7 +154,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 preferred_nodes=tuple(dict.fromkeys(n for n in (*prefetched, *(staged or {}).get(inputs_key(spec), ()))
                                                     if n in known)),
                 locality_wait_s=wait_s, planned_node=variables.get(PLANNED_VAR)))
-    _chain_handovers(snap)
+    _chain_handovers(snap, cache.ended_at if cache is not None else {})
     _one_run_per_job(snap)
     for node in snap.nodes:  # a node without a live worker takes nothing: what its runs leave is held
         if node.name not in alive:  # until its worker answers (all of it once they are lost)
@@ -167,17 +167,24 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
     return snap
 
 
-def _chain_handovers(snap: Snapshot) -> None:
+def _chain_handovers(snap: Snapshot, ended_at: dict[str, float] | None = None) -> None:
     """A run handed over behind a run that still holds its resources (both
     on the same node) is taken out of ``running`` and recorded in
     ``behind``: the run ahead holds the resources on, until its planned end
     (at least ``now + 1`` s, the planner's rule) plus the handed-over run's
     own planned time, as one chain.  Once the run ahead has ended, the
-    handed-over run holds its own placement."""
+    handed-over run holds its own placement, counted from the run ahead's
+    end when ``ended_at`` (run id -> Unix seconds) has it: its work began
+    then, not when its flow process started."""
     holders = {r.id: r for r in snap.running}
     for follower in list(snap.running):
         ahead = (snap.runs[follower.id].job_variables or {}).get(AFTER_VAR)
         lead = holders.get(ahead) if isinstance(ahead, str) else None
+        if lead is None and isinstance(ahead, str) and (ended_at or {}).get(ahead, 0.0) > follower.start:
+            began = ended_at[ahead]
+            moved = replace(follower, start=began, expected_end=began + (follower.expected_end - follower.start))
+            snap.running[snap.running.index(follower)] = moved
+            continue
         if lead is None or lead.node != follower.node or lead.id == follower.id:
             continue
         snap.behind[follower.id] = lead.id

@@ -118,3 +118,25 @@ def test_the_wait_ends_when_the_process_of_the_run_ahead_is_gone():
         proc.wait()
     assert 5 <= len(polls) < 400 and waited > 0
     assert said == [f"handed over behind ahead ({str(ahead)[:8]}): the work starts once it has returned its output"]
+
+
+def test_once_the_job_ahead_has_ended_a_handed_over_run_counts_from_that_end():
+    """Its flow process went Running while it waited: its planned end counts
+    from the job ahead's end (when its work could begin), not from then."""
+    snap, lead, waiting = _snap()
+    snap.running.clear()  # the job ahead has ended
+    snap.runs[waiting] = FlowRun(id=waiting, flow_id=uuid.uuid4(), name="next", state=Running(),
+                                 job_variables={AFTER_VAR: lead})
+    snap.running.append(RunningJob(waiting, "n1", (0, 1), 1, 0, NOW - 9, NOW - 9 + 30))
+    _chain_handovers(snap, {lead: NOW - 2})
+    assert snap.running == [RunningJob(waiting, "n1", (0, 1), 1, 0, NOW - 2, NOW - 2 + 30)]
+    assert snap.behind == {}
+
+
+def test_a_reason_names_the_run_handed_over_behind_the_one_it_waits_for():
+    from e31.flows.queue import humane
+
+    snap, lead, waiting = _snap()
+    snap.behind[waiting] = lead
+    assert humane(f"earliest start 10:00:00 UTC on n1, after job {lead} ends", snap) == \
+        f"earliest start 10:00:00 UTC on n1, after job next ({waiting[:8]}) ends"
