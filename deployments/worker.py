@@ -38,7 +38,7 @@ from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, P
 from e31.errors import InvalidInput
 from e31.flows.deploy import ENTRYPOINT
 from e31.flows.queue import WORKER_TYPE
-from e31.flows.queue.handover import AFTER_ENV, flow_process_alive
+from e31.flows.queue.handover import AFTER_ENV, end_leftover_work, flow_process_alive
 
 #: ``0`` starts every flow process cold (to compare, or to rule warm starts out).
 WARM_VAR = "E31_WARM_START"
@@ -228,7 +228,11 @@ class E31Worker(ProcessWorker):
     async def run(self, flow_run: Any, configuration: Any, task_status: Any = None) -> Any:
         """Prefect's process worker's run, marking the flow process as staging
         on this machine from its start (:func:`e31.tasks.storage.transfer_markers.mark_starting`:
-        the node's prefetcher pauses until the run's own staging ends)."""
+        the node's prefetcher pauses until the run's own staging ends).  When
+        the flow process has ended, processes of its work that outlived it
+        (it was killed) are killed
+        (:func:`e31.flows.queue.handover.end_leftover_work`): the scheduler
+        gives the node's resources to the next run."""
         import anyio
 
         from e31.tasks.storage.transfer_markers import mark_starting
@@ -256,6 +260,14 @@ class E31Worker(ProcessWorker):
         finally:
             for pid in started_pid:
                 self.flows.pop(pid, None)
+            try:
+                with anyio.CancelScope(shield=True):  # also when the worker stops meanwhile
+                    killed = await anyio.to_thread.run_sync(end_leftover_work, str(flow_run.id))
+            except Exception:  # best effort: /proc unreadable
+                killed = []
+            if killed:  # its flow process was killed and its work lived on: the node's resources go to the next run
+                self._logger.warning("flow run %s ended with its work still running (pids %s): killed", flow_run.id,
+                                     killed)
 
     def drain(self, signum: int = signal.SIGTERM) -> int:
         """Stop taking runs, and send ``signum`` to each flow process this

@@ -40,7 +40,7 @@ from e31.tasks.outcome import ChildLost, RunOutcome
 from e31.tasks.supervisor.api import api_answers
 from e31.tasks.supervisor.process import signals_deferred
 from e31.tasks.supervisor.warm import discard, prestart
-from e31.flows.queue.handover import release, run_ahead, wait_for_run_ahead
+from e31.flows.queue.handover import release, run_ahead, signals_end_wait, wait_for_run_ahead
 from e31.tasks.run import SupervisorConfig, run_task
 from e31.tasks.pending import deliver_pending, permanent, recorded_return
 from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
@@ -238,15 +238,21 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
     if results:
         target.staged_before_allocation = not any(s.copied for s in results)
         target.prefetch_s = prefetched_seconds(plan.data_dir, target.run_id) if target.staged_before_allocation else 0.0
-    ahead = run_ahead()
+    ahead, told = run_ahead(), []
     if ahead and not stopped:  # handed over behind a run on this node: the work starts once that run has ended
-        with cancel_stops_staging(target.run_id, str(plan.data_dir)) as watcher:
-            target.handover_wait_s = wait_for_run_ahead(ahead, stop=watcher.cancelled, say=get_run_logger().info)
+        with cancel_stops_staging(target.run_id, str(plan.data_dir)) as watcher, signals_end_wait() as told:
+            target.handover_wait_s = wait_for_run_ahead(ahead, stop=lambda: watcher.cancelled() or bool(told),
+                                                        say=get_run_logger().info)
         stopped = watcher.cancelled()
         if target.handover_wait_s > HANDOVER_HELD_S:  # the run ahead still held the node: staged before allocation
             target.handover_staging_s, target.staging_s = target.staging_s, 0.0
             target.staged_before_allocation = True if results else None
-    if stopped or cancel_requested(target.run_id):  # cancelled while staging: the work never starts, nothing removed
+    if told and not stopped and not cancel_requested(target.run_id):  # a drain or Ctrl-C during the wait
+        outcome = RunOutcome(reason="signal", exit_code=None, run_s=0.0,
+                             message="stopped by a signal while it waited for the job ahead of it on its node; the "
+                                     "work did not start")
+        return _finish(plan, _return(spec, plan, target, outcome))
+    if stopped or told or cancel_requested(target.run_id):  # cancelled while staging: the work never starts
         when = "it waited for the job ahead of it on its node" if target.handover_wait_s else "the inputs were staged"
         outcome = RunOutcome(reason="cancelled", exit_code=None, run_s=0.0,
                              message=f"cancelled while {when}; the work did not start")

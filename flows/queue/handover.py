@@ -27,6 +27,7 @@ on this machine.  The wait ends at the first of:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -62,6 +63,58 @@ def flow_process_alive(run: Any) -> bool:
     return f"PREFECT__FLOW_RUN_ID={run.id}".encode() in environ.split(b"\0")
 
 
+def leftover_work(run_id: str) -> list[int]:
+    """The pids of live processes of the flow run ``run_id``'s work: those
+    whose environment has both ``PREFECT__FLOW_RUN_ID=<run_id>`` (every
+    process its flow process starts inherits it) and an ``E31_WORK_TOKEN``
+    (the work's own processes, :class:`e31.tasks.supervisor.process.WorkTree`;
+    not the flow process).  Once its flow process is gone (kill -9), such a
+    process is an orphan still using the run's devices.  Linux only ([]
+    elsewhere)."""
+    from e31.tasks.supervisor.process import TOKEN_VAR
+
+    run_mark, token = f"PREFECT__FLOW_RUN_ID={run_id}".encode(), f"{TOKEN_VAR}=".encode()
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                environ = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if run_mark in environ and any(entry.startswith(token) for entry in environ):
+            found.append(int(name))
+    return found
+
+
+def end_leftover_work(run_id: str, wait_s: float = 10.0) -> list[int]:
+    """SIGKILL the processes of ``run_id``'s work left after its flow
+    process ended (:func:`leftover_work`) and wait up to ``wait_s`` seconds
+    for them to be gone: the devices of an ended run are free only once its
+    work is.  Returns the pids killed."""
+    import signal
+
+    killed: list[int] = []
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        pids = leftover_work(run_id)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except OSError:
+                pass
+        time.sleep(POLL_S)
+    return sorted(set(killed))
+
+
 def handover_dir() -> Path:
     """``$E31_SCRATCH/.handover`` (the node's scratch root, shared by the
     flow processes of one worker): the markers of runs waited for."""
@@ -81,6 +134,28 @@ def release(run_id: str | None) -> None:
             pass
 
 
+@contextlib.contextmanager
+def signals_end_wait() -> Any:
+    """Within the block, SIGTERM and SIGINT (a worker's drain, a cancel's
+    kill, Ctrl-C) are noted in the list it yields instead of ending the
+    process, so a run waiting for the run ahead ends with its manifest; the
+    previous handlers come back after.  A no-op outside the main thread."""
+    import signal
+    import threading
+
+    told: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield told
+        return
+    previous = {sig: signal.signal(sig, lambda signum, frame: told.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield told
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_ahead() -> str | None:
     """The flow run id this process's run was handed over behind
     (``E31_AFTER``), or None."""
@@ -94,8 +169,11 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
     gone from this machine (:func:`flow_process_alive`, checked every
     :data:`POLL_S` s once its pid is known) or its state is final (read
     every :data:`API_EVERY_S` s), or it no longer exists; or until
-    ``stop()`` is true (e.g. this run was cancelled).  ``say`` gets one line
-    when there is a wait.  An API that does not answer is read again at
+    ``stop()`` is true (e.g. this run was cancelled).  Once the run ahead
+    has ended, the processes of its work still alive (its flow process was
+    killed: they are orphans on this node's devices) are killed first
+    (:func:`end_leftover_work`).  ``say`` gets one line when there is a
+    wait, and one for processes killed.  An API that does not answer is read again at
     the next turn (the process check goes on).  Returns the seconds waited."""
     from prefect.exceptions import ObjectNotFound
 
@@ -134,6 +212,11 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
             if run is not None and run.infrastructure_pid and not flow_process_alive(run):
                 break
             time.sleep(POLL_S)
+        else:
+            return time.monotonic() - started
+        killed = end_leftover_work(ahead)  # a killed flow process's work may live on, on these devices
+        if killed:
+            say(f"the work of {ahead[:8]} outlived its flow process: its processes {killed} were killed")
         return time.monotonic() - started
     finally:
         if marker is not None:

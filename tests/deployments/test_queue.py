@@ -573,3 +573,76 @@ def test_the_next_job_is_handed_over_behind_the_running_one_and_its_work_waits_f
     assert lines[2].split()[4:6] == ["0,1", "-"]
     assert lines[2].endswith(f"handed over behind ahead ({ahead[:8]}): its work starts once that job has returned "
                              "its output")
+
+
+def _handed_over(q: Queue, ahead: str) -> bool:
+    """Whether a run waits behind the run ``ahead`` on n1 (its marker, e31.flows.queue.handover)."""
+    return (q.root / "scratch-n1" / ".handover" / ahead).exists()
+
+
+def test_a_job_waiting_behind_another_ends_with_its_manifest_when_cancelled_or_drained(prefect_api, tmp_path):
+    """Found by an attack: a cancel or a worker's drain while a handed-over
+    run waited killed its flow process (Prefect's abort on SIGTERM) and left
+    no manifest; now each ends with a partial manifest saying why, and the
+    job ahead is not disturbed by the cancel."""
+    from prefect.client.orchestration import get_client
+
+    with queue(tmp_path, {"n1": 0}) as q:
+        q.scheduler("--handover", "120")
+        worker = q.worker("n1", 0)
+        wait_for(lambda: _warm_listening(worker), what="the worker's warm process")
+        ahead = q.submit(q.job("long-a", 0, 60, cpus=2)).split("flow run ")[1].split()[0]
+        wait_for(lambda: any((q.root / "scratch-n1").glob("long-a/output/started.json")), what="the first job's work")
+        first = q.submit(q.job("wait-b", 0, 1, cpus=2)).split("flow run ")[1].split()[0]
+        wait_for(lambda: _handed_over(q, ahead), what="the handed-over run's wait")
+        out = subprocess.run([q.exe, "cancel", first, "--pool", str(q.pool)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        cancelled = final_manifest(tmp_path / "out" / "wait-b" / "partial")
+        second = q.submit(q.job("wait-c", 0, 1, cpus=2)).split("flow run ")[1].split()[0]
+        wait_for(lambda: _handed_over(q, ahead), what="the second handed-over run's wait")
+        os.killpg(worker.pid, signal.SIGINT)  # a Ctrl-C of the worker: it drains
+        worker.wait(timeout=120)
+        drained = final_manifest(tmp_path / "out" / "wait-c" / "partial")
+        ahead_manifest = final_manifest(tmp_path / "out" / "long-a" / "partial")
+        with get_client(sync_client=True) as client:
+            states = [client.read_flow_run(r).state for r in (first, second, ahead)]
+    assert (cancelled["status"], cancelled["reason"], cancelled["files"]) == ("partial", "cancelled", [])
+    assert cancelled["message"] == ("cancelled while it waited for the job ahead of it on its node; the work did not "
+                                    "start")
+    assert (drained["status"], drained["reason"], drained["files"]) == ("partial", "signal", [])
+    assert drained["message"] == ("stopped by a signal while it waited for the job ahead of it on its node; the work "
+                                  "did not start")
+    assert (ahead_manifest["status"], ahead_manifest["reason"]) == ("partial", "signal")  # the drain, not the cancel
+    assert [s.type.value for s in states] == ["CANCELLED", "COMPLETED", "COMPLETED"]
+    assert not (tmp_path / "scratch-n1" / "wait-b" / "output" / "started.json").exists()  # never ran
+
+
+def test_the_work_of_a_killed_flow_process_is_ended_before_the_job_behind_starts(prefect_api, tmp_path):
+    """Found by an attack: the work under a shell outlived its killed flow
+    process (kill -9) and the job handed over behind it started on the same
+    devices beside it; now the leftover work is killed first."""
+    with queue(tmp_path, {"n1": 2}) as q:
+        q.scheduler("--handover", "120")
+        worker = q.worker("n1", 2)
+        wait_for(lambda: _warm_listening(worker), what="the worker's warm process")
+        spec = q.job("shelled", 2, 40)
+        shelled = json.loads(spec.read_text())
+        shelled["work"]["command"] = ["/bin/sh", "-c", f"{sys.executable} {q.root / 'work.py'} 40; true"]
+        spec.write_text(json.dumps(shelled))
+        ahead = q.submit(spec).split("flow run ")[1].split()[0]
+        started = q.root / "scratch-n1" / "shelled" / "output" / "started.json"
+        wait_for(started.exists, what="the first job's work")
+        q.submit(q.job("next-up", 2, 1))
+        wait_for(lambda: _handed_over(q, ahead), what="the handed-over run's wait")
+        work = json.loads(started.read_text())["pid"]
+        shell = int(Path(f"/proc/{work}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        flow = int(Path(f"/proc/{shell}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        os.kill(flow, signal.SIGKILL)  # the flow process; its shell dies with it, the work under it does not
+        killed_at = time.time()
+        wait_for(lambda: final_manifest(q.root / "out" / "next-up"), timeout=120, what="the job behind")
+        alive = Path(f"/proc/{work}").exists() and b"work.py" in Path(f"/proc/{work}/cmdline").read_bytes()
+        behind = q.record("next-up")
+    assert not alive  # the orphaned work was killed ...
+    assert not (q.root / "scratch-n1" / "shelled" / "output" / "record.json").exists()  # ... before its 40 s ended
+    assert killed_at < behind["start"] < json.loads(started.read_text())["start"] + 40
+    assert behind["devices"] == "0,1"

@@ -140,3 +140,24 @@ def test_a_reason_names_the_run_handed_over_behind_the_one_it_waits_for():
     snap.behind[waiting] = lead
     assert humane(f"earliest start 10:00:00 UTC on n1, after job {lead} ends", snap) == \
         f"earliest start 10:00:00 UTC on n1, after job next ({waiting[:8]}) ends"
+
+
+def test_the_leftover_work_of_a_run_is_found_by_its_run_id_and_its_work_token_and_killed():
+    from e31.flows.queue.handover import end_leftover_work, leftover_work
+
+    run = str(uuid.uuid4())
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    work = subprocess.Popen(sleep, env={**os.environ, "PREFECT__FLOW_RUN_ID": run, "E31_WORK_TOKEN": "t1"})
+    flow = subprocess.Popen(sleep, env={**os.environ, "PREFECT__FLOW_RUN_ID": run})  # the flow process: no token
+    other = subprocess.Popen(sleep, env={**os.environ, "PREFECT__FLOW_RUN_ID": str(uuid.uuid4()),
+                                         "E31_WORK_TOKEN": "t2"})  # another run's work
+    try:
+        assert leftover_work(run) == [work.pid]
+        assert end_leftover_work(run) == [work.pid]
+        assert work.wait(timeout=10) == -9
+        assert flow.poll() is None and other.poll() is None
+        assert leftover_work(run) == [] and end_leftover_work(run) == []
+    finally:
+        for proc in (work, flow, other):
+            proc.kill()
+            proc.wait()
