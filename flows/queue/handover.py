@@ -71,25 +71,10 @@ def leftover_work(run_id: str) -> list[int]:
     not the flow process).  Once its flow process is gone (kill -9), such a
     process is an orphan still using the run's devices.  Linux only ([]
     elsewhere)."""
-    from e31.tasks.supervisor.process import TOKEN_VAR
+    from e31.tasks.supervisor.process import TOKEN_VAR, processes_where
 
     run_mark, token = f"PREFECT__FLOW_RUN_ID={run_id}".encode(), f"{TOKEN_VAR}=".encode()
-    found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in entries:
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                environ = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if run_mark in environ and any(entry.startswith(token) for entry in environ):
-            found.append(int(name))
-    return found
+    return processes_where(lambda environ: run_mark in environ and any(e.startswith(token) for e in environ))
 
 
 def end_leftover_work(run_id: str, wait_s: float = 10.0) -> list[int]:
@@ -97,7 +82,7 @@ def end_leftover_work(run_id: str, wait_s: float = 10.0) -> list[int]:
     process ended (:func:`leftover_work`) and wait up to ``wait_s`` seconds
     for them to be gone: the devices of an ended run are free only once its
     work is.  Returns the pids killed."""
-    import signal
+    from e31.tasks.supervisor.process import sigkill_each
 
     killed: list[int] = []
     deadline = time.monotonic() + wait_s
@@ -105,12 +90,7 @@ def end_leftover_work(run_id: str, wait_s: float = 10.0) -> list[int]:
         pids = leftover_work(run_id)
         if not pids:
             break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            except OSError:
-                pass
+        killed += sigkill_each(pids)
         time.sleep(POLL_S)
     return sorted(set(killed))
 

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 def die_with_parent() -> None:
@@ -66,6 +66,42 @@ def set_subreaper() -> bool:
         return False
 
 
+def processes_where(match: Callable[[list[bytes]], bool]) -> list[int]:
+    """The pids of the live processes (not this one) whose environment, as
+    its ``NAME=value`` entries in bytes, satisfies ``match``; those whose
+    environment cannot be read are skipped.  Linux: reads ``/proc`` ([]
+    without it)."""
+    found = []
+    me = os.getpid()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                if match(fh.read().split(b"\0")):
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def sigkill_each(pids: list[int]) -> list[int]:
+    """Send SIGKILL to each pid; returns those it was sent to (a process
+    already gone, or not ours, is skipped)."""
+    sent = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            sent.append(pid)
+        except OSError:
+            pass
+    return sent
+
+
 class WorkTree:
     """Every process of one run of a work, found by the environment marker
     ``E31_WORK_TOKEN=<token>`` its first process is started with (so found
@@ -79,22 +115,7 @@ class WorkTree:
 
     def pids(self) -> list[int]:
         """The pids of the live processes carrying the marker (not this process)."""
-        found = []
-        me = os.getpid()
-        try:
-            entries = os.listdir("/proc")
-        except OSError:
-            return []
-        for name in entries:
-            if not name.isdigit() or int(name) == me:
-                continue
-            try:
-                with open(f"/proc/{name}/environ", "rb") as fh:
-                    if self.mark in fh.read().split(b"\0"):
-                        found.append(int(name))
-            except OSError:
-                continue
-        return found
+        return processes_where(lambda environ: self.mark in environ)
 
     def rss(self) -> int:
         """Total resident memory of the tree now, in bytes (``VmRSS`` of each
@@ -122,12 +143,7 @@ class WorkTree:
             pids = self.pids()
             if not pids:
                 break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-                except OSError:
-                    pass
+            killed += sigkill_each(pids)
         for pid in set(killed) - {spare}:
             _reap(pid)
         return killed
