@@ -10,12 +10,10 @@ manifest), from the ``e31`` CLI, and as a deployment entrypoint
 from __future__ import annotations
 
 import shutil
-import signal
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -40,6 +38,7 @@ from e31.tasks.outcome import ChildLost, RunOutcome
 from e31.tasks.supervisor.api import api_answers
 from e31.tasks.supervisor.process import signals_deferred
 from e31.tasks.supervisor.warm import discard, prestart
+from e31.flows.exitsignals import hold_signals
 from e31.flows.queue.handover import release, run_ahead, signals_end_wait, wait_for_run_ahead
 from e31.tasks.run import SupervisorConfig, run_task
 from e31.tasks.pending import deliver_pending, permanent, recorded_return
@@ -299,7 +298,7 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
                         raise ConnectionError("the Prefect API does not answer")
                     manifest = return_task(target, outcome)
                     DELIVERED[plan.job] = manifest
-                    _hold_signals()
+                    hold_signals()
                     return manifest
                 except Exception as first:
                     try:
@@ -307,7 +306,7 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
                     except Exception as exc:
                         raise (exc if str(exc) else first) from None
                     DELIVERED[plan.job] = manifest  # the job's word is out, whatever the API does next
-                    _hold_signals()
+                    hold_signals()
                     publish_artifacts(target, manifest)
                     return manifest
         except Exception as cause:
@@ -319,66 +318,6 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
 HANDOVER_HELD_S = 0.1
 
 
-#: Set by the ``e31`` command (and true in a flow process started by a Prefect worker): once the
-#: output is delivered, SIGTERM and SIGINT no longer change how the process ends.
-HOLD_SIGNALS_AFTER_RETURN = False
-
-
-def _hold_signals() -> None:
-    """After the output is delivered the job is over: a late SIGTERM/SIGINT
-    (a worker's, a terminal's) is noted and ignored instead of ending the
-    process with 143 or 130 -- in the ``e31`` command and in a flow process
-    a Prefect worker started (``python -m prefect.engine``), never in a
-    caller's own Python program."""
-    import threading
-
-    by_worker = sys.argv and sys.argv[0].replace("\\", "/").endswith("prefect/engine.py")
-    if not (HOLD_SIGNALS_AFTER_RETURN or by_worker) or threading.current_thread() is not threading.main_thread():
-        return
-    told = []
-
-    def note(signum, frame) -> None:
-        if not told:
-            told.append(signum)
-            print("e31: the output is returned; the signal is ignored and the run ends with its manifest",
-                  file=sys.stderr)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, note)
-    ignore_signals_at_exit()
-
-
-_IGNORING_AT_EXIT: list[bool] = []
-
-
-def ignore_signals_at_exit(when: Callable[[], bool] | None = None) -> None:
-    """Ignore SIGTERM and SIGINT (``SIG_IGN``) from the interpreter's exit
-    on: always (``when`` None; registered once per process), or when
-    ``when()`` is true at exit (the ``e31`` command: once its job's output
-    was delivered).  At exit CPython puts ``SIG_DFL`` back for every signal
-    with a Python handler (``_PySignal_Fini``), so a late signal there would
-    still end the process with 143 after the output was returned; an
-    ignored signal is left ignored.  Registered with :mod:`atexit`, whose
-    functions run before that reset."""
-    import atexit
-
-    if when is None:
-        if _IGNORING_AT_EXIT:
-            return
-        _IGNORING_AT_EXIT.append(True)
-
-    def ignore() -> None:
-        if when is not None and not when():
-            return
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                signal.signal(sig, signal.SIG_IGN)
-            except ValueError:  # not the main thread
-                pass
-
-    atexit.register(ignore)
-
-
 #: The manifest each job's last run in this process delivered (job name -> manifest): the CLI
 #: still reports it, with its exit code, when the Prefect API fails after the output was returned.
 DELIVERED: dict[str, dict[str, Any]] = {}
@@ -386,7 +325,7 @@ DELIVERED: dict[str, dict[str, Any]] = {}
 
 def _finish(plan: JobPlan, manifest: dict[str, Any]) -> dict[str, Any]:
     DELIVERED[plan.job] = manifest
-    _hold_signals()
+    hold_signals()
     if manifest["status"] == "completed":
         # Delivered and verified: the next run of this job starts fresh.
         shutil.rmtree(plan.output_dir, ignore_errors=True)

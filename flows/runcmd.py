@@ -49,7 +49,7 @@ def _run_with_api(spec: JobSpec, plan, code_dir: str) -> int:
     from prefect import tags
 
     from e31.flows.deploy import job_tags
-    from e31.flows import job as job_module
+    from e31.flows import exitsignals
     from e31.flows.job import DELIVERED, JobFailedError, run_job
     from e31.flows.runlog import hide_tracebacks_on_console
     from e31.flows.statesync import apply_pending, remember
@@ -57,7 +57,7 @@ def _run_with_api(spec: JobSpec, plan, code_dir: str) -> int:
     hide_tracebacks_on_console()
     apply_pending(Path(plan.scratch).parent)  # states the API missed earlier (it was down)
     DELIVERED.pop(spec.name, None)
-    job_module.HOLD_SIGNALS_AFTER_RETURN = True  # once returned, a late signal does not change the exit code
+    exitsignals.HOLD_SIGNALS_AFTER_RETURN = True  # once returned, a late signal does not change the exit code
     _hold_signals_once_delivered(spec.name)
     threading.Thread(target=_leave_when_the_api_stays_down, args=(spec, plan), daemon=True,
                      name="e31-api-watch").start()
@@ -93,10 +93,11 @@ def _hold_signals_once_delivered(job: str) -> None:
     flow starts because Prefect's engine puts back, when the flow run ends,
     the SIGTERM handler it found at its start (its own replaces it during
     the run and hands a signal on to it); the flow's own holding of signals
-    (``e31.flows.job._hold_signals``) ends there."""
+    (``e31.flows.exitsignals.hold_signals``) ends there."""
     import signal
 
-    from e31.flows.job import DELIVERED, ignore_signals_at_exit
+    from e31.flows.exitsignals import ignore_signals_at_exit
+    from e31.flows.job import DELIVERED
 
     told: list[int] = []
 
