@@ -92,7 +92,9 @@ def test_a_job_waiting_behind_another_has_its_inputs_staged_before_it_starts(pre
 def test_a_scratch_budget_too_small_for_two_jobs_evicts_the_older_copy(prefect_api, tmp_path):
     with queue(tmp_path, {}) as q:
         _pool(q, ["n1"], "50MiB")  # room for one 30 MiB input, not two
-        q.scheduler("--policy", "fcfs")  # one job after the other, in the order submitted
+        q.scheduler("--policy", "fcfs",  # one job after the other, in the order submitted
+                    "--handover", "0")  # the second waits queued behind the middle job (else handed over and
+        # staged by its own flow process, not the prefetcher: a race CI lost once)
         q.worker("n1", 1)
         q.submit(q.job("holder", 1, 40))  # long enough that the first still waits when the second is submitted
         wait_for(lambda: _started(q, "n1", "holder"), what="the holder")
