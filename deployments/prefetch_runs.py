@@ -18,14 +18,14 @@ def planned_here(client: Any, pool: Any, node: str, limit: int = LOOKAHEAD) -> l
     from prefect.client.schemas.objects import StateType
     from prefect.client.schemas.sorting import FlowRunSort
 
-    from e31.flows.queue import PLANNED_VAR, QUEUED, work_pool_name
+    from e31.flows.queue import QUEUED, planned_node, work_pool_name
 
     runs = client.read_flow_runs(
         work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[work_pool_name(pool)])),
         flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
             type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]), name=FlowRunFilterStateName(any_=[QUEUED]))),
         sort=FlowRunSort.NEXT_SCHEDULED_START_TIME_ASC, limit=limit)  # the planned start (its scheduled time)
-    return [r for r in runs if (r.job_variables or {}).get(PLANNED_VAR) == node]
+    return [r for r in runs if planned_node(r.state) == node]
 
 
 def tag_staged(client: Any, run_id: str, node: str, seconds: float) -> None:

@@ -12,8 +12,9 @@ How a queue maps onto Prefect (nothing else holds queue state):
 - a waiting run's state message is the planner's reason, and its scheduled
   time the planned start (so the UI shows both, and the run never turns
   ``Late``);
-- a waiting run with a reserved start gets ``job_variables``
-  ``e31_planned_node``: that node's worker prefetches its inputs;
+- a waiting run with a reserved start has its node in that message
+  (``earliest start 02:40 UTC on n1``, :func:`.mapping.planned_node`):
+  that node's worker prefetches its inputs;
 - a placed run gets ``job_variables`` ``e31_node``, ``gpu_devices``, ``cpus``
   and the state ``Scheduled`` named ``Placed`` at the current time: only the
   ``e31 worker`` of that node takes it;
@@ -38,13 +39,14 @@ every run), :mod:`.snapshot` (reading the runs as planner input),
 
 from e31.flows.queue.cache import RunCache
 from e31.flows.queue.mapping import (AFTER_VAR, AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, HANDOVER_S, LEASE_S,
-                                     NODE_VAR, PLACED, PLANNED_VAR, QUEUED, SETTLE_S, STAGED, STAGED_ON, STAGING_S,
-                                     WORKER_TYPE, deployment_name, inputs_key, nodes_of, staged_tags, work_pool_name)
+                                     NODE_VAR, PLACED, QUEUED, SETTLE_S, STAGED, STAGED_ON, STAGING_S,
+                                     WORKER_TYPE, deployment_name, inputs_key, nodes_of, planned_node, staged_tags,
+                                     work_pool_name)
 from e31.flows.queue.record import apply, handover_lead, humane, refuse_at_destination
 from e31.flows.queue.snapshot import Snapshot, live_nodes, read
 from e31.flows.queue.submit import ensure_pool, submit
 
 __all__ = ["AFTER_VAR", "AHEAD_S", "ATTEMPT_VAR", "CPUS_VAR", "DEVICES_VAR", "DOWN", "HANDOVER_S", "LEASE_S", "NODE_VAR",
-           "PLACED", "PLANNED_VAR", "QUEUED", "SETTLE_S", "STAGED", "STAGED_ON", "STAGING_S", "WORKER_TYPE", "RunCache",
+           "PLACED", "QUEUED", "SETTLE_S", "STAGED", "STAGED_ON", "STAGING_S", "WORKER_TYPE", "RunCache",
            "Snapshot", "apply", "deployment_name", "ensure_pool", "handover_lead", "humane", "inputs_key", "live_nodes",
-           "nodes_of", "read", "refuse_at_destination", "staged_tags", "submit", "work_pool_name"]
+           "nodes_of", "planned_node", "read", "refuse_at_destination", "staged_tags", "submit", "work_pool_name"]

@@ -4,6 +4,7 @@ and the queue's clock constants (seconds)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from e31.flows.placement import Node
@@ -15,9 +16,13 @@ WORKER_TYPE = "e31"
 QUEUED, PLACED = "Queued", "Placed"
 #: The node, GPU devices and CPUs of a placement, in a flow run's ``job_variables``.
 NODE_VAR, DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = "e31_node", "gpu_devices", "cpus", "e31_attempt"
-#: The node a waiting run's reserved start is planned on, in its ``job_variables``: that node's ``e31 worker``
-#: prefetches the run's inputs (absent when the planned start is no reservation).
-PLANNED_VAR = "e31_planned_node"
+#: The node a waiting run's reserved start is planned on, as its ``Queued`` state message names it
+#: (``...; earliest start 02:40 UTC on n1, after job a ends``: e31.flows.placement.reasons): that node's
+#: ``e31 worker`` prefetches the run's inputs.  Read with :func:`planned_node`.  It is carried by the message
+#: the scheduler writes anyway, not by a ``job_variables`` write: Prefect validates every ``job_variables``
+#: PATCH against the work pool's whole variables schema (jsonschema, inside a write transaction), which was
+#: the largest single cost of the server under a busy queue (bench_queue, py-spy: 17 % of its busy CPU).
+PLANNED_ON = re.compile(r"; earliest start [^;]*? UTC on ([A-Za-z0-9][A-Za-z0-9._-]*)")
 #: The run a handed-over run waits behind, in its ``job_variables``: its flow process starts (and stages its
 #: inputs) while that run ends, and its work starts once that run's flow process has ended (see HANDOVER_S).
 AFTER_VAR = "e31_after"
@@ -67,6 +72,16 @@ def staged_tags(tags: Any) -> tuple[tuple[str, ...], float]:
             except ValueError:
                 pass
     return tuple(nodes), seconds
+
+
+def planned_node(state: Any) -> str | None:
+    """The node a waiting run's state (a Prefect ``State``, or None) says
+    its reserved start is planned on; None when the run is not ``Queued``
+    or its start is no reservation (``estimated start``, the submission's
+    message).  See :data:`PLANNED_ON`."""
+    message = getattr(state, "message", None) if getattr(state, "name", None) == QUEUED else None
+    found = PLANNED_ON.search(message) if message else None
+    return found.group(1) if found else None
 
 
 def inputs_key(spec: Any) -> tuple[str, ...]:

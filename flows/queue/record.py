@@ -11,7 +11,7 @@ from typing import Any
 
 from e31.flows.placement import Placement, RunningJob
 from e31.flows.queue.mapping import (AFTER_VAR, AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, NODE_VAR, PLACED,
-                                     PLANNED_VAR, QUEUED)
+                                     QUEUED, planned_node)
 from e31.flows.queue.cache import RunCache
 from e31.flows.queue.snapshot import Snapshot
 from e31.specs import JobSpec
@@ -351,10 +351,8 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             current = run.state
             same_time = run.next_scheduled_start_time is not None and \
                 abs(run.next_scheduled_start_time.timestamp() - planned.timestamp()) < AHEAD_S / 2
-            variables = dict(run.job_variables or {})
-            # the node whose worker prefetches the inputs: for a reserved start of a job that reads data
-            node = p.node if p.reserved and snap.specs[p.job].data else None
-            same_node = variables.get(PLANNED_VAR) == node
+            # the node whose worker prefetches the inputs (the message names it: mapping.PLANNED_ON)
+            same_node = planned_node(current) == (p.node if p.reserved else None)
             if current.name == QUEUED and _same(current.message, message) and same_time and same_node:
                 counts["unchanged"] += 1
                 continue
@@ -369,18 +367,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
                 counts["deferred"] += 1
                 continue
             waits_from = time.monotonic() if waits_from is None else waits_from
-            if not same_node:
-                if node is None:
-                    variables.pop(PLANNED_VAR, None)
-                else:
-                    variables[PLANNED_VAR] = node
-                if not write.variables(p.job, variables):
-                    continue
-                if current.name == QUEUED and _same(current.message, message) and same_time:
-                    counts["wait"] += 1
-                    continue
-            if not write.state(p.job, Scheduled(name=QUEUED, scheduled_time=planned, message=message),
-                               check=same_node):
+            if not write.state(p.job, Scheduled(name=QUEUED, scheduled_time=planned, message=message)):
                 continue
             if not _same(current.message, message):
                 logs.add(p.job, message)

@@ -12,7 +12,8 @@ from e31.flows.placement import Node, QueuedJob, RunningJob
 from e31.flows.placement.estimates import estimate_runtime
 from e31.flows.queue.cache import ACTIVE, RunCache, flow_run_filter, read_all, state_filter
 from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, LEASE_S, NODE_VAR, PLACED,
-                                     PLANNED_VAR, QUEUED, SETTLE_S, inputs_key, nodes_of, staged_tags, work_pool_name)
+                                     QUEUED, SETTLE_S, inputs_key, nodes_of, planned_node, staged_tags,
+                                     work_pool_name)
 from e31.specs import JobSpec
 from e31.specs.pool import PoolSpec
 
@@ -153,7 +154,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 runtime_source=estimate.source, runtime_note=estimate.note,
                 preferred_nodes=tuple(dict.fromkeys(n for n in (*prefetched, *(staged or {}).get(inputs_key(spec), ()))
                                                     if n in known)),
-                locality_wait_s=wait_s, planned_node=variables.get(PLANNED_VAR)))
+                locality_wait_s=wait_s, planned_node=planned_node(state)))
     _chain_handovers(snap, cache.ended_at if cache is not None else {})
     _one_run_per_job(snap)
     for node in snap.nodes:  # a node without a live worker takes nothing: what its runs leave is held

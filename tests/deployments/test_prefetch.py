@@ -49,8 +49,10 @@ def test_a_job_waiting_behind_another_has_its_inputs_staged_before_it_starts(pre
         q.worker("n1", 1)
         q.worker("n2", 1)
         # unequal: the node planned for the late job (the one that frees first) frees first under any load
-        q.submit(q.job("hold-1", 1, 15))
-        q.submit(q.job("hold-2", 1, 45))
+        # hold-1 long enough that the prefetch, at the lowest CPU priority on a busy machine, and the listing
+        # after it are done while the late job still waits (15 s was not, once, with the machine busy)
+        q.submit(q.job("hold-1", 1, 25))
+        q.submit(q.job("hold-2", 1, 55))
         wait_for(lambda: all(any(_started(q, n, j) for n in ("n1", "n2")) for j in ("hold-1", "hold-2")),
                  what="both holders running")
         data, digest = _input(q, "late", 30)
