@@ -27,6 +27,13 @@ and one ``e31 worker`` per node (each 1 CPU slot), then:
    (``tests/deployments/test_queue.py``) and for prefetch
    (``bench_prefetch.py``).
 
+Then, unless ``--no-baseline``, the **baseline**: the same jobs as a
+hand-written plain Prefect flow (stage, run, put) on a ``process`` work
+pool with one ``prefect worker start --type process --limit 1`` per node
+(``queue_baseline.py``), on the same server once E31's scheduler and
+workers have stopped; it prints its wall against the ideal, its CPU per
+job, and E31 / baseline for both.
+
 Each job is a command work sleeping ``--work-s`` seconds.  Every job also
 costs a flow run's life on the Prefect server (its states, task runs, logs
 and artifacts) and a flow process forked from the worker's warm process:
@@ -103,6 +110,8 @@ def main() -> int:
                         help="the workers' PREFECT_WORKER_QUERY_SECONDS (default: e31 worker's own)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, scratch, outputs)")
     parser.add_argument("--no-run", action="store_true", help="measure submit and the scheduler cycle only")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the baseline (the same jobs on plain Prefect: tests/benchmarks/queue_baseline.py)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="e31-bench-queue-"))
     port = _port()
@@ -179,7 +188,7 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
         if args.no_run:
             return 0
     exe = str(Path(sys.executable).with_name("e31"))
-    t0, cpu0 = time.time(), _cpu()
+    t0, cpu0, server0 = time.time(), _cpu(), _tree_cpu(procs[0].pid)
     procs.append(subprocess.Popen([exe, "scheduler", "--pool", str(root / "pool.yaml"), "--interval",
                                    str(args.interval), "--handover", str(args.handover)], env=env,
                                   stdout=open(root / "scheduler.log", "wb"), stderr=subprocess.STDOUT,
@@ -197,7 +206,7 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
             print("gave up after 3 h")
             break
     cpu1, ran_s = _cpu(), time.time() - t0
-    per = {"server": _tree_cpu(procs[0].pid), "scheduler": _tree_cpu(procs[1].pid),
+    per = {"server": _tree_cpu(procs[0].pid) - server0, "scheduler": _tree_cpu(procs[1].pid),
            "workers and their flow processes": sum(_tree_cpu(p.pid) for p in procs[2:])}
     with get_client(sync_client=True) as client:
         latencies, first_placed, local, slots, finals, handed = [], None, 0, {}, {}, 0
@@ -244,15 +253,15 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
     ideal = len(specs) * args.work_s / args.nodes
     print(f"total wall {wall:.1f} s against the ideal {ideal:.1f} s (work / slots): {wall / ideal:.2f}x   "
           f"target <= 1.3x: {'met' if wall / ideal <= 1.3 else 'missed'}")
-    if cpu0 and cpu1:
-        busy_s, cores = (cpu1[0] - cpu0[0]), os.cpu_count() or 1
+    busy_s, cores = ((cpu1[0] - cpu0[0]) if cpu0 and cpu1 else 0.0), os.cpu_count() or 1
+    if busy_s:
         print(f"CPU while the jobs ran (the whole machine: server, scheduler, workers, flow processes; the works "
               f"only sleep): {busy_s:.0f} CPU-s in {ran_s:.0f} s on {cores} cores = {100 * busy_s / (ran_s * cores):.0f} "
               f"% busy; {busy_s / len(specs):.2f} CPU-s per job, so {cores} cores run at most "
               f"{cores * len(specs) / busy_s:.2f} jobs/s: a wall of at least {busy_s / cores:.1f} s "
               f"({busy_s / cores / ideal:.2f}x the ideal)")
-        print("  CPU-s per job by process (since each started): " + ", ".join(
-            f"{name} {seconds / len(specs):.2f}" for name, seconds in per.items()))
+        print("  CPU-s per job by process (the server: while the jobs ran; the others: since each started): " +
+              ", ".join(f"{name} {seconds / len(specs):.2f}" for name, seconds in per.items()))
     cycles = [(float(m.group(2)), m.group(1)) for m in re.finditer(r"read \d+ ms (\w+), plan \d+ ms, cycle (\d+) ms",
                                                                    (root / "scheduler.log").read_text())]
     if cycles:
@@ -267,6 +276,24 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
     print(f"stagings saved by locality: {reused} of {len(specs)} runs found their inputs staged (manifest "
           f"staged_before_allocation); {local} placed with 'inputs already staged there'.  Each job is its own, and "
           f"a job's copies live in its own scratch folder: only a later run of the same job reuses them")
+    if args.no_baseline:
+        return 0
+    for proc in procs[1:]:  # E31's scheduler and workers end: the baseline has the machine to itself
+        try:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=60)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    from queue_baseline import run_baseline
+
+    base = run_baseline(len(specs), args.nodes, args.work_s, WORK, inputs, root, env, procs[0].pid, _tree_cpu, _cpu)
+    print(f"baseline, plain Prefect (the same {len(specs)} jobs as a hand-written flow of 3 tasks on a process work "
+          f"pool, one Prefect process worker per node, --limit 1, 1 s poll; no placement): wall {base['wall_s']:.1f} s "
+          f"= {base['wall_s'] / ideal:.2f}x the ideal; {base['busy_s'] / len(specs):.2f} CPU-s per job (server "
+          f"{base['server_s'] / len(specs):.2f}, workers and their flow processes "
+          f"{base['workers_s'] / len(specs):.2f})")
+    if busy_s and base["busy_s"]:
+        print(f"E31 / plain Prefect: wall {wall / base['wall_s']:.2f}, CPU per job {busy_s / base['busy_s']:.2f}")
     return 0
 
 
