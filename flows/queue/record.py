@@ -22,8 +22,11 @@ def humane(reason: str, snap: Snapshot) -> str:
     a node held for want of a worker said so.  A run with a run handed over
     behind it stands for both, and the reason names the last of them (the
     one whose end frees the resources)."""
-    for behind, ahead in snap.behind.items():
-        reason = reason.replace(f"after job {ahead} ends", f"after job {behind} ends")
+    for _ in range(len(snap.behind)):  # along a chain of handed-over runs, to its last
+        named = [(b, a) for b, a in snap.behind.items() if f"after job {a} ends" in reason]
+        if not named:
+            break
+        reason = reason.replace(f"after job {named[0][1]} ends", f"after job {named[0][0]} ends")
     for key, spec in snap.specs.items():
         if key in reason:
             reason = reason.replace(key, f"{spec.name} ({key[:8]})")

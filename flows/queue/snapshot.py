@@ -171,29 +171,49 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
 def _chain_handovers(snap: Snapshot, ended_at: dict[str, float] | None = None) -> None:
     """A run handed over behind a run that still holds its resources (both
     on the same node) is taken out of ``running`` and recorded in
-    ``behind``: the run ahead holds the resources on, until its planned end
-    (at least ``now + 1`` s, the planner's rule) plus the handed-over run's
-    own planned time, as one chain.  Once the run ahead has ended, the
+    ``behind`` (its direct lead).  Runs handed over one behind another form
+    a chain (a run's work may still wait when the next is handed over
+    behind it): the chain's first run holds the resources on, until its
+    planned end (at least ``now + 1`` s, the planner's rule) plus each
+    handed-over run's own planned time.  Once the run ahead has ended, a
     handed-over run holds its own placement, counted from the run ahead's
     end when ``ended_at`` (run id -> Unix seconds) has it: its work began
     then, not when its flow process started."""
     holders = {r.id: r for r in snap.running}
-    for follower in list(snap.running):
-        ahead = (snap.runs[follower.id].job_variables or {}).get(AFTER_VAR)
+    lead_of: dict[str, str] = {}
+    for r in snap.running:
+        ahead = (snap.runs[r.id].job_variables or {}).get(AFTER_VAR)
         lead = holders.get(ahead) if isinstance(ahead, str) else None
-        if lead is None and isinstance(ahead, str) and (ended_at or {}).get(ahead, 0.0) > follower.start:
+        if lead is not None and lead.node == r.node and lead.id != r.id:
+            lead_of[r.id] = lead.id
+
+    def first(key: str) -> str | None:  # the chain's first run (None: a cycle, which no write makes)
+        seen = {key}
+        while key in lead_of:
+            key = lead_of[key]
+            if key in seen:
+                return None
+            seen.add(key)
+        return key
+
+    extra: dict[str, float] = {}  # first run of a chain -> seconds its handed-over runs add
+    for follower, lead in lead_of.items():
+        head = first(follower)
+        if head is not None:
+            snap.behind[follower] = lead
+            extra[head] = extra.get(head, 0.0) + holders[follower].expected_end - holders[follower].start
+    kept = []
+    for r in snap.running:
+        if r.id in snap.behind:
+            continue
+        ahead = (snap.runs[r.id].job_variables or {}).get(AFTER_VAR)
+        if isinstance(ahead, str) and ahead not in holders and (ended_at or {}).get(ahead, 0.0) > r.start:
             began = ended_at[ahead]
-            moved = replace(follower, start=began, expected_end=began + (follower.expected_end - follower.start))
-            snap.running[snap.running.index(follower)] = moved
-            continue
-        if lead is None or lead.node != follower.node or lead.id == follower.id:
-            continue
-        snap.behind[follower.id] = lead.id
-        snap.running.remove(follower)
-        extended = replace(lead, expected_end=max(lead.expected_end, snap.now + 1.0)
-                           + (follower.expected_end - follower.start))
-        snap.running[snap.running.index(lead)] = extended
-        holders[lead.id] = extended
+            r = replace(r, start=began, expected_end=began + (r.expected_end - r.start))
+        if r.id in extra:
+            r = replace(r, expected_end=max(r.expected_end, snap.now + 1.0) + extra[r.id])
+        kept.append(r)
+    snap.running[:] = kept
 
 
 def _one_run_per_job(snap: Snapshot) -> None:

@@ -161,3 +161,34 @@ def test_the_leftover_work_of_a_run_is_found_by_its_run_id_and_its_work_token_an
         for proc in (work, flow, other):
             proc.kill()
             proc.wait()
+
+
+def test_a_chain_of_three_handed_over_runs_is_held_by_its_first_and_named_by_its_last():
+    """A run may be handed over behind one that still waits itself (bench_queue
+    with 10 s jobs met it: every tick failed on it until the chain ended)."""
+    from e31.flows.queue import humane
+
+    snap, a, b = _snap(lead_end=NOW + 5)
+    c = str(uuid.uuid4())
+    snap.runs[b] = FlowRun(id=b, flow_id=uuid.uuid4(), name="next", state=Running(), job_variables={AFTER_VAR: a})
+    snap.runs[c] = FlowRun(id=c, flow_id=uuid.uuid4(), name="third", state=Running(), job_variables={AFTER_VAR: b})
+    snap.specs[c] = _spec("third")
+    # the third first in the list, then the second: the order the failing ticks saw
+    snap.running += [RunningJob(c, "n1", (0, 1), 1, 0, NOW - 1, NOW + 29), RunningJob(b, "n1", (0, 1), 1, 0, NOW - 2,
+                                                                                      NOW + 28)]
+    _chain_handovers(snap)
+    assert snap.behind == {c: b, b: a}
+    assert snap.running == [RunningJob(a, "n1", (0, 1), 1, 0, NOW - 20, NOW + 5 + 30 + 30)]
+    assert humane(f"earliest start 10:01:05 UTC on n1, after job {a} ends", snap) == \
+        f"earliest start 10:01:05 UTC on n1, after job third ({c[:8]}) ends"
+    # the first has ended: the second counts from its end, and holds the third's time too
+    snap2, a2, b2 = _snap()
+    snap2.running.clear()
+    snap2.runs[b2] = FlowRun(id=b2, flow_id=uuid.uuid4(), name="next", state=Running(), job_variables={AFTER_VAR: a2})
+    snap2.runs[c] = FlowRun(id=c, flow_id=uuid.uuid4(), name="third", state=Running(), job_variables={AFTER_VAR: b2})
+    snap2.specs[c] = _spec("third")
+    snap2.running += [RunningJob(c, "n1", (0, 1), 1, 0, NOW - 1, NOW + 29), RunningJob(b2, "n1", (0, 1), 1, 0,
+                                                                                       NOW - 9, NOW - 9 + 30)]
+    _chain_handovers(snap2, {a2: NOW - 2})
+    assert snap2.behind == {c: b2}
+    assert snap2.running == [RunningJob(b2, "n1", (0, 1), 1, 0, NOW - 2, NOW - 2 + 30 + 30)]
