@@ -269,6 +269,9 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
         print(f"scheduler ticks that changed something while the jobs ran: {len(ms)}, cycle median "
               f"{ms[len(ms) // 2]:.0f} ms, p95 {ms[max(0, int(0.95 * len(ms)) - 1)]:.0f} ms, max {ms[-1]:.0f} ms "
               f"({sum(kind == 'full' for _, kind in cycles)} with a full read)")
+    failed = re.findall(r"tick failed \((\w+)", (root / "scheduler.log").read_text())
+    print(f"scheduler ticks that failed (each then reads every active run again): {len(failed)}"
+          + (f" ({', '.join(sorted(set(failed)))}; see scheduler.log with --keep)" if failed else ""))
     resent = sum(int(n) for n in re.findall(r"(\d+) request\(s\) sent again", (root / "scheduler.log").read_text()))
     print(f"scheduler requests sent again after a busy database's 503 (e31.tasks.supervisor.busy): {resent}")
     reused = sum(1 for s in specs if (root / "out" / s.name / "manifest.json").exists() and json.loads(
