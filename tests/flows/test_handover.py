@@ -164,8 +164,9 @@ def test_the_leftover_work_of_a_run_is_found_by_its_run_id_and_its_work_token_an
 
 
 def test_a_chain_of_three_handed_over_runs_is_held_by_its_first_and_named_by_its_last():
-    """A run may be handed over behind one that still waits itself (bench_queue
-    with 10 s jobs met it: every tick failed on it until the chain ended)."""
+    """Chains, in any list order.  The second half is what bench_queue met with
+    10 s jobs: a run handed over behind one that was itself handed over behind
+    a run that has ended, listed before it; every tick failed on it."""
     from e31.flows.queue import humane
 
     snap, a, b = _snap(lead_end=NOW + 5)
