@@ -72,15 +72,19 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _cpu() -> tuple[float, float] | None:
-    """(busy, total) CPU-seconds of the whole machine since boot, from /proc/stat (None elsewhere)."""
+def _cpu() -> tuple[float, float, float] | None:
+    """(busy, total, stolen) CPU-seconds of the whole machine since boot,
+    from /proc/stat (None elsewhere); ``stolen``: the time a virtual
+    machine's host gave its CPUs to others (counted in ``busy``: the
+    machine could not run then)."""
     try:
         fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     except (OSError, ValueError):
         return None
     tick = os.sysconf("SC_CLK_TCK")
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / tick, sum(fields[:8]) / tick
+    steal = fields[7] if len(fields) > 7 else 0.0
+    return (sum(fields[:8]) - idle) / tick, sum(fields[:8]) / tick, steal / tick
 
 
 def _tree_cpu(pid: int) -> float:
@@ -259,7 +263,8 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
               f"only sleep): {busy_s:.0f} CPU-s in {ran_s:.0f} s on {cores} cores = {100 * busy_s / (ran_s * cores):.0f} "
               f"% busy; {busy_s / len(specs):.2f} CPU-s per job, so {cores} cores run at most "
               f"{cores * len(specs) / busy_s:.2f} jobs/s: a wall of at least {busy_s / cores:.1f} s "
-              f"({busy_s / cores / ideal:.2f}x the ideal)")
+              f"({busy_s / cores / ideal:.2f}x the ideal); of the busy CPU-s, {cpu1[2] - cpu0[2]:.1f} were taken by "
+              "the virtual machine's host (steal)")
         print("  CPU-s per job by process (the server: while the jobs ran; the others: since each started): " +
               ", ".join(f"{name} {seconds / len(specs):.2f}" for name, seconds in per.items()))
     cycles = [(float(m.group(2)), m.group(1)) for m in re.finditer(r"read \d+ ms (\w+), plan \d+ ms, cycle (\d+) ms",
@@ -294,7 +299,7 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
           f"pool, one Prefect process worker per node, --limit 1, 1 s poll; no placement): wall {base['wall_s']:.1f} s "
           f"= {base['wall_s'] / ideal:.2f}x the ideal; {base['busy_s'] / len(specs):.2f} CPU-s per job (server "
           f"{base['server_s'] / len(specs):.2f}, workers and their flow processes "
-          f"{base['workers_s'] / len(specs):.2f})")
+          f"{base['workers_s'] / len(specs):.2f}); steal {base['steal_s']:.1f} CPU-s")
     if busy_s and base["busy_s"]:
         print(f"E31 / plain Prefect: wall {wall / base['wall_s']:.2f}, CPU per job {busy_s / base['busy_s']:.2f}")
     return 0

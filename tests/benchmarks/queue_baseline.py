@@ -74,7 +74,8 @@ def run_baseline(jobs: int, nodes: int, work_s: float, work: str, inputs: list[P
     """Submit ``jobs`` runs of :func:`plain_job` (all at once), start
     ``nodes`` Prefect process workers, wait for every ``r.json``; returns
     ``wall_s`` (workers' start to the last work's end), ``busy_s`` (the
-    machine's CPU-seconds meanwhile, ``machine_cpu()``), ``server_s`` and
+    machine's CPU-seconds meanwhile, ``machine_cpu()``; ``steal_s`` of them
+    taken by a virtual machine's host), ``server_s`` and
     ``workers_s`` (CPU-seconds of the server and of the workers with their
     flow processes meanwhile, ``tree_cpu(pid)``)."""
     from prefect.client.orchestration import get_client
@@ -111,6 +112,7 @@ def run_baseline(jobs: int, nodes: int, work_s: float, work: str, inputs: list[P
 
         ends = [json.loads(r.read_text())["end"] for r in records]
         return {"wall_s": max(ends) - t0, "busy_s": (cpu1[0] - cpu0[0]) if cpu0 and cpu1 else 0.0,
+                "steal_s": (cpu1[2] - cpu0[2]) if cpu0 and cpu1 else 0.0,
                 "server_s": tree_cpu(server_pid) - server0, "workers_s": workers_s}
     finally:
         for w in workers:
