@@ -245,6 +245,6 @@ def test_the_planned_node_is_read_back_from_the_reason_the_planner_gave():
     assert planned_node(Scheduled(name=QUEUED, message="Queued: submitted")) is None
     assert planned_node(None) is None
     # with its inputs staged there, a deadline, and a date: the node is still the one the reason names
-    dated = (f"Queued: waiting for its turn (first come, first served); earliest start 2026-01-02 03:00:07 UTC on "
+    dated = ("Queued: waiting for its turn (first come, first served); earliest start 2026-01-02 03:00:07 UTC on "
              "n2 (its inputs are staged there), after job a ends; ends 04:00 UTC, before its deadline 05:00 UTC")
     assert planned_node(Scheduled(name=QUEUED, message=dated)) == "n2"
