@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -91,6 +92,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
     print(f"e31 scheduler: pool {pool.name}, {sum(n.count for n in pool.nodes)} node(s), policy {args.policy}",
           flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped by a service manager: as by Ctrl-C
     try:
         serve(pool, policy=args.policy, interval_s=args.interval, once=args.once, report=report, lease_s=args.lease,
               handover_s=args.handover)

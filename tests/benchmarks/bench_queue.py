@@ -131,11 +131,12 @@ def main() -> int:
         while not api_ready(api):
             time.sleep(0.5)
         return _run(args, root, env, procs)
-    finally:
-        for proc in procs:
+    finally:  # the scheduler and the workers first, while the server answers their last calls (with the
+        for proc in procs[1:] + procs[:1]:  # server gone first, a worker spent ~2 min retrying: a next bench's CPU)
             try:
                 os.killpg(proc.pid, 15)
-            except ProcessLookupError:
+                proc.wait(timeout=60)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -389,10 +389,12 @@ def test_a_worker_starts_a_new_warm_process_when_its_own_dies(prefect_api, tmp_p
         (first,) = warm(worker)
         os.kill(first, signal.SIGKILL)
         wait_for(lambda: len(warm(worker)) == 1 and warm(worker) != [first], timeout=90, what="a new warm process")
+        second = warm(worker)
         q.scheduler()
         q.submit(q.job("after-warm", 1, 1))
         wait_for(lambda: _done(q, "after-warm"), what="a job after the restart")
-    assert "the warm flow process ended (exit status -9); starting another" in (q.root / "worker-n1.log").read_text()
+        log = (q.root / "worker-n1.log").read_text()
+        assert "the warm flow process ended (exit status -9); starting another" in log, (first, second, log)
 
 
 def test_the_scheduler_and_the_worker_wake_on_the_server_s_events(prefect_api, tmp_path):
@@ -482,12 +484,13 @@ def test_a_worker_started_again_frees_the_runs_its_predecessor_left_without_a_pr
         worker.wait()
         q.worker("n1", 0)
         wait_for(lambda: _done(q, "next-one"), timeout=120, what="the next job, on the freed node")
+        assert final_manifest(q.root / "out" / "next-one")["status"] == "completed", \
+            final_manifest(q.root / "out" / "next-one")
         with get_client(sync_client=True) as client:
-            state = client.read_flow_run(lost).state
-    assert (state.type.value, state.message) == ("CRASHED", "its flow process is gone: node n1's e31 worker started "
-                                                            "again and found no process for it on this machine; its "
-                                                            "resources are free again")
-    assert "had no flow process left on this machine: marked Crashed" in (q.root / "worker-n1.log").read_text()
+            states = [(s.type.value, s.message) for s in client.read_flow_run_states(lost)]
+        assert states[-1] == ("CRASHED", "its flow process is gone: node n1's e31 worker started again and found no "
+                                         "process for it on this machine; its resources are free again"), states
+        assert "had no flow process left on this machine: marked Crashed" in (q.root / "worker-n1.log").read_text()
 
 
 def test_a_frozen_server_does_not_make_live_nodes_look_lost(prefect_api, tmp_path):
