@@ -15,8 +15,10 @@ only the calling thread, so a forked copy of a threaded process can
 deadlock), and serves the Unix socket ``SOCKET`` (mode 0600).  Each flow
 run's command is :mod:`e31.deployments.warmstart_client`, which hands over the
 run's environment, working folder and standard streams; this process forks,
-and the child takes them and runs ``prefect.engine`` as ``__main__``,
-exactly what ``python -m prefect.engine`` runs.
+and the child takes them (its standard input; its output goes straight to
+the worker's own, see :func:`become_flow_process`) and runs
+``prefect.engine`` as ``__main__``, exactly what ``python -m prefect.engine``
+runs.
 
 Rules that keep a forked run the same as a cold one:
 
@@ -220,14 +222,24 @@ def _watch_client(conn: socket.socket) -> None:
 
 
 def become_flow_process(request: dict[str, Any], fds: list[int], conn: socket.socket) -> None:
-    """In the forked child: take the run's streams, folder and environment,
-    then run ``prefect.engine`` as ``__main__`` (raises what it raises;
-    ``SystemExit`` carries its exit status)."""
+    """In the forked child: take the run's standard input, folder and
+    environment, then run ``prefect.engine`` as ``__main__`` (raises what
+    it raises; ``SystemExit`` carries its exit status).
+
+    Its standard output and error stay this process's: the worker's own
+    (``e31 worker`` starts the warm process with its streams), not the
+    pipes the client got from Prefect's process worker.  Prefect's worker
+    reads those pipes and copies each line to its own output, so the lines
+    land in the same place; but once the worker is killed (kill -9) a pipe
+    has no reader, and the run's next log line raised ``BrokenPipeError``,
+    which Prefect's console handler (rich) turns into ``SystemExit(1)``:
+    the run crashed with no manifest, where it should finish and return
+    its output (a worker started again finds it still running)."""
     import runpy
     import warnings
 
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
+    os.dup2(fds[0], 0)
+    for fd in fds:
         os.close(fd)
     os.setsid()
     signal.signal(signal.SIGINT, signal.default_int_handler)

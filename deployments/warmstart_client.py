@@ -9,7 +9,9 @@ the worker's warm flow process (:mod:`e31.deployments.warmstart`) over the Unix
 socket ``SOCKET`` and hands it its environment, working folder and standard
 streams (fds 0, 1 and 2, passed with ``SCM_RIGHTS``).  The warm process forks
 a child that already has Prefect and E31 imported; the child runs the flow
-run as ``python -m prefect.engine`` would.
+run as ``python -m prefect.engine`` would (with this process's standard
+input; it writes to the worker's own output, not to the pipes Prefect's
+worker reads: a killed worker must not take its runs with it).
 
 This process stays as the flow process Prefect knows (its pid is the run's
 infrastructure pid): it forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1

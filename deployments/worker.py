@@ -38,7 +38,7 @@ from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, P
 from e31.errors import InvalidInput
 from e31.flows.deploy import ENTRYPOINT
 from e31.flows.queue import WORKER_TYPE
-from e31.flows.queue.handover import AFTER_ENV, end_leftover_work, flow_process_alive
+from e31.flows.queue.handover import AFTER_ENV, end_leftover_work
 
 #: ``0`` starts every flow process cold (to compare, or to rule warm starts out).
 WARM_VAR = "E31_WARM_START"
@@ -151,34 +151,11 @@ class E31Worker(ProcessWorker):
             self._warm, self._warm_at = start_warm_process(), time.monotonic()
 
     async def _crash_orphans(self) -> None:
-        """Mark ``Crashed`` the runs a previous worker of this node left
-        ``Pending``, ``Running`` or ``Cancelling`` whose flow process is gone
-        from this machine (:func:`flow_process_alive`), so that they release
-        the node at once: this worker's heartbeats would otherwise keep them
-        holding it for good (the lease only ends the runs of a node whose
-        worker is silent).  The scheduler requeues those with retries left.
-        Best effort: a failure is logged and the worker starts."""
-        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
-                                                    WorkPoolFilter, WorkPoolFilterName)
-        from prefect.client.schemas.objects import StateType
-        from prefect.states import Crashed
+        """End the runs a previous worker of this node left holding it with no
+        flow process (:func:`e31.deployments.leftovers.end_orphans`)."""
+        from e31.deployments.leftovers import end_orphans
 
-        try:
-            runs = await self._client.read_flow_runs(
-                work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])),
-                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
-                    any_=[StateType.PENDING, StateType.RUNNING, StateType.CANCELLING]))), limit=200)
-            for run in runs:
-                if (run.job_variables or {}).get("e31_node") != self.node or flow_process_alive(run):
-                    continue
-                await self._client.set_flow_run_state(run.id, Crashed(message=(
-                    f"its flow process is gone: node {self.node}'s e31 worker started again and found no process "
-                    f"for it on this machine; its resources are free again")), force=True)
-                self._logger.warning("flow run %s (%s) had no flow process left on this machine: marked Crashed",
-                                     run.id, run.name)
-        except Exception as exc:
-            self._logger.warning("could not check this node's runs left by an earlier worker: %s: %s",
-                                 type(exc).__name__, exc)
+        await end_orphans(self._client, self._work_pool_name, self.node, self._logger)
 
     def _follow_placements(self) -> None:
         """Poll at once when the scheduler places a run of the pool (the
@@ -232,7 +209,9 @@ class E31Worker(ProcessWorker):
         the flow process has ended, processes of its work that outlived it
         (it was killed) are killed
         (:func:`e31.flows.queue.handover.end_leftover_work`): the scheduler
-        gives the node's resources to the next run."""
+        gives the node's resources to the next run.  After a flow process
+        that failed, a run still ``Cancelling`` is marked ``Cancelled``
+        (:func:`e31.deployments.leftovers.end_cancelling`)."""
         import anyio
 
         from e31.tasks.storage.transfer_markers import mark_starting
@@ -255,8 +234,10 @@ class E31Worker(ProcessWorker):
                         worker.drain()
                 outer.started(value)
 
+        result = None
         try:
-            return await super().run(flow_run, configuration, task_status=_Started())
+            result = await super().run(flow_run, configuration, task_status=_Started())
+            return result
         finally:
             for pid in started_pid:
                 self.flows.pop(pid, None)
@@ -268,6 +249,10 @@ class E31Worker(ProcessWorker):
             if killed:  # its flow process was killed and its work lived on: the node's resources go to the next run
                 self._logger.warning("flow run %s ended with its work still running (pids %s): killed", flow_run.id,
                                      killed)
+            if result is not None and result.status_code != 0:  # a cancel that came as it started left it Cancelling
+                from e31.deployments.leftovers import end_cancelling
+
+                await end_cancelling(self._client, flow_run.id, result.status_code, self._logger)
 
     def drain(self, signum: int = signal.SIGTERM) -> int:
         """Stop taking runs, and send ``signum`` to each flow process this

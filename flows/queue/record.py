@@ -236,6 +236,18 @@ def _local(snap: Snapshot, p: Placement) -> str:
     return "; inputs already staged there" if job is not None and p.node in job.preferred_nodes else ""
 
 
+#: Crashes before its work started (Prefect's ``run_count`` still 0: a node lost while the run was placed,
+#: a flow process killed while starting) after which a run is requeued no more: it is refused.
+MAX_STARTLESS_CRASHES = 3
+
+
+def _crashes_before_start(client: Any, key: str) -> int:
+    """How many times the run ``key`` entered ``Crashed`` (read from its
+    state history; called only for a crashed run about to be requeued whose
+    work never started, which is rare)."""
+    return sum(1 for s in client.read_flow_run_states(key) if s.type.value == "CRASHED")
+
+
 def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCache | None = None,
           max_waits: int | None = None, max_wait_s: float | None = None, handover_s: float = 0.0) -> dict[str, int]:
     """Record the plan on the flow runs: place the runs that start now (their
@@ -274,7 +286,7 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
 
 def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCache | None, max_waits: int | None,
            max_wait_s: float | None, logs: _Logs, handover_s: float = 0.0) -> dict[str, int]:
-    from prefect.states import Crashed, Failed, Scheduled
+    from prefect.states import Cancelled, Crashed, Failed, Scheduled
 
     counts = {"start": 0, "handover": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0, "gone": 0,
               "stale": 0, "undone": 0, "deferred": 0, "kept": 0}
@@ -283,15 +295,24 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
     for key in snap.lost:
         run = snap.runs[key]
         node = (run.job_variables or {}).get(NODE_VAR)
-        if write.state(key, Crashed(message=f"node {node} stopped answering (no worker heartbeat for "
-                                            f"{snap.lease_s:g} s); its resources are free again")):
+        lost = f"node {node} stopped answering (no worker heartbeat for {snap.lease_s:g} s); its resources are free again"
+        ending = Cancelled(message=f"cancelled (a cancel was requested); {lost}") \
+            if run.state.type.value == "CANCELLING" else Crashed(message=lost)  # a cancelled run is never requeued
+        if write.state(key, ending):
             counts["lost"] += 1  # requeued by a later tick, once the crash has settled, when it has retries left
     for key in snap.requeue:
         run = snap.runs[key]
+        crashes = 0 if run.run_count else _crashes_before_start(client, key)
+        if crashes > MAX_STARTLESS_CRASHES:
+            if write.state(key, Failed(message=f"refused: it crashed {crashes} times before its work started (see "
+                                               "its logs); submit it again once that is fixed")):
+                counts["refuse"] += 1
+            continue
         attempt = run.run_count or 1
-        requeued = Scheduled(name=QUEUED, scheduled_time=now + timedelta(seconds=AHEAD_S),
-                             message=f"Queued: retry {attempt} of {snap.specs[key].request.retries} after a crash "
-                                     "(resumes from its newest durable checkpoint)")
+        message = (f"Queued: retry {attempt} of {snap.specs[key].request.retries} after a crash (resumes from its "
+                   "newest durable checkpoint)") if run.run_count else \
+            "Queued again: it crashed before its work started, which uses none of its retries"
+        requeued = Scheduled(name=QUEUED, scheduled_time=now + timedelta(seconds=AHEAD_S), message=message)
         # the state first: a crashed run's job variables cannot be changed
         if write.state(key, requeued) and write.variables(key, {ATTEMPT_VAR: attempt}, check=False):
             counts["requeued"] += 1

@@ -482,7 +482,8 @@ def test_a_worker_started_again_frees_the_runs_its_predecessor_left_without_a_pr
             except ProcessLookupError:
                 pass
         worker.wait()
-        q.worker("n1", 0)
+        q.start("worker-n1-again", "worker", "--pool", str(q.pool), "--node", "n1",  # its own log: the first
+                env={"E31_NODE_GPUS": "0", "E31_SCRATCH": str(q.root / "scratch-n1")})  # worker's is kept
         wait_for(lambda: _done(q, "next-one"), timeout=120, what="the next job, on the freed node")
         assert final_manifest(q.root / "out" / "next-one")["status"] == "completed", \
             final_manifest(q.root / "out" / "next-one")
@@ -490,7 +491,50 @@ def test_a_worker_started_again_frees_the_runs_its_predecessor_left_without_a_pr
             states = [(s.type.value, s.message) for s in client.read_flow_run_states(lost)]
         assert states[-1] == ("CRASHED", "its flow process is gone: node n1's e31 worker started again and found no "
                                          "process for it on this machine; its resources are free again"), states
-        assert "had no flow process left on this machine: marked Crashed" in (q.root / "worker-n1.log").read_text()
+        assert "had no flow process left on this machine: marked Crashed" in \
+            (q.root / "worker-n1-again.log").read_text()
+
+
+PRINTS = textwrap.dedent("""
+    import json, os, pathlib, sys, time
+    out = pathlib.Path(os.environ["E31_OUTPUT_DIR"])
+    (out / "started.json").write_text(json.dumps({"pid": os.getpid()}))
+    for i in range(int(float(sys.argv[1]))):
+        print(f"line {i}", flush=True)
+        time.sleep(0.5)
+    (out / "record.json").write_text(json.dumps({"lines": int(float(sys.argv[1]))}))
+""")
+
+
+def test_a_worker_killed_alone_leaves_its_running_job_to_finish_and_return_its_output(prefect_api, tmp_path):
+    """kill -9 of the worker process alone while its job's work prints a line
+    every 0.5 s: the flow process does not write into the dead worker's
+    pipe (it crashed there with ``BrokenPipeError`` at the next line, and
+    the job ended with no manifest), so the job runs on; a worker started
+    again finds its flow process alive and leaves it, and the job returns
+    its whole output."""
+    from prefect.client.orchestration import get_client
+
+    with queue(tmp_path, {"n1": 0}) as q:
+        (q.root / "prints.py").write_text(PRINTS)
+        q.scheduler()
+        info = {"E31_NODE_GPUS": "0", "E31_SCRATCH": str(q.root / "scratch-n1"), "PREFECT_LOGGING_LEVEL": "INFO"}
+        worker = q.start("worker-n1", "worker", "--pool", str(q.pool), "--node", "n1", env=info)  # its runs log
+        wait_for(lambda: _warm_listening(worker), what="the worker's warm process")  # at INFO, as by default
+        run_id = q.submit(q.job("outlives", 0, 24, work="prints.py", cpus=2)).split("flow run ")[1].split()[0]
+        wait_for(lambda: any((q.root / "scratch-n1").glob("outlives/output/started.json")), what="the job's work")
+        os.kill(worker.pid, signal.SIGKILL)  # the worker alone: its flow process (a fork of its warm process) lives
+        worker.wait()
+        time.sleep(3)  # six lines printed with no worker
+        q.start("worker-n1-again", "worker", "--pool", str(q.pool), "--node", "n1", env=info)
+        wait_for(lambda: _done(q, "outlives"), timeout=120, what="the job")
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: client.read_flow_run(run_id).state.is_final(), what="its final state")
+            state = client.read_flow_run(run_id).state.type.value
+        assert final_manifest(q.root / "out" / "outlives")["status"] == "completed"
+        assert json.loads((q.root / "out" / "outlives" / "record.json").read_text()) == {"lines": 24}
+        assert state == "COMPLETED"
+        assert "had no flow process left" not in (q.root / "worker-n1-again.log").read_text()
 
 
 def test_a_frozen_server_does_not_make_live_nodes_look_lost(prefect_api, tmp_path):

@@ -1,5 +1,6 @@
 """The worker's warm flow process (``e31.deployments.warmstart``) and its
-client, as real processes: fd handover, exit status, signals, the cold
+client, as real processes: fd handover (standard input; the fork writes to
+the warm process's own output), exit status, signals, the cold
 fallback, a killed client, the end of the warm process.
 
 The Prefect API here is a frozen server (a socket that accepts and never
@@ -45,8 +46,10 @@ def warm(tmp_path):
     frozen.listen(64)
     env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{frozen.getsockname()[1]}/api"}
     path = str(tmp_path / "warm.sock")
+    output = tmp_path / "warm.out"  # as e31 worker's own output: where the forked runs write
     proc = subprocess.Popen([sys.executable, "-m", "e31.deployments.warmstart", path], env=env, stdin=subprocess.PIPE,
-                            start_new_session=True)
+                            stdout=open(output, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    proc.output = output
     _wait(lambda: os.path.exists(path) or proc.poll() is not None, what="the warm process to listen")
     assert proc.poll() is None
     yield proc, path, env
@@ -90,7 +93,11 @@ def _lines(conn: socket.socket) -> list[str]:
     return data.decode().splitlines()
 
 
-def test_a_forked_run_gets_the_clients_streams_and_environment_and_its_exit_status(warm):
+def test_a_forked_run_gets_the_clients_environment_and_its_exit_status_and_writes_to_the_worker_s_output(warm):
+    """The fork runs with the client's environment (its bad flow run id) and
+    reports its exit status; it writes to the warm process's output (the
+    worker's own), not to the client's stderr: a pipe to Prefect's worker,
+    which has no reader once the worker is killed."""
     proc, path, env = warm
     conn, r, _ = _raw_request(path, {**env, "PREFECT__FLOW_RUN_ID": "not-a-run-id"})
     lines = _lines(conn)
@@ -101,15 +108,16 @@ def test_a_forked_run_gets_the_clients_streams_and_environment_and_its_exit_stat
     assert lines[1] == "exit 1"  # prefect.engine's own exit for a bad flow run id
     import prefect.engine
 
-    assert f"Invalid flow run id. Received arguments: [{prefect.engine.__file__!r}]" in err.decode()
+    assert err == b""
+    assert f"Invalid flow run id. Received arguments: [{prefect.engine.__file__!r}]" in proc.output.read_text()
 
 
 def test_the_client_ends_as_its_forked_run_ends(warm):
-    _, path, env = warm
+    proc, path, env = warm
     client = _client(path, {**env, "PREFECT__FLOW_RUN_ID": "not-a-run-id"})
     out, err = client.communicate(timeout=60)
     assert client.returncode == 1
-    assert "Invalid flow run id" in err.decode()
+    assert (out, err) == (b"", b"") and "Invalid flow run id" in proc.output.read_text()
 
 
 def test_a_run_with_other_prefect_settings_is_answered_cold(warm):

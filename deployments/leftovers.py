@@ -1,0 +1,88 @@
+"""What an ``e31 worker`` ends that nobody else would: runs left holding its
+node by a flow process that is gone.
+
+The scheduler counts a run ``Pending``, ``Running`` or ``Cancelling`` as
+holding its node's resources (:func:`e31.flows.queue.snapshot.read`), and
+only the lease ends the runs of a node whose worker is silent.  Two ways a
+run can be left so while its node's worker is alive:
+
+- the previous worker of the node was killed with its flow processes, and
+  this worker's heartbeats keep the node alive (:func:`end_orphans`, at
+  the worker's start);
+- a cancel came while the run was starting: Prefect's engine refuses to run
+  a ``Cancelling`` run and exits (``UnfinishedRun``), and nothing else moves
+  the run on (:func:`end_cancelling`, after a flow process that failed).
+
+A run that was being cancelled always ends ``Cancelled`` here, never
+``Crashed``: the scheduler requeues crashed runs, and a cancelled job must
+not run again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from e31.flows.queue.handover import flow_process_alive
+
+
+def _cancelled_message(why: str) -> str:
+    return f"cancelled (a cancel was requested); {why}"
+
+
+async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Logger | logging.LoggerAdapter) -> int:
+    """End the runs of ``work_pool`` placed on ``node`` that are ``Pending``,
+    ``Running`` or ``Cancelling`` and whose flow process is not on this
+    machine (:func:`e31.flows.queue.handover.flow_process_alive`):
+    ``Crashed`` (the scheduler requeues those with retries left), or
+    ``Cancelled`` for a run that was ``Cancelling``.  ``client``: Prefect's
+    async client.  Returns how many runs were ended.  Best effort: a failure
+    is logged, and the worker starts anyway."""
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                WorkPoolFilter, WorkPoolFilterName)
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelled, Crashed
+
+    ended = 0
+    try:
+        runs = await client.read_flow_runs(
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[work_pool])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                any_=[StateType.PENDING, StateType.RUNNING, StateType.CANCELLING]))), limit=200)
+        for run in runs:
+            if (run.job_variables or {}).get("e31_node") != node or flow_process_alive(run):
+                continue
+            gone = (f"its flow process is gone: node {node}'s e31 worker started again and found no process for "
+                    "it on this machine; its resources are free again")
+            cancelling = run.state.type == StateType.CANCELLING
+            await client.set_flow_run_state(run.id, Cancelled(message=_cancelled_message(gone)) if cancelling
+                                            else Crashed(message=gone), force=True)
+            logger.warning("flow run %s (%s) had no flow process left on this machine: marked %s", run.id, run.name,
+                           "Cancelled" if cancelling else "Crashed")
+            ended += 1
+    except Exception as exc:
+        logger.warning("could not check this node's runs left by an earlier worker: %s: %s", type(exc).__name__, exc)
+    return ended
+
+
+async def end_cancelling(client: Any, flow_run_id: Any, status_code: int,
+                         logger: logging.Logger | logging.LoggerAdapter) -> bool:
+    """After the flow process of ``flow_run_id`` ended with ``status_code``
+    (non-zero): mark the run ``Cancelled`` if it is still ``Cancelling``.
+    True when it did.  Best effort: a failure is logged."""
+    from prefect.states import Cancelled
+
+    try:
+        run = await client.read_flow_run(flow_run_id)
+        if run.state is None or run.state.type.value != "CANCELLING":
+            return False
+        await client.set_flow_run_state(flow_run_id, Cancelled(message=_cancelled_message(
+            f"its flow process ended (exit status {status_code}) before the cancel was done; its resources are free "
+            "again (a manifest at its destination, if any, says what was returned)")), force=True)
+        logger.warning("flow run %s was still Cancelling after its flow process ended (exit status %s): marked "
+                       "Cancelled", flow_run_id, status_code)
+        return True
+    except Exception as exc:
+        logger.warning("could not check flow run %s after its flow process failed: %s: %s", flow_run_id,
+                       type(exc).__name__, exc)
+        return False

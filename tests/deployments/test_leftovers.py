@@ -1,0 +1,128 @@
+"""Runs left holding a node, against a real ``prefect server start``: a
+cancel always wins over a requeue, and a run that keeps crashing before its
+work starts is not requeued forever (e31.flows.queue.record,
+e31.deployments.leftovers).  Flow run states are forced here as the worker,
+the engine or a lost node would leave them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from tests.deployments.test_run_cache import _Pool
+
+LOG = logging.getLogger("e31.test")
+
+
+def _placed_on_n1(client, run_id: str, state) -> None:
+    """Place the run on n1 and force ``state`` (a ``Cancelling`` after
+    ``Pending``: Prefect turns a scheduled run's ``Cancelling`` into
+    ``Cancelled``, it has no infrastructure to stop)."""
+    from prefect.states import Pending
+
+    client.update_flow_run(run_id, job_variables={"e31_node": "n1", "gpu_devices": [], "cpus": 1})
+    if state.type.value == "CANCELLING":
+        client.set_flow_run_state(run_id, Pending(), force=True)
+    client.set_flow_run_state(run_id, state, force=True)
+
+
+def _state(client, run_id: str) -> tuple[str, str | None, str | None]:
+    state = client.read_flow_run(run_id).state
+    return state.type.value, state.name, state.message
+
+
+def test_a_run_being_cancelled_on_a_lost_node_ends_cancelled_and_is_never_requeued(prefect_api, tmp_path):
+    """Node n1 has no worker (lost at once without a run cache): its
+    ``Running`` run is crashed, its ``Cancelling`` run is cancelled; at the
+    next tick the crashed run (no retries, one attempt) is not requeued, and
+    the cancelled one is final."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling, Running
+
+    from e31.flows.queue import apply, read
+
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        running, cancelling = made.submit(client, "running"), made.submit(client, "cancelling")
+        _placed_on_n1(client, running, Running())
+        _placed_on_n1(client, cancelling, Running())
+        client.set_flow_run_state(cancelling, Cancelling(message="cancel requested (e31 cancel)"), force=True)
+        snap = read(client, made.spec)
+        assert sorted(snap.lost) == sorted([running, cancelling])
+        assert apply(client, snap, [])["lost"] == 2
+        lost = "node n1 stopped answering (no worker heartbeat for 60 s); its resources are free again"
+        assert _state(client, running) == ("CRASHED", "Crashed", lost)
+        assert _state(client, cancelling) == ("CANCELLED", "Cancelled", f"cancelled (a cancel was requested); {lost}")
+        snap = read(client, made.spec, now=time.time() + 10)  # both crashes settled
+        assert snap.requeue == [] and cancelling not in snap.runs
+
+
+def test_a_run_that_keeps_crashing_before_its_work_starts_is_queued_again_three_times_then_refused(prefect_api,
+                                                                                                     tmp_path):
+    """A crash before the work started (Prefect's ``run_count`` 0: a node
+    lost while the run was placed, a flow process killed while starting)
+    uses no retry: the run is queued again, saying so; at the fourth such
+    crash it is refused instead of going round for good."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    from e31.flows.queue import apply, read
+
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        run = made.submit(client, "startless")
+        seen = []
+        for _ in range(4):
+            client.set_flow_run_state(run, Crashed(message="killed while starting"), force=True)
+            assert client.read_flow_run(run).run_count == 0
+            snap = read(client, made.spec, now=time.time() + 10)
+            assert snap.requeue == [run]
+            apply(client, snap, [])
+            seen.append(_state(client, run))
+    again = ("SCHEDULED", "Queued", "Queued again: it crashed before its work started, which uses none of its retries")
+    assert seen == [again, again, again, ("FAILED", "Failed", "refused: it crashed 4 times before its work started "
+                                                              "(see its logs); submit it again once that is fixed")]
+
+
+def test_a_worker_ends_a_cancelling_run_whose_flow_process_failed_and_orphans_by_their_state(prefect_api, tmp_path):
+    """``end_cancelling``: a run still ``Cancelling`` after its flow process
+    failed (a cancel that came as it started) is marked ``Cancelled``, any
+    other is left alone.  ``end_orphans`` (a worker starting again, no flow
+    process on this machine for the node's runs): ``Running`` -> ``Crashed``,
+    ``Cancelling`` -> ``Cancelled``."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling, Running
+
+    from e31.deployments.leftovers import end_cancelling, end_orphans
+    from e31.flows.queue import work_pool_name
+
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        stuck, fine = made.submit(client, "stuck"), made.submit(client, "fine")
+        _placed_on_n1(client, fine, Running())
+        _placed_on_n1(client, stuck, Cancelling(message="cancel requested (e31 cancel)"))
+
+    async def ends() -> list[bool]:
+        async with get_client() as aclient:
+            return [await end_cancelling(aclient, stuck, 1, LOG), await end_cancelling(aclient, fine, 1, LOG)]
+
+    assert asyncio.run(ends()) == [True, False]
+    with get_client(sync_client=True) as client:
+        assert _state(client, stuck) == ("CANCELLED", "Cancelled", "cancelled (a cancel was requested); its flow "
+                                         "process ended (exit status 1) before the cancel was done; its resources are "
+                                         "free again (a manifest at its destination, if any, says what was returned)")
+        assert _state(client, fine)[0] == "RUNNING"
+        orphan = made.submit(client, "orphan")
+        _placed_on_n1(client, orphan, Cancelling(message="cancel requested (e31 cancel)"))
+
+    async def orphans() -> int:
+        async with get_client() as aclient:
+            return await end_orphans(aclient, work_pool_name(made.spec), "n1", LOG)
+
+    assert asyncio.run(orphans()) == 2
+    gone = ("its flow process is gone: node n1's e31 worker started again and found no process for it on this "
+            "machine; its resources are free again")
+    with get_client(sync_client=True) as client:
+        assert _state(client, fine) == ("CRASHED", "Crashed", gone)
+        assert _state(client, orphan) == ("CANCELLED", "Cancelled", f"cancelled (a cancel was requested); {gone}")
