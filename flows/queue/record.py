@@ -253,8 +253,11 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
     """Record the plan on the flow runs: place the runs that start now (their
     node, devices and CPUs in ``job_variables``, state ``Placed``), write each
     waiting run's reason and planned start (only when they changed), fail the
-    refused ones with their reason; crash the runs of lost nodes and requeue
-    crashed runs with retries left.  Each write is recorded in ``cache``
+    refused ones with their reason; crash the runs of lost nodes (cancel
+    those being cancelled: a cancelled job never runs again) and requeue
+    crashed runs with retries left (a run that crashed before its work
+    started uses none, and is refused at its
+    ``MAX_STARTLESS_CRASHES + 1``-th such crash).  Each write is recorded in ``cache``
     (when given).  Starts and refusals are written first; ``max_waits``
     bounds the waiting runs whose reason is rewritten in this call (~25 ms
     each on an idle server), soonest planned start first, and ``max_wait_s``
