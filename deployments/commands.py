@@ -331,7 +331,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelled, Cancelling
 
-    from e31.flows.queue import PLACED, QUEUED, read
+    from e31.flows.queue import read
 
     pool = _pool(args.pool)
     _need_api()
@@ -343,12 +343,21 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             print(f"e31: cancel: no queued or running job {args.job!r} in pool {pool.name}", file=sys.stderr)
             return EXIT_FAILED
         for key in targets:
-            state = snap.runs[key].state
-            if state.type.value == "SCHEDULED" and state.name in (QUEUED, "Scheduled", "Late"):
-                client.set_flow_run_state(key, Cancelled(message="cancelled while queued (e31 cancel)"), force=True)
+            # One write whatever the run's state is now (it may have started since it was read): the server
+            # turns the Cancelling of a run still scheduled (queued or placed) into Cancelled itself, in the
+            # same transaction ("no infrastructure to terminate"); a run that started gets Cancelling, which
+            # its flow process answers by returning its output.  Choosing from the state read above let a run
+            # that started in between be forced Cancelled while it ran on, to its end.
+            if snap.runs[key].state.type.value == "CRASHED":  # waiting to be requeued: it runs nowhere (a requeue,
+                client.set_flow_run_state(key, Cancelled(  # placement and start in between would take seconds)
+                    message="cancelled after a crash, before it was queued again (e31 cancel)"), force=True)
+                print(f"cancelled {snap.specs[key].name} ({key}): it had crashed; it will not be queued again")
+                continue
+            result = client.set_flow_run_state(key, Cancelling(message="cancel requested (e31 cancel)"), force=True)
+            if result.state is not None and result.state.type.value == "CANCELLED":
+                client.set_flow_run_state(key, Cancelled(message="cancelled while queued (e31 cancel)"),
+                                          force=True)  # the reason in E31's words; Cancelled is final: no race
                 print(f"cancelled {snap.specs[key].name} ({key}): removed from the queue")
             else:
-                client.set_flow_run_state(key, Cancelling(message="cancel requested (e31 cancel)"), force=True)
-                print(f"cancelling {snap.specs[key].name} ({key}): the work is stopped and its output returned"
-                      + (" once it starts" if state.name == PLACED else ""))
+                print(f"cancelling {snap.specs[key].name} ({key}): the work is stopped and its output returned")
     return EXIT_OK

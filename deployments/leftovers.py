@@ -21,6 +21,7 @@ not run again.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from e31.flows.queue.handover import flow_process_alive
@@ -86,3 +87,29 @@ async def end_cancelling(client: Any, flow_run_id: Any, status_code: int,
         logger.warning("could not check flow run %s after its flow process failed: %s: %s", flow_run_id,
                        type(exc).__name__, exc)
         return False
+
+
+def job_runs_elsewhere(job: Any, flow_run_id: str) -> bool:
+    """Whether the job named ``job`` (None: unknown) is held on this machine
+    by a live process of the flow run ``flow_run_id`` (its lock in
+    ``$E31_SCRATCH/<job>/job.lock``, :func:`e31.flows.joblock.lock_holder`):
+    the first flow process of a run that was started a second time (its
+    node taken for lost while its worker was down), which the second start
+    left it to.  Its work's processes, which carry the same flow run id, are
+    then not leftovers to kill."""
+    from e31.flows.compile import default_scratch_root
+    from e31.flows.joblock import lock_holder
+
+    if not isinstance(job, str):
+        return False
+    lock = default_scratch_root() / job / "job.lock"
+    pid, run = lock_holder(str(lock.parent))
+    if pid is None or run != flow_run_id or pid == os.getpid():
+        return False
+    try:  # alive and holding the lock file open (a pid reused since by another process is not)
+        return any(os.path.realpath(f"/proc/{pid}/fd/{fd}") == str(lock.resolve()) for fd in os.listdir(
+            f"/proc/{pid}/fd"))
+    except FileNotFoundError:  # gone
+        return False
+    except OSError:  # not ours to read, or no /proc: do not kill what may be its work
+        return True

@@ -214,6 +214,7 @@ class E31Worker(ProcessWorker):
         (:func:`e31.deployments.leftovers.end_cancelling`)."""
         import anyio
 
+        from e31.deployments.leftovers import job_runs_elsewhere
         from e31.tasks.storage.transfer_markers import mark_starting
 
         self._keep_warm()
@@ -243,7 +244,8 @@ class E31Worker(ProcessWorker):
                 self.flows.pop(pid, None)
             try:
                 with anyio.CancelScope(shield=True):  # also when the worker stops meanwhile
-                    killed = await anyio.to_thread.run_sync(end_leftover_work, str(flow_run.id))
+                    killed = [] if job_runs_elsewhere(job, str(flow_run.id)) else \
+                        await anyio.to_thread.run_sync(end_leftover_work, str(flow_run.id))
             except Exception:  # best effort: /proc unreadable
                 killed = []
             if killed:  # its flow process was killed and its work lived on: the node's resources go to the next run

@@ -9,7 +9,9 @@ manifest), from the ``e31`` CLI, and as a deployment entrypoint
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -98,6 +100,22 @@ def _settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
                         "manifest)"))
 
 
+def _leave_to_first_process(exc: JobBusyError) -> None:
+    """This flow process is a second start of a flow run whose first flow
+    process still runs it on this machine (it holds the job's lock): the
+    run's node was taken for lost while its worker was down past the lease,
+    and the run was queued again and placed back here.  Any state this
+    process ended the run with (``Refused`` was one) would reach the first
+    process, which stops its work on a cancel: so it ends at once, with
+    exit status 0 and no state written (Prefect's worker then writes
+    none either), and the first process finishes the run and returns its
+    output.  Never returns."""
+    print(f"e31: flow run {flow_run.id} is still run by its first flow process on this machine (pid "
+          f"{exc.holder_pid}); this second start of it ends here and leaves the run to that one", file=sys.stderr,
+          flush=True)
+    os._exit(0)
+
+
 @flow(name=FLOW_NAME, flow_run_name="{spec.name}", persist_result=False, on_cancellation=[_settle_cancelled])
 def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     """Run one declared job to its end and return its manifest (a dict, see
@@ -123,6 +141,10 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     try:
         try:
             manifest = _run_job(spec, code_dir)
+        except JobBusyError as exc:
+            if flow_run.id and exc.holder_run == str(flow_run.id):
+                _leave_to_first_process(exc)  # never returns: the release below is the first process's
+            raise
         finally:  # the output is returned (or cannot be): a run handed over behind this one starts its work
             release(str(flow_run.id) if flow_run.id else None)
     except JobBusyError as exc:  # refused, not failed: the job's history shows no failure that never ran

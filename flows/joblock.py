@@ -13,7 +13,29 @@ from e31.errors import E31Error
 
 
 class JobBusyError(E31Error, RuntimeError):
-    """Another run of the same job holds its scratch folder on this machine."""
+    """Another run of the same job holds its scratch folder on this machine.
+    ``holder_pid``: that run's process (None when unknown); ``holder_run``:
+    its Prefect flow run id (None when it has none, e.g. ``e31 run``)."""
+
+    def __init__(self, message: str, holder_pid: int | None = None, holder_run: str | None = None):
+        super().__init__(message)
+        self.holder_pid, self.holder_run = holder_pid, holder_run
+
+
+#: The environment variable naming a flow process's flow run (Prefect's); recorded in the lock beside the pid.
+RUN_ENV = "PREFECT__FLOW_RUN_ID"
+
+
+def lock_holder(scratch: str) -> tuple[int | None, str | None]:
+    """(pid, flow run id) recorded in ``<scratch>/job.lock`` by the run that
+    holds it, or last held it ((None, None) when unreadable).  Whether it is
+    held still is for the caller to check (the pid alive)."""
+    try:
+        words = (Path(scratch) / "job.lock").read_text(errors="replace").split()
+    except OSError:
+        return None, None
+    pid = int(words[0]) if words and words[0].isdigit() else None
+    return pid, (words[1] if len(words) > 1 else None)
 
 
 _LOCKS: dict[str, int] = {}  # scratch folder -> open file descriptor holding its lock
@@ -42,14 +64,14 @@ def lock_job(scratch: str, job: str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
+        pid, run = lock_holder(scratch)
         raise JobBusyError(
-            f"job {job} is already running on this machine (pid {holder}, scratch {scratch}); "
-            "wait for it to end, or run this one under another name (--set name=...)"
+            f"job {job} is already running on this machine (pid {pid or '?'}, scratch {scratch}); "
+            "wait for it to end, or run this one under another name (--set name=...)", pid, run
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    os.ftruncate(fd, 0)  # "PID [FLOW_RUN_ID]": who holds it (lock_holder)
+    os.pwrite(fd, " ".join(filter(None, (str(os.getpid()), os.environ.get(RUN_ENV)))).encode(), 0)
     _LOCKS[scratch] = fd
 
 

@@ -126,3 +126,38 @@ def test_a_worker_ends_a_cancelling_run_whose_flow_process_failed_and_orphans_by
     with get_client(sync_client=True) as client:
         assert _state(client, fine) == ("CRASHED", "Crashed", gone)
         assert _state(client, orphan) == ("CANCELLED", "Cancelled", f"cancelled (a cancel was requested); {gone}")
+
+
+def test_e31_cancel_of_a_run_that_started_after_it_was_read_stops_it_and_never_forces_it_cancelled(
+        prefect_api, tmp_path, monkeypatch, capsys):
+    """``e31 cancel`` reads the queue, then writes: a run read ``Queued`` that
+    a worker started in between gets ``Cancelling`` (its flow process stops
+    the work and returns its output), not a forced ``Cancelled`` under which
+    it ran on to its end; a run still queued is cancelled at once."""
+    import argparse
+    import json
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+
+    import e31.flows.queue as queue
+    from e31.deployments.commands import cmd_cancel
+
+    made = _Pool(tmp_path)
+    pool_file = tmp_path / "pool.json"
+    pool_file.write_text(json.dumps(made.spec.model_dump(mode="json")))
+    with get_client(sync_client=True) as client:
+        started, waiting = made.submit(client, "started"), made.submit(client, "waiting")
+        snap = queue.read(client, made.spec)  # both read Queued
+        assert {snap.runs[started].state.name, snap.runs[waiting].state.name} == {"Queued"}
+        _placed_on_n1(client, started, Running())  # then a worker starts one
+    monkeypatch.setattr(queue, "read", lambda *a, **k: snap)
+    for run in (started, waiting):
+        assert cmd_cancel(argparse.Namespace(pool=str(pool_file), job=run)) == 0
+    names = {run: f"{n}-{made.tag}" for run, n in ((started, "started"), (waiting, "waiting"))}
+    assert capsys.readouterr().out == (
+        f"cancelling {names[started]} ({started}): the work is stopped and its output returned\n"
+        f"cancelled {names[waiting]} ({waiting}): removed from the queue\n")
+    with get_client(sync_client=True) as client:
+        assert _state(client, started) == ("CANCELLING", "Cancelling", "cancel requested (e31 cancel)")
+        assert _state(client, waiting) == ("CANCELLED", "Cancelled", "cancelled while queued (e31 cancel)")

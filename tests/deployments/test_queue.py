@@ -537,6 +537,43 @@ def test_a_worker_killed_alone_leaves_its_running_job_to_finish_and_return_its_o
         assert "had no flow process left" not in (q.root / "worker-n1-again.log").read_text()
 
 
+def test_a_run_started_again_while_its_first_flow_process_still_runs_is_left_to_that_process(prefect_api, tmp_path):
+    """kill -9 of the worker alone, and its node taken for lost (``--lease
+    10``) while the job runs on: the job (one retry) is queued again and,
+    once a worker is started on the node, placed back there.  That second
+    start finds the job's lock held by the first flow process of the same
+    run and ends without writing a state (its ``Refused`` used to reach the
+    first process as a cancel: the work was stopped and the run still ended
+    ``Completed``, with no output); the first process returns the whole
+    output, and its work is not killed as a leftover."""
+    from prefect.client.orchestration import get_client
+
+    with queue(tmp_path, {"n1": 0}) as q:
+        (q.root / "prints.py").write_text(PRINTS)
+        q.scheduler("--lease", "10")
+        info = {"E31_NODE_GPUS": "0", "E31_SCRATCH": str(q.root / "scratch-n1"), "PREFECT_LOGGING_LEVEL": "INFO"}
+        worker = q.start("worker-n1", "worker", "--pool", str(q.pool), "--node", "n1", env=info)
+        wait_for(lambda: _warm_listening(worker), what="the worker's warm process")
+        run_id = q.submit(q.job("twice", 0, 160, work="prints.py", cpus=2, retries=1)).split("flow run ")[1].split()[0]
+        wait_for(lambda: any((q.root / "scratch-n1").glob("twice/output/started.json")), what="the job's work")
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: any((s.message or "").startswith("Queued: retry 1 of 1") for s in
+                                 client.read_flow_run_states(run_id)), timeout=90, what="the job queued again")
+        q.start("worker-n1-again", "worker", "--pool", str(q.pool), "--node", "n1", env=info)
+        wait_for(lambda: _done(q, "twice"), timeout=240, what="the job")
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: client.read_flow_run(run_id).state.is_final(), what="its final state")
+            states = [s.type.value for s in client.read_flow_run_states(run_id)]
+        again = (q.root / "worker-n1-again.log").read_text()
+        assert final_manifest(q.root / "out" / "twice")["status"] == "completed"
+        assert json.loads((q.root / "out" / "twice" / "record.json").read_text()) == {"lines": 160}
+        assert states.count("RUNNING") == 2 and states[-1] == "COMPLETED" and "CANCELLED" not in states, states
+        assert f"flow run {run_id} is still run by its first flow process on this machine" in again
+        assert "ended with its work still running" not in again
+
+
 def test_a_frozen_server_does_not_make_live_nodes_look_lost(prefect_api, tmp_path):
     """The Prefect server stopped (SIGSTOP) for twice the lease while a job
     runs, and its worker heard from only 6 s after the server answers again:
