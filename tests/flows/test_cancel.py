@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 from tests.conftest import final_manifest
@@ -54,5 +54,6 @@ def test_cancel_from_the_api_returns_partial_and_stops_the_child(process_worker,
     assert "return" not in names  # no task starts after the cancel: the run task returned the output itself
     assert "run" in names and "stage" not in " ".join(names)  # no inputs declared
     for t in task_runs:
-        # the cancel is seen within one 2 s poll; checkpoint tasks may start until then
-        assert t.start_time is None or t.start_time <= cancelled_at + timedelta(seconds=3)
+        # checkpoint tasks may start until the run task sees the cancel (one 2 s poll on an idle machine; 4.2 s
+        # was seen with both cores busy), none once it has returned the output: an order, not a speed
+        assert t.start_time is None or t.start_time <= returned_at
