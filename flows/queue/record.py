@@ -236,15 +236,13 @@ def _local(snap: Snapshot, p: Placement) -> str:
     return "; inputs already staged there" if job is not None and p.node in job.preferred_nodes else ""
 
 
-#: Crashes before its work started (Prefect's ``run_count`` still 0: a node lost while the run was placed,
-#: a flow process killed while starting) after which a run is requeued no more: it is refused.
+#: Crashes before its work started (``run_count`` 0: node lost while placed, killed while starting) requeued.
 MAX_STARTLESS_CRASHES = 3
 
 
 def _crashes_before_start(client: Any, key: str) -> int:
-    """How many times the run ``key`` entered ``Crashed`` (read from its
-    state history; called only for a crashed run about to be requeued whose
-    work never started, which is rare)."""
+    """How many times the run ``key`` entered ``Crashed`` (its state history:
+    read only for a crashed run about to be requeued that never started)."""
     return sum(1 for s in client.read_flow_run_states(key) if s.type.value == "CRASHED")
 
 
