@@ -348,8 +348,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             # same transaction ("no infrastructure to terminate"); a run that started gets Cancelling, which
             # its flow process answers by returning its output.  Choosing from the state read above let a run
             # that started in between be forced Cancelled while it ran on, to its end.
-            if snap.runs[key].state.type.value == "CRASHED":  # waiting to be requeued: it runs nowhere (a requeue,
-                client.set_flow_run_state(key, Cancelled(  # placement and start in between would take seconds)
+            # A crashed run waits to be requeued and runs nowhere (a requeue, placement and start in between
+            # would take seconds): it is cancelled outright.
+            if snap.runs[key].state.type.value == "CRASHED":
+                client.set_flow_run_state(key, Cancelled(
                     message="cancelled after a crash, before it was queued again (e31 cancel)"), force=True)
                 print(f"cancelled {snap.specs[key].name} ({key}): it had crashed; it will not be queued again")
                 continue

@@ -161,3 +161,59 @@ def test_e31_cancel_of_a_run_that_started_after_it_was_read_stops_it_and_never_f
     with get_client(sync_client=True) as client:
         assert _state(client, started) == ("CANCELLING", "Cancelling", "cancel requested (e31 cancel)")
         assert _state(client, waiting) == ("CANCELLED", "Cancelled", "cancelled while queued (e31 cancel)")
+
+
+def test_e31_cancel_of_a_crashed_run_waiting_to_be_requeued_cancels_it_outright(prefect_api, tmp_path, capsys):
+    """A crashed run with retries left waits for the scheduler's requeue:
+    ``e31 cancel`` ends it ``Cancelled`` at once, and it is not requeued."""
+    import argparse
+    import json
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    from e31.deployments.commands import cmd_cancel
+    from e31.flows.queue import read
+
+    made = _Pool(tmp_path)
+    pool_file = tmp_path / "pool.json"
+    pool_file.write_text(json.dumps(made.spec.model_dump(mode="json")))
+    with get_client(sync_client=True) as client:
+        run = made.submit(client, "crashed")
+        client.set_flow_run_state(run, Crashed(message="killed while starting"), force=True)
+    assert cmd_cancel(argparse.Namespace(pool=str(pool_file), job=run)) == 0
+    assert capsys.readouterr().out == f"cancelled crashed-{made.tag} ({run}): it had crashed; it will not be queued " \
+                                      "again\n"
+    with get_client(sync_client=True) as client:
+        assert _state(client, run) == ("CANCELLED", "Cancelled",
+                                       "cancelled after a crash, before it was queued again (e31 cancel)")
+        assert run not in read(client, made.spec, now=time.time() + 10).runs
+
+
+def test_the_job_lock_names_its_holder_s_pid_and_flow_run(tmp_path, monkeypatch):
+    """``job.lock`` records ``PID FLOW_RUN_ID`` (just ``PID`` outside a flow
+    run); a second lock of the job raises with both, and an unreadable or
+    missing record gives (None, None)."""
+    import os
+
+    import pytest
+
+    from e31.flows.joblock import JobBusyError, lock_holder, lock_job, unlock_job
+
+    assert lock_holder(str(tmp_path)) == (None, None)
+    monkeypatch.setenv("PREFECT__FLOW_RUN_ID", "run-1")
+    lock_job(str(tmp_path), "held")
+    try:
+        assert (tmp_path / "job.lock").read_text() == f"{os.getpid()} run-1"
+        assert lock_holder(str(tmp_path)) == (os.getpid(), "run-1")
+        with pytest.raises(JobBusyError) as info:
+            lock_job(str(tmp_path), "held")
+        assert (info.value.holder_pid, info.value.holder_run) == (os.getpid(), "run-1")
+    finally:
+        unlock_job(str(tmp_path))
+    monkeypatch.delenv("PREFECT__FLOW_RUN_ID")
+    lock_job(str(tmp_path), "held")
+    unlock_job(str(tmp_path))
+    assert lock_holder(str(tmp_path)) == (os.getpid(), None)
+    (tmp_path / "job.lock").write_text("not-a-pid")
+    assert lock_holder(str(tmp_path)) == (None, None)
