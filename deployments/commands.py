@@ -279,6 +279,20 @@ def _describe(p: Any) -> str:
     return f"waiting: {p.reason}"
 
 
+def holding(state: Any) -> str:
+    """What ``e31 queue`` says of a run that holds its node's resources,
+    from its flow run ``state`` (Prefect's ``Scheduled`` named ``Placed``,
+    ``Pending``, ``Running`` or ``Cancelling``)."""
+    kind = state.type.value
+    if kind == "CANCELLING":
+        return "cancelling: its work is being stopped and its latest output returned"
+    if kind == "PENDING":
+        return "starting: its worker is starting its flow process"
+    if kind == "SCHEDULED":
+        return "placed: its worker starts it within seconds"
+    return "running"
+
+
 def _hhmm(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%H:%M UTC") if ts else "-"
 
@@ -307,7 +321,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
             continue
         run = snap.runs[r.id]
         rows.append((snap.specs[r.id].name, r.id[:8], run.state.name, r.node, ",".join(map(str, r.devices)) or "-",
-                     _hhmm(r.start), "running"))
+                     _hhmm(r.start), holding(run.state)))
         for key, ahead in snap.behind.items():  # handed over behind it: flow process started, work not yet
             run, follower = snap.runs[key], snap.runs[key].job_variables or {}
             if ahead == r.id:

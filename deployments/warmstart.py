@@ -117,11 +117,12 @@ class Server:
         self.children: dict[int, socket.socket] = {}
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
-        try:
-            self.listener.bind(path)
+        try:  # bound and listening under another name, then renamed: the socket's path exists once it listens
+            self.listener.bind(path + ".new")
         finally:
             os.umask(old)
         self.listener.listen(64)
+        os.rename(path + ".new", path)
         self.open = True
 
     def serve(self) -> tuple[dict[str, Any], list[int], socket.socket] | None:

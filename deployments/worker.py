@@ -44,6 +44,8 @@ from e31.flows.queue.handover import AFTER_ENV, end_leftover_work
 WARM_VAR = "E31_WARM_START"
 #: Seconds between starts of the warm process when it keeps dying.
 WARM_RESTART_S = 30.0
+#: Seconds a worker waits, from its warm process's start, for it to listen before it takes runs (then cold).
+WARM_READY_S = 60.0
 #: The Unix socket of this process's warm flow process, while its worker runs (one worker per process).
 _WARM_SOCKET: list[str] = []
 
@@ -313,10 +315,31 @@ class E31Worker(ProcessWorker):
         """Prefect's scheduled runs of the pool, less those not placed on this
         node (each poll also restarts a warm process that died)."""
         self._keep_warm()
+        await self._warm_ready()
         if self.draining:
             return []
         runs = await super()._get_scheduled_flow_runs()
         return [r for r in runs if (r.flow_run.job_variables or {}).get("e31_node") == self.node]
+
+
+    async def _warm_ready(self) -> None:
+        """Wait while the warm process is starting (alive, its socket not
+        there yet, for at most :data:`WARM_READY_S` seconds from its start):
+        a run taken meanwhile would start cold, importing Prefect and E31
+        beside the warm process's own imports, both slower on a busy
+        machine (the first runs on a fresh worker took 13-15 s from
+        ``Submitting`` to ``Running`` on 2 cores).  Runs placed meanwhile
+        stay ``Placed`` and are taken by this poll once it listens."""
+        import asyncio
+        import time
+
+        said = False
+        while self._warm is not None and self._warm.poll() is None and _WARM_SOCKET \
+                and not os.path.exists(_WARM_SOCKET[0]) and time.monotonic() - self._warm_at < WARM_READY_S:
+            if not said:
+                self._logger.debug("waiting for the warm flow process to listen before taking runs")
+                said = True
+            await asyncio.sleep(0.1)
 
 
 def start_warm_process() -> subprocess.Popen:

@@ -215,6 +215,7 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
            "workers and their flow processes": sum(_tree_cpu(p.pid) for p in procs[2:])}
     with get_client(sync_client=True) as client:
         latencies, first_placed, local, slots, finals, handed = [], None, 0, {}, {}, 0
+        slowest: list[tuple] = []  # (seconds, run name, node, handed over, [(state, seconds after release)])
         history = {key: client.read_flow_run_states(key) for key in ids}
         for key, states in history.items():
             finals[key] = next((s.timestamp.timestamp() for s in states if s.type.value == "COMPLETED"), None)
@@ -232,6 +233,9 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
             if placed and record.exists():
                 times = json.loads(record.read_text())
                 latencies.append(times["start"] - placed)
+                slowest.append((times["start"] - placed, run.name, (run.job_variables or {}).get("e31_node"),
+                                bool(ahead), [(s.name, round(s.timestamp.timestamp() - placed, 2)) for s in states
+                                              if s.timestamp.timestamp() >= placed - 0.5]))
                 first_placed = placed if first_placed is None else min(first_placed, placed)
                 node = (run.job_variables or {}).get("e31_node")
                 slots.setdefault(node, []).append((placed, times["start"], times["end"], final))
@@ -242,6 +246,9 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
     print(f"release to start: median {statistics.median(latencies):.2f} s, p95 {p95:.2f} s   target p95 < 5 s: "
           f"{'met' if p95 < 5 else 'missed'}  ({handed} of {len(ids)} runs handed over behind the job ahead: "
           f"released when it ended)")
+    for seconds, name, node, handed_over, states in sorted(slowest, reverse=True)[:3]:
+        print(f"  slow release: {name} on {node} {seconds:.2f} s ({'handed over' if handed_over else 'placed'}); "
+              f"states, seconds after its release: {', '.join(f'{n} {t:+.2f}' for n, t in states)}")
     ends_to_final, final_to_placed = [], []
     for runs in slots.values():  # one job at a time per node: each gap between two runs on a node
         runs.sort()

@@ -217,3 +217,42 @@ def test_the_job_lock_names_its_holder_s_pid_and_flow_run(tmp_path, monkeypatch)
     assert lock_holder(str(tmp_path)) == (os.getpid(), None)
     (tmp_path / "job.lock").write_text("not-a-pid")
     assert lock_holder(str(tmp_path)) == (None, None)
+
+
+def test_e31_queue_says_what_each_run_holding_a_node_is_doing(prefect_api, tmp_path):
+    """``e31 queue`` lists a run placed on n1 (``Placed``), one whose flow
+    process is starting (``Pending``), one running and one being cancelled,
+    each with its own word (it said ``running`` for all four)."""
+    import json
+    import subprocess
+    import sys
+    from datetime import datetime, timezone
+    from pathlib import Path
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling, Pending, Running, Scheduled
+
+    from e31.flows.queue import work_pool_name
+
+    made = _Pool(tmp_path)
+    pool = tmp_path / "pool.yaml"
+    declared = made.spec.model_dump(mode="json")
+    declared["nodes"][0]["cpus"] = 4  # room for the four runs' CPU each
+    pool.write_text(json.dumps(declared))
+    with get_client(sync_client=True) as client:
+        runs = {name: made.submit(client, name) for name in ("placed", "starting", "running", "cancelling")}
+        _placed_on_n1(client, runs["placed"], Scheduled(name="Placed", scheduled_time=datetime.now(timezone.utc)))
+        _placed_on_n1(client, runs["starting"], Pending())
+        _placed_on_n1(client, runs["running"], Running())
+        _placed_on_n1(client, runs["cancelling"], Cancelling(message="cancel requested (e31 cancel)"))
+        client.send_worker_heartbeat(work_pool_name(made.spec), "n1")  # n1 is live: its runs are not lost
+    listed = subprocess.run([str(Path(sys.executable).with_name("e31")), "queue", "--pool", str(pool)],
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    said = {line.split()[1]: (line.split()[2], line.split("UTC  ", 1)[1]) for line in listed.stdout.splitlines()[1:]}
+    assert said == {
+        runs["placed"][:8]: ("Placed", "placed: its worker starts it within seconds"),
+        runs["starting"][:8]: ("Pending", "starting: its worker is starting its flow process"),
+        runs["running"][:8]: ("Running", "running"),
+        runs["cancelling"][:8]: ("Cancelling", "cancelling: its work is being stopped and its latest output returned"),
+    }

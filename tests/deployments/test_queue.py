@@ -381,6 +381,31 @@ def test_e31_queue_lists_a_second_run_of_a_job_and_why_it_waits(prefect_api, tmp
                              "a job at a time")
 
 
+ANCESTRY = textwrap.dedent("""
+    import json, os, pathlib
+    parent = lambda pid: int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    flow = parent(os.getpid())  # the work's parent: its flow process
+    above = pathlib.Path(f"/proc/{parent(flow)}/cmdline").read_bytes().decode().split("\\0")
+    (pathlib.Path(os.environ["E31_OUTPUT_DIR"]) / "record.json").write_text(json.dumps({"above_flow": above}))
+""")
+
+
+def test_a_run_placed_before_the_warm_process_listens_waits_for_it_and_starts_warm(prefect_api, tmp_path):
+    """The job is queued before its node's worker starts, so it is placed
+    as soon as the worker is heard from, while the warm process is still
+    importing: the worker waits for it to listen, and the run is forked
+    from it (it started cold, beside those imports: 13-15 s to ``Running``
+    on two busy cores, against about 1 s warm)."""
+    with queue(tmp_path, {"n1": 8}) as q:
+        (q.root / "ancestry.py").write_text(ANCESTRY)
+        q.scheduler()
+        q.submit(q.job("early", 0, 1, work="ancestry.py"))  # queued: no worker yet
+        q.worker("n1", 8)
+        wait_for(lambda: _done(q, "early"), timeout=240, what="the job")
+        above = q.record("early")["above_flow"]
+        assert above[1:3] == ["-m", "e31.deployments.warmstart"], above  # cold: the worker's own command line
+
+
 def test_a_worker_starts_a_new_warm_process_when_its_own_dies(prefect_api, tmp_path):
     warm = _warm_processes
     with queue(tmp_path, {"n1": 1}) as q:
