@@ -133,24 +133,34 @@ class E31Worker(ProcessWorker):
         self._told: set[int] = set()  # flow processes drain() signalled
 
     async def setup(self) -> None:
-        """Prefect's setup, then quick retries of the API's 503 answers
+        """The warm flow process's start (unless ``E31_WARM_START=0``), then Prefect's setup, then quick retries of the API's 503 answers
         (:mod:`e31.tasks.supervisor.busy`: a busy SQLite database made a run's
         start wait 2 s in Prefect's retries), then the warm flow process
         (unless ``E31_WARM_START=0``).  Prefect's ``start`` enters the worker
         again inside ``async with``: one warm process serves both, ended by
         the outer teardown."""
+        import time
+
         from e31.tasks.supervisor.busy import retry_busy_quickly
 
+        if self._warm is None and os.environ.get(WARM_VAR, "1") != "0" and sys.platform != "win32":
+            self._warm, self._warm_at = start_warm_process(), time.monotonic()  # importing while Prefect's setup runs
         await super().setup()
         retry_busy_quickly(self._client)
         self._depth += 1
         if self._depth == 1:
             await self._crash_orphans()
             self._follow_placements()
-        if self._warm is None and os.environ.get(WARM_VAR, "1") != "0" and sys.platform != "win32":
-            import time
 
-            self._warm, self._warm_at = start_warm_process(), time.monotonic()
+    async def sync_with_backend(self) -> None:
+        """Prefect's sync (the work pool, and the worker's heartbeat); the
+        first one waits for the warm process to listen (:meth:`_warm_ready`):
+        the scheduler places runs on a node once its worker is heard from,
+        and a run taken before the warm process listens waits for it (the
+        first runs on each node of a fresh pool waited 5 s from ``Placed``)."""
+        if not getattr(self, "_has_successfully_synced", False):
+            await self._warm_ready()
+        await super().sync_with_backend()
 
     async def _crash_orphans(self) -> None:
         """End the runs a previous worker of this node left holding it with no

@@ -82,6 +82,10 @@ class JobFailedError(E31Error, RuntimeError):
         super().__init__(f"job {manifest.get('job')} failed: {detail}" + (f"\n--- stderr (last lines) ---\n{tail}" if tail else ""))
 
 
+#: Flow run id -> the manifest this process's run wrote at its destination (what the cancel hook reports).
+_RETURNED: dict[str, dict[str, Any]] = {}
+
+
 def _settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
     """Prefect ``on_cancellation`` hook (Prefect passes ``flow``, ``flow_run``
     and ``state`` by name): move a run that is still ``Cancelling`` once E31
@@ -92,12 +96,18 @@ def _settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
     from prefect import get_client
     from prefect.states import Cancelled
 
+    returned = _RETURNED.get(str(flow_run.id))
+    if returned is None:  # the cancel stopped the run before (or while) E31 wrote a manifest
+        message = "cancelled: E31 stopped the run before it returned any output (no manifest was written)"
+    else:
+        folder = returned.get("folder") or "."
+        where = "at the top of the destination" if folder == "." else f"in {folder}/ at the destination"
+        message = (f"cancelled: E31 stopped the work and returned what it had, {returned['status']}: "
+                   f"{len(returned.get('files') or ())} file(s) {where} (see the manifest there)")
     with get_client(sync_client=True) as client:
         now = client.read_flow_run(flow_run.id).state
         if now is not None and now.is_cancelling():
-            client.set_flow_run_state(flow_run.id, Cancelled(
-                message="cancelled: E31 stopped the work and returned its latest output and checkpoint (see the "
-                        "manifest)"))
+            client.set_flow_run_state(flow_run.id, Cancelled(message=scrub(message)))
 
 
 def _leave_to_first_process(exc: JobBusyError) -> None:
@@ -141,6 +151,7 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     try:
         try:
             manifest = _run_job(spec, code_dir)
+            _RETURNED[str(flow_run.id)] = manifest
         except JobBusyError as exc:
             if flow_run.id and exc.holder_run == str(flow_run.id):
                 _leave_to_first_process(exc)  # never returns: the release below is the first process's

@@ -392,10 +392,11 @@ ANCESTRY = textwrap.dedent("""
 
 def test_a_run_placed_before_the_warm_process_listens_waits_for_it_and_starts_warm(prefect_api, tmp_path):
     """The job is queued before its node's worker starts, so it is placed
-    as soon as the worker is heard from, while the warm process is still
-    importing: the worker waits for it to listen, and the run is forked
-    from it (it started cold, beside those imports: 13-15 s to ``Running``
-    on two busy cores, against about 1 s warm)."""
+    as soon as the worker is heard from: the worker is first heard from
+    once its warm process listens (and takes no run before), and the run
+    is forked from it.  It used to be placed while the warm process was
+    still importing and started cold, beside those imports: 13-15 s to
+    ``Running`` on two busy cores, against about 1 s warm."""
     with queue(tmp_path, {"n1": 8}) as q:
         (q.root / "ancestry.py").write_text(ANCESTRY)
         q.scheduler()

@@ -111,6 +111,9 @@ def test_cancel_of_a_local_run_ends_cancelled_with_the_manifest_in_the_ui(prefec
     assert (manifest["status"], manifest["reason"], manifest["run_id"]) == ("partial", "cancelled", run_id)
     _assert_returned_checkpoint(out, manifest)
     _wait_for(lambda: _flow_run_state(run_id).type.value == "CANCELLED", timeout=20)
+    assert _flow_run_state(run_id).message == (  # the cancel hook's word: what came back, where
+        f"cancelled: E31 stopped the work and returned what it had, partial: {len(manifest['files'])} file(s) in "
+        "partial/ at the destination (see the manifest there)")
     artifacts = _artifacts(run_id)
     assert {"manifest", "output", "job-spec"} <= set(artifacts)
     assert {(row["status"], row["reason"], row["step"]) for row in artifacts["manifest"]} == {
@@ -411,6 +414,9 @@ def test_cancel_while_inputs_stage_keeps_the_earlier_checkpoints_and_runs_nothin
     assert ended_s < 15, ended_s  # the download alone had about 25 s to go
     assert not list(scratch.glob("*/data/.inp.part-*")) and not list(scratch.glob("*/data/inp"))
     _wait_for(lambda: _flow_run_state(str(run.id)).type.value == "CANCELLED", timeout=20)
+    assert _flow_run_state(str(run.id)).message == ("cancelled: E31 stopped the work and returned what it had, "
+                                                    "partial: 0 file(s) in partial/ at the destination (see the "
+                                                    "manifest there)")
 
 
 def test_a_signal_after_the_output_is_returned_does_not_change_the_exit_code(prefect_api, scratch, tmp_path):
