@@ -3,7 +3,8 @@ part of E31): put this folder on ``PYTHONPATH`` and set
 ``E31_BENCH_API_CALLS=PREFIX``; at exit the process writes
 ``PREFIX.<pid>.json`` with its HTTP requests by method and route (flow run
 and task run ids replaced by ``{id}``) and the events it sent over the
-events websocket, by event name.  Used by ``bench_vs_prefect.py --count-api``."""
+events websocket, by event name, and the SSL contexts it created (``ssl.create_default_context``: each
+parses certifi's bundle, ~30 ms of CPU) with their CPU milliseconds.  Used by ``bench_vs_prefect.py --count-api``."""
 
 from __future__ import annotations
 
@@ -54,6 +55,21 @@ if _PREFIX:
         ClientConnection.send = _ws_send
     except ImportError:
         pass
+
+    import ssl
+    import time
+
+    _ssl = ssl.create_default_context
+
+    def _context(*args, **kwargs):  # each costs ~30 ms of CPU (certifi's bundle parsed): counted, with its CPU
+        started = time.process_time()
+        try:
+            return _ssl(*args, **kwargs)
+        finally:
+            _counts["ssl.create_default_context"] += 1
+            _counts["ssl.create_default_context CPU ms"] += round((time.process_time() - started) * 1000)
+
+    ssl.create_default_context = _context
 
     def _dump() -> None:
         if _counts:
