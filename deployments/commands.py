@@ -254,13 +254,37 @@ def cmd_submit(args: argparse.Namespace) -> int:
         snap = snapshot(client, pool)
         from e31.flows.placement import plan
 
-        mine = next((p for p in plan(snap.nodes, snap.running, snap.queued, snap.now) if p.job == str(run.id)), None)
+        line = submitted_line(snap, plan(snap.nodes, snap.running, snap.queued, snap.now), str(run.id))
+        if line is None:  # ended already (refused by the scheduler, or cancelled): its state says why
+            state = client.read_flow_run(run.id).state
+            line = f"{state.name}: {state.message or ''}".rstrip(": ")
     print(f"submitted {spec.name}: flow run {run.id}")
-    if mine is not None:
-        from e31.flows.queue import humane
-
-        print(f"  {humane(_describe(mine), snap)}")
+    print(f"  {line}")
     return EXIT_OK
+
+
+def submitted_line(snap: Any, placements: list[Any], key: str) -> str | None:
+    """What ``e31 submit`` says of the run ``key`` it just queued, from a
+    snapshot read after the submission: its plan (start now on a node, or
+    waiting and why), held back behind another run of the same job,
+    already placed by the scheduler (which may tick between the submission
+    and this read), or handed over behind a running job; None when the run
+    is in none of them (it ended already)."""
+    from e31.flows.queue import humane
+
+    mine = next((p for p in placements if p.job == key), None)
+    if mine is not None:
+        return humane(_describe(mine), snap)
+    if key in snap.blocked:
+        return f"waiting: {humane(snap.blocked[key], snap)}"
+    if key in snap.behind:
+        ahead = snap.behind[key]
+        return f"handed over behind {snap.specs[ahead].name} ({ahead[:8]}): its work starts once that job has ended"
+    held = next((r for r in snap.running if r.id == key), None)
+    if held is not None:
+        devices = f", GPUs {','.join(map(str, held.devices))}" if held.devices else ""
+        return f"placed on {held.node}{devices} by the scheduler already: {holding(snap.runs[key].state)}"
+    return None
 
 
 def submit_run(client: Any, pool: Any, spec: Any, code_dir: str, tags: list[str], template: dict) -> Any:

@@ -256,3 +256,43 @@ def test_e31_queue_says_what_each_run_holding_a_node_is_doing(prefect_api, tmp_p
         runs["running"][:8]: ("Running", "running"),
         runs["cancelling"][:8]: ("Cancelling", "cancelling: its work is being stopped and its latest output returned"),
     }
+
+
+def test_e31_submit_says_where_its_run_stands_whatever_the_scheduler_did_meanwhile(prefect_api, tmp_path):
+    """``e31 submit`` printed no plan line for a run held back behind
+    another run of the same job, nor for one the scheduler had placed
+    between the submission and its read of the queue."""
+    import json
+    import subprocess
+    import sys
+    from datetime import datetime, timezone
+    from pathlib import Path
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Scheduled
+
+    from e31.deployments.commands import submitted_line
+    from e31.deployments.scheduler import snapshot
+    from e31.flows.queue import work_pool_name
+
+    made = _Pool(tmp_path)
+    pool, spec = tmp_path / "pool.yaml", tmp_path / "again.yaml"
+    pool.write_text(json.dumps(made.spec.model_dump(mode="json")))
+    name = f"again-{made.tag}"
+    spec.write_text(json.dumps({"name": name, "work": {"kind": "simulation", "command": [sys.executable, "-c", ""]},
+                                "request": {"cpus": 1, "duration": "5s", "limit": "1m"},
+                                "output": {"kind": "results", "url": str(tmp_path / "out"), "files": ["r.json"]}}))
+    said = [subprocess.run([str(Path(sys.executable).with_name("e31")), "submit", str(spec), "--pool", str(pool)],
+                           capture_output=True, text=True, timeout=120) for _ in range(2)]
+    assert [s.returncode for s in said] == [0, 0], [s.stderr for s in said]
+    first, second = (s.stdout.split("flow run ")[1].split()[0] for s in said)
+    assert said[1].stdout.splitlines()[1] == (f"  waiting: waiting for the run {name} ({first[:8]}) of this job, queued "
+                                              "ahead, to end: one run of a job at a time")
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(second, Cancelled(message="cancelled while queued (e31 cancel)"), force=True)
+        _placed_on_n1(client, first, Scheduled(name="Placed", scheduled_time=datetime.now(timezone.utc)))
+        client.send_worker_heartbeat(work_pool_name(made.spec), "n1")
+        snap = snapshot(client, made.spec)
+    assert submitted_line(snap, [], first) == ("placed on n1 by the scheduler already: placed: its worker starts it "
+                                               "within seconds")
+    assert submitted_line(snap, [], second) is None  # ended: e31 submit prints its state and message
