@@ -25,6 +25,7 @@ from prefect.states import Cancelled, Completed, Failed
 from e31.errors import E31Error
 from e31.flows.compile import JobPlan, compile_plan, describe_markdown
 from e31.flows.admission import AdmissionError, check_fits
+from e31.flows.cancelhook import RETURNED, settle_cancelled
 from e31.flows.deploy import FLOW_NAME
 from e31.flows.statesync import settle_earlier_run
 from e31.flows.workconfig import child_config
@@ -82,34 +83,6 @@ class JobFailedError(E31Error, RuntimeError):
         super().__init__(f"job {manifest.get('job')} failed: {detail}" + (f"\n--- stderr (last lines) ---\n{tail}" if tail else ""))
 
 
-#: Flow run id -> the manifest this process's run wrote at its destination (what the cancel hook reports).
-_RETURNED: dict[str, dict[str, Any]] = {}
-
-
-def _settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
-    """Prefect ``on_cancellation`` hook (Prefect passes ``flow``, ``flow_run``
-    and ``state`` by name): move a run that is still ``Cancelling`` once E31
-    stopped its work and returned what it had to ``Cancelled``.  Where no
-    runner or worker owns the cancellation (``e31 run``, a call from
-    Python) the server would otherwise refuse the engine's final state and
-    the run would stay ``Cancelling``; a runner settles it itself."""
-    from prefect import get_client
-    from prefect.states import Cancelled
-
-    returned = _RETURNED.get(str(flow_run.id))
-    if returned is None:  # the cancel stopped the run before (or while) E31 wrote a manifest
-        message = "cancelled: E31 stopped the run before it returned any output (no manifest was written)"
-    else:
-        folder = returned.get("folder") or "."
-        where = "at the top of the destination" if folder == "." else f"in {folder}/ at the destination"
-        message = (f"cancelled: E31 stopped the work and returned what it had, {returned['status']}: "
-                   f"{len(returned.get('files') or ())} file(s) {where} (see the manifest there)")
-    with get_client(sync_client=True) as client:
-        now = client.read_flow_run(flow_run.id).state
-        if now is not None and now.is_cancelling():
-            client.set_flow_run_state(flow_run.id, Cancelled(message=scrub(message)))
-
-
 def _leave_to_first_process(exc: JobBusyError) -> None:
     """This flow process is a second start of a flow run whose first flow
     process still runs it on this machine (it holds the job's lock): the
@@ -126,7 +99,7 @@ def _leave_to_first_process(exc: JobBusyError) -> None:
     os._exit(0)
 
 
-@flow(name=FLOW_NAME, flow_run_name="{spec.name}", persist_result=False, on_cancellation=[_settle_cancelled])
+@flow(name=FLOW_NAME, flow_run_name="{spec.name}", persist_result=False, on_cancellation=[settle_cancelled])
 def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     """Run one declared job to its end and return its manifest (a dict, see
     docs/design.md §2).  A ``partial`` job's flow run ends ``Completed`` with the
@@ -151,7 +124,7 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     try:
         try:
             manifest = _run_job(spec, code_dir)
-            _RETURNED[str(flow_run.id)] = manifest
+            RETURNED[str(flow_run.id)] = manifest
         except JobBusyError as exc:
             if flow_run.id and exc.holder_run == str(flow_run.id):
                 _leave_to_first_process(exc)  # never returns: the release below is the first process's

@@ -305,9 +305,14 @@ def test_cancel_takes_a_queued_job_out_and_stops_a_running_one(prefect_api, tmp_
         with get_client(sync_client=True) as client:
             wait_for(lambda: client.read_flow_run(running).state.is_final(), timeout=120, what="the cancel")
             states = [client.read_flow_run(r).state.type.value for r in (running, queued)]
+            said = [s.message for s in client.read_flow_run_states(running) if s.type.value == "CANCELLED"]
     assert states == ["CANCELLED", "CANCELLED"]
     manifest = json.loads((tmp_path / "out" / "long-one" / "partial" / "manifest.json").read_text())
     assert (manifest["status"], manifest["reason"]) == ("partial", "cancelled")
+    # the cancel hook runs in the worker (Prefect's cancellation: kill, hooks, then its own Cancelled message): it
+    # reads this run's manifest at the destination (it said "no manifest was written", from the worker's memory)
+    assert said[0] == (f"cancelled: E31 stopped the work and returned what it had, partial: {len(manifest['files'])} "
+                       "file(s) in partial/ at the destination (see the manifest there)"), said
     assert not (tmp_path / "out" / "never").exists()
 
 
