@@ -276,7 +276,7 @@ def submitted_line(snap: Any, placements: list[Any], key: str) -> str | None:
     if mine is not None:
         return humane(_describe(mine), snap)
     if key in snap.blocked:
-        return f"waiting: {humane(snap.blocked[key], snap)}"
+        return humane(snap.blocked[key], snap)  # "waiting for the run ... of this job, ..., to end"
     if key in snap.behind:
         ahead = snap.behind[key]
         return f"handed over behind {snap.specs[ahead].name} ({ahead[:8]}): its work starts once that job has ended"
@@ -300,7 +300,7 @@ def _describe(p: Any) -> str:
         return f"start now on {p.node}" + (f", GPUs {','.join(map(str, p.devices))}" if p.devices else "")
     if p.action == "refuse":
         return f"refused: {p.reason}"
-    return f"waiting: {p.reason}"
+    return p.reason if p.reason.startswith("waiting") else f"waiting: {p.reason}"
 
 
 def holding(state: Any) -> str:

@@ -120,7 +120,8 @@ def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None 
     placements = plan(snap.nodes, snap.running, snap.queued, snap.now, policy)
     plan_s = time.monotonic() - t0
     counts = queue.apply(client, snap, placements, cache, max_waits, max_wait_s, handover_s)
-    return Tick(len(snap.queued), len(snap.running), counts, plan_s, time.monotonic() - started,
+    running = sum(1 for r in snap.running if r.id in snap.runs)  # not a node held for want of a live worker
+    return Tick(len(snap.queued), running, counts, plan_s, time.monotonic() - started,
                 frozenset(r.id for r in snap.running), t0 - started, cache is None or cache.last_full,
                 busy_retries(client)[0] - resent)
 

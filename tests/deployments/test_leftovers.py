@@ -286,8 +286,8 @@ def test_e31_submit_says_where_its_run_stands_whatever_the_scheduler_did_meanwhi
                            capture_output=True, text=True, timeout=120) for _ in range(2)]
     assert [s.returncode for s in said] == [0, 0], [s.stderr for s in said]
     first, second = (s.stdout.split("flow run ")[1].split()[0] for s in said)
-    assert said[1].stdout.splitlines()[1] == (f"  waiting: waiting for the run {name} ({first[:8]}) of this job, queued "
-                                              "ahead, to end: one run of a job at a time")
+    assert said[1].stdout.splitlines()[1] == (f"  waiting for the run {name} ({first[:8]}) of this job, queued ahead, "
+                                              "to end: one run of a job at a time")
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(second, Cancelled(message="cancelled while queued (e31 cancel)"), force=True)
         _placed_on_n1(client, first, Scheduled(name="Placed", scheduled_time=datetime.now(timezone.utc)))
@@ -296,3 +296,17 @@ def test_e31_submit_says_where_its_run_stands_whatever_the_scheduler_did_meanwhi
     assert submitted_line(snap, [], first) == ("placed on n1 by the scheduler already: placed: its worker starts it "
                                                "within seconds")
     assert submitted_line(snap, [], second) is None  # ended: e31 submit prints its state and message
+
+
+def test_a_tick_counts_as_running_only_runs_not_the_nodes_held_for_want_of_a_worker(prefect_api, tmp_path):
+    """The scheduler's log line said ``1 queued, 1 running`` with nothing
+    running: the node without a live worker is held by a placeholder."""
+    from prefect.client.orchestration import get_client
+
+    from e31.deployments.scheduler import tick
+
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        made.submit(client, "alone")
+        seen = tick(client, made.spec)
+    assert (seen.queued, seen.running, seen.counts["wait"]) == (1, 0, 1)
