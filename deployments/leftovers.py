@@ -31,6 +31,27 @@ def _cancelled_message(why: str) -> str:
     return f"cancelled (a cancel was requested); {why}"
 
 
+async def node_held(client: Any, work_pool: str, node: str) -> bool:
+    """Whether a run of ``work_pool`` holds ``node`` (``Pending``,
+    ``Running``, ``Cancelling``, or ``Scheduled`` named ``Placed``, placed on
+    it): a worker started again for a node with runs must be heard from at
+    once, before the scheduler's lease takes the node for lost.  An API that
+    does not answer counts as held."""
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                WorkPoolFilter, WorkPoolFilterName)
+    from prefect.client.schemas.objects import StateType
+
+    try:
+        runs = await client.read_flow_runs(
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[work_pool])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                any_=[StateType.PENDING, StateType.RUNNING, StateType.CANCELLING, StateType.SCHEDULED]))), limit=200)
+    except Exception:
+        return True
+    return any((r.job_variables or {}).get("e31_node") == node and (
+        r.state.type != StateType.SCHEDULED or r.state.name == "Placed") for r in runs)
+
+
 async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Logger | logging.LoggerAdapter) -> int:
     """End the runs of ``work_pool`` placed on ``node`` that are ``Pending``,
     ``Running`` or ``Cancelling`` and whose flow process is not on this

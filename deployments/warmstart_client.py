@@ -24,7 +24,9 @@ pid: the run's transfer markers carry the pid the worker knows
 (:func:`e31.tasks.storage.transfer_markers.flow_process_pid`).
 
 If the warm process cannot be reached, or it answers ``cold`` (the run's
-Prefect settings differ from those it imported with), this process becomes
+Prefect settings differ from those it imported with), or it does not answer
+within :data:`ANSWER_S` seconds (a stopped or stuck one: a late fork finds
+this end closed and ends before the run starts), this process becomes
 ``python -m prefect.engine`` in place (``exec``): the run starts cold, never
 not at all.
 
@@ -42,6 +44,12 @@ import signal
 import socket
 import struct
 import sys
+
+#: Seconds the client waits for the warm process's first answer (``pid N`` or ``cold``; it answers
+#: within milliseconds) before it starts the run cold itself (``E31_WARM_ANSWER_S`` overrides): a
+#: stopped warm process held its runs in ``Submitting`` for as long as it was stopped.
+ANSWER_S = 20.0
+ANSWER_VAR = "E31_WARM_ANSWER_S"
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -86,11 +94,18 @@ def main(path: str) -> int:
         cold(pending)
     stream = conn.makefile("rb")
     outcome: tuple[str, int] | None = None
+    conn.settimeout(float(os.environ.get(ANSWER_VAR) or ANSWER_S))  # for its first answer only
     while True:
         try:
             line = stream.readline()
+        except TimeoutError:  # a warm process that does not answer (stopped, stuck): never wait for it
+            if not child:
+                conn.close()
+                cold(pending)
+            line = b""
         except OSError:  # the warm process died while it read the request: as at EOF
             line = b""
+        conn.settimeout(None)
         if not line:
             break
         word, _, value = line.decode("ascii", errors="replace").strip().partition(" ")

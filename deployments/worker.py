@@ -133,12 +133,10 @@ class E31Worker(ProcessWorker):
         self._told: set[int] = set()  # flow processes drain() signalled
 
     async def setup(self) -> None:
-        """The warm flow process's start (unless ``E31_WARM_START=0``), then Prefect's setup, then quick retries of the API's 503 answers
-        (:mod:`e31.tasks.supervisor.busy`: a busy SQLite database made a run's
-        start wait 2 s in Prefect's retries), then the warm flow process
-        (unless ``E31_WARM_START=0``).  Prefect's ``start`` enters the worker
-        again inside ``async with``: one warm process serves both, ended by
-        the outer teardown."""
+        """Start the warm flow process (unless ``E31_WARM_START=0``), then
+        Prefect's setup, then quick retries of the API's 503s
+        (:mod:`e31.tasks.supervisor.busy`).  Prefect's ``start`` enters the
+        worker again: one warm process serves both, ended by the outer teardown."""
         import time
 
         from e31.tasks.supervisor.busy import retry_busy_quickly
@@ -153,13 +151,17 @@ class E31Worker(ProcessWorker):
             self._follow_placements()
 
     async def sync_with_backend(self) -> None:
-        """Prefect's sync (the work pool, and the worker's heartbeat); the
-        first one waits for the warm process to listen (:meth:`_warm_ready`):
-        the scheduler places runs on a node once its worker is heard from,
-        and a run taken before the warm process listens waits for it (the
-        first runs on each node of a fresh pool waited 5 s from ``Placed``)."""
-        if not getattr(self, "_has_successfully_synced", False):
-            await self._warm_ready()
+        """Prefect's sync (the work pool, the heartbeat that makes the node
+        live for the scheduler); the first one waits for the warm process to
+        listen (:meth:`_warm_ready`) unless a run holds this node: a worker
+        started again is heard from at once, before the lease since its
+        predecessor's last heartbeat runs out (an attack's stuck warm
+        process: 64 s, its node taken for lost)."""
+        if not getattr(self, "_has_successfully_synced", False) and self._client is not None:
+            from e31.deployments.leftovers import node_held
+
+            if not await node_held(self._client, self._work_pool_name, self.node):
+                await self._warm_ready()
         await super().sync_with_backend()
 
     async def _crash_orphans(self) -> None:
@@ -209,6 +211,8 @@ class E31Worker(ProcessWorker):
                 await asyncio.gather(*self._followers, return_exceptions=True)
             self._followers = []
         if self._warm is not None and self._depth == 0:
+            if not (_WARM_SOCKET and os.path.exists(_WARM_SOCKET[0])):  # never listened (stuck): no run of its own
+                self._warm.kill()
             _WARM_SOCKET.clear()
             self._warm.stdin.close()
             self._warm = None
@@ -333,13 +337,10 @@ class E31Worker(ProcessWorker):
 
 
     async def _warm_ready(self) -> None:
-        """Wait while the warm process is starting (alive, its socket not
-        there yet, for at most :data:`WARM_READY_S` seconds from its start):
-        a run taken meanwhile would start cold, importing Prefect and E31
-        beside the warm process's own imports, both slower on a busy
-        machine (the first runs on a fresh worker took 13-15 s from
-        ``Submitting`` to ``Running`` on 2 cores).  Runs placed meanwhile
-        stay ``Placed`` and are taken by this poll once it listens."""
+        """Wait while the warm process is starting (alive, no socket yet; at
+        most :data:`WARM_READY_S` s from its start): a run taken meanwhile
+        starts cold beside its imports (13-15 s to ``Running`` on 2 busy
+        cores).  Runs placed meanwhile stay ``Placed`` until this poll."""
         import asyncio
         import time
 

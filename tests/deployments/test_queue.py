@@ -412,6 +412,37 @@ def test_a_run_placed_before_the_warm_process_listens_waits_for_it_and_starts_wa
         assert above[1:3] == ["-m", "e31.deployments.warmstart"], above  # cold: the worker's own command line
 
 
+def test_a_worker_started_for_a_node_with_runs_is_heard_from_before_its_warm_process_listens(prefect_api, tmp_path):
+    """Found by an attack: the first heartbeat waited for the warm process
+    (up to 60 s), so a worker started again after a kill, with a warm
+    process slow or stuck at import, let the lease run out: its node was
+    taken for lost and its running jobs crashed.  With a run holding the
+    node, the worker is heard from at once; its warm process here never
+    listens (an import that hangs), and is killed when the worker stops."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+
+    with queue(tmp_path, {"n1": 8}) as q:
+        shadow = q.root / "shadow"
+        shadow.mkdir()
+        (shadow / "s3fs.py").write_text("import time\ntime.sleep(3600)\n")  # the warm process preloads s3fs
+        held = q.submit(q.job("held", 8, 1)).split("flow run ")[1].split()[0]  # no scheduler: stays queued
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(held, job_variables={"e31_node": "n1", "gpu_devices": list(range(8)), "cpus": 1})
+            client.set_flow_run_state(held, Running(), force=True)  # as a killed worker's run is left
+            worker = q.start("worker-n1", "worker", "--pool", str(q.pool), "--node", "n1", env={
+                "E31_NODE_GPUS": "8", "E31_SCRATCH": str(q.root / "scratch-n1"),
+                "PYTHONPATH": os.pathsep.join(p for p in (str(shadow), os.environ.get("PYTHONPATH")) if p)})
+            beat = lambda: [w for w in client.read_workers_for_work_pool(q.name) if w.name == "n1"]  # noqa: E731
+            wait_for(beat, timeout=45, what="the worker's first heartbeat (it came after 60 s)")
+        warm = _warm_processes(worker)
+        assert len(warm) == 1 and not _warm_listening(worker)  # stuck at import, and the node is live anyway
+        q.stop()
+        wait_for(lambda: not Path(f"/proc/{warm[0]}").exists() or b"Z" in
+                 Path(f"/proc/{warm[0]}/stat").read_bytes().rsplit(b")", 1)[1][:3], timeout=60,
+                 what="the stuck warm process to be killed with its worker")
+
+
 def test_a_worker_starts_a_new_warm_process_when_its_own_dies(prefect_api, tmp_path):
     warm = _warm_processes
     with queue(tmp_path, {"n1": 1}) as q:

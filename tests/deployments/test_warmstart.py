@@ -223,3 +223,33 @@ def test_a_client_whose_warm_process_dies_before_answering_starts_its_run_cold(w
     # prefect.engine's own refusal of the id (with its traceback), run cold in the client's place; the client's own
     # ConnectionResetError is not shown
     assert client.returncode == 1 and "Invalid flow run id" in err.decode() and "warmstart_client" not in err.decode()
+
+
+def test_a_client_whose_warm_process_is_stopped_starts_its_run_cold_and_the_late_fork_ends(warm):
+    """Found by an attack: a warm process stopped (SIGSTOP) held every run
+    in ``Submitting`` for as long as it stayed stopped.  The client waits
+    ``E31_WARM_ANSWER_S`` for its first answer, then runs cold; the warm
+    process, resumed, forks the stale request, whose child finds the
+    client gone and ends before the run starts."""
+    proc, path, env = warm
+    err = proc.output.with_name("client.err")
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        # its output to a file: the pipes' ends it sent (SCM_RIGHTS) wait in the stopped process's socket queue
+        client = subprocess.Popen([sys.executable, "-S", str(CLIENT), path], stdout=subprocess.DEVNULL,
+                                  stderr=open(err, "wb"),
+                                  env={**env, "PREFECT__FLOW_RUN_ID": "not-a-run-id", "E31_WARM_ANSWER_S": "2"})
+        client.wait(timeout=120)
+        waited = time.monotonic() - started
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    # prefect.engine's own refusal of the id, run cold in the client's place after the 2 s
+    assert client.returncode == 1 and "Invalid flow run id" in err.read_text(), err.read_text()[-2000:]
+    assert waited >= 2
+    _wait(lambda: b"BrokenPipeError" in proc.output.read_bytes(), timeout=60, what="the late fork to end")
+    _wait(lambda: not _children(proc), timeout=30, what="the warm process to reap it")
+    assert proc.poll() is None  # and it serves the next run
+    conn, r, _ = _raw_request(path, {**env, "PREFECT__FLOW_RUN_ID": "not-a-run-id"})
+    assert _lines(conn)[1:] == ["exit 1"]
+    os.close(r)
