@@ -25,8 +25,9 @@ them) or a read of the store (``get_ca_certs``, ``cert_store_stats``).
 A context is never shared: each caller's changes (``verify_mode``, ALPN,
 ``load_cert_chain``) stay its own, as before.  What changes: a ``cafile``
 that cannot be read raises at each connection (naming the file; an
-``OSError`` of the same type, which ``httpx`` reports as a
-``ConnectError``) instead of at the client's creation.  Server contexts (``Purpose.CLIENT_AUTH``) are the
+``OSError`` of the same type, which ``httpx``'s sync client reports as a
+``ConnectError`` and its async one as it is) instead of at the client's
+creation.  Server contexts (``Purpose.CLIENT_AUTH``) are the
 standard library's.
 
 Installed by the ``e31`` command (worker, scheduler, ``e31 run``, ...) and
@@ -67,8 +68,10 @@ class LazyTrustContext(ssl.SSLContext):
                     named = trust[0] or trust[1] or "cadata"
                     raise type(exc)(exc.errno, f"cannot read the trusted certificates {named}: "
                                                f"{exc.strerror or exc}") from exc
-            elif self.verify_mode != ssl.CERT_NONE:  # as the standard library does at creation
+            elif self.verify_mode != ssl.CERT_NONE:  # the system's certificates, as the standard library's
                 super().load_default_certs(ssl.Purpose.SERVER_AUTH)
+            else:  # not verifying now: kept for a later use that verifies again
+                self._e31_trust = trust
 
     def wrap_socket(self, *args: Any, **kwargs: Any) -> Any:
         self._e31_load()
