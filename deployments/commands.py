@@ -237,6 +237,7 @@ class _Supervised:
 def cmd_submit(args: argparse.Namespace) -> int:
     from prefect.client.orchestration import get_client
 
+    from e31.deployments.runwords import submitted_line
     from e31.deployments.scheduler import snapshot
     from e31.deployments.worker import E31Worker
     from e31.flows.checks import SpecChecks
@@ -263,58 +264,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def submitted_line(snap: Any, placements: list[Any], key: str) -> str | None:
-    """What ``e31 submit`` says of the run ``key`` it just queued, from a
-    snapshot read after the submission: its plan (start now on a node, or
-    waiting and why), held back behind another run of the same job,
-    already placed by the scheduler (which may tick between the submission
-    and this read), or handed over behind a running job; None when the run
-    is in none of them (it ended already)."""
-    from e31.flows.queue import humane
-
-    mine = next((p for p in placements if p.job == key), None)
-    if mine is not None:
-        return humane(_describe(mine), snap)
-    if key in snap.blocked:
-        return humane(snap.blocked[key], snap)  # "waiting for the run ... of this job, ..., to end"
-    if key in snap.behind:
-        ahead = snap.behind[key]
-        return f"handed over behind {snap.specs[ahead].name} ({ahead[:8]}): its work starts once that job has ended"
-    held = next((r for r in snap.running if r.id == key), None)
-    if held is not None:
-        devices = f", GPUs {','.join(map(str, held.devices))}" if held.devices else ""
-        return f"placed on {held.node}{devices} by the scheduler already: {holding(snap.runs[key].state)}"
-    return None
-
-
 def submit_run(client: Any, pool: Any, spec: Any, code_dir: str, tags: list[str], template: dict) -> Any:
     """Queue ``spec`` on ``pool``; returns the flow run (see :func:`e31.flows.queue.submit`)."""
     from e31.flows.deploy import parameters
     from e31.flows.queue import submit
 
     return submit(client, pool, parameters(spec, code_dir), tags, template)
-
-
-def _describe(p: Any) -> str:
-    if p.action == "start":
-        return f"start now on {p.node}" + (f", GPUs {','.join(map(str, p.devices))}" if p.devices else "")
-    if p.action == "refuse":
-        return f"refused: {p.reason}"
-    return p.reason if p.reason.startswith("waiting") else f"waiting: {p.reason}"
-
-
-def holding(state: Any) -> str:
-    """What ``e31 queue`` says of a run that holds its node's resources,
-    from its flow run ``state`` (Prefect's ``Scheduled`` named ``Placed``,
-    ``Pending``, ``Running`` or ``Cancelling``)."""
-    kind = state.type.value
-    if kind == "CANCELLING":
-        return "cancelling: its work is being stopped and its latest output returned"
-    if kind == "PENDING":
-        return "starting: its worker is starting its flow process"
-    if kind == "SCHEDULED":
-        return "placed: its worker starts it within seconds"
-    return "running"
 
 
 def _hhmm(ts: float | None) -> str:
@@ -324,6 +279,7 @@ def _hhmm(ts: float | None) -> str:
 def cmd_queue(args: argparse.Namespace) -> int:
     from prefect.client.orchestration import get_client
 
+    from e31.deployments.runwords import holding
     from e31.deployments.scheduler import snapshot
     from e31.flows.placement import plan
     from e31.flows.queue import humane

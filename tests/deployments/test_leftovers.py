@@ -271,7 +271,7 @@ def test_e31_submit_says_where_its_run_stands_whatever_the_scheduler_did_meanwhi
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelled, Scheduled
 
-    from e31.deployments.commands import submitted_line
+    from e31.deployments.runwords import submitted_line
     from e31.deployments.scheduler import snapshot
     from e31.flows.queue import work_pool_name
 
