@@ -126,6 +126,7 @@ class E31Worker(ProcessWorker):
         self.node = node
         self._warm: subprocess.Popen | None = None
         self._warm_at = 0.0  # time.monotonic() of the warm process's start
+        self._listened: subprocess.Popen | None = None  # the warm process last seen listening
         self._depth = 0  # setup() calls not yet torn down
         self._followers: list[Any] = []  # the asyncio tasks that poll when a run is placed
         self.flows: dict[int, str] = {}  # pid -> flow run id of each flow process this worker started, while it runs
@@ -143,12 +144,18 @@ class E31Worker(ProcessWorker):
 
         if self._warm is None and os.environ.get(WARM_VAR, "1") != "0" and sys.platform != "win32":
             self._warm, self._warm_at = start_warm_process(), time.monotonic()  # importing while Prefect's setup runs
-        await super().setup()
-        retry_busy_quickly(self._client)
-        self._depth += 1
-        if self._depth == 1:
-            await self._crash_orphans()
-            self._follow_placements()
+        try:
+            await super().setup()
+            retry_busy_quickly(self._client)
+            self._depth += 1
+            if self._depth == 1:
+                await self._crash_orphans()
+                self._follow_placements()
+        except BaseException:  # e.g. stopped while it set up: no teardown comes, and the warm process has no run
+            if self._depth == 0 and self._warm is not None:
+                self._warm.kill()
+                self._warm = None
+            raise
 
     async def sync_with_backend(self) -> None:
         """Prefect's sync (the work pool, the heartbeat that makes the node
@@ -165,18 +172,14 @@ class E31Worker(ProcessWorker):
         await super().sync_with_backend()
 
     async def _crash_orphans(self) -> None:
-        """End the runs a previous worker of this node left holding it with no
-        flow process (:func:`e31.deployments.leftovers.end_orphans`)."""
+        """End the runs left holding this node with no flow process (:func:`e31.deployments.leftovers.end_orphans`)."""
         from e31.deployments.leftovers import end_orphans
 
         await end_orphans(self._client, self._work_pool_name, self.node, self._logger)
 
     def _follow_placements(self) -> None:
-        """Poll at once when the scheduler places a run of the pool (the
-        server's ``prefect.flow-run.Placed`` events,
-        :func:`e31.deployments.runevents.follow`), besides the poll every
-        ``PREFECT_WORKER_QUERY_SECONDS``: a placed run starts about half a
-        poll interval sooner."""
+        """Poll at once when the scheduler places a run of the pool (the server's ``Placed`` events,
+        :func:`e31.deployments.runevents.follow`), besides the poll every ``PREFECT_WORKER_QUERY_SECONDS``."""
         import asyncio
 
         from e31.deployments.runevents import WORKER_EVENTS, follow
@@ -211,8 +214,8 @@ class E31Worker(ProcessWorker):
                 await asyncio.gather(*self._followers, return_exceptions=True)
             self._followers = []
         if self._warm is not None and self._depth == 0:
-            if not (_WARM_SOCKET and os.path.exists(_WARM_SOCKET[0])):  # never listened (stuck): no run of its own
-                self._warm.kill()
+            if self._listened is not self._warm and not (_WARM_SOCKET and os.path.exists(_WARM_SOCKET[0])):
+                self._warm.kill()  # never listened (stuck at import): it has no run of its own
             _WARM_SOCKET.clear()
             self._warm.stdin.close()
             self._warm = None
@@ -335,7 +338,6 @@ class E31Worker(ProcessWorker):
         runs = await super()._get_scheduled_flow_runs()
         return [r for r in runs if (r.flow_run.job_variables or {}).get("e31_node") == self.node]
 
-
     async def _warm_ready(self) -> None:
         """Wait while the warm process is starting (alive, no socket yet; at
         most :data:`WARM_READY_S` s from its start): a run taken meanwhile
@@ -344,13 +346,11 @@ class E31Worker(ProcessWorker):
         import asyncio
         import time
 
-        said = False
         while self._warm is not None and self._warm.poll() is None and _WARM_SOCKET \
                 and not os.path.exists(_WARM_SOCKET[0]) and time.monotonic() - self._warm_at < WARM_READY_S:
-            if not said:
-                self._logger.debug("waiting for the warm flow process to listen before taking runs")
-                said = True
             await asyncio.sleep(0.1)
+        if _WARM_SOCKET and os.path.exists(_WARM_SOCKET[0]):
+            self._listened = self._warm  # this warm process listened (it may have runs of its own)
 
 
 def start_warm_process() -> subprocess.Popen:
