@@ -47,8 +47,9 @@ def flow_process_alive(run: Any) -> bool:
     worker recorded) is a live process whose environment names this flow
     run (``PREFECT__FLOW_RUN_ID``), so a pid reused by another process does
     not count.  A run with no pid yet (the worker died while submitting it)
-    has none.  A process whose environment cannot be read (another user's)
-    counts as alive, and so does any on a system without ``/proc``."""
+    has none.  A zombie (killed, not reaped) is gone.  A process whose
+    environment cannot be read (another user's) counts as alive, and so does
+    any on a system without ``/proc``."""
     pid = str(run.infrastructure_pid or "").rsplit(":", 1)[-1]
     if not pid.isdigit():
         return False
@@ -56,8 +57,8 @@ def flow_process_alive(run: Any) -> bool:
         return True
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except FileNotFoundError:
-        return False
+    except (FileNotFoundError, ProcessLookupError):  # gone; or a zombie (ESRCH): killed, its dead parent's
+        return False  # child not reaped yet by PID 1 (a container's init may never reap it)
     except OSError:  # not ours to read: do not take what may be running for gone
         return True
     return f"PREFECT__FLOW_RUN_ID={run.id}".encode() in environ.split(b"\0")

@@ -310,3 +310,35 @@ def test_a_tick_counts_as_running_only_runs_not_the_nodes_held_for_want_of_a_wor
         made.submit(client, "alone")
         seen = tick(client, made.spec)
     assert (seen.queued, seen.running, seen.counts["wait"]) == (1, 0, 1)
+
+
+def test_a_killed_flow_process_not_yet_reaped_counts_as_gone():
+    """The flake of ``test_a_worker_started_again_frees_the_runs_...``
+    (its orphan stayed ``Running``): a flow process killed with its worker is
+    a zombie until PID 1 reaps it, and reading a zombie's environment raises
+    ``ProcessLookupError``, which counted as "not ours to read: alive"."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import uuid
+    from types import SimpleNamespace
+
+    from e31.flows.queue.handover import flow_process_alive
+
+    run = SimpleNamespace(id=uuid.uuid4(), infrastructure_pid=None)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                            env={**os.environ, "PREFECT__FLOW_RUN_ID": str(run.id)})
+    try:
+        run.infrastructure_pid = f"host:{proc.pid}"
+        assert flow_process_alive(run) is True
+        os.kill(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":  # not reaped: a zombie
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert flow_process_alive(run) is False
+    finally:
+        proc.kill()
+        proc.wait()
+    assert flow_process_alive(run) is False  # reaped: no such process
