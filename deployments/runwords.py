@@ -25,15 +25,19 @@ def submitted_line(snap: Any, placements: list[Any], key: str) -> str | None:
         return f"handed over behind {snap.specs[ahead].name} ({ahead[:8]}): its work starts once that job has ended"
     held = next((r for r in snap.running if r.id == key), None)
     if held is not None:
-        devices = f", GPUs {','.join(map(str, held.devices))}" if held.devices else ""
-        return f"placed on {held.node}{devices} by the scheduler already: {holding(snap.runs[key].state)}"
+        return f"placed on {held.node}{_gpus(held.devices)} by the scheduler already: {holding(snap.runs[key].state)}"
     return None
+
+
+def _gpus(devices: Any) -> str:
+    """``, GPUs 0,1`` (device numbers) for a placement's devices, or nothing."""
+    return f", GPUs {','.join(map(str, devices))}" if devices else ""
 
 
 def describe(p: Any) -> str:
     """One placement in words: ``start now on NODE, GPUs 0,1``, ``refused: ...`` or its waiting reason."""
     if p.action == "start":
-        return f"start now on {p.node}" + (f", GPUs {','.join(map(str, p.devices))}" if p.devices else "")
+        return f"start now on {p.node}{_gpus(p.devices)}"
     if p.action == "refuse":
         return f"refused: {p.reason}"
     return p.reason if p.reason.startswith("waiting") else f"waiting: {p.reason}"

@@ -342,3 +342,17 @@ def test_a_killed_flow_process_not_yet_reaped_counts_as_gone():
         proc.kill()
         proc.wait()
     assert flow_process_alive(run) is False  # reaped: no such process
+
+
+def test_the_cancel_hook_says_what_it_found_at_the_destination():
+    """Each answer of ``returned_by`` in words: a manifest (its status, file
+    count and folder), none of this run's, and a destination not read."""
+    from e31.flows.cancelhook import UNKNOWN, cancelled_message
+
+    assert cancelled_message({"status": "completed", "files": [{}, {}], "folder": "."}) == (
+        "cancelled: E31 stopped the work and returned what it had, completed: 2 file(s) at the top of the "
+        "destination (see the manifest there)")
+    assert cancelled_message(None) == ("cancelled: E31 stopped the run before it returned any output (no manifest "
+                                       "was written)")
+    assert cancelled_message(UNKNOWN) == ("cancelled: E31 stopped the work; the manifest at the job's destination "
+                                          "says what came back")
