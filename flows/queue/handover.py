@@ -47,7 +47,8 @@ def flow_process_alive(run: Any) -> bool:
     worker recorded) is a live process whose environment names this flow
     run (``PREFECT__FLOW_RUN_ID``), so a pid reused by another process does
     not count.  A run with no pid yet (the worker died while submitting it)
-    has none.  A zombie (killed, not reaped) is gone.  A process whose
+    has none.  A zombie (killed, not reaped) is gone.  An empty environment
+    (a process still in ``execve``) is read again for up to 0.2 s.  A process whose
     environment cannot be read (another user's) counts as alive, and so does
     any on a system without ``/proc``."""
     pid = str(run.infrastructure_pid or "").rsplit(":", 1)[-1]
@@ -55,12 +56,18 @@ def flow_process_alive(run: Any) -> bool:
         return False
     if not Path("/proc/self/environ").exists():  # no /proc (not Linux): cannot tell, so not gone
         return True
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except (FileNotFoundError, ProcessLookupError):  # gone; or a zombie (ESRCH): killed, its dead parent's
-        return False  # child not reaped yet by PID 1 (a container's init may never reap it)
-    except OSError:  # not ours to read: do not take what may be running for gone
-        return True
+    for _ in range(10):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except (FileNotFoundError, ProcessLookupError):  # gone; or a zombie (ESRCH): killed, its dead parent's
+            return False  # child not reaped yet by PID 1 (a container's init may never reap it)
+        except OSError:  # not ours to read: do not take what may be running for gone
+            return True
+        if environ:
+            break
+        # Empty: a process in the middle of exec (its new memory has no environment yet, for a moment after
+        # the parent's Popen returned) or a kernel thread that took the pid.  Read again shortly.
+        time.sleep(0.02)
     return f"PREFECT__FLOW_RUN_ID={run.id}".encode() in environ.split(b"\0")
 
 

