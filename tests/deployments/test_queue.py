@@ -231,15 +231,26 @@ def _flow_process(q: Queue, name: str, node: str) -> int:
 
 def _warm_processes(worker: subprocess.Popen) -> list[int]:
     """The pids of the worker's warm flow processes (its children running e31.deployments.warmstart)."""
-    kids = Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()
-    return [int(k) for k in kids if b"e31.deployments.warmstart" in Path(f"/proc/{k}/cmdline").read_bytes()]
+    kids, found = Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split(), []
+    for kid in kids:
+        try:
+            if b"e31.deployments.warmstart" in Path(f"/proc/{kid}/cmdline").read_bytes():  # a zombie's is empty
+                found.append(int(kid))
+        except OSError:  # ended and reaped since the list was read
+            pass
+    return found
 
 
 def _warm_listening(worker: subprocess.Popen) -> bool:
     """Whether the worker's warm process listens on its socket (its last argument): runs started before
     start cold, and with event wakeups a job submitted at once can come first."""
-    return any(Path(Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0")[-2].decode()).exists()
-               for k in _warm_processes(worker))
+    for kid in _warm_processes(worker):
+        try:
+            if Path(Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")[-2].decode()).exists():
+                return True
+        except (OSError, IndexError):  # ended since it was listed (a zombie's command line is empty)
+            pass
+    return False
 
 
 def test_a_killed_flow_process_frees_its_node_and_a_retried_job_resumes(prefect_api, tmp_path):
@@ -453,8 +464,11 @@ def test_a_worker_starts_a_new_warm_process_when_its_own_dies(prefect_api, tmp_p
         wait_for(lambda: len(warm(worker)) == 1, what="the worker's warm process")
         (first,) = warm(worker)
         os.kill(first, signal.SIGKILL)
-        wait_for(lambda: len(warm(worker)) == 1 and warm(worker) != [first], timeout=90, what="a new warm process")
+        # one look per check: the killed one can still be listed at one look and gone (a zombie) at the next
+        wait_for(lambda: (seen := warm(worker)) and len(seen) == 1 and seen != [first], timeout=90,
+                 what="a new warm process")
         second = warm(worker)
+        assert len(second) == 1 and second != [first], (first, second)
         q.scheduler()
         q.submit(q.job("after-warm", 1, 1))
         wait_for(lambda: _done(q, "after-warm"), what="a job after the restart")
