@@ -11,6 +11,11 @@ the run ends and submissions (:data:`SCHEDULER_EVENTS`), the workers the
 placements (:data:`WORKER_EVENTS`); both still poll at their interval, so
 a lost stream (a server restart, a proxy that drops websockets) costs only
 latency.  Measured with ``tests/benchmarks/bench_queue.py``: see the README.
+
+A ``Queued`` state entered from ``Queued`` is a waiting run's reason or
+planned start rewritten (the scheduler's own writes, :func:`own_rewrite`):
+it does not wake the scheduler, which would otherwise wake itself with
+each write it makes.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 #: State names whose events make the scheduler tick at once: a run's end frees its resources, a
 #: submission (and each requeue) may start at once, a run late or awaiting a retry is due.
@@ -31,9 +36,21 @@ RESUBSCRIBE_S = 5.0
 _log = logging.getLogger("e31.events")
 
 
-async def follow(work_pool: str, states: tuple[str, ...], on_event: Callable[[str], None],
+def own_rewrite(event: Any) -> bool:
+    """Whether ``event`` (a Prefect ``Event``) is a waiting run's reason
+    rewritten: ``prefect.flow-run.Queued`` whose payload's ``initial_state``
+    is named ``Queued`` too.  A submission (no initial state), a requeue
+    (from ``Crashed``) or a run taken back from a node are not."""
+    from e31.flows.queue import QUEUED
+
+    initial = (getattr(event, "payload", None) or {}).get("initial_state") or {}
+    return event.event == f"prefect.flow-run.{QUEUED}" and initial.get("name") == QUEUED
+
+
+async def follow(work_pool: str, states: tuple[str, ...], on_event: Callable[[Any], None],
                  connected: Callable[[bool], None] | None = None) -> None:
-    """Call ``on_event(name)`` for each event of a flow run of the work pool
+    """Call ``on_event(event)`` (a Prefect ``Event``; ``event.event`` is
+    its name) for each event of a flow run of the work pool
     named ``work_pool`` entering one of the state names ``states``, until
     cancelled.  Subscribes again after :data:`RESUBSCRIBE_S` seconds when the
     stream ends or fails (a missing work pool is looked up again then);
@@ -59,7 +76,7 @@ async def follow(work_pool: str, states: tuple[str, ...], on_event: Callable[[st
                 if connected is not None:
                     connected(True)
                 async for event in events:
-                    on_event(event.event)
+                    on_event(event)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the server is down or has no event stream: the poll goes on meanwhile
@@ -76,18 +93,24 @@ async def follow(work_pool: str, states: tuple[str, ...], on_event: Callable[[st
 class Wakeup:
     """A daemon thread that follows the work pool's flow-run events of the
     state names ``states`` (:func:`follow`); :meth:`wait` returns as soon as
-    one came since the last call, or after ``timeout`` seconds.
+    one came since the last call, or after ``timeout`` seconds.  Events for
+    which ``ignore(event)`` is true do not wake it (counted in ``ignored``).
     ``connected``: whether the stream is up now."""
 
-    def __init__(self, work_pool: str, states: tuple[str, ...] = SCHEDULER_EVENTS) -> None:
-        self._event, self._closed = threading.Event(), False
+    def __init__(self, work_pool: str, states: tuple[str, ...] = SCHEDULER_EVENTS,
+                 ignore: Callable[[Any], bool] | None = None) -> None:
+        self._event, self._closed, self._ignore = threading.Event(), False, ignore
         self.connected = False
-        self.events = 0  # events received
+        self.events = 0  # events received that woke it
+        self.ignored = 0
         self._thread = threading.Thread(target=self._run, args=(work_pool, states), name="e31-events", daemon=True)
         self._thread.start()
 
     def _run(self, work_pool: str, states: tuple[str, ...]) -> None:
-        def seen(_name: str) -> None:
+        def seen(event: Any) -> None:
+            if self._ignore is not None and self._ignore(event):
+                self.ignored += 1
+                return
             self.events += 1
             self._event.set()
 

@@ -30,6 +30,11 @@ MAX_WAITS = 25
 MAX_WAIT_S = 0.5
 #: Seconds between reads of the jobs' run-time history (completed runs).
 HISTORY_EVERY_S = 60.0
+#: The actions of a tick after which the next tick comes at once (more may start or end now); after a
+#: tick that only wrote (or deferred) waiting runs' reasons, the next one waits for the interval or an
+#: event: with a deep queue there are always reasons to rewrite, and back-to-back ticks reading and
+#: writing them loaded the server the running jobs need.
+AT_ONCE = ("start", "handover", "refuse", "lost", "requeued", "gone", "stale", "undone")
 
 
 @dataclass
@@ -134,19 +139,21 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
     every tick that changed something.  ``lease_s``: seconds without a
     worker heartbeat after which a node's runs count as lost;
     ``handover_s``: see :data:`e31.flows.queue.mapping.HANDOVER_S`.  Between
-    ticks that change nothing it waits ``interval_s`` seconds, or less: a
-    flow run of the pool ending or being submitted wakes it at once
-    (:class:`e31.deployments.runevents.Wakeup`, the server's event stream)."""
+    ticks that change nothing, or only rewrite waiting runs' reasons, it
+    waits ``interval_s`` seconds, or less: a flow run of the pool ending or
+    being submitted wakes it at once (:class:`e31.deployments.runevents.Wakeup`,
+    the server's event stream; not the ``Queued`` events of its own
+    rewrites, :func:`e31.deployments.runevents.own_rewrite`)."""
     from prefect.client.orchestration import get_client
 
-    from e31.deployments.runevents import SCHEDULER_EVENTS, Wakeup
+    from e31.deployments.runevents import SCHEDULER_EVENTS, Wakeup, own_rewrite
     from e31.deployments.worker import E31Worker
     from e31.tasks.supervisor.busy import retry_busy_quickly
 
     with retry_busy_quickly(get_client(sync_client=True)) as client:
         queue.ensure_pool(client, pool, E31Worker.get_default_base_job_template())
         past, read_at, holding, cache = None, 0.0, frozenset(), queue.RunCache(pool)
-        wake = None if once else Wakeup(queue.work_pool_name(pool), SCHEDULER_EVENTS)
+        wake = None if once else Wakeup(queue.work_pool_name(pool), SCHEDULER_EVENTS, ignore=own_rewrite)
         try:
             while True:
                 if time.monotonic() - read_at > HISTORY_EVERY_S:
@@ -171,7 +178,7 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
                     report(result)
                 if once:
                     return
-                if not changed:
+                if not any(result.counts.get(k) for k in AT_ONCE):
                     wake.wait(interval_s)
         finally:
             cache.close()

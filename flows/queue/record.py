@@ -40,11 +40,13 @@ _CLOCK = re.compile(r"\d\d:\d\d:\d\d UTC")
 
 
 #: Waiting runs, soonest planned start first, whose reason and planned start every tick keeps exact; each
-#: later one is rewritten at most once per REASON_EVERY_S seconds (counted ``kept`` meanwhile): with a deep
-#: queue every run's end moves the plan of every waiting run, and rewriting them all loaded the server the
-#: running jobs need (a state write each).
-REASON_DEPTH = 25
-REASON_EVERY_S = 60.0
+#: later one is rewritten at most once per REASON_EVERY_S seconds (counted ``kept`` meanwhile), and before
+#: its scheduled time comes within AHEAD_S / 4 of now: with a deep queue every run's end moves the plan
+#: (node, the job it waits for) of every waiting run, and rewriting them loaded the server the running
+#: jobs need (a state write, two reads and an event each; 25 and 60 s: 2.4 writes per job in a 1,000-job
+#: bench_queue run).
+REASON_DEPTH = 5
+REASON_EVERY_S = 120.0
 #: The same for a waiting run beyond the planner's reservations, whose start is an estimate ("estimated
 #: start ... not reserved"): at most once per ten minutes.
 ESTIMATE_EVERY_S = 600.0
@@ -254,19 +256,17 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
     refused ones with their reason; crash the runs of lost nodes (cancel
     those being cancelled: a cancelled job never runs again) and requeue
     crashed runs with retries left (a run that crashed before its work
-    started uses none, and is refused at its
-    ``MAX_STARTLESS_CRASHES + 1``-th such crash).  Each write is recorded in ``cache``
-    (when given).  Starts and refusals are written first; ``max_waits``
-    bounds the waiting runs whose reason is rewritten in this call (~25 ms
-    each on an idle server), soonest planned start first, and ``max_wait_s``
-    the seconds spent on them (checked before each write after the first:
-    on a busy server one write can take 0.5 s), so that a change that
-    moves the whole queue does not hold the next placement back: the others
-    are counted ``deferred`` and written by the next calls.  With a
-    ``cache`` (the scheduler's ticks), a waiting run beyond the
-    :data:`REASON_DEPTH` soonest whose reason was written less than
-    :data:`REASON_EVERY_S` seconds ago (:data:`ESTIMATE_EVERY_S` for one
-    beyond the planner's reservations) keeps it (counted ``kept``).  Returns counts per
+    started uses none, and is refused at its ``MAX_STARTLESS_CRASHES + 1``-th
+    such crash).  Each write is recorded in ``cache`` (when given).  Starts
+    and refusals are written first; ``max_waits`` bounds the waiting runs
+    whose reason is rewritten in this call (~25 ms each on an idle server),
+    soonest planned start first, and ``max_wait_s`` the seconds spent on
+    them (checked before each write after the first: on a busy server one
+    write can take 0.5 s): the others are counted ``deferred`` and written
+    by the next calls.  With a ``cache`` (the scheduler's ticks), a waiting
+    run beyond the :data:`REASON_DEPTH` soonest whose reason was written less
+    than :data:`REASON_EVERY_S` seconds ago (:data:`ESTIMATE_EVERY_S` beyond
+    the planner's reservations) keeps it (``kept``).  Returns counts per
     action (``gone``: runs deleted on the server since they were read;
     ``stale``: runs changed since, not written; ``undone``: writes that
     overtook a cancel, undone; see :class:`_Writer`).  The lines each write
@@ -376,16 +376,16 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             current = run.state
             same_time = run.next_scheduled_start_time is not None and \
                 abs(run.next_scheduled_start_time.timestamp() - planned.timestamp()) < AHEAD_S / 2
-            # the node whose worker prefetches the inputs (the message names it: mapping.PLANNED_ON)
-            same_node = planned_node(current) == (p.node if p.reserved else None)
+            same_node = planned_node(current) == (p.node if p.reserved else None)  # whose worker prefetches (PLANNED_ON)
             if current.name == QUEUED and _same(current.message, message) and same_time and same_node:
                 counts["unchanged"] += 1
                 continue
             written_s = snap.now - (current.timestamp.timestamp() if current.timestamp else 0.0)
             every_s = REASON_EVERY_S if p.reserved else ESTIMATE_EVERY_S
+            ahead_s = run.next_scheduled_start_time.timestamp() - snap.now if run.next_scheduled_start_time else 0.0
             if cache is not None and waits_seen > REASON_DEPTH and current.name == QUEUED and same_node \
-                    and _planned(current.message) and written_s < every_s:  # deep in the queue: it can wait
-                counts["kept"] += 1
+                    and _planned(current.message) and written_s < every_s and ahead_s >= AHEAD_S / 4:
+                counts["kept"] += 1  # deep in the queue: it can wait (and is not near going Late)
                 continue
             if (max_waits is not None and counts["wait"] >= max_waits) or (
                     max_wait_s is not None and waits_from is not None and time.monotonic() - waits_from >= max_wait_s):

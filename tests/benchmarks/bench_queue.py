@@ -38,11 +38,12 @@ Each job is a command work sleeping ``--work-s`` seconds.  Every job also
 costs a flow run's life on the Prefect server (its states, task runs, logs
 and artifacts) and a flow process forked from the worker's warm process:
 ~2 s of latency, which the scheduler's handover (``--handover``) hides
-behind the job ahead, and 3.4-4.5 CPU-seconds of the whole machine, which
-nothing hides.  The run prints the machine's CPU per job and the least
-wall that CPU allows: on a 2-core machine with 3 s jobs it is already
-1.7-1.8x the ideal, with 10 s jobs 0.7x (run it with 3 and with 10).  Use
-a modest ``--jobs`` (1,000 jobs of 3 s take about 50 min).
+behind the job ahead, and 2.4-2.7 CPU-seconds of the whole machine (the
+server's part, 1.2-1.5, on one core), which nothing hides.  The run prints
+the machine's CPU per job and the least wall that CPU allows: on a 2-core
+machine with 3 s jobs it is already 1.2-1.4x the ideal (run it with 3 and
+with 10).  1,000 jobs of 3 s take about 30 min (4 of them submitting);
+150 jobs about 5.
 """
 
 from __future__ import annotations

@@ -487,7 +487,10 @@ def test_the_scheduler_and_the_worker_wake_on_the_server_s_events(prefect_api, t
         q.start("worker-n1", "worker", "--pool", str(q.pool), "--node", "n1",
                 env={"E31_NODE_GPUS": "0", "E31_SCRATCH": str(q.root / "scratch-n1"),
                      "PREFECT_WORKER_QUERY_SECONDS": "600"})
-        q.submit(q.job("first", 0, 1))  # placed by the scheduler's first tick or by an event; started by either
+        with get_client(sync_client=True) as client:  # a worker coming live is seen at the next tick, 600 s away
+            wait_for(lambda: _pool_exists(client, q.name) and any(
+                w.name == "n1" for w in client.read_workers_for_work_pool(q.name)), what="the worker's first heartbeat")
+        q.submit(q.job("first", 0, 1))  # placed by the tick its Queued event wakes; started by the Placed event
         wait_for(lambda: _done(q, "first"), timeout=150, what="the first job")
         submitted = time.time()
         run_id = q.submit(q.job("second", 0, 1)).split("flow run ")[1].split()[0]

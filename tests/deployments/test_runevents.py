@@ -1,0 +1,57 @@
+"""The scheduler's wakeups from a real ``prefect server start``'s event
+stream: a submission, a requeue and a run's end wake it; a waiting run's
+reason rewritten (``Queued`` from ``Queued``, the scheduler's own writes)
+does not."""
+
+from __future__ import annotations
+
+import time
+
+from tests.deployments.test_run_cache import _Pool
+
+
+def test_the_scheduler_wakes_on_submissions_and_ends_not_on_its_own_reason_rewrites(prefect_api, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.states import Completed, Crashed, Running, Scheduled
+
+    from e31.deployments.runevents import SCHEDULER_EVENTS, Wakeup, own_rewrite
+    from e31.flows.queue import QUEUED, ensure_pool, work_pool_name
+
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        ensure_pool(client, made.spec, made.template)
+        wake = Wakeup(work_pool_name(made.spec), SCHEDULER_EVENTS, ignore=own_rewrite)
+        try:
+            deadline = time.monotonic() + 60
+            while not wake.connected:
+                assert time.monotonic() < deadline, "the event stream never came up"
+                time.sleep(0.1)
+            run = made.submit(client, "a")  # a submission: Queued from nothing
+            assert wake.wait(30) and (wake.events, wake.ignored) == (1, 0)
+
+            later = Scheduled(name=QUEUED, message="Queued: waiting for 1 CPU; earliest start 03:00:00 UTC")
+            client.set_flow_run_state(run, later, force=True)  # the scheduler's rewrite: Queued from Queued
+            client.set_flow_run_state(run, Running(), force=True)
+            client.set_flow_run_state(run, Crashed(message="lost"), force=True)  # wakes: a crash frees a node
+            assert wake.wait(30)
+            deadline = time.monotonic() + 30
+            while wake.ignored < 1:  # the rewrite's event came before the crash's: ignored, not lost
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert (wake.events, wake.ignored) == (2, 1)
+
+            client.set_flow_run_state(run, Scheduled(name=QUEUED, message="Queued: retry 1 of 1"), force=True)
+            assert wake.wait(30) and (wake.events, wake.ignored) == (3, 1)  # a requeue: Queued from Crashed
+
+            client.set_flow_run_state(run, Scheduled(name=QUEUED, message="Queued: other reason"), force=True)
+            client.set_flow_run_state(run, Running(), force=True)
+            client.set_flow_run_state(run, Completed(), force=True)
+            assert wake.wait(30)
+            deadline = time.monotonic() + 30
+            while wake.ignored < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert (wake.events, wake.ignored) == (4, 2)
+            assert not wake.wait(2)  # nothing else came
+        finally:
+            wake.close()
