@@ -288,14 +288,16 @@ def test_a_submission_sent_twice_creates_one_run(prefect_api, tmp_path):
 def test_deep_in_the_queue_a_reason_is_rewritten_at_most_once_a_minute(prefect_api, tmp_path, monkeypatch):
     """Beyond the REASON_DEPTH soonest waiting runs (1 here), a run whose
     planner reason is younger than REASON_EVERY_S keeps it when the plan
-    moves (counted ``kept``), while a run that never had a planner reason
-    gets one at once, however deep.  (No worker answers for n1: every run
+    moves (counted ``kept``), unless its scheduled time nears, while a run
+    that never had a planner reason gets one at once, however deep.  (No worker answers for n1: every run
     waits; cancelling the middle one changes the last one's reason.)"""
     from prefect.client.orchestration import get_client
-    from prefect.states import Cancelled
+    from datetime import datetime, timedelta, timezone
+
+    from prefect.states import Cancelled, Scheduled
 
     from e31.deployments.scheduler import tick
-    from e31.flows.queue import RunCache
+    from e31.flows.queue import AHEAD_S, QUEUED, RunCache
     from e31.flows.queue import record
 
     monkeypatch.setattr(record, "REASON_DEPTH", 1)
@@ -311,6 +313,15 @@ def test_deep_in_the_queue_a_reason_is_rewritten_at_most_once_a_minute(prefect_a
         monkeypatch.setattr(record, "REASON_EVERY_S", 0.0)
         again = tick(client, made.spec, cache=cache).counts
         last = client.read_flow_run(runs[2]).state.message
+        # kept so long that its scheduled time nears (10 s away, under AHEAD_S / 4): rewritten however young,
+        # before Prefect's late-runs service marks it Late (a new cache: a state set by hand shows at a full read)
+        monkeypatch.setattr(record, "REASON_EVERY_S", 3600.0)
+        soon = datetime.now(timezone.utc) + timedelta(seconds=10)
+        client.set_flow_run_state(runs[2], Scheduled(name=QUEUED, message=last, scheduled_time=soon), force=True)
+        near = tick(client, made.spec, cache=RunCache(made.spec, full_every_s=3600)).counts
+        ahead_s = (client.read_flow_run(runs[2]).next_scheduled_start_time - datetime.now(timezone.utc)).total_seconds()
+    assert (near["wait"], near["kept"]) == (1, 0)
+    assert AHEAD_S - 30 < ahead_s <= AHEAD_S  # pushed AHEAD_S ahead again
     assert (first["wait"], first["kept"]) == (3, 0)  # every run's first planner reason, however deep
     assert before.endswith(f" UTC on n1, after job b-{made.tag} ({runs[1][:8]}) ends")
     assert (moved["wait"], moved["kept"], moved["unchanged"]) == (0, 1, 1)  # the soonest (a) is as it was
