@@ -37,6 +37,13 @@ HISTORY_EVERY_S = 60.0
 AT_ONCE = ("start", "handover", "refuse", "lost", "requeued", "gone", "stale", "undone")
 
 
+def at_once(counts: dict[str, int]) -> bool:
+    """Whether the tick after one with these action ``counts`` (see
+    :func:`e31.flows.queue.apply`) comes at once: it did one of
+    :data:`AT_ONCE`."""
+    return any(counts.get(k) for k in AT_ONCE)
+
+
 @dataclass
 class Tick:
     """What one tick saw and did: ``queued``/``running`` counts, ``counts``
@@ -178,7 +185,7 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
                     report(result)
                 if once:
                     return
-                if not any(result.counts.get(k) for k in AT_ONCE):
+                if not at_once(result.counts):
                     wake.wait(interval_s)
         finally:
             cache.close()

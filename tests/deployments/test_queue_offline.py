@@ -68,3 +68,18 @@ def test_the_worker_starts_its_prefetcher_again_when_it_ends(capsys):
         child.wait()
         _Supervised.RESTART_S = 5.0
     assert "e31 worker: the prefetcher ended (exit 0); started again" in capsys.readouterr().out
+
+
+def test_the_scheduler_ticks_again_at_once_only_after_a_placement_or_an_ending():
+    """A tick that placed, handed over, refused, crashed, requeued or found a
+    run changed is followed by the next at once; one that only wrote or
+    deferred waiting runs' reasons (a deep queue always has some) waits for
+    the interval or an event."""
+    from e31.deployments.scheduler import at_once
+
+    zero = {"start": 0, "handover": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0, "gone": 0,
+            "stale": 0, "undone": 0, "deferred": 0, "kept": 0}
+    assert [k for k in zero if at_once({**zero, k: 1})] == ["start", "handover", "refuse", "lost", "requeued", "gone",
+                                                            "stale", "undone"]
+    assert at_once({**zero, "wait": 25, "deferred": 448, "kept": 20, "unchanged": 3}) is False
+    assert at_once(zero) is False
