@@ -22,7 +22,9 @@ on this machine.  The wait ends at the first of:
 - its flow process is gone (its pid, Prefect's ``infrastructure_pid``,
   checked every :data:`POLL_S` seconds: a killed run);
 - its flow run is final (read every :data:`API_EVERY_S` seconds: a run
-  whose process this machine cannot see).
+  whose process this machine cannot see; every :data:`API_ALIVE_EVERY_S`
+  seconds once its flow process is seen alive here, since the marker and
+  the process check then end the wait without the API).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ AFTER_ENV = "E31_AFTER"
 POLL_S = 0.05
 #: Seconds between reads of the run ahead's flow run from the Prefect API.
 API_EVERY_S = 2.0
+#: Seconds between those reads once the run ahead's flow process was seen alive on this machine: each read is a
+#: request the Prefect server answers for every waiting run (with 1,000 short jobs, ~2 per job at 2 s).
+API_ALIVE_EVERY_S = 10.0
 
 
 def flow_process_alive(run: Any) -> bool:
@@ -156,7 +161,8 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
     this wait leaves for it (:func:`release`), or its flow process is
     gone from this machine (:func:`flow_process_alive`, checked every
     :data:`POLL_S` s once its pid is known) or its state is final (read
-    every :data:`API_EVERY_S` s), or it no longer exists; or until
+    every :data:`API_EVERY_S` s; every :data:`API_ALIVE_EVERY_S` s once its
+    flow process is seen alive here), or it no longer exists; or until
     ``stop()`` is true (e.g. this run was cancelled).  Once the run ahead
     has ended, the processes of its work still alive (its flow process was
     killed: they are orphans on this node's devices) are killed first
@@ -179,9 +185,9 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
         own = client = get_client(sync_client=True)
         client.__enter__()
     try:
-        run, read_at, said = None, float("-inf"), False
+        run, read_at, said, every = None, float("-inf"), False, API_EVERY_S
         while not stop():
-            if time.monotonic() - read_at >= API_EVERY_S:
+            if time.monotonic() - read_at >= every:
                 read_at = time.monotonic()
                 try:
                     run = client.read_flow_run(ahead)
@@ -197,8 +203,10 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
                         "output")
             if marker is not None and not marker.exists():
                 break
-            if run is not None and run.infrastructure_pid and not flow_process_alive(run):
-                break
+            if run is not None and run.infrastructure_pid:
+                if not flow_process_alive(run):
+                    break
+                every = API_ALIVE_EVERY_S  # seen alive here: its end shows in /proc and its marker first
             time.sleep(POLL_S)
         else:
             return time.monotonic() - started

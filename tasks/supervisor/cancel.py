@@ -53,20 +53,31 @@ class CancelWatcher:
                              daemon=True).start()
 
     def _loop(self) -> None:
-        while not self._done and not self._seen.is_set():
-            try:
-                with get_client(sync_client=True) as client:
+        client = None  # one client for the thread's life (one connection, not a new client every poll)
+        try:
+            while not self._done and not self._seen.is_set():
+                try:
+                    if client is None:
+                        entered = get_client(sync_client=True)
+                        entered.__enter__()
+                        client = entered
                     state = client.read_flow_run(self.flow_run_id).state
-                self._failures_in_row = 0
-                if state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED):
-                    self._seen.set()
-            except Exception:
-                self._failures_in_row += 1
-            with self._polled:
-                self._polls += 1
-                self._polled.notify_all()
-            self._wake.wait(POLL_EVERY_S)
-            self._wake.clear()
+                    self._failures_in_row = 0
+                    if state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED):
+                        self._seen.set()
+                except Exception:
+                    self._failures_in_row += 1
+                with self._polled:
+                    self._polls += 1
+                    self._polled.notify_all()
+                self._wake.wait(POLL_EVERY_S)
+                self._wake.clear()
+        finally:
+            if client is not None:
+                try:
+                    client.__exit__(None, None, None)
+                except Exception:  # closing a client whose server is gone: nothing to keep
+                    pass
 
     def cancelled(self) -> bool:
         """True once a cancel was seen (never blocks)."""
