@@ -13,6 +13,8 @@ from e31.flows.placement import Placement, RunningJob
 from e31.flows.queue.mapping import (AFTER_VAR, AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, NODE_VAR, PLACED,
                                      QUEUED, planned_node)
 from e31.flows.queue.cache import RunCache
+from e31.flows.queue.pace import (ENDER, DEEP_AHEAD_S, ESTIMATE_EVERY_S, REASON_DEPTH, REASON_EVERY_S, start_moved,
+                                  planner_reason, same_but_clocks)
 from e31.flows.queue.snapshot import Snapshot
 from e31.specs import JobSpec
 
@@ -34,35 +36,6 @@ def humane(reason: str, snap: Snapshot) -> str:
         reason = re.sub(rf"after job {re.escape(DOWN)}(\S+) ends", r"once node \1's e31 worker answers", reason)
         reason = reason.replace(DOWN, "no worker on ")
     return reason
-
-
-_CLOCK = re.compile(r"\d\d:\d\d:\d\d UTC")
-
-
-#: Waiting runs, soonest planned start first, whose reason and planned start every tick keeps exact; each
-#: later one is rewritten at most once per REASON_EVERY_S seconds (counted ``kept`` meanwhile), and before
-#: its scheduled time comes within AHEAD_S / 4 of now: with a deep queue every run's end moves the plan
-#: (node, the job it waits for) of every waiting run, and rewriting them loaded the server the running
-#: jobs need (a state write, two reads and an event each; 25 and 60 s: 2.4 writes per job in a 1,000-job
-#: bench_queue run).
-REASON_DEPTH = 5
-REASON_EVERY_S = 120.0
-#: The same for a waiting run beyond the planner's reservations, whose start is an estimate ("estimated
-#: start ... not reserved"): at most once per ten minutes.
-ESTIMATE_EVERY_S = 600.0
-
-
-def _planned(message: str | None) -> bool:
-    """Whether a waiting run's state message is a reason the planner gave
-    (with its planned start), not the submission's or a requeue's."""
-    return bool(message) and ("; earliest start " in message or "; estimated start " in message)
-
-
-def _same(old: str | None, new: str) -> bool:
-    """Whether a waiting run's reason is the same but for its clock times
-    (the planned start moves a little at every tick; the scheduled time
-    says it, rewritten when it moves by a minute or more)."""
-    return old is not None and _CLOCK.sub("", old) == _CLOCK.sub("", new)
 
 
 class _Logs:
@@ -266,7 +239,10 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
     by the next calls.  With a ``cache`` (the scheduler's ticks), a waiting
     run beyond the :data:`REASON_DEPTH` soonest whose reason was written less
     than :data:`REASON_EVERY_S` seconds ago (:data:`ESTIMATE_EVERY_S` beyond
-    the planner's reservations) keeps it (``kept``).  Returns counts per
+    the planner's reservations) keeps it (``kept``); such a deep run's
+    reason names no job it waits for, its scheduled time is at least
+    ``DEEP_AHEAD_S`` ahead, and only a move of its start by ``DRIFT`` of the
+    time until it counts (:mod:`e31.flows.queue.pace`).  Returns counts per
     action (``gone``: runs deleted on the server since they were read;
     ``stale``: runs changed since, not written; ``undone``: writes that
     overtook a cancel, undone; see :class:`_Writer`).  The lines each write
@@ -371,20 +347,24 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             counts["refuse"] += 1
         else:
             waits_seen += 1
-            message = f"Queued: {humane(p.reason, snap)}"
-            planned = datetime.fromtimestamp(max(p.start or snap.now, snap.now + AHEAD_S), timezone.utc)
+            deep = cache is not None and waits_seen > REASON_DEPTH
+            message = f"Queued: {humane(ENDER.sub('', p.reason) if deep else p.reason, snap)}"
+            start_s = p.start or snap.now
+            planned = datetime.fromtimestamp(max(start_s, snap.now + (DEEP_AHEAD_S if deep else AHEAD_S)), timezone.utc)
             current = run.state
-            same_time = run.next_scheduled_start_time is not None and \
-                abs(run.next_scheduled_start_time.timestamp() - planned.timestamp()) < AHEAD_S / 2
-            same_node = planned_node(current) == (p.node if p.reserved else None)  # whose worker prefetches (PLANNED_ON)
-            if current.name == QUEUED and _same(current.message, message) and same_time and same_node:
+            same_time = not start_moved(start_s, run.next_scheduled_start_time, snap.now, deep)
+            was_on, now_on = planned_node(current), (p.node if p.reserved else None)
+            # the node matters to a worker that prefetches (PLANNED_ON); deep in the queue, to nobody else
+            same_node = was_on == now_on or (deep and snap.prefetching is not None
+                                              and not {was_on, now_on} & snap.prefetching)
+            if current.name == QUEUED and same_but_clocks(current.message, message) and same_time and same_node:
                 counts["unchanged"] += 1
                 continue
             written_s = snap.now - (current.timestamp.timestamp() if current.timestamp else 0.0)
             every_s = REASON_EVERY_S if p.reserved else ESTIMATE_EVERY_S
             ahead_s = run.next_scheduled_start_time.timestamp() - snap.now if run.next_scheduled_start_time else 0.0
             if cache is not None and waits_seen > REASON_DEPTH and current.name == QUEUED and same_node \
-                    and _planned(current.message) and written_s < every_s and ahead_s >= AHEAD_S / 4:
+                    and planner_reason(current.message) and written_s < every_s and ahead_s >= AHEAD_S / 4:
                 counts["kept"] += 1  # deep in the queue: it can wait (and is not near going Late)
                 continue
             if (max_waits is not None and counts["wait"] >= max_waits) or (
@@ -394,7 +374,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             waits_from = time.monotonic() if waits_from is None else waits_from
             if not write.state(p.job, Scheduled(name=QUEUED, scheduled_time=planned, message=message)):
                 continue
-            if not _same(current.message, message):
+            if not same_but_clocks(current.message, message):
                 logs.add(p.job, message)
             counts["wait"] += 1
     return counts

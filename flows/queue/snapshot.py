@@ -48,6 +48,9 @@ class Snapshot:
     blocked: dict[str, str] = field(default_factory=dict)
     behind: dict[str, str] = field(default_factory=dict)
     lease_s: float = LEASE_S
+    #: The nodes whose ``e31 worker`` prefetches the inputs of runs planned on them (a ``scratch_budget`` in the
+    #: pool file); None: not known, every node counts.
+    prefetching: frozenset[str] | None = None
 
 
 _SPECS: dict[str, JobSpec] = {}  # flow run id -> parsed spec (a run's parameters never change)
@@ -99,7 +102,8 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
     from prefect.client.schemas.objects import StateType
 
     now = time.time() if now is None else now
-    snap = Snapshot(now=now, nodes=nodes_of(pool), lease_s=lease_s)
+    snap = Snapshot(now=now, nodes=nodes_of(pool), lease_s=lease_s,
+                    prefetching=frozenset(name for n in pool.nodes if n.scratch_budget for name in n.names()))
     alive = live_nodes(client, pool, now, lease_s)
     runs = cache.read(client, now) if cache is not None else \
         read_all(client, pool, flow_run_filter(state=state_filter(ACTIVE)))

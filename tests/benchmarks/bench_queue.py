@@ -187,7 +187,7 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
               f"then {median:.2f} s (median of 5; read {statistics.median(t.read_s for t in steady):.2f} s, plan "
               f"{statistics.median(t.plan_s for t in steady) * 1000:.0f} ms; {writes} reasons rewritten in the 5 "
               f"ticks, {kept} left for later: the service's write budget, e31.deployments.scheduler.MAX_WAITS and "
-              f"MAX_WAIT_S, and the deep queue's pace, e31.flows.queue.record.REASON_EVERY_S)   target < 1 s: "
+              f"MAX_WAIT_S, and the deep queue's pace, e31.flows.queue.pace)   target < 1 s: "
               f"{'met' if median < 1 else 'missed'}")
         print(f"  a tick reading every active run (the scheduler's full read, once a minute): "
               f"{statistics.median(full):.2f} s (median of 3)")

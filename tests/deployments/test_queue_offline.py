@@ -83,3 +83,30 @@ def test_the_scheduler_ticks_again_at_once_only_after_a_placement_or_an_ending()
                                                             "stale", "undone"]
     assert at_once({**zero, "wait": 25, "deferred": 448, "kept": 20, "unchanged": 3}) is False
     assert at_once(zero) is False
+
+
+def test_a_waiting_runs_planned_start_counts_as_moved_by_the_rules_of_its_depth():
+    """pace.start_moved: near the front (not deep), a move of AHEAD_S / 2 (60 s)
+    or more; deep in the queue, within DEEP_AHEAD_S no move counts while the
+    scheduled time is 30 s or more ahead, and beyond it a move counts from
+    DRIFT (a quarter) of the time until the start."""
+    from datetime import datetime, timezone
+
+    from e31.flows.queue import pace
+
+    now = 1_000_000.0
+
+    def at(seconds: float) -> datetime:
+        return datetime.fromtimestamp(now + seconds, timezone.utc)
+
+    assert pace.AHEAD_S == 120 and pace.DEEP_AHEAD_S == 600 and pace.DRIFT == 0.25
+    assert [pace.start_moved(now + 300, at(300 + d), now, deep=False) for d in (0, 59, -59, 60, -61)] == \
+        [False, False, False, True, True]
+    assert [pace.start_moved(now + 30, at(s), now, deep=False) for s in (120, 61, 59)] == [False, False, True]
+    # deep, planned within the floor: only a scheduled time that nears (under 30 s) or stands far beyond it
+    assert [pace.start_moved(now + 100, at(s), now, deep=True) for s in (600, 300, 30, 29, 660, 661)] == \
+        [False, False, False, True, False, True]
+    # deep, planned an hour ahead: a quarter of that (900 s) is no move; more is
+    assert [pace.start_moved(now + 3600, at(3600 + d), now, deep=True) for d in (899, -899, 901, -901)] == \
+        [False, False, True, True]
+    assert pace.start_moved(now + 3600, None, now, deep=True)

@@ -10,11 +10,11 @@ import uuid
 from pathlib import Path
 
 
-def _spec(name: str, root: Path):
+def _spec(name: str, root: Path, duration: str = "5s"):
     from e31.specs import parse_spec
 
     return parse_spec({"name": name, "work": {"kind": "simulation", "command": [sys.executable, "-c", "pass"]},
-                       "request": {"cpus": 1, "duration": "5s", "limit": "1m"},
+                       "request": {"cpus": 1, "duration": duration, "limit": "1m" if duration == "5s" else "2h"},
                        "output": {"kind": "results", "url": str(root / "out" / name), "files": ["r.json"]}})
 
 
@@ -34,11 +34,11 @@ class _Pool:
                                 "nodes": [{"name": "n1", "gpus": 0, "cpus": 1, "memory": "1GiB"}]})
         self.template, self.tag, self.root = E31Worker.get_default_base_job_template(), uuid.uuid4().hex[:6], root
 
-    def submit(self, client, name: str) -> str:
+    def submit(self, client, name: str, duration: str = "5s") -> str:
         from e31.flows.deploy import parameters
         from e31.flows.queue import submit
 
-        spec = _spec(f"{name}-{self.tag}", self.root)
+        spec = _spec(f"{name}-{self.tag}", self.root, duration)
         return str(submit(client, self.spec, parameters(spec, None), ["e31"], self.template).id)
 
 
@@ -288,43 +288,83 @@ def test_a_submission_sent_twice_creates_one_run(prefect_api, tmp_path):
 def test_deep_in_the_queue_a_reason_is_rewritten_at_most_once_a_minute(prefect_api, tmp_path, monkeypatch):
     """Beyond the REASON_DEPTH soonest waiting runs (1 here), a run whose
     planner reason is younger than REASON_EVERY_S keeps it when the plan
-    moves (counted ``kept``), unless its scheduled time nears, while a run
-    that never had a planner reason gets one at once, however deep.  (No worker answers for n1: every run
-    waits; cancelling the middle one changes the last one's reason.)"""
+    moves it by more than DRIFT (counted ``kept``), unless its scheduled
+    time nears, while a run that never had a planner reason gets one at
+    once, however deep; a deep run's reason names no job it waits for.
+    (No worker answers for n1: every run waits; jobs of 30 minutes, so
+    cancelling the middle one moves the last one's start 30 minutes
+    earlier.)"""
     from prefect.client.orchestration import get_client
     from datetime import datetime, timedelta, timezone
 
     from prefect.states import Cancelled, Scheduled
 
     from e31.deployments.scheduler import tick
-    from e31.flows.queue import AHEAD_S, QUEUED, RunCache
+    from e31.flows.queue import QUEUED, RunCache
     from e31.flows.queue import record
 
     monkeypatch.setattr(record, "REASON_DEPTH", 1)
     made = _Pool(tmp_path)
     with get_client(sync_client=True) as client:
-        runs = [made.submit(client, name) for name in ("a", "b", "c")]
+        runs = [made.submit(client, name, "30m") for name in ("a", "b", "c")]
         cache = RunCache(made.spec, full_every_s=3600)
         first = tick(client, made.spec, cache=cache).counts
-        before = client.read_flow_run(runs[2]).state.message
+        soonest = client.read_flow_run(runs[0]).state.message
+        before = client.read_flow_run(runs[2])
         client.set_flow_run_state(runs[1], Cancelled(), force=True)
         moved = tick(client, made.spec, cache=cache).counts
-        kept = client.read_flow_run(runs[2]).state.message
+        kept = client.read_flow_run(runs[2])
         monkeypatch.setattr(record, "REASON_EVERY_S", 0.0)
         again = tick(client, made.spec, cache=cache).counts
-        last = client.read_flow_run(runs[2]).state.message
+        last = client.read_flow_run(runs[2])
         # kept so long that its scheduled time nears (10 s away, under AHEAD_S / 4): rewritten however young,
         # before Prefect's late-runs service marks it Late (a new cache: a state set by hand shows at a full read)
         monkeypatch.setattr(record, "REASON_EVERY_S", 3600.0)
         soon = datetime.now(timezone.utc) + timedelta(seconds=10)
-        client.set_flow_run_state(runs[2], Scheduled(name=QUEUED, message=last, scheduled_time=soon), force=True)
+        client.set_flow_run_state(runs[2], Scheduled(name=QUEUED, message=last.state.message, scheduled_time=soon),
+                                  force=True)
         near = tick(client, made.spec, cache=RunCache(made.spec, full_every_s=3600)).counts
-        ahead_s = (client.read_flow_run(runs[2]).next_scheduled_start_time - datetime.now(timezone.utc)).total_seconds()
-    assert (near["wait"], near["kept"]) == (1, 0)
-    assert AHEAD_S - 30 < ahead_s <= AHEAD_S  # pushed AHEAD_S ahead again
+        pushed = client.read_flow_run(runs[2]).next_scheduled_start_time
     assert (first["wait"], first["kept"]) == (3, 0)  # every run's first planner reason, however deep
-    assert before.endswith(f" UTC on n1, after job b-{made.tag} ({runs[1][:8]}) ends")
+    assert soonest.endswith(" UTC on n1, once node n1's e31 worker answers")  # the soonest: nothing ahead on n1
+    assert before.state.message.endswith(" UTC on n1") and ", after job " not in before.state.message  # deep
     assert (moved["wait"], moved["kept"], moved["unchanged"]) == (0, 1, 1)  # the soonest (a) is as it was
-    assert kept == before  # younger than REASON_EVERY_S: the plan moved, the reason waits
+    assert (kept.state.message, kept.next_scheduled_start_time) == (before.state.message,
+                                                                     before.next_scheduled_start_time)
     assert (again["wait"], again["kept"]) == (1, 0)  # once REASON_EVERY_S has passed it is rewritten
-    assert last.endswith(f" UTC on n1, after job a-{made.tag} ({runs[0][:8]}) ends")
+    # 30 minutes earlier: after a (30 min), not after a and b (60 min); its scheduled time is its planned start
+    assert 1500 < (before.next_scheduled_start_time - last.next_scheduled_start_time).total_seconds() < 2100
+    assert (near["wait"], near["kept"]) == (1, 0)
+    assert abs((pushed - last.next_scheduled_start_time).total_seconds()) < 60  # pushed back to its planned start
+
+
+def test_deep_in_the_queue_a_start_within_the_floor_is_no_change(prefect_api, tmp_path, monkeypatch):
+    """A deep run (beyond REASON_DEPTH, 1 here) planned to start within
+    DEEP_AHEAD_S gets a scheduled time DEEP_AHEAD_S ahead, and a plan that
+    moves its start within that is no rewrite (``unchanged``): its reason
+    names neither clock-exact start nor the job it waits for."""
+    from prefect.client.orchestration import get_client
+    from datetime import datetime, timezone
+
+    from prefect.states import Cancelled
+
+    from e31.deployments.scheduler import tick
+    from e31.flows.queue import RunCache
+    from e31.flows.queue import record
+
+    monkeypatch.setattr(record, "REASON_DEPTH", 1)
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        runs = [made.submit(client, name) for name in ("a", "b", "c")]  # 5 s each
+        cache = RunCache(made.spec, full_every_s=3600)
+        first = tick(client, made.spec, cache=cache).counts
+        before = client.read_flow_run(runs[2])
+        client.set_flow_run_state(runs[1], Cancelled(), force=True)
+        moved = tick(client, made.spec, cache=cache).counts
+        after = client.read_flow_run(runs[2])
+        ahead_s = (before.next_scheduled_start_time - datetime.now(timezone.utc)).total_seconds()
+    assert first["wait"] == 3
+    assert record.DEEP_AHEAD_S - 60 < ahead_s <= record.DEEP_AHEAD_S  # record uses pace.DEEP_AHEAD_S
+    assert (moved["wait"], moved["kept"], moved["unchanged"]) == (0, 0, 2)
+    assert (after.state.message, after.next_scheduled_start_time) == (before.state.message,
+                                                                       before.next_scheduled_start_time)
