@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 from prefect.client.schemas.objects import FlowRun
@@ -193,3 +194,39 @@ def test_a_chain_of_three_handed_over_runs_is_held_by_its_first_and_named_by_its
     _chain_handovers(snap2, {a2: NOW - 2})
     assert snap2.behind == {c: b2}
     assert snap2.running == [RunningJob(b2, "n1", (0, 1), 1, 0, NOW - 2, NOW - 2 + 30 + 30)]
+
+
+def test_once_the_process_ahead_is_seen_alive_here_the_api_is_read_every_ten_seconds():
+    """The run ahead's flow run is read from the API at the first turn; once
+    its flow process is seen alive on this machine, the next read is
+    API_ALIVE_EVERY_S (10 s) later, not API_EVERY_S (2 s): over a 4.5 s wait
+    that ends with the process, one read (the old pace made three)."""
+    from e31.flows.queue import handover
+
+    ahead = uuid.uuid4()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env={**os.environ, "PREFECT__FLOW_RUN_ID": str(ahead)})
+    reads = []
+    try:
+        run = FlowRun(id=ahead, flow_id=uuid.uuid4(), name="ahead", state=Running(), infrastructure_pid=str(proc.pid))
+
+        class _Api:  # the run as the API would answer it, while its process runs
+            def read_flow_run(self, key):
+                reads.append(key)
+                return run
+
+        started = time.monotonic()
+
+        def stop() -> bool:
+            if time.monotonic() - started >= 4.5 and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            return time.monotonic() - started > 60
+
+        waited = wait_for_run_ahead(str(ahead), stop=stop, say=lambda line: None, client=_Api())
+    finally:
+        proc.kill()
+        proc.wait()
+    assert reads == [str(ahead)]
+    assert 4.5 <= waited < 10
+    assert (handover.API_EVERY_S, handover.API_ALIVE_EVERY_S) == (2.0, 10.0)
