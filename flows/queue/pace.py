@@ -15,7 +15,9 @@ from datetime import datetime
 
 from e31.flows.queue.mapping import AHEAD_S
 
-_CLOCK = re.compile(r"\d\d:\d\d:\d\d UTC")
+#: A clock time as :func:`e31.flows.placement.text.clock` writes it: ``02:40:05 UTC``, ``02:40 UTC`` (a
+#: whole minute), with the date before it when not today's.
+_CLOCK = re.compile(r"(?:\d{4}-\d\d-\d\d )?\d\d:\d\d(?::\d\d)? UTC")
 
 
 #: Waiting runs, soonest planned start first, whose reason and planned start every tick keeps exact; each

@@ -110,3 +110,24 @@ def test_a_waiting_runs_planned_start_counts_as_moved_by_the_rules_of_its_depth(
     assert [pace.start_moved(now + 3600, at(3600 + d), now, deep=True) for d in (899, -899, 901, -901)] == \
         [False, False, True, True]
     assert pace.start_moved(now + 3600, None, now, deep=True)
+
+
+def test_a_reason_that_differs_only_in_its_clock_times_is_the_same_reason():
+    """pace.same_but_clocks ignores every clock time the planner's text
+    writes (``clock``: seconds dropped on a whole minute, the date when not
+    today's), and nothing else: before the fix a start on a whole minute
+    (``11:24 UTC``, 1 in 60) made a deep run's unchanged reason a change."""
+    from e31.flows.placement.text import clock
+    from e31.flows.queue.pace import same_but_clocks
+
+    now = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC, a whole minute
+
+    def reason(t: float) -> str:
+        return f"Queued: waiting for 1 CPU on one node (0 free on n1); earliest start {clock(t, now)} on n1"
+
+    assert [clock(t, now) for t in (now + 5, now, now + 86400)] == ["08:00:05 UTC", "08:00 UTC",
+                                                                     "2027-01-16 08:00 UTC"]
+    assert same_but_clocks(reason(now + 5), reason(now))
+    assert same_but_clocks(reason(now), reason(now + 86400 + 7))
+    assert not same_but_clocks(reason(now), reason(now).replace("on n1", "on n2"))
+    assert not same_but_clocks(None, reason(now))
