@@ -35,6 +35,7 @@ from pydantic import Field
 
 from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, ProcessWorker
 
+from e31.deployments.runevents import PollGate
 from e31.errors import InvalidInput
 from e31.flows.deploy import ENTRYPOINT
 from e31.flows.queue import WORKER_TYPE
@@ -129,6 +130,7 @@ class E31Worker(ProcessWorker):
         self._listened: subprocess.Popen | None = None  # the warm process last seen listening
         self._depth = 0  # setup() calls not yet torn down
         self._followers: list[Any] = []  # the asyncio tasks that poll when a run is placed
+        self._gate = PollGate()  # which polls ask the server (all until the event stream is up)
         self.flows: dict[int, str] = {}  # pid -> flow run id of each flow process this worker started, while it runs
         self.draining = False  # stopping: no new run is taken (see drain())
         self._told: set[int] = set()  # flow processes drain() signalled
@@ -179,12 +181,17 @@ class E31Worker(ProcessWorker):
 
     def _follow_placements(self) -> None:
         """Poll at once when the scheduler places a run of the pool (the server's ``Placed`` events,
-        :func:`e31.deployments.runevents.follow`), besides the poll every ``PREFECT_WORKER_QUERY_SECONDS``."""
+        :func:`e31.deployments.runevents.follow`), besides the poll every ``PREFECT_WORKER_QUERY_SECONDS``
+        (which asks the server only every ``QUIET_POLL_S`` while the events come: :class:`PollGate`)."""
         import asyncio
 
         from e31.deployments.runevents import WORKER_EVENTS, follow
 
-        placed = asyncio.Event()
+        placed, gate = asyncio.Event(), self._gate
+
+        def on_placed(event: Any) -> None:
+            gate.seen(event)
+            placed.set()
 
         async def poll_when_placed() -> None:
             while True:
@@ -195,7 +202,7 @@ class E31Worker(ProcessWorker):
                 except Exception as exc:  # the periodic poll goes on
                     self._logger.debug("poll after a placement failed: %s: %s", type(exc).__name__, exc)
 
-        self._followers = [asyncio.create_task(follow(self._work_pool_name, WORKER_EVENTS, lambda _: placed.set())),
+        self._followers = [asyncio.create_task(follow(self._work_pool_name, WORKER_EVENTS, on_placed, gate.connected)),
                            asyncio.create_task(poll_when_placed())]
 
     async def teardown(self, *exc_info: Any) -> None:
@@ -330,10 +337,11 @@ class E31Worker(ProcessWorker):
 
     async def _get_scheduled_flow_runs(self) -> list[Any]:
         """Prefect's scheduled runs of the pool, less those not placed on this
-        node (each poll also restarts a warm process that died)."""
+        node (each poll also restarts a warm process that died); none, without
+        asking the server, when :class:`PollGate` says this poll need not."""
         self._keep_warm()
         await self._warm_ready()
-        if self.draining:
+        if self.draining or not self._gate.ask():
             return []
         runs = await super()._get_scheduled_flow_runs()
         return [r for r in runs if (r.flow_run.job_variables or {}).get("e31_node") == self.node]

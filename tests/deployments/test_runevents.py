@@ -55,3 +55,29 @@ def test_the_scheduler_wakes_on_submissions_and_ends_not_on_its_own_reason_rewri
             assert not wake.wait(2)  # nothing else came
         finally:
             wake.close()
+
+
+def test_a_workers_poll_asks_the_server_after_a_placement_or_every_quiet_interval(monkeypatch):
+    """PollGate: until the event stream is up every poll asks; once it is,
+    a poll asks only after a Placed event since the last one that asked, or
+    QUIET_POLL_S (10 s) after it; a lost stream makes every poll ask again."""
+    from e31.deployments import runevents
+
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    gate = runevents.PollGate()
+    assert gate.quiet_s == runevents.QUIET_POLL_S == 10.0
+    assert [gate.ask(), gate.ask()] == [True, True]  # no stream yet: Prefect's poll interval
+    gate.connected(True)
+    clock[0] = 101.0
+    assert [gate.ask(), gate.ask()] == [False, False]  # the last asked 1 s ago, and nothing was placed since
+    gate.seen()
+    clock[0] = 102.0
+    assert [gate.ask(), gate.ask()] == [True, False]  # a placement: ask once
+    clock[0] = 111.9
+    assert gate.ask() is False
+    clock[0] = 112.0
+    assert [gate.ask(), gate.ask()] == [True, False]  # the quiet interval's own poll
+    gate.connected(False)
+    assert [gate.ask(), gate.ask()] == [True, True]
+    assert (gate.placed, gate.asked) == (1, 6)
