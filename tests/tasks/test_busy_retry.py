@@ -107,17 +107,38 @@ def test_other_answers_are_returned_as_they_are(server):
 def test_the_async_client_of_a_worker_retries_quickly_too(server):
     from prefect.client.orchestration import PrefectClient
 
-    server.busy["/api/flow_runs/abc/labels"] = 2
+    server.busy["/api/flow_runs/abc/set_state"] = 2
 
     async def main() -> tuple[int, tuple[int, int]]:
         async with PrefectClient(server.url) as client:
             retry_busy_quickly(client)
             retry_busy_quickly(client)  # twice: still one layer
-            response = await client.request("PATCH", "/flow_runs/abc/labels", json={"a": "b"})
+            response = await client.request("POST", "/flow_runs/abc/set_state", json={"a": "b"})
             return response.status_code, busy_retries(client)
 
     assert asyncio.run(main()) == (200, (2, 1))
     assert len(server.seen) == 3
+
+
+def test_a_workers_labels_of_a_run_are_left_to_prefect_s_back_off(server):
+    """PATCH /flow_runs/{id}/labels (nothing waits for it) is not resent
+    quickly: its 503 goes to Prefect's own retry (~2 s later)."""
+    from prefect.client.orchestration import PrefectClient
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    server.busy["/api/flow_runs/abc/labels"] = 1
+
+    async def main() -> tuple[int, tuple[int, int], float]:
+        async with PrefectClient(server.url) as client:
+            retry_busy_quickly(client)
+            started = time.monotonic()
+            response = await client.request("PATCH", "/flow_runs/abc/labels", json={"a": "b"})
+            return response.status_code, busy_retries(client), time.monotonic() - started
+
+    with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 1}):
+        status, counted, took = asyncio.run(main())
+    assert (status, counted, len(server.seen)) == (200, (0, 0), 2)  # the 503, then Prefect's own retry
+    assert took > 1.0  # Prefect's back-off (2 s with jitter) came between, not a quick resend (20 ms)
 
 
 @pytest.mark.parametrize("body, headers", [
