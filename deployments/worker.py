@@ -180,16 +180,21 @@ class E31Worker(ProcessWorker):
         await end_orphans(self._client, self._work_pool_name, self.node, self._logger)
 
     def _follow_placements(self) -> None:
-        """Poll at once when the scheduler places a run of the pool (the server's ``Placed`` events,
+        """Poll at once when the scheduler places a run on this node (the server's ``Placed`` events,
         :func:`e31.deployments.runevents.follow`), besides the poll every ``PREFECT_WORKER_QUERY_SECONDS``
         (which asks the server only every ``QUIET_POLL_S`` while the events come: :class:`PollGate`)."""
         import asyncio
 
         from e31.deployments.runevents import WORKER_EVENTS, follow
+        from e31.flows.queue.mapping import placed_on
 
         placed, gate = asyncio.Event(), self._gate
 
         def on_placed(event: Any) -> None:
+            resource = getattr(event, "resource", None)
+            node = placed_on(resource.get("prefect.state-message") if resource is not None else None)
+            if node is not None and node != self.node:  # another node's run (unreadable: polled, to be safe)
+                return
             gate.seen(event)
             placed.set()
 

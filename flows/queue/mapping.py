@@ -23,6 +23,10 @@ NODE_VAR, DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = "e31_node", "gpu_devices", "cpus"
 #: PATCH against the work pool's whole variables schema (jsonschema, inside a write transaction), which was
 #: the largest single cost of the server under a busy queue (bench_queue, py-spy: 17 % of its busy CPU).
 PLANNED_ON = re.compile(r"; earliest start [^;]*? UTC on ([A-Za-z0-9][A-Za-z0-9._-]*)")
+#: The node a placed run starts on, as its ``Placed`` state message names it (``starts now on n1, ...``;
+#: ``handed over behind a (1f0e2d3c) on n1: ...``: e31.flows.queue.record): a worker told of a placement by
+#: the server's events (which carry the message) polls only for its own node's.  Read with :func:`placed_on`.
+PLACED_ON = re.compile(r"^(?:starts now|handed over behind .*? \([0-9a-f]{8}\)) on ([A-Za-z0-9][A-Za-z0-9._-]*)[,:]")
 #: The run a handed-over run waits behind, in its ``job_variables``: its flow process starts (and stages its
 #: inputs) while that run ends, and its work starts once that run's flow process has ended (see HANDOVER_S).
 AFTER_VAR = "e31_after"
@@ -81,6 +85,13 @@ def planned_node(state: Any) -> str | None:
     message).  See :data:`PLANNED_ON`."""
     message = getattr(state, "message", None) if getattr(state, "name", None) == QUEUED else None
     found = PLANNED_ON.search(message) if message else None
+    return found.group(1) if found else None
+
+
+def placed_on(message: str | None) -> str | None:
+    """The node a ``Placed`` state's message (or None) says its run starts
+    on; None when it names none (see :data:`PLACED_ON`)."""
+    found = PLACED_ON.match(message) if message else None
     return found.group(1) if found else None
 
 

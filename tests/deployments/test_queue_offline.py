@@ -131,3 +131,23 @@ def test_a_reason_that_differs_only_in_its_clock_times_is_the_same_reason():
     assert same_but_clocks(reason(now), reason(now + 86400 + 7))
     assert not same_but_clocks(reason(now), reason(now).replace("on n1", "on n2"))
     assert not same_but_clocks(None, reason(now))
+
+
+def test_a_placed_runs_node_is_read_from_its_state_message():
+    """mapping.placed_on reads the node from the Placed messages the
+    scheduler writes (a start: start_reason; a handover, its own wording),
+    and nothing from any other message: a worker then polls at once only
+    for its own node's placements (None: it polls, to be safe)."""
+    from e31.flows.placement.model import QueuedJob
+    from e31.flows.placement.reasons import start_reason
+    from e31.flows.queue.mapping import placed_on
+
+    job = QueuedJob(id="r1", name="a", gpus=2, cpus=8, memory=2**35, submitted=0.0, runtime_s=60.0, limit_s=120.0)
+    start = start_reason(job, "gpu-2.b", 0b11, 3600.0, 0.0)
+    assert start.startswith("starts now on gpu-2.b, GPUs 0,1, 8 CPUs, 32 GiB")
+    handover = ("handed over behind nightly on n1 (1f0e2d3c) on n3: its flow process starts now and stages the "
+                "inputs; the work starts once nightly on n1 has returned its output (planned 02:40:00 UTC)")
+    assert [placed_on(m) for m in (start, start + " (its inputs are staged there)", handover)] == \
+        ["gpu-2.b", "gpu-2.b", "n3"]
+    assert [placed_on(m) for m in (None, "", "Queued: waiting for 1 CPU; earliest start 02:40 UTC on n1",
+                                   "refused: never fits")] == [None, None, None, None]
