@@ -20,7 +20,8 @@ visible through a filter that returns few runs:
   UI): a final type with an ``end_time`` since the last read (Prefect's
   ``SetEndTime`` rule sets it on every entry into a final state, forced or not);
 * a node's prefetcher tagging a queued run whose inputs it staged: the
-  queued runs tagged ``e31-staged`` (few: a node's scratch budget bounds them).
+  queued runs tagged ``e31-staged`` (few: a node's scratch budget bounds them;
+  not read when no node of the pool file has one).
 
 What the scheduler writes itself it records here as the server answered it
 (:meth:`RunCache.note_state`, :meth:`RunCache.note_variables`), and it writes
@@ -102,6 +103,10 @@ class RunCache:
         self.silent_since: dict[str, float] = {}  # node -> time.monotonic() its worker was first seen past the lease
         self.ended_at: dict[str, float] = {}  # run id -> Unix seconds of its end, for runs seen ending (the last 1,000)
         self._executor: ThreadPoolExecutor | None = None
+        #: whether a node of the pool prefetches (a ``scratch_budget``): else no run is tagged ``e31-staged``,
+        #: and a tick does not ask (one filter read of five; a tag put by a worker whose pool file differs
+        #: from this one's is seen at the next full read)
+        self.prefetching = any(n.scratch_budget for n in pool.nodes)
 
     def read(self, client: Any, now: float | None = None, full: bool = False) -> list[Any]:
         """The pool's active runs now.  The first call (or ``full``) reads
@@ -199,7 +204,8 @@ class RunCache:
         moving = read_all(client, self.pool, flow_run_filter(state=state_filter(MOVING)))
         ended = read_all(client, self.pool, flow_run_filter(state=state_filter(ENDED),
                                                            end_time=FlowRunFilterEndTime(after_=since)))
-        staged = read_all(client, self.pool, flow_run_filter(state=state, tags=FlowRunFilterTags(all_=[STAGED])))
+        staged = read_all(client, self.pool, flow_run_filter(state=state, tags=FlowRunFilterTags(all_=[STAGED]))) \
+            if self.prefetching else []
         seen = {str(r.id) for r in moving}
         left = [key for key, run in self.runs.items()  # left the moving types without ending (a flow retry)
                 if run.state is not None and run.state.type.value in MOVING and key not in seen]

@@ -26,12 +26,12 @@ class _Pool:
     """A one-node pool (n1) of its own on the session server; ``submit``
     creates a queued run of a small job named ``NAME-<tag>``."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, **node: object):
         from e31.deployments.worker import E31Worker
         from e31.specs.pool import parse_pool
 
         self.spec = parse_pool({"pool_version": 1, "name": f"c{uuid.uuid4().hex[:8]}",
-                                "nodes": [{"name": "n1", "gpus": 0, "cpus": 1, "memory": "1GiB"}]})
+                                "nodes": [{"name": "n1", "gpus": 0, "cpus": 1, "memory": "1GiB", **node}]})
         self.template, self.tag, self.root = E31Worker.get_default_base_job_template(), uuid.uuid4().hex[:6], root
 
     def submit(self, client, name: str, duration: str = "5s") -> str:
@@ -368,3 +368,28 @@ def test_deep_in_the_queue_a_start_within_the_floor_is_no_change(prefect_api, tm
     assert (moved["wait"], moved["kept"], moved["unchanged"]) == (0, 0, 2)
     assert (after.state.message, after.next_scheduled_start_time) == (before.state.message,
                                                                        before.next_scheduled_start_time)
+
+
+def test_a_prefetchers_staged_tag_is_read_at_each_tick_only_where_a_node_prefetches(prefect_api, tmp_path):
+    """The tags a node's prefetcher puts on a queued run (``e31-staged``,
+    ``e31-staged:NODE``) are read at the next incremental read when a node
+    of the pool has a ``scratch_budget``; without one no tick asks for them
+    (nobody tags), and a tag put anyway shows at the next full read."""
+    from prefect.client.orchestration import get_client
+
+    from e31.flows.queue import RunCache
+
+    seen = {}
+    for budget in ("1GiB", None):
+        made = _Pool(tmp_path, **({"scratch_budget": budget} if budget else {}))
+        with get_client(sync_client=True) as client:
+            run = made.submit(client, "a")
+            cache = RunCache(made.spec, full_every_s=3600, margin_s=0)  # margin 0: the submission is not read again
+            cache.read(client)
+            client.update_flow_run(run, tags=["e31", "e31-staged", "e31-staged:n1"])
+            cache.read(client)
+            incremental = sorted(cache.runs[run].tags)
+            cache.read(client, full=True)
+            seen[budget] = (cache.prefetching, incremental, sorted(cache.runs[run].tags))
+    staged = ["e31", "e31-staged", "e31-staged:n1"]
+    assert seen == {"1GiB": (True, staged, staged), None: (False, ["e31"], staged)}
