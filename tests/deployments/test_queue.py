@@ -307,8 +307,9 @@ def test_cancel_takes_a_queued_job_out_and_stops_a_running_one(prefect_api, tmp_
         q.scheduler()
         q.worker("n1", 8)
         running = q.submit(q.job("long-one", 8, 120)).split("flow run ")[1].split()[0]
-        queued = q.submit(q.job("never", 8, 1)).split("flow run ")[1].split()[0]
         wait_for(lambda: any((q.root / "scratch-n1").glob("long-one/output/started.json")), what="the first job")
+        # submitted once the first runs: in one tick with it, the shorter job goes first (and ends before its cancel)
+        queued = q.submit(q.job("never", 8, 1)).split("flow run ")[1].split()[0]
         out = subprocess.run([q.exe, "cancel", "never", "--pool", str(q.pool)], capture_output=True, text=True)
         assert out.returncode == 0 and out.stdout == f"cancelled never ({queued}): removed from the queue\n"
         out = subprocess.run([q.exe, "cancel", running[:8], "--pool", str(q.pool)], capture_output=True, text=True)
