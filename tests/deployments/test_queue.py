@@ -764,6 +764,10 @@ def test_a_job_waiting_behind_another_ends_with_its_manifest_when_cancelled_or_d
         wait_for(lambda: _handed_over(q, ahead), what="the handed-over run's wait")
         out = subprocess.run([q.exe, "cancel", first, "--pool", str(q.pool)], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
+        # e31 cancel does not wait for the run's end: its manifest (and the end of its wait, whose marker the
+        # next run's wait below looks for) comes once its flow process saw the cancel
+        wait_for(lambda: final_manifest(tmp_path / "out" / "wait-b" / "partial") is not None, timeout=60,
+                 what="the cancelled job's manifest")
         cancelled = final_manifest(tmp_path / "out" / "wait-b" / "partial")
         second = q.submit(q.job("wait-c", 0, 1, cpus=2)).split("flow run ")[1].split()[0]
         wait_for(lambda: _handed_over(q, ahead), what="the second handed-over run's wait")
