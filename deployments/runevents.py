@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 #: State names whose events make the scheduler tick at once: a run's end frees its resources, a
 #: submission (and each requeue) may start at once, a run late or awaiting a retry is due.
@@ -128,6 +128,41 @@ class PollGate:
         self._polled, self._at = placed, now
         self.asked += 1
         return True
+
+
+def poll_on_placements(work_pool: str, node: str, gate: PollGate, poll: Callable[[], Awaitable[Any]],
+                       logger: Any) -> list[asyncio.Task]:
+    """A worker's two asyncio tasks (to cancel at its teardown) that call
+    ``poll()`` (Prefect's ``get_and_submit_flow_runs``) at once when a run of
+    the work pool ``work_pool`` is placed on ``node``: the server's ``Placed``
+    events (:func:`follow`), of which those whose state message names another
+    node (:func:`e31.flows.queue.mapping.placed_on`) are left alone (one
+    naming none wakes it, to be safe).  ``gate`` is told of the stream and
+    the events.  A poll that fails is logged at debug level: the worker's
+    own poll every ``PREFECT_WORKER_QUERY_SECONDS`` goes on (asking the
+    server only every :data:`QUIET_POLL_S` while the events come)."""
+    from e31.flows.queue.mapping import placed_on
+
+    placed = asyncio.Event()
+
+    def on_placed(event: Any) -> None:
+        resource = getattr(event, "resource", None)
+        if placed_on(resource.get("prefect.state-message") if resource is not None else None) not in (None, node):
+            return  # another node's run
+        gate.seen(event)
+        placed.set()
+
+    async def poll_when_placed() -> None:
+        while True:
+            await placed.wait()
+            placed.clear()
+            try:
+                await poll()  # Prefect skips runs it is already submitting
+            except Exception as exc:
+                logger.debug("poll after a placement failed: %s: %s", type(exc).__name__, exc)
+
+    return [asyncio.create_task(follow(work_pool, WORKER_EVENTS, on_placed, gate.connected)),
+            asyncio.create_task(poll_when_placed())]
 
 
 class Wakeup:

@@ -180,35 +180,12 @@ class E31Worker(ProcessWorker):
         await end_orphans(self._client, self._work_pool_name, self.node, self._logger)
 
     def _follow_placements(self) -> None:
-        """Poll at once when the scheduler places a run on this node (the server's ``Placed`` events,
-        :func:`e31.deployments.runevents.follow`), besides the poll every ``PREFECT_WORKER_QUERY_SECONDS``
-        (which asks the server only every ``QUIET_POLL_S`` while the events come: :class:`PollGate`)."""
-        import asyncio
+        """Poll at once when the scheduler places a run on this node
+        (:func:`e31.deployments.runevents.poll_on_placements`)."""
+        from e31.deployments.runevents import poll_on_placements
 
-        from e31.deployments.runevents import WORKER_EVENTS, follow
-        from e31.flows.queue.mapping import placed_on
-
-        placed, gate = asyncio.Event(), self._gate
-
-        def on_placed(event: Any) -> None:
-            resource = getattr(event, "resource", None)
-            node = placed_on(resource.get("prefect.state-message") if resource is not None else None)
-            if node is not None and node != self.node:  # another node's run (unreadable: polled, to be safe)
-                return
-            gate.seen(event)
-            placed.set()
-
-        async def poll_when_placed() -> None:
-            while True:
-                await placed.wait()
-                placed.clear()
-                try:
-                    await self.get_and_submit_flow_runs()  # Prefect skips runs it is already submitting
-                except Exception as exc:  # the periodic poll goes on
-                    self._logger.debug("poll after a placement failed: %s: %s", type(exc).__name__, exc)
-
-        self._followers = [asyncio.create_task(follow(self._work_pool_name, WORKER_EVENTS, on_placed, gate.connected)),
-                           asyncio.create_task(poll_when_placed())]
+        self._followers = poll_on_placements(self._work_pool_name, self.node, self._gate, self.get_and_submit_flow_runs,
+                                             self._logger)
 
     async def teardown(self, *exc_info: Any) -> None:
         """Prefect's teardown; the outer one also stops following the

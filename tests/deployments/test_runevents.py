@@ -81,3 +81,50 @@ def test_a_workers_poll_asks_the_server_after_a_placement_or_every_quiet_interva
     gate.connected(False)
     assert [gate.ask(), gate.ask()] == [True, True]
     assert (gate.placed, gate.asked) == (1, 6)
+
+
+def test_a_worker_polls_at_once_only_for_placements_on_its_own_node(monkeypatch):
+    """poll_on_placements: a Placed event whose message names this node, or
+    no node, makes the worker poll (and tells its PollGate); one naming
+    another node does nothing.  The server's event stream is played by a
+    stand-in for ``follow`` (the stream itself: the test above and
+    test_queue's wakeup test, on a real server)."""
+    import asyncio
+    import logging
+
+    from prefect.events.schemas.events import Event
+
+    from e31.deployments import runevents
+
+    def placed(message: str | None) -> Event:
+        resource = {"prefect.resource.id": "prefect.flow-run.1f0e2d3c-0000-4000-8000-000000000000"}
+        return Event(event="prefect.flow-run.Placed",
+                     resource={**resource, **({"prefect.state-message": message} if message else {})})
+
+    stream = [placed("starts now on n2, 1 CPU; expected end 02:40 UTC"), placed("starts now on n1, 1 CPU"),
+              placed("handed over behind a (1f0e2d3c) on n3: its flow process starts now"), placed(None)]
+
+    async def follow(work_pool, states, on_event, connected=None):
+        assert (work_pool, states) == ("e31-pool", ("Placed",))
+        connected(True)
+        for event in stream:
+            on_event(event)
+            await asyncio.sleep(0.05)  # each poll runs before the next event
+        await asyncio.sleep(3600)
+
+    polls = []
+
+    async def poll():
+        polls.append(gate.placed)
+
+    async def main():
+        tasks = runevents.poll_on_placements("e31-pool", "n1", gate, poll, logging.getLogger("test"))
+        await asyncio.sleep(0.5)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    monkeypatch.setattr(runevents, "follow", follow)
+    gate = runevents.PollGate()
+    asyncio.run(main())
+    assert (gate.up, gate.placed, polls) == (True, 2, [1, 2])  # n1's placement, then the one naming no node
