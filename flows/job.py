@@ -32,7 +32,7 @@ from e31.flows.workconfig import child_config
 from e31.flows.resume import JobBusyError, Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
 from e31.specs import JobSpec, mask_url
 from e31.tasks.checkpoint import latest_durable
-from e31.tasks.supervisor.cancel import cancel_requested, cancel_stops_staging
+from e31.tasks.supervisor.cancel import cancel_requested, cancel_stops_staging, watching
 from e31.tasks.storage.credentials import CredentialError
 from e31.tasks.deliver import (ReturnTarget, check_destination, deliver, publish_artifacts,
                            return_task, write_failure_manifest)
@@ -179,7 +179,9 @@ def _run_job(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
         resume = Resume(resume_step(plan), crashed)  # (a fresh start clears the output folder: first)
         # The work's child starts now, importing torch and its entrypoint while the inputs stage.
         prestart(child_config(spec, plan, {}, code_dir), str(plan.run_dir))
-        return _attempt(spec, plan, resume, code_dir)
+        # one reader of this flow run's state (a cancel) for the staging, the wait for the run ahead and the run
+        with watching(str(flow_run.id) if flow_run.id else None):
+            return _attempt(spec, plan, resume, code_dir)
     finally:
         discard(str(plan.run_dir))  # a child the run did not take (staging failed or was cancelled)
         end_attempt(plan)

@@ -23,7 +23,10 @@ POLL_EVERY_S = 2.0  # seconds between state reads
 
 def cancel_requested(flow_run_id: str | None) -> bool:
     """True when the flow run ``flow_run_id`` is ``Cancelling`` or
-    ``Cancelled`` now (one read of the API; an error or no id: False)."""
+    ``Cancelled`` now (one read of the API; an error or no id: False).  It
+    always reads, even while a :class:`CancelWatcher` of the run runs: it
+    answers whether a signal that just came was a cancel's (Prefect's worker
+    sends SIGTERM when it sees one), which a read made before it cannot say."""
     if flow_run_id is None:
         return False
     try:
@@ -34,44 +37,46 @@ def cancel_requested(flow_run_id: str | None) -> bool:
     return state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED)
 
 
-class CancelWatcher:
-    """``cancelled()`` is True once the flow run ``flow_run_id`` was seen
-    being cancelled.  An API error counts as "not cancelled" (the run goes
-    on).  Call :meth:`stop` when done."""
+class _Reader:
+    """The background thread that reads one flow run's state every
+    :data:`POLL_EVERY_S` seconds for every :class:`CancelWatcher` of that run
+    in this process (staging, the wait for the run ahead and the run watch
+    the same run: each read its state at its start and every 2 s, ~4 reads
+    per short job that one reader makes 1-2).  Ends when its last watcher stops."""
 
-    def __init__(self, flow_run_id: str | None):
+    def __init__(self, flow_run_id: str) -> None:
         self.flow_run_id = flow_run_id
-        self._seen = threading.Event()
-        self._wake = threading.Event()
-        self._polled = threading.Condition()
-        self._polls = 0
-        self._failures_in_row = 0
-        self._done = False
-        if flow_run_id is not None:
-            # in a copy of this context: the Prefect settings (API URL) in force here apply there
-            threading.Thread(target=contextvars.copy_context().run, args=(self._loop,), name="e31-cancel-watch",
-                             daemon=True).start()
+        self.users = 0  # watchers attached (guarded by _READERS_LOCK)
+        self.seen = threading.Event()
+        self.wake = threading.Event()
+        self.polled = threading.Condition()
+        self.polls = 0
+        self.failures_in_row = 0
+        self.done = False
+        # in a copy of this context: the Prefect settings (API URL) in force here apply there
+        threading.Thread(target=contextvars.copy_context().run, args=(self._loop,), name="e31-cancel-watch",
+                         daemon=True).start()
 
     def _loop(self) -> None:
         client = None  # one client for the thread's life (one connection, not a new client every poll)
         try:
-            while not self._done and not self._seen.is_set():
+            while not self.done and not self.seen.is_set():
                 try:
                     if client is None:
                         entered = get_client(sync_client=True)
                         entered.__enter__()
                         client = entered
                     state = client.read_flow_run(self.flow_run_id).state
-                    self._failures_in_row = 0
+                    self.failures_in_row = 0
                     if state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED):
-                        self._seen.set()
+                        self.seen.set()
                 except Exception:
-                    self._failures_in_row += 1
-                with self._polled:
-                    self._polls += 1
-                    self._polled.notify_all()
-                self._wake.wait(POLL_EVERY_S)
-                self._wake.clear()
+                    self.failures_in_row += 1
+                with self.polled:
+                    self.polls += 1
+                    self.polled.notify_all()
+                self.wake.wait(POLL_EVERY_S)
+                self.wake.clear()
         finally:
             if client is not None:
                 try:
@@ -79,35 +84,83 @@ class CancelWatcher:
                 except Exception:  # closing a client whose server is gone: nothing to keep
                     pass
 
+
+_READERS: dict[str, _Reader] = {}  # flow run id -> its reader, while a watcher of it runs
+_READERS_LOCK = threading.Lock()
+
+
+class CancelWatcher:
+    """``cancelled()`` is True once the flow run ``flow_run_id`` was seen
+    being cancelled.  An API error counts as "not cancelled" (the run goes
+    on).  The watchers of one flow run in a process share one reader
+    (:class:`_Reader`): a watcher started while another runs reads nothing
+    at its start.  Call :meth:`stop` when done."""
+
+    def __init__(self, flow_run_id: str | None):
+        self.flow_run_id = flow_run_id
+        self._reader: _Reader | None = None
+        self._never = threading.Event()  # the seen event of a watcher without a run id
+        self._stopped = False
+        if flow_run_id is not None:
+            with _READERS_LOCK:
+                reader = _READERS.get(flow_run_id)
+                if reader is None or reader.done:
+                    reader = _READERS[flow_run_id] = _Reader(flow_run_id)
+                reader.users += 1
+            self._reader = reader
+
     def cancelled(self) -> bool:
         """True once a cancel was seen (never blocks)."""
-        return self._seen.is_set()
+        return self._reader is not None and self._reader.seen.is_set()
 
     def api_alive(self) -> bool:
         """False once the last two reads of the flow run failed (the Prefect
         API does not answer); never blocks."""
-        return self._failures_in_row < 2
+        return self._reader is None or self._reader.failures_in_row < 2
 
     @property
     def seen(self) -> threading.Event:
         """The event set when a cancel is seen (for others to wait on or test; do not set it)."""
-        return self._seen
+        return self._reader.seen if self._reader is not None else self._never
 
     def refresh(self, timeout_s: float = 3.0) -> bool:
         """Read the state now (waiting at most ``timeout_s`` seconds for the
         answer) and return :meth:`cancelled`."""
-        if self.flow_run_id is None or self._seen.is_set():
-            return self._seen.is_set()
-        with self._polled:
-            target = self._polls + 1
-            self._wake.set()
-            self._polled.wait_for(lambda: self._polls >= target or self._seen.is_set(), timeout=timeout_s)
-        return self._seen.is_set()
+        reader = self._reader
+        if reader is None or reader.seen.is_set():
+            return self.cancelled()
+        with reader.polled:
+            target = reader.polls + 1
+            reader.wake.set()
+            reader.polled.wait_for(lambda: reader.polls >= target or reader.seen.is_set(), timeout=timeout_s)
+        return reader.seen.is_set()
 
     def stop(self) -> None:
-        """End the background thread."""
-        self._done = True
-        self._wake.set()
+        """Detach from the reader (once; what it saw stays readable here);
+        the last watcher of a run ends its thread."""
+        reader = self._reader
+        if reader is None or self._stopped:
+            return
+        self._stopped = True
+        with _READERS_LOCK:
+            reader.users -= 1
+            if reader.users == 0:
+                reader.done = True
+                reader.wake.set()
+                if _READERS.get(reader.flow_run_id) is reader:
+                    del _READERS[reader.flow_run_id]
+
+
+@contextmanager
+def watching(flow_run_id: str | None) -> Iterator[CancelWatcher]:
+    """A :class:`CancelWatcher` of ``flow_run_id`` for the block: the
+    watchers started within it share its reader (``run_job`` holds one from
+    staging to the return)."""
+    watcher = CancelWatcher(flow_run_id)
+    try:
+        yield watcher
+    finally:
+        watcher.stop()
 
 
 _STAGING: dict[str, threading.Event] = {}  # data folder -> set once its flow run is seen cancelled
