@@ -21,6 +21,21 @@ from typing import Any, Callable
 from e31.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK, E31Error
 
 
+def _seconds(least: float, strict: bool, why: str) -> Callable[[str], float]:
+    """An argparse type: a number of seconds above ``least`` (``strict``) or
+    at least it; else argparse's error naming the option, with ``why``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if value != value or value in (float("inf"), float("-inf")) or value < least or (strict and value == least):
+            raise argparse.ArgumentTypeError(f"{text} seconds: give {'more than' if strict else 'at least'} "
+                                             f"{least:g} ({why})")
+        return value
+    return parse
+
+
 def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     """Add the queue's parsers to ``sub`` (argparse subparsers); returns
     command name -> handler."""
@@ -28,12 +43,15 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
                        description="place the pool's queued flow runs with the planner, every few seconds")
     s.add_argument("--pool", required=True, help="pool file (YAML)")
     s.add_argument("--policy", default="e31", choices=("e31", "fcfs", "easy", "edf"), help="planning policy")
-    s.add_argument("--interval", type=float, default=2.0, help="seconds between ticks when nothing changes")
+    s.add_argument("--interval", type=_seconds(0, True, "the seconds between ticks"), default=2.0,
+                   help="seconds between ticks when nothing changes")
     s.add_argument("--once", action="store_true", help="one tick, then exit")
-    s.add_argument("--lease", type=float, default=60.0,
+    s.add_argument("--lease", type=_seconds(10, False, "a worker's heartbeat comes every 10 s: a shorter lease "
+                                                         "takes live nodes for lost and crashes their runs"),
+                   default=60.0,
                    help="seconds without a worker heartbeat after which its node's runs are crashed and requeued "
                         "(default 60; workers beat every 10 s)")
-    s.add_argument("--handover", type=float, default=10.0, metavar="SECONDS",
+    s.add_argument("--handover", type=_seconds(0, False, "0 turns handovers off"), default=10.0, metavar="SECONDS",
                    help="hand a node's resources over to the next job planned on them this many seconds before the "
                         "running job's planned end: its flow process starts and stages its inputs meanwhile, and its "
                         "work starts once the job ahead has returned its output (default 10; 0: off)")

@@ -151,3 +151,17 @@ def test_a_placed_runs_node_is_read_from_its_state_message():
         ["gpu-2.b", "gpu-2.b", "n3"]
     assert [placed_on(m) for m in (None, "", "Queued: waiting for 1 CPU; earliest start 02:40 UTC on n1",
                                    "refused: never fits")] == [None, None, None, None]
+
+
+@pytest.mark.parametrize("option, value, error", [
+    ("--lease", "0", "argument --lease: 0 seconds: give at least 10 (a worker's heartbeat comes every 10 s: a "
+                     "shorter lease takes live nodes for lost and crashes their runs)"),
+    ("--interval", "-1", "argument --interval: -1 seconds: give more than 0 (the seconds between ticks)"),
+    ("--handover", "-5", "argument --handover: -5 seconds: give at least 0 (0 turns handovers off)"),
+])
+def test_the_scheduler_refuses_a_nonsense_number_of_seconds(option, value, error, tmp_path):
+    """Found by an attack: --lease 0 (every node lost at the first tick),
+    --interval -1 and --handover -5 ran a tick and exited 0."""
+    out = subprocess.run([str(Path(sys.executable).with_name("e31")), "scheduler", "--pool", str(tmp_path / "p.yaml"),
+                          option, value, "--once"], capture_output=True, text=True)
+    assert (out.returncode, out.stdout, out.stderr.splitlines()[-1]) == (2, "", f"e31 scheduler: error: {error}")
