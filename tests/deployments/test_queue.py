@@ -499,7 +499,11 @@ def test_the_scheduler_and_the_worker_wake_on_the_server_s_events(prefect_api, t
         with get_client(sync_client=True) as client:
             wait_for(lambda: client.read_flow_run(run_id).state.is_final(), what="the second run's final state")
             states = [(s.type.value, s.name) for s in client.read_flow_run_states(run_id)]
-            labels = client.read_flow_run(run_id).labels  # written beside the run's start, not before it
+            # written beside the run's start, not before it; a busy database's 503 is left to Prefect's retries
+            # (2, 4, 8... s: busy.UNHURRIED), so they may come after the run's end
+            wait_for(lambda: "prefect.worker.name" in client.read_flow_run(run_id).labels, timeout=90,
+                     what="the worker's labels on the run")
+            labels = client.read_flow_run(run_id).labels
     assert ("SCHEDULED", "Placed") in states and states[-1] == ("COMPLETED", "Completed")
     assert (labels["prefect.worker.name"], labels["prefect.worker.type"]) == ("n1", "e31")
     # both the next tick and the next poll were 600 s away when it was submitted
