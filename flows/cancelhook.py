@@ -56,6 +56,13 @@ def cancelled_message(returned: dict[str, Any] | None | object) -> str:
         return "cancelled: E31 stopped the run before it returned any output (no manifest was written)"
     folder = returned.get("folder") or "."
     where = "at the top of the destination" if folder == "." else f"in {folder}/ at the destination"
+    if returned["status"] == "returning":  # the flow process ended (kill -9) while the output was on its way
+        return (f"cancelled: E31 stopped the work and its return was cut before the end: the manifest {where} still "
+                f"says returning; the output is kept in the job's scratch on its node, and e31 return "
+                f"{returned.get('job') or 'JOB'} there (or the job's next run there) delivers it")
+    if returned["status"] == "completed":  # the cancel came after the work's end: nothing was stopped
+        return (f"cancelled: the work had ended when the cancel came; its output came back whole, completed: "
+                f"{len(returned.get('files') or ())} file(s) {where} (see the manifest there)")
     return (f"cancelled: E31 stopped the work and returned what it had, {returned['status']}: "
             f"{len(returned.get('files') or ())} file(s) {where} (see the manifest there)")
 

@@ -44,7 +44,7 @@ from e31.tasks.supervisor.warm import discard, prestart
 from e31.flows.exitsignals import hold_signals
 from e31.flows.queue.handover import release, run_ahead, signals_end_wait, wait_for_run_ahead
 from e31.tasks.run import SupervisorConfig, run_task
-from e31.tasks.pending import deliver_pending, permanent, recorded_return
+from e31.tasks.pending import RETURNING_FIRST, deliver_pending, permanent, recorded_return
 from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
 from e31.tasks.storage.scratch_cache import data_wait_s, prefetched_seconds
 from e31.tasks.storage.transfer_markers import transferring
@@ -296,7 +296,7 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
     way.  When the destination stays unreachable the output stays in
     scratch with the record; raises :class:`ReturnError`."""
     scratch = Path(plan.scratch)
-    with signals_deferred("e31: returning the output first (kill -9 abandons it)"), \
+    with signals_deferred(RETURNING_FIRST), \
             transferring(plan.job):  # prefetches on this machine pause meanwhile
         try:
             with recorded_return(scratch, target, outcome, spec.output.storage_options,

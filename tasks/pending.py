@@ -159,6 +159,10 @@ def clear_pending(scratch: Path) -> None:
 IN_PROGRESS = "a return was in progress and did not finish (the process was killed, or is still running)"
 
 
+#: What a signal that comes during a return prints (it is not obeyed).
+RETURNING_FIRST = "e31: returning the output first (kill -9 abandons it)"
+
+
 @contextlib.contextmanager
 def recorded_return(scratch: Path, target: ReturnTarget, outcome: RunOutcome,
                     output_options: dict[str, Any] | None = None,
@@ -167,10 +171,16 @@ def recorded_return(scratch: Path, target: ReturnTarget, outcome: RunOutcome,
     byte goes to the destination and removed once the block ends without
     an error, so a return cut in any way (kill -9, a lost machine, the
     store gone) can be finished by ``e31 return JOB`` or the next run.
-    On an error the record stays, naming it."""
+    On an error the record stays, naming it.  A SIGTERM or SIGINT within
+    the block (a Prefect worker sends one after each cancel, whenever its
+    observer sees it) is noted on stderr and does not cut the return: it
+    is bounded, and only kill -9 abandons it."""
+    from e31.tasks.supervisor.process import signals_deferred
+
     save_pending(scratch, target, outcome, IN_PROGRESS, output_options, checkpoints)
     try:
-        yield
+        with signals_deferred(RETURNING_FIRST):
+            yield
     except BaseException as exc:
         from e31.tasks.storage import scrub
 

@@ -351,9 +351,16 @@ def test_the_cancel_hook_says_what_it_found_at_the_destination():
     count and folder), none of this run's, and a destination not read."""
     from e31.flows.cancelhook import UNKNOWN, cancelled_message
 
-    assert cancelled_message({"status": "completed", "files": [{}, {}], "folder": "."}) == (
-        "cancelled: E31 stopped the work and returned what it had, completed: 2 file(s) at the top of the "
+    assert cancelled_message({"status": "partial", "files": [{}, {}], "folder": "partial"}) == (
+        "cancelled: E31 stopped the work and returned what it had, partial: 2 file(s) in partial/ at the "
         "destination (see the manifest there)")
+    assert cancelled_message({"status": "completed", "files": [{}, {}], "folder": "."}) == (
+        "cancelled: the work had ended when the cancel came; its output came back whole, completed: 2 file(s) at "
+        "the top of the destination (see the manifest there)")
+    assert cancelled_message({"status": "returning", "job": "nightly", "files": [], "folder": "partial"}) == (
+        "cancelled: E31 stopped the work and its return was cut before the end: the manifest in partial/ at the "
+        "destination still says returning; the output is kept in the job's scratch on its node, and e31 return "
+        "nightly there (or the job's next run there) delivers it")
     assert cancelled_message(None) == ("cancelled: E31 stopped the run before it returned any output (no manifest "
                                        "was written)")
     assert cancelled_message(UNKNOWN) == ("cancelled: E31 stopped the work; the manifest at the job's destination "

@@ -4,6 +4,7 @@ on a real Prefect server, picked up by a real process worker."""
 from __future__ import annotations
 
 import json
+import time
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -57,3 +58,85 @@ def test_cancel_from_the_api_returns_partial_and_stops_the_child(process_worker,
         # checkpoint tasks may start until the run task sees the cancel (one 2 s poll on an idle machine; 4.2 s
         # was seen with both cores busy), none once it has returned the output: an order, not a speed
         assert t.start_time is None or t.start_time <= returned_at
+
+
+def test_a_cancel_as_the_output_starts_back_still_returns_it_whole(process_worker, tmp_path):
+    """The work ends and cancels its own run as it does (a cancel from the UI
+    a moment too late): the work was not stopped, so its output comes back
+    whole (``completed``, at the top of the destination), nothing is left
+    pending, and the run's ``Cancelled`` message says the cancel came after
+    the work's end."""
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    from e31.flows.deploy import deploy_spec
+    from e31.specs import parse_spec
+
+    out = tmp_path / "out"
+    name = f"cancel-at-return-{uuid.uuid4().hex[:6]}"
+    spec = {"name": name, "work": {"kind": "simulation", "entrypoint": "stopwork:cancel_own_run_at_end",
+                                    "params": {"run_name": name, "files": 40, "kib": 256}},
+            "request": {"limit": "60s", "grace": "2s"},
+            "output": {"kind": "results", "url": str(out), "files": ["done.txt"]}}
+    deploy_spec(parse_spec(spec), str(HERE), pool=process_worker, name="cancel-at-return")
+    flow_run = run_deployment("e31-job/cancel-at-return", parameters={"spec": spec, "code_dir": str(HERE)}, timeout=0)
+    with get_client(sync_client=True) as client:
+        _wait_for(lambda: client.read_flow_run(flow_run.id).state.is_final(), timeout=120)
+        state = client.read_flow_run(flow_run.id).state
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["status"], manifest["run_id"]) == ("completed", str(flow_run.id))
+    assert sorted(f["path"] for f in manifest["files"]) == sorted(["done.txt"] + [f"blob-{i}.bin" for i in range(40)])
+    assert not (out / "partial" / "manifest.json").exists()
+    assert list((tmp_path / "worker-scratch").rglob("return-pending.json")) == []
+    assert state.type.value == "CANCELLED"
+    assert state.message == ("cancelled: the work had ended when the cancel came; its output came back whole, "
+                             "completed: 41 file(s) at the top of the destination (see the manifest there)")
+
+
+def test_a_signal_during_the_return_of_a_cancelled_run_does_not_cut_it(prefect_api, scratch, tmp_path):
+    """A cancel from the API stops the work and the run returns its output;
+    a SIGTERM then (a Prefect worker sends one after every cancel, whenever
+    its observer sees it) lands in the middle of that return.  The return
+    goes on to its end: the manifest in partial/ is final and lists every
+    file, and no pending return is left in scratch."""
+    import signal
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.states import Cancelling
+
+    from tests.flows.test_stops import _start_cli
+
+    out = tmp_path / "out"
+    name = f"signal-in-return-{uuid.uuid4().hex[:6]}"
+    proc = _start_cli(tmp_path, _spec(tmp_path, name, step_s=0.1, blobs=300))
+    _wait_for(lambda: len(_durable_steps(out)) >= 1, timeout=120)
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))[0]
+        client.set_flow_run_state(run.id, Cancelling(), force=True)
+
+    def returning() -> bool:
+        try:
+            return json.loads((out / "partial" / "manifest.json").read_text())["status"] == "returning"
+        except (OSError, ValueError, KeyError):
+            return False
+
+    deadline = time.monotonic() + 60
+    while not returning():
+        assert proc.poll() is None and time.monotonic() < deadline, "the return was not seen under way"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    manifest = json.loads((out / "partial" / "manifest.json").read_text())
+    assert (manifest["status"], manifest["reason"], manifest["run_id"]) == ("partial", "cancelled", str(run.id))
+    assert sorted(f["path"] for f in manifest["files"]) == sorted(
+        ["pid.txt", "resumed_from.txt", "stopped_at.txt"] + [f"blob-{i}.bin" for i in range(300)])
+    assert list(scratch.rglob("return-pending.json")) == []
+    assert "e31: returning the output first (kill -9 abandons it)" in stderr
+    assert "Traceback" not in stderr
+    with get_client(sync_client=True) as client:
+        _wait_for(lambda: client.read_flow_run(run.id).state.is_final(), timeout=30)
+        assert client.read_flow_run(run.id).state.type.value == "CANCELLED"
