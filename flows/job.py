@@ -32,7 +32,8 @@ from e31.flows.workconfig import child_config
 from e31.flows.resume import JobBusyError, Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
 from e31.specs import JobSpec, mask_url
 from e31.tasks.checkpoint import latest_durable
-from e31.tasks.supervisor.cancel import cancel_requested, cancel_stops_staging, watching
+from e31.tasks.supervisor.cancel import cancel_requested, cancel_stops_staging, moved_to, watching
+from e31.tasks.supervisor.fence import step_aside
 from e31.tasks.storage.credentials import CredentialError
 from e31.tasks.deliver import (ReturnTarget, check_destination, deliver, publish_artifacts,
                            return_task, write_failure_manifest)
@@ -248,12 +249,14 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
     ahead, told = run_ahead(), []
     if ahead and not stopped:  # handed over behind a run on this node: the work starts once that run has ended
         with cancel_stops_staging(target.run_id, str(plan.data_dir)) as watcher, signals_end_wait() as told:
-            target.handover_wait_s = wait_for_run_ahead(ahead, stop=lambda: watcher.cancelled() or bool(told),
-                                                        say=get_run_logger().info)
+            target.handover_wait_s = wait_for_run_ahead(
+                ahead, stop=lambda: watcher.cancelled() or bool(told) or watcher.moved_to() is not None,
+                say=get_run_logger().info)
         stopped = watcher.cancelled()
         if target.handover_wait_s > HANDOVER_HELD_S:  # the run ahead still held the node: staged before allocation
             target.handover_staging_s, target.staging_s = target.staging_s, 0.0
             target.staged_before_allocation = True if results else None
+    _fence(plan, target.run_id)  # placed elsewhere while it staged or waited: the work never starts here
     if told and not stopped and not cancel_requested(target.run_id):  # a drain or Ctrl-C during the wait
         outcome = RunOutcome(reason="signal", exit_code=None, run_s=0.0,
                              message="stopped by a signal while it waited for the job ahead of it on its node; the "
@@ -295,6 +298,7 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
     A Ctrl-C or SIGTERM during it is noted, not obeyed: the output is on its
     way.  When the destination stays unreachable the output stays in
     scratch with the record; raises :class:`ReturnError`."""
+    _fence(plan, target.run_id)  # no return from a process whose run is another node's now
     scratch = Path(plan.scratch)
     with signals_deferred(RETURNING_FIRST), \
             transferring(plan.job):  # prefetches on this machine pause meanwhile
@@ -319,6 +323,17 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
                     return manifest
         except Exception as cause:
             raise ReturnError(plan, cause) from None
+
+
+def _fence(plan: JobPlan, run_id: str | None) -> None:
+    """When this run was seen placed on another node (its node was taken for
+    lost meanwhile; :mod:`e31.tasks.supervisor.fence`), end this flow
+    process now, writing nothing more: the prestarted child of the work is
+    discarded first.  Returns otherwise."""
+    moved = moved_to(run_id)
+    if moved is not None:
+        discard(str(plan.run_dir))
+        step_aside(run_id, moved)
 
 
 #: Seconds a handed-over run's wait for the run ahead must pass for its staging to count as made before

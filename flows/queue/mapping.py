@@ -9,13 +9,14 @@ from typing import Any
 
 from e31.flows.placement import Node
 from e31.specs.pool import PoolSpec
+from e31.tasks.supervisor.fence import NODE_VAR as FENCE_NODE_VAR  # the flow process fences on it
 
 #: The Prefect worker type of E31 work pools (``e31 worker``, :mod:`e31.deployments.worker`).
 WORKER_TYPE = "e31"
 #: The state names of a waiting and of a placed run (both of type ``Scheduled``).
 QUEUED, PLACED = "Queued", "Placed"
 #: The node, GPU devices and CPUs of a placement, in a flow run's ``job_variables``.
-NODE_VAR, DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = "e31_node", "gpu_devices", "cpus", "e31_attempt"
+NODE_VAR, DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = FENCE_NODE_VAR, "gpu_devices", "cpus", "e31_attempt"
 #: The node a waiting run's reserved start is planned on, as its ``Queued`` state message names it
 #: (``...; earliest start 02:40 UTC on n1, after job a ends``: e31.flows.placement.reasons): that node's
 #: ``e31 worker`` prefetches the run's inputs.  Read with :func:`planned_node`.  It is carried by the message

@@ -18,6 +18,8 @@ from typing import Callable
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
 
+from e31.tasks.supervisor.fence import placed_elsewhere, this_node
+
 POLL_EVERY_S = 2.0  # seconds between state reads
 
 
@@ -46,8 +48,10 @@ class _Reader:
 
     def __init__(self, flow_run_id: str) -> None:
         self.flow_run_id = flow_run_id
+        self.node = this_node()
         self.users = 0  # watchers attached (guarded by _READERS_LOCK)
         self.seen = threading.Event()
+        self.moved_to: str | None = None  # the other node the run was placed on (fencing: e31.tasks.supervisor.fence)
         self.wake = threading.Event()
         self.polled = threading.Condition()
         self.polls = 0
@@ -60,15 +64,16 @@ class _Reader:
     def _loop(self) -> None:
         client = None  # one client for the thread's life (one connection, not a new client every poll)
         try:
-            while not self.done and not self.seen.is_set():
+            while not self.done and not self.seen.is_set() and self.moved_to is None:
                 try:
                     if client is None:
                         entered = get_client(sync_client=True)
                         entered.__enter__()
                         client = entered
-                    state = client.read_flow_run(self.flow_run_id).state
+                    run = client.read_flow_run(self.flow_run_id)
                     self.failures_in_row = 0
-                    if state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED):
+                    self.moved_to = self.moved_to or placed_elsewhere(run, self.node)
+                    if run.state is not None and run.state.type in (StateType.CANCELLING, StateType.CANCELLED):
                         self.seen.set()
                 except Exception:
                     self.failures_in_row += 1
@@ -112,6 +117,13 @@ class CancelWatcher:
     def cancelled(self) -> bool:
         """True once a cancel was seen (never blocks)."""
         return self._reader is not None and self._reader.seen.is_set()
+
+    def moved_to(self) -> str | None:
+        """The other node the run was seen placed on (once seen, for good):
+        this process must stop and write nothing more
+        (:mod:`e31.tasks.supervisor.fence`); None while the run is this
+        node's (never blocks)."""
+        return self._reader.moved_to if self._reader is not None else None
 
     def api_alive(self) -> bool:
         """False once the last two reads of the flow run failed (the Prefect
@@ -161,6 +173,14 @@ def watching(flow_run_id: str | None) -> Iterator[CancelWatcher]:
         yield watcher
     finally:
         watcher.stop()
+
+
+def moved_to(flow_run_id: str | None) -> str | None:
+    """The other node the flow run was seen placed on by this process's
+    reader of it (:meth:`CancelWatcher.moved_to`); None when it was not, or
+    no watcher of the run runs here."""
+    reader = _READERS.get(flow_run_id) if flow_run_id is not None else None
+    return reader.moved_to if reader is not None else None
 
 
 _STAGING: dict[str, threading.Event] = {}  # data folder -> set once its flow run is seen cancelled

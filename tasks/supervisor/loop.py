@@ -30,6 +30,7 @@ from e31.tasks.pending import recorded_return
 from e31.tasks.storage import scrub
 from e31.tasks.storage.local import disk_full, human_size
 from e31.tasks.supervisor.cancel import CancelWatcher
+from e31.tasks.supervisor.fence import step_aside
 from e31.tasks.supervisor.output import OutputForwarder, tail_lines
 from e31.tasks.supervisor.process import WorkTree, set_subreaper
 from e31.tasks.supervisor.progress import ProgressReporter
@@ -199,6 +200,11 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
             clock.update(now)
             if now >= clock.stop_at - settings.grace_s:
                 stop.request(clock.reason)
+            moved = cancel.moved_to()
+            if moved is not None:  # fenced: the run is another node's now; no checkpoint or output from here
+                _signal_group(proc, signal.SIGKILL)
+                tree.kill()
+                step_aside(settings.flow_run_id, moved)
             if cancel.cancelled():
                 stop.request("cancelled")
             if stop.reason and stop.warned_at is None:
@@ -263,6 +269,9 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
         last = uploader.failures[-1]
         outcome.message = "; ".join(filter(None, [
             outcome.message, last if last.startswith("checkpoint ") else "checkpoint upload failed: " + last]))
+    moved = cancel.moved_to()
+    if moved is not None:  # fenced as the work ended: the output is the other node's attempt's to return
+        step_aside(settings.flow_run_id, moved)
     if cancelled:  # delivered now, in this task: a worker may end the process soon after a cancel
         with recorded_return(run_dir.parent, settings.target, outcome, settings.output_options, settings.checkpoints):
             outcome.manifest = deliver(settings.target, outcome)

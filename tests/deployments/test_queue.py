@@ -661,6 +661,67 @@ def test_a_run_started_again_while_its_first_flow_process_still_runs_is_left_to_
         assert "ended with its work still running" not in again
 
 
+
+def test_a_flow_process_left_on_a_lost_node_stops_once_its_run_is_placed_elsewhere(prefect_api, tmp_path):
+    """kill -9 of n1's worker alone: its flow process lives on, but n1 is
+    taken for lost (``--lease 10``) and the job (one retry) is placed on n2
+    once a worker runs there.  The flow process on n1 sees its run placed
+    on n2 and stops: its work is killed before its end, it writes no state,
+    no checkpoint or output after that and no pending return, and says why
+    in the run's log; the attempt on n2 resumes from the newest durable
+    checkpoint and returns the only output (before fencing both ran to
+    their end and the last return won)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from e31.tasks.supervisor.fence import superseded_message
+
+    with queue(tmp_path, {"n1": 0, "n2": 0}) as q:
+        (q.root / "steps.py").write_text(STEPS)
+        q.scheduler("--lease", "10")
+        worker = q.worker("n1", 0)
+        wait_for(lambda: _warm_listening(worker), what="n1's warm process")
+        run_id = q.submit(q.job("fenced", 0, 120, work="steps.py", cpus=2, retries=1)).split("flow run ")[1].split()[0]
+        durable = q.root / "out" / "fenced" / "checkpoints"
+        wait_for(lambda: _durable_step(durable) >= 3, what="three durable steps on n1")
+        orphan = _flow_process(q, "fenced", "n1")
+        orphan_work = int((q.root / "scratch-n1" / "fenced" / "output" / "attempts.txt").read_text().split()[1])
+        os.kill(worker.pid, signal.SIGKILL)  # the worker alone: its flow process lives on
+        worker.wait()
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: any((s.message or "").startswith("Queued: retry 1 of 1") for s in
+                                 client.read_flow_run_states(run_id)), timeout=90, what="the job queued again")
+        q.worker("n2", 0)
+        second = q.root / "scratch-n2" / "fenced" / "output" / "attempts.txt"
+        wait_for(second.exists, timeout=120, what="the job to start again on n2")
+        wait_for(lambda: _gone(orphan) and _gone(orphan_work), timeout=30, what="n1's flow process and work to end")
+        ended_at_step = _durable_step(durable)
+        wait_for(lambda: _done(q, "fenced"), timeout=240, what="the job")
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: client.read_flow_run(run_id).state.is_final(), what="its final state")
+            states = [s.type.value for s in client.read_flow_run_states(run_id)]
+            logs = [entry.message for entry in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))]
+        assert final_manifest(q.root / "out" / "fenced")["status"] == "completed"
+        record = q.record("fenced")
+        assert record["node"] == "n2" and record["resumed_from"] >= 3
+        assert not (q.root / "scratch-n1" / "fenced" / "output" / "record.json").exists()  # n1's work never ended
+        assert len((q.root / "scratch-n1" / "fenced" / "output" / "attempts.txt").read_text().splitlines()) == 1
+        assert list((q.root / "scratch-n1").rglob("return-pending.json")) == []
+        assert not (q.root / "out" / "fenced" / "partial").exists()
+        assert ended_at_step < 120
+        # n1's process wrote no state after n2's start: Crashed (the scheduler's), queued, then n2's attempt only
+        after = states[states.index("CRASHED") + 1:]
+        assert set(after[:-2]) == {"SCHEDULED", "PENDING"} and after[-2:] == ["RUNNING", "COMPLETED"], " ".join(states)
+        assert superseded_message(run_id, "n1", "n2") in logs
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
 def test_a_frozen_server_does_not_make_live_nodes_look_lost(prefect_api, tmp_path):
     """The Prefect server stopped (SIGSTOP) for twice the lease while a job
     runs, and its worker heard from only 6 s after the server answers again:

@@ -165,3 +165,21 @@ def test_the_scheduler_refuses_a_nonsense_number_of_seconds(option, value, error
     out = subprocess.run([str(Path(sys.executable).with_name("e31")), "scheduler", "--pool", str(tmp_path / "p.yaml"),
                           option, value, "--once"], capture_output=True, text=True)
     assert (out.returncode, out.stdout, out.stderr.splitlines()[-1]) == (2, "", f"e31 scheduler: error: {error}")
+
+
+def test_a_flow_process_is_fenced_only_by_a_placement_on_another_node():
+    """``placed_elsewhere``: the node a run names in its ``job_variables``
+    when that is not this process's; nothing for a run queued again (no
+    node), placed back here, or outside a queue (no node of its own)."""
+    from types import SimpleNamespace
+
+    from e31.tasks.supervisor.fence import placed_elsewhere
+
+    def run(**variables):
+        return SimpleNamespace(job_variables=variables)
+
+    assert placed_elsewhere(run(e31_node="n2", e31_attempt=1), "n1") == "n2"
+    assert placed_elsewhere(run(e31_node="n1", e31_attempt=1), "n1") is None
+    assert placed_elsewhere(run(e31_attempt=1), "n1") is None  # queued again, not placed yet
+    assert placed_elsewhere(run(e31_node="n2"), None) is None  # not started by an e31 worker
+    assert placed_elsewhere(SimpleNamespace(job_variables=None), "n1") is None
