@@ -259,10 +259,30 @@ class E31Worker(ProcessWorker):
             if killed:  # its flow process was killed and its work lived on: the node's resources go to the next run
                 self._logger.warning("flow run %s ended with its work still running (pids %s): killed", flow_run.id,
                                      killed)
+            await self._finish_cut_return(flow_run, job)
             if result is not None and result.status_code != 0:  # a cancel that came as it started left it Cancelling
                 from e31.deployments.leftovers import end_cancelling
 
                 await end_cancelling(self._client, flow_run.id, result.status_code, self._logger)
+
+    async def _finish_cut_return(self, flow_run: Any, job: Any) -> None:
+        """A return the ended flow process left cut (it was killed during
+        it): delivered from here, and the run's state set from its manifest
+        (:mod:`e31.deployments.cutreturn`).  Never raises."""
+        import anyio
+
+        from e31.deployments.cutreturn import finish_cut_return, settle_state
+
+        run_logger = self.get_flow_run_logger(flow_run)
+        try:
+            with anyio.CancelScope(shield=True):  # also when the worker stops meanwhile: the return is bounded
+                manifest = await anyio.to_thread.run_sync(finish_cut_return, job, str(flow_run.id),
+                                                          run_logger.warning)
+                if manifest is not None:
+                    await anyio.to_thread.run_sync(settle_state, str(flow_run.id), manifest)
+        except Exception as exc:  # the state is a courtesy: the manifest at the destination is the job's word
+            self._logger.warning("flow run %s: could not settle its state after its cut return: %s: %s",
+                                 flow_run.id, type(exc).__name__, exc)
 
     def drain(self, signum: int = signal.SIGTERM) -> int:
         """Stop taking runs, and send ``signum`` to each flow process this

@@ -17,6 +17,10 @@ from typing import Any
 #: Flow run id -> the manifest this process's run wrote at its destination.
 RETURNED: dict[str, dict[str, Any]] = {}
 
+#: The words of a ``Cancelled`` message whose return was cut (the worker may finish it:
+#: :mod:`e31.deployments.cutreturn`, which then sets the message anew).
+CUT = "its return was cut before the end"
+
 #: What :func:`returned_by` answers when the destination could not be read.
 UNKNOWN = object()
 
@@ -57,7 +61,7 @@ def cancelled_message(returned: dict[str, Any] | None | object) -> str:
     folder = returned.get("folder") or "."
     where = "at the top of the destination" if folder == "." else f"in {folder}/ at the destination"
     if returned["status"] == "returning":  # the flow process ended (kill -9) while the output was on its way
-        return (f"cancelled: E31 stopped the work and its return was cut before the end: the manifest {where} still "
+        return (f"cancelled: E31 stopped the work and {CUT}: the manifest {where} still "
                 f"says returning; the output is kept in the job's scratch on its node, and e31 return "
                 f"{returned.get('job') or 'JOB'} there (or the job's next run there) delivers it")
     if returned["status"] == "completed":  # the cancel came after the work's end: nothing was stopped

@@ -715,6 +715,76 @@ def test_a_flow_process_left_on_a_lost_node_stops_once_its_run_is_placed_elsewhe
         assert superseded_message(run_id, "n1", "n2") in logs
 
 
+
+BLOBS = textwrap.dedent("""
+    import json, os, pathlib, sys
+    out = pathlib.Path(os.environ["E31_OUTPUT_DIR"])
+    for i in range(int(sys.argv[1])):
+        (out / f"blob-{i:03d}.bin").write_bytes(os.urandom(1024 * 1024))
+    (out / "record.json").write_text(json.dumps({"blobs": int(sys.argv[1])}))
+""")
+
+
+def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(prefect_api, tmp_path):
+    """kill -9 of a job's flow process in the middle of its return (as
+    Prefect's worker does 30 s after a cancel's SIGTERM, or the OOM killer):
+    the destination said ``returning`` and the job's scratch kept a pending
+    record, which before this only ``e31 return`` or the job's next run on
+    the node finished.  Its worker delivers it once the flow process has
+    ended: every file at the destination with a completed manifest, no
+    pending record left, the run ``Completed`` (held ``Running`` while the
+    worker returned, not left ``Crashed``) and its log saying what the
+    worker did."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from e31.flows.joblock import lock_holder
+
+    with queue(tmp_path, {"n1": 0}) as q:
+        (q.root / "blobs.py").write_text(BLOBS)
+        q.scheduler()
+        worker = q.worker("n1", 0)
+        wait_for(lambda: _warm_listening(worker), what="n1's warm process")
+        spec = q.job("cut", 0, 400, work="blobs.py", cpus=2, duration="1m")
+        run_id = q.submit(spec).split("flow run ")[1].split()[0]
+        out = q.root / "out" / "cut"
+
+        def returning() -> bool:
+            try:
+                return json.loads((out / "manifest.json").read_text())["status"] == "returning"
+            except (OSError, ValueError, KeyError):
+                return False
+
+        deadline = time.monotonic() + 180
+        while not returning():
+            assert final_manifest(out) is None, "the return ended before it could be cut: make it longer"
+            assert time.monotonic() < deadline, "the return was not seen under way"
+            time.sleep(0.005)
+        flow_pid, holder = lock_holder(str(q.root / "scratch-n1" / "cut"))
+        assert holder == run_id
+        os.kill(flow_pid, signal.SIGKILL)
+        wait_for(lambda: final_manifest(out) is not None, timeout=120, what="the return to be finished")
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: client.read_flow_run(run_id).state.is_final(), what="its final state")
+            states = [s.type.value for s in client.read_flow_run_states(run_id)]
+            said = (f"the return of flow run {run_id} was cut when its flow process ended; the worker finished it: "
+                    "completed, 401 file(s)")
+            wait_for(lambda: said in [entry.message for entry in client.read_logs(
+                LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))], timeout=30, what="the worker's log line")
+        manifest = final_manifest(out)
+        assert (manifest["status"], manifest["run_id"]) == ("completed", run_id)
+        assert sorted(f["path"] for f in manifest["files"]) == [f"blob-{i:03d}.bin" for i in range(400)] + ["record.json"]
+        assert all(f["sha256"] == _sha256(out / f["path"]) for f in manifest["files"])
+        assert list((q.root / "scratch-n1").rglob("return-pending.json")) == []
+        # Prefect's worker marks the run Crashed as the flow process ends; E31's holds it Running while it returns
+        assert states[states.index("CRASHED"):] == ["CRASHED", "RUNNING", "COMPLETED"], states
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def _gone(pid: int) -> bool:
     """Whether process ``pid`` has ended (a zombie counts as ended)."""
     try:

@@ -1,0 +1,133 @@
+"""The worker finishes a return its flow process did not.
+
+A return, once begun, is not stopped by SIGTERM or SIGINT
+(:func:`e31.tasks.pending.recorded_return`), but a flow process can still
+die in the middle of one: Prefect's worker kills it with SIGKILL 30 s after
+the SIGTERM of a cancel (a big output to a slow store takes longer), the
+kernel's OOM killer, a kill -9.  The destination then holds a ``returning``
+manifest (honest: its files are in flux) and the job's scratch a pending
+record (``return-pending.json``) whose ``error`` says the return was under
+way.  Without this, only ``e31 return JOB`` on that machine or the job's
+next run there would finish it.
+
+``e31 worker`` calls :func:`finish_cut_return` once a flow process it
+started has ended: when the job's pending record is that flow run's and
+was cut (not a return that failed on its own, which the run already
+reported), it delivers it under the job's lock, logs what it did to the
+run's log, and sets the run's state from the manifest (see
+:func:`settle_state`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+
+def cut_return_of(scratch: Path, flow_run_id: str) -> bool:
+    """Whether ``scratch`` (one job's folder) holds a pending return of the
+    flow run ``flow_run_id`` that was cut while under way (its ``error`` is
+    :data:`e31.tasks.pending.IN_PROGRESS`)."""
+    import json
+
+    from e31.tasks.pending import IN_PROGRESS, PENDING
+
+    try:
+        record = json.loads((Path(scratch) / PENDING).read_text())
+    except (OSError, ValueError):
+        return False
+    return record.get("error") == IN_PROGRESS and (record.get("target") or {}).get("run_id") == flow_run_id
+
+
+def finish_cut_return(job: Any, flow_run_id: str, say: Callable[[str], None]) -> dict[str, Any] | None:
+    """Deliver the cut return of the flow run ``flow_run_id`` of job ``job``
+    kept in this machine's scratch (``$E31_SCRATCH/<job>``); returns the
+    manifest, or None when there was none to finish, the job's lock is held
+    (a next run of the job here delivers it first thing), or the delivery
+    failed (the record stays for ``e31 return``; ``say`` is told why).
+    ``say``: one line for the run's log.  Never raises."""
+    from e31.flows.compile import default_scratch_root
+    from e31.flows.joblock import JobBusyError, lock_job, unlock_job
+    from e31.tasks.pending import deliver_pending
+    from e31.tasks.storage import scrub
+
+    if not isinstance(job, str):
+        return None
+    scratch = default_scratch_root() / job
+    if not cut_return_of(scratch, flow_run_id):
+        return None
+    try:
+        lock_job(str(scratch), job)
+    except (JobBusyError, OSError):
+        return None
+    try:
+        hold_returning(flow_run_id)
+        manifest = deliver_pending(scratch)
+    except Exception as exc:
+        say(f"the return of flow run {flow_run_id} was cut when its flow process ended, and the worker could not "
+            f"finish it ({type(exc).__name__}: {scrub(str(exc))}); the output stays in {scratch}: e31 return {job} "
+            "on this machine delivers it")
+        return None
+    finally:
+        unlock_job(str(scratch))
+    if manifest is not None:
+        say(f"the return of flow run {flow_run_id} was cut when its flow process ended; the worker finished it: "
+            f"{manifest['status']}, {len(manifest.get('files') or ())} file(s)")
+    return manifest
+
+
+#: The name of the ``Running`` state of a run whose cut return its worker finishes.
+RETURNING = "Returning"
+
+
+def hold_returning(flow_run_id: str) -> None:
+    """While the worker finishes the run's return: a run Prefect's worker
+    marked ``Crashed`` (its flow process exited non-zero) is set
+    ``Running`` named :data:`RETURNING` again, so the scheduler neither
+    frees its node nor queues it again meanwhile (its lease still applies:
+    if this worker dies too, the run is crashed as any other).  Best
+    effort: an API error is ignored."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Running
+
+    try:
+        with get_client(sync_client=True) as client:
+            now = client.read_flow_run(flow_run_id).state
+            if now is not None and now.type == StateType.CRASHED:
+                client.set_flow_run_state(flow_run_id, Running(
+                    name=RETURNING, message="its flow process ended during the return of its output; the node's "
+                                            "e31 worker finishes the return"), force=True)
+    except Exception:
+        pass
+
+
+def settle_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
+    """Set the flow run's state from ``manifest`` (its verdict:
+    :func:`e31.flows.statesync.state_of`) when it is still what the killed
+    flow process left: ``Running``, ``Crashed`` (Prefect's worker marks a
+    flow process that exited non-zero so, before E31's worker could
+    deliver), or ``Cancelled`` with the cancel hook's "return was cut"
+    message.  Any other state is left alone: a run queued again meanwhile
+    (Crashed with retries left) runs again.  Returns whether it set one."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import State
+
+    from e31.flows.cancelhook import CUT, cancelled_message
+    from e31.flows.statesync import state_of
+
+    with get_client(sync_client=True) as client:
+        now = client.read_flow_run(flow_run_id).state
+        left = now is not None and (now.type in (StateType.RUNNING, StateType.CRASHED) or
+                                    (now.is_cancelled() and CUT in (now.message or "")))
+        if not left:
+            return False
+        if now is not None and now.is_cancelled():
+            client.set_flow_run_state(flow_run_id, State(type=StateType.CANCELLED, name="Cancelled",
+                                                         message=cancelled_message(manifest)), force=True)
+            return True
+        want = state_of(manifest)
+        client.set_flow_run_state(flow_run_id, State(type=StateType(want["type"]), name=want["name"],
+                                                     message=want["message"]), force=True)
+        return True
