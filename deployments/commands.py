@@ -297,7 +297,7 @@ def _hhmm(ts: float | None) -> str:
 def cmd_queue(args: argparse.Namespace) -> int:
     from prefect.client.orchestration import get_client
 
-    from e31.deployments.runwords import holding
+    from e31.deployments.runwords import holding, node_lines, silent_note
     from e31.deployments.scheduler import snapshot
     from e31.flows.placement import plan
     from e31.flows.queue import humane
@@ -319,7 +319,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
             continue
         run = snap.runs[r.id]
         rows.append((snap.specs[r.id].name, r.id[:8], run.state.name, r.node, ",".join(map(str, r.devices)) or "-",
-                     _hhmm(r.start), holding(run.state)))
+                     _hhmm(r.start), holding(run.state) + silent_note(snap, r.node, snap.now)))
         for key, ahead in snap.behind.items():  # handed over behind it: flow process started, work not yet
             run, follower = snap.runs[key], snap.runs[key].job_variables or {}
             if ahead == r.id:
@@ -328,15 +328,23 @@ def cmd_queue(args: argparse.Namespace) -> int:
                              f"handed over behind {snap.specs[ahead].name} ({ahead[:8]}): its work starts once that "
                              "job has returned its output"))
     for p in placements:
-        reason = humane(p.reason, snap) + (f"; {staging[p.job]}" if p.job in staging else "")
+        reason = humane(p.reason, snap) + (f"; {staging[p.job]}" if p.job in staging else "") + \
+            (silent_note(snap, p.node, snap.now) if p.action == "start" else "")
         rows.append((snap.specs[p.job].name, p.job[:8], "Queued", p.node or "-",
                      ",".join(map(str, p.devices)) or "-", _hhmm(p.start), reason))
     for key, why in sorted(snap.blocked.items(), key=lambda kv: snap.runs[kv[0]].created or 0):  # a job's later runs
         rows.append((snap.specs[key].name, key[:8], "Queued", "-", "-", "-", humane(why, snap)))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(6)]
-    for row in rows:
-        print("  ".join(str(v).ljust(w) for v, w in zip(row[:6], widths)) + "  " + row[6])
+    _table(rows)
+    print()
+    _table([("NODE", "IN USE", "WORKER"), *node_lines(snap, snap.now)])
     return EXIT_OK
+
+
+def _table(rows: list[tuple[str, ...]]) -> None:
+    """Print ``rows`` in aligned columns, the last one left unpadded."""
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(str(v).ljust(w) for v, w in zip(row[:-1], widths)) + "  " + row[-1])
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

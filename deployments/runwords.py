@@ -55,3 +55,45 @@ def holding(state: Any) -> str:
     if kind == "SCHEDULED":
         return "placed: its worker starts it within seconds"
     return "running"
+
+
+#: Seconds of silence after which ``e31 queue`` calls a node's worker silent: two missed heartbeats (every 10 s).
+SILENT_S = 20.0
+
+
+def node_lines(snap: Any, now: float) -> list[tuple[str, str, str]]:
+    """What ``e31 queue`` says of each node of the pool: (node, what its
+    runs hold, its worker).  What its runs hold: GPUs (when it has some),
+    CPUs and memory in use of the node's, and how many runs (``GPUs 6/8,
+    CPUs 3/16, memory 12 GiB/64 GiB; 2 run(s)``).  Its worker: ``heard 3 s
+    ago``; ``silent for 45 s: ...`` past :data:`SILENT_S` (two missed
+    heartbeats: what happens at the lease); ``no worker heard: ...``."""
+    from e31.flows.placement.text import gib
+
+    rows = []
+    for node in snap.nodes:
+        beat = snap.heard.get(node.name)
+        if beat is None:
+            worker = "no worker heard: nothing starts here until one runs (e31 worker --node " + node.name + ")"
+        elif now - beat <= SILENT_S:
+            worker = f"heard {max(0.0, now - beat):.0f} s ago"
+        else:
+            worker = (f"silent for {now - beat:.0f} s: once past the scheduler's lease ({snap.lease_s:g} s unless "
+                      "e31 scheduler --lease says otherwise) its runs are crashed and queued again elsewhere")
+        held = [r for r in snap.running if r.node == node.name and r.id in snap.runs]
+        use = [f"CPUs {sum(r.cpus for r in held)}/{node.cpus}",
+               f"memory {gib(sum(r.memory for r in held))}/{gib(node.memory)}"]
+        if node.gpus:
+            use.insert(0, f"GPUs {sum(len(r.devices) for r in held)}/{node.gpus}")
+        rows.append((node.name, ", ".join(use) + f"; {len(held)} run(s)", worker))
+    return rows
+
+
+def silent_note(snap: Any, node: str | None, now: float) -> str:
+    """``; node g's worker silent for 45 s`` for a run held or planned on a
+    node whose worker has been silent past :data:`SILENT_S` (what it says
+    may not happen there), else ''."""
+    beat = snap.heard.get(node) if node else None
+    if node is None or beat is None or now - beat <= SILENT_S:
+        return ""
+    return f"; node {node}'s worker silent for {now - beat:.0f} s"

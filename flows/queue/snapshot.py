@@ -34,7 +34,8 @@ class Snapshot:
     process runs, its work has not started: see
     :data:`e31.flows.queue.mapping.HANDOVER_S`).  A run behind another holds
     nothing of its own: the planner sees the run ahead holding its
-    resources until its planned end plus the handed-over run's estimate."""
+    resources until its planned end plus the handed-over run's estimate.
+    ``heard``: node -> its worker's last heartbeat (Unix seconds)."""
 
     now: float
     nodes: list[Node]
@@ -48,6 +49,8 @@ class Snapshot:
     blocked: dict[str, str] = field(default_factory=dict)
     behind: dict[str, str] = field(default_factory=dict)
     lease_s: float = LEASE_S
+    #: Node name -> the last heartbeat of its worker (Unix seconds), for every worker the work pool knows.
+    heard: dict[str, float] = field(default_factory=dict)
     #: The nodes whose ``e31 worker`` prefetches the inputs of runs planned on them (a ``scratch_budget`` in the
     #: pool file); None: not known, every node counts.
     prefetching: frozenset[str] | None = None
@@ -74,15 +77,25 @@ def _deadline(spec: JobSpec, start: datetime) -> float | None:
     return deadline.timestamp() if deadline else None
 
 
-def live_nodes(client: Any, pool: PoolSpec, now: float, lease_s: float = LEASE_S) -> dict[str, float]:
-    """Node name -> the last heartbeat (Unix seconds) of its ``e31 worker``,
-    for workers heard from within ``lease_s`` seconds."""
-    found = {}
+def heard(client: Any, pool: PoolSpec) -> dict[str, float]:
+    """Node name -> the last heartbeat (Unix seconds) of its ``e31 worker``
+    (a worker is named after its node), for every worker the work pool
+    knows, however long silent."""
+    found: dict[str, float] = {}
     for worker in client.read_workers_for_work_pool(work_pool_name(pool)):
         beat = _ts(worker.last_heartbeat_time)
-        if beat is not None and now - beat <= lease_s:
+        if beat is not None:
             found[worker.name] = max(beat, found.get(worker.name, 0.0))
     return found
+
+
+def live_nodes(client: Any, pool: PoolSpec, now: float, lease_s: float = LEASE_S,
+               beats: dict[str, float] | None = None) -> dict[str, float]:
+    """Node name -> the last heartbeat (Unix seconds) of its ``e31 worker``,
+    for workers heard from within ``lease_s`` seconds (``beats``: what
+    :func:`heard` answered, else read now)."""
+    beats = heard(client, pool) if beats is None else beats
+    return {node: beat for node, beat in beats.items() if now - beat <= lease_s}
 
 
 def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[str, list[float]] | None = None,
@@ -104,7 +117,8 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
     now = time.time() if now is None else now
     snap = Snapshot(now=now, nodes=nodes_of(pool), lease_s=lease_s,
                     prefetching=frozenset(name for n in pool.nodes if n.scratch_budget for name in n.names()))
-    alive = live_nodes(client, pool, now, lease_s)
+    snap.heard = heard(client, pool)
+    alive = live_nodes(client, pool, now, lease_s, snap.heard)
     runs = cache.read(client, now) if cache is not None else \
         read_all(client, pool, flow_run_filter(state=state_filter(ACTIVE)))
     known = {n.name for n in snap.nodes}
@@ -135,7 +149,10 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
             if node in lost_nodes:
                 snap.lost.append(key)
                 continue
-            start = _ts(run.start_time) or _ts(state.timestamp) or now
+            # Prefect's start_time is the first attempt's: a run queued again and started anew (run_count 2+)
+            # started when it entered its current Running state
+            start = (_ts(state.timestamp) if state.type == StateType.RUNNING and (run.run_count or 0) > 1 else
+                     _ts(run.start_time)) or _ts(state.timestamp) or now
             estimate = estimate_runtime(_secs(req.duration), _secs(req.limit or req.duration),
                                         (history or {}).get(spec.name, ()))
             snap.running.append(RunningJob(

@@ -249,7 +249,11 @@ def test_e31_queue_says_what_each_run_holding_a_node_is_doing(prefect_api, tmp_p
     listed = subprocess.run([str(Path(sys.executable).with_name("e31")), "queue", "--pool", str(pool)],
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
-    said = {line.split()[1]: (line.split()[2], line.split("UTC  ", 1)[1]) for line in listed.stdout.splitlines()[1:]}
+    jobs, nodes = listed.stdout.split("\n\n")
+    said = {line.split()[1]: (line.split()[2], line.split("UTC  ", 1)[1]) for line in jobs.splitlines()[1:]}
+    assert nodes.splitlines()[0].split() == ["NODE", "IN", "USE", "WORKER"]
+    assert [line.split("  ")[0] for line in nodes.splitlines()[1:]] == ["n1"]
+    assert nodes.splitlines()[1].split("  ", 1)[1].strip().startswith("CPUs 4/4, memory 0 B/1 GiB; 4 run(s)  heard ")
     assert said == {
         runs["placed"][:8]: ("Placed", "placed: its worker starts it within seconds"),
         runs["starting"][:8]: ("Pending", "starting: its worker is starting its flow process"),

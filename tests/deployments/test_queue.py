@@ -392,7 +392,7 @@ def test_e31_queue_lists_a_second_run_of_a_job_and_why_it_waits(prefect_api, tmp
         first = q.submit(spec).split("flow run ")[1].split()[0]
         second = q.submit(spec).split("flow run ")[1].split()[0]
         listed = subprocess.run([q.exe, "queue", "--pool", str(q.pool)], capture_output=True, text=True, cwd=q.root)
-    lines = listed.stdout.splitlines()
+    lines = listed.stdout.split("\n\n")[0].splitlines()
     assert [line.split()[:3] for line in lines[1:]] == [["again", first[:8], "Queued"], ["again", second[:8], "Queued"]]
     assert lines[2].endswith(f"waiting for the run again ({first[:8]}) of this job, queued ahead, to end: one run of "
                              "a job at a time")

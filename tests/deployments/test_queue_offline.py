@@ -183,3 +183,30 @@ def test_a_flow_process_is_fenced_only_by_a_placement_on_another_node():
     assert placed_elsewhere(run(e31_attempt=1), "n1") is None  # queued again, not placed yet
     assert placed_elsewhere(run(e31_node="n2"), None) is None  # not started by an e31 worker
     assert placed_elsewhere(SimpleNamespace(job_variables=None), "n1") is None
+
+
+def test_e31_queue_says_what_each_node_holds_and_when_its_worker_was_heard():
+    """``node_lines``: per node, what its runs hold against what it has, and
+    its worker heard lately, silent past two heartbeats (with what the
+    lease then does), or never heard; ``silent_note`` for a run there."""
+    from types import SimpleNamespace
+
+    from e31.deployments.runwords import node_lines, silent_note
+    from e31.flows.placement import Node, RunningJob
+
+    nodes = [Node("g", gpus=8, cpus=16, memory=64 * 2**30), Node("c", gpus=0, cpus=4, memory=2**30),
+             Node("new", gpus=0, cpus=4, memory=2**30)]
+    running = [RunningJob(id="a", node="g", devices=(0, 1, 2, 3, 4, 5), cpus=3, memory=12 * 2**30, start=0.0,
+                          expected_end=100.0),
+               RunningJob(id="~down~c", node="c", devices=(), cpus=4, memory=2**30, start=0.0, expected_end=60.0)]
+    snap = SimpleNamespace(nodes=nodes, running=running, runs={"a": object()}, heard={"g": 997.0, "c": 955.0},
+                           lease_s=60.0)
+    assert node_lines(snap, 1000.0) == [
+        ("g", "GPUs 6/8, CPUs 3/16, memory 12 GiB/64 GiB; 1 run(s)", "heard 3 s ago"),
+        ("c", "CPUs 0/4, memory 0 B/1 GiB; 0 run(s)", "silent for 45 s: once past the scheduler's lease (60 s unless "
+              "e31 scheduler --lease says otherwise) its runs are crashed and queued again elsewhere"),
+        ("new", "CPUs 0/4, memory 0 B/1 GiB; 0 run(s)",
+         "no worker heard: nothing starts here until one runs (e31 worker --node new)")]
+    assert silent_note(snap, "c", 1000.0) == "; node c's worker silent for 45 s"
+    assert silent_note(snap, "g", 1000.0) == ""
+    assert silent_note(snap, "new", 1000.0) == ""  # never heard: the node is held, nothing is placed there
