@@ -32,7 +32,7 @@ from e31.flows.workconfig import child_config
 from e31.flows.resume import JobBusyError, Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
 from e31.specs import JobSpec, mask_url
 from e31.tasks.checkpoint import latest_durable
-from e31.tasks.supervisor.cancel import cancel_requested, cancel_stops_staging, moved_to, watching
+from e31.tasks.supervisor.cancel import cancel_requested, cancel_seen, cancel_stops_staging, moved_to, watching
 from e31.tasks.supervisor.fence import step_aside
 from e31.tasks.storage.credentials import CredentialError
 from e31.tasks.deliver import (ReturnTarget, check_destination, deliver, publish_artifacts,
@@ -262,7 +262,9 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
                              message="stopped by a signal while it waited for the job ahead of it on its node; the "
                                      "work did not start")
         return _finish(plan, _return(spec, plan, target, outcome))
-    if stopped or told or cancel_requested(target.run_id):  # cancelled while staging: the work never starts
+    # cancelled while staging: the work never starts (as the reader saw the run last, <= 2 s ago: a cancel since
+    # then reaches the work through the run's own watch of the same reader, as a cancel during the run does)
+    if stopped or told or cancel_seen(target.run_id):
         when = "it waited for the job ahead of it on its node" if target.handover_wait_s else "the inputs were staged"
         outcome = RunOutcome(reason="cancelled", exit_code=None, run_s=0.0,
                              message=f"cancelled while {when}; the work did not start")

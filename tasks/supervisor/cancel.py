@@ -175,6 +175,17 @@ def watching(flow_run_id: str | None) -> Iterator[CancelWatcher]:
         watcher.stop()
 
 
+def cancel_seen(flow_run_id: str | None) -> bool:
+    """Whether this process's reader of the flow run (a watcher of it runs:
+    ``run_job`` holds one from staging to the return) has seen it
+    cancelled, as of its last read (at most :data:`POLL_EVERY_S` seconds
+    ago); without a reader, one read now (:func:`cancel_requested`)."""
+    reader = _READERS.get(flow_run_id) if flow_run_id is not None else None
+    if reader is None or reader.done:
+        return cancel_requested(flow_run_id)
+    return reader.seen.is_set()
+
+
 def moved_to(flow_run_id: str | None) -> str | None:
     """The other node the flow run was seen placed on by this process's
     reader of it (:meth:`CancelWatcher.moved_to`); None when it was not, or
