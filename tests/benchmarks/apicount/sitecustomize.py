@@ -3,7 +3,8 @@ part of E31): put this folder on ``PYTHONPATH`` and set
 ``E31_BENCH_API_CALLS=PREFIX``; at exit the process writes
 ``PREFIX.<pid>.json`` with its HTTP requests by method and route (flow run
 and task run ids replaced by ``{id}``) and the events it sent over the
-events websocket, by event name, and the SSL contexts it created (``ssl.create_default_context``: each
+events websocket, by event name (with ``E31_BENCH_API_WHERE=1``, each
+request also by the innermost E31 line that made it, or ``prefect``), and the SSL contexts it created (``ssl.create_default_context``: each
 parses certifi's bundle, ~30 ms of CPU) with their CPU milliseconds.  Used by ``bench_vs_prefect.py --count-api``."""
 
 from __future__ import annotations
@@ -21,8 +22,22 @@ if _PREFIX:
     _counts: collections.Counter = collections.Counter()
     _ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
+    _WHERE = os.environ.get("E31_BENCH_API_WHERE")  # also count each call by the E31 line that made it
+
+    def _caller() -> str:
+        frame = sys._getframe(3)
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if "/site-packages/" not in name and "/lib/python3" not in name and "apicount" not in name:
+                return f"{os.path.basename(name)}:{frame.f_lineno} {frame.f_code.co_name}"
+            frame = frame.f_back
+        return "prefect"
+
     def _key(request) -> str:
-        return f"{request.method} {_ID.sub('{id}', request.url.path)}"
+        key = f"{request.method} {_ID.sub('{id}', request.url.path)}"
+        if _WHERE:
+            _counts[f"{key} @ {_caller()}"] += 1
+        return key
 
     import httpx
 
