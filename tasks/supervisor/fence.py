@@ -9,7 +9,7 @@ back): left alone it would run beside the new attempt, upload checkpoints
 into the same folder and return its output over the new attempt's, the
 last return winning.  So each flow process compares the node its run is
 placed on now (``e31_node`` in the run's ``job_variables``, read by the
-cancel watcher's reader every 2 s) with its own (``E31_NODE``, set by its
+cancel watcher's reader every 10 s under a worker) with its own (``E31_NODE``, set by its
 worker): once the run names another node, the process kills its work and
 ends with exit status 0 and no state written (the run's state is the new
 attempt's), before any return begins.  A return already under way is left

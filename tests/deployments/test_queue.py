@@ -694,7 +694,7 @@ def test_a_flow_process_left_on_a_lost_node_stops_once_its_run_is_placed_elsewhe
         q.worker("n2", 0)
         second = q.root / "scratch-n2" / "fenced" / "output" / "attempts.txt"
         wait_for(second.exists, timeout=120, what="the job to start again on n2")
-        wait_for(lambda: _gone(orphan) and _gone(orphan_work), timeout=30, what="n1's flow process and work to end")
+        wait_for(lambda: _gone(orphan) and _gone(orphan_work), timeout=60, what="n1's flow process and work to end")
         ended_at_step = _durable_step(durable)
         wait_for(lambda: _done(q, "fenced"), timeout=240, what="the job")
         with get_client(sync_client=True) as client:
