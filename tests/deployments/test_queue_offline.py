@@ -210,3 +210,21 @@ def test_e31_queue_says_what_each_node_holds_and_when_its_worker_was_heard():
     assert silent_note(snap, "c", 1000.0) == "; node c's worker silent for 45 s"
     assert silent_note(snap, "g", 1000.0) == ""
     assert silent_note(snap, "new", 1000.0) == ""  # never heard: the node is held, nothing is placed there
+
+
+def test_the_worker_s_base_environment_is_prefect_s_computed_once_per_settings():
+    """``E31JobConfiguration._base_environment``: what Prefect's gives, a
+    copy each time (a run's change does not reach the next), and computed
+    anew under other settings."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.workers.base import BaseJobConfiguration
+
+    from e31.deployments.worker import E31JobConfiguration
+
+    first = E31JobConfiguration._base_environment()
+    assert first == BaseJobConfiguration._base_environment()
+    first["E31_SCRIBBLE"] = "1"
+    assert "E31_SCRIBBLE" not in E31JobConfiguration._base_environment()
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        assert E31JobConfiguration._base_environment()["PREFECT_API_URL"] == "http://127.0.0.1:9/api"
+    assert E31JobConfiguration._base_environment() == BaseJobConfiguration._base_environment()
