@@ -35,8 +35,8 @@ from e31.tasks.checkpoint import latest_durable
 from e31.tasks.supervisor.cancel import cancel_requested, cancel_seen, cancel_stops_staging, moved_to, watching
 from e31.tasks.supervisor.fence import step_aside
 from e31.tasks.storage.credentials import CredentialError
-from e31.tasks.deliver import (ReturnTarget, check_destination, deliver, publish_artifacts,
-                           return_task, write_failure_manifest)
+from e31.tasks.deliver import (ON_DELIVERED, ReturnTarget, check_destination, deliver, delivered,
+                           publish_artifacts, return_task, write_failure_manifest)
 from e31.tasks.manifest import step_text
 from e31.tasks.outcome import ChildLost, RunOutcome
 from e31.tasks.supervisor.api import api_answers
@@ -52,6 +52,10 @@ from e31.tasks.storage.transfer_markers import transferring
 from e31.tasks.storage import describe_error, scrub
 from e31.tasks.storage.masking import install_log_masking
 from e31.tasks.storage.options import register_destination, register_inputs
+
+
+if release not in ON_DELIVERED:  # a run handed over behind this one starts its work once the output is returned
+    ON_DELIVERED.append(release)
 
 
 class ReturnError(E31Error, RuntimeError):
@@ -131,7 +135,7 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
                 _leave_to_first_process(exc)  # never returns: the release below is the first process's
             raise
         finally:  # the output is returned (or cannot be): a run handed over behind this one starts its work
-            release(str(flow_run.id) if flow_run.id else None)
+            release(str(flow_run.id) if flow_run.id else None)  # (at the latest: the return released it already)
     except JobBusyError as exc:  # refused, not failed: the job's history shows no failure that never ran
         get_run_logger().warning("%s", scrub(str(exc)))
         return Cancelled(name="Refused", message=f"refused: {scrub(str(exc))}", data=exc)
@@ -320,6 +324,7 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
                     except Exception as exc:
                         raise (exc if str(exc) else first) from None
                     DELIVERED[plan.job] = manifest  # the job's word is out, whatever the API does next
+                    delivered(target.run_id)
                     hold_signals()
                     publish_artifacts(target, manifest)
                     return manifest

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -238,8 +238,25 @@ def return_task(req: ReturnTarget, outcome: RunOutcome) -> dict[str, Any]:
     delay ``E31_TRANSFER_BACKOFF_S``, default 2 s, doubling); adds a table
     artifact of the returned files and the job's status."""
     manifest = deliver(req, outcome)
+    delivered(req.run_id)
     publish_artifacts(req, manifest)
     return manifest
+
+
+#: Called with a flow run's id (or None) as soon as its output is returned (the manifest written and
+#: verified), before its artifacts: ``run_job`` registers the release of the run handed over behind it
+#: (:func:`e31.flows.queue.handover.release`), whose work then starts while this process finishes.
+ON_DELIVERED: list[Callable[[str | None], None]] = []
+
+
+def delivered(run_id: str | None) -> None:
+    """Tell each of :data:`ON_DELIVERED` that the run ``run_id`` has returned
+    its output; a hook that raises is skipped (best effort: each is)."""
+    for hook in list(ON_DELIVERED):
+        try:
+            hook(run_id)
+        except Exception:
+            pass
 
 
 def publish_artifacts(req: ReturnTarget, manifest: dict[str, Any]) -> bool:
