@@ -76,26 +76,31 @@ def finish_cut_return(job: Any, flow_run_id: str, say: Callable[[str], None]) ->
     return manifest
 
 
-#: The name of the ``Running`` state of a run whose cut return its worker finishes.
+#: The name of the ``Pending`` state of a run whose cut return its worker finishes.
 RETURNING = "Returning"
 
 
 def hold_returning(flow_run_id: str) -> None:
     """While the worker finishes the run's return: a run Prefect's worker
     marked ``Crashed`` (its flow process exited non-zero) is set
-    ``Running`` named :data:`RETURNING` again, so the scheduler neither
-    frees its node nor queues it again meanwhile (its lease still applies:
-    if this worker dies too, the run is crashed as any other).  Best
-    effort: an API error is ignored."""
+    ``Pending`` named :data:`RETURNING`, so the scheduler neither frees its
+    node nor queues it again meanwhile.  ``Pending``, not ``Running``:
+    entering ``Running`` counts as an attempt in Prefect's ``run_count``,
+    which the scheduler holds against ``request.retries``.  Its lease
+    still applies: if this worker dies too, the run is crashed and, with
+    retries left, queued again; its next run on this node delivers the
+    pending return first (a worker started again crashes it at once, as
+    any run left without a process).  Best effort: an API error is
+    ignored."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
-    from prefect.states import Running
+    from prefect.states import Pending
 
     try:
         with get_client(sync_client=True) as client:
             now = client.read_flow_run(flow_run_id).state
             if now is not None and now.type == StateType.CRASHED:
-                client.set_flow_run_state(flow_run_id, Running(
+                client.set_flow_run_state(flow_run_id, Pending(
                     name=RETURNING, message="its flow process ended during the return of its output; the node's "
                                             "e31 worker finishes the return"), force=True)
     except Exception:
@@ -105,10 +110,10 @@ def hold_returning(flow_run_id: str) -> None:
 def settle_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
     """Set the flow run's state from ``manifest`` (its verdict:
     :func:`e31.flows.statesync.state_of`) when it is still what the killed
-    flow process left: ``Running``, ``Crashed`` (Prefect's worker marks a
-    flow process that exited non-zero so, before E31's worker could
-    deliver), or ``Cancelled`` with the cancel hook's "return was cut"
-    message.  Any other state is left alone: a run queued again meanwhile
+    flow process left: ``Running``, ``Pending`` (:func:`hold_returning`),
+    ``Crashed`` (Prefect's worker marks a flow process that exited non-zero
+    so, before E31's worker could deliver), or ``Cancelled`` with the
+    cancel hook's "return was cut" message.  Any other state is left alone: a run queued again meanwhile
     (Crashed with retries left) runs again.  Returns whether it set one."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
@@ -119,7 +124,7 @@ def settle_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
 
     with get_client(sync_client=True) as client:
         now = client.read_flow_run(flow_run_id).state
-        left = now is not None and (now.type in (StateType.RUNNING, StateType.CRASHED) or
+        left = now is not None and (now.type in (StateType.RUNNING, StateType.PENDING, StateType.CRASHED) or
                                     (now.is_cancelled() and CUT in (now.message or "")))
         if not left:
             return False

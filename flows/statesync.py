@@ -48,8 +48,9 @@ def remember(scratch: Path, manifest: dict[str, Any]) -> Path | None:
 
 def apply_pending(scratch_root: Path) -> list[str]:
     """Set the recorded state of every job under ``scratch_root`` whose
-    record is there (forcing it over ``Running``); returns the flow run ids
-    set.  A record the API does not take now stays for a later try."""
+    record is there (forcing it over ``Running``, or ``Crashed``: the
+    process was killed, and its output is now delivered); returns the flow
+    run ids set.  A record the API does not take now stays for a later try."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
     from prefect.states import State
@@ -60,7 +61,7 @@ def apply_pending(scratch_root: Path) -> list[str]:
             record = json.loads(path.read_text())
             with get_client(sync_client=True) as client:
                 current = client.read_flow_run(record["run_id"]).state
-                if current is None or not current.is_final():
+                if current is None or not current.is_final() or current.is_crashed():
                     client.set_flow_run_state(record["run_id"], State(
                         type=StateType(record["type"]), name=record["name"], message=record["message"]), force=True)
             path.unlink()

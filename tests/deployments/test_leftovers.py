@@ -397,3 +397,27 @@ def test_a_flow_process_still_in_exec_is_not_taken_for_gone():
             proc.kill()
             proc.wait()
     assert taken_for_gone == 0
+
+
+def test_a_crashed_run_whose_output_is_delivered_later_takes_its_manifest_s_state(prefect_api, tmp_path):
+    """``apply_pending`` (``e31 return``, a job's next run): a run left
+    ``Crashed`` (its process killed during the return) is set to what its
+    delivered manifest says; a run that ended otherwise is left as it is."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Crashed
+
+    from e31.flows.statesync import apply_pending, remember
+
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        crashed, cancelled = made.submit(client, "cut"), made.submit(client, "other")
+        client.set_flow_run_state(crashed, Crashed(message="Process exited with status code: -9."), force=True)
+        client.set_flow_run_state(cancelled, Cancelled(message="cancelled while queued"), force=True)
+    scratch = tmp_path / "scratch"
+    for name, run in (("cut", crashed), ("other", cancelled)):
+        (scratch / name).mkdir(parents=True)
+        remember(scratch / name, {"run_id": run, "status": "completed", "reason": "finished", "message": None})
+    assert sorted(apply_pending(scratch)) == sorted([crashed, cancelled])  # both records are settled
+    with get_client(sync_client=True) as client:
+        assert _state(client, crashed) == ("COMPLETED", "Completed", "completed (finished)")
+        assert _state(client, cancelled) == ("CANCELLED", "Cancelled", "cancelled while queued")
