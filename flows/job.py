@@ -33,7 +33,7 @@ from e31.flows.resume import JobBusyError, Resume, end_attempt, open_scratch, re
 from e31.specs import JobSpec, mask_url
 from e31.tasks.checkpoint import latest_durable
 from e31.tasks.supervisor.cancel import cancel_requested, cancel_seen, cancel_stops_staging, moved_to, watching
-from e31.tasks.supervisor.fence import step_aside
+from e31.tasks.supervisor.fence import moved_now, step_aside
 from e31.tasks.storage.credentials import CredentialError
 from e31.tasks.deliver import (ON_DELIVERED, ReturnTarget, check_destination, deliver, delivered,
                            publish_artifacts, return_task, write_failure_manifest)
@@ -136,6 +136,7 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
             raise
         finally:  # the output is returned (or cannot be): a run handed over behind this one starts its work
             release(str(flow_run.id) if flow_run.id else None)  # (at the latest: the return released it already)
+            _fence_at_end(str(flow_run.id) if flow_run.id else None)
     except JobBusyError as exc:  # refused, not failed: the job's history shows no failure that never ran
         get_run_logger().warning("%s", scrub(str(exc)))
         return Cancelled(name="Refused", message=f"refused: {scrub(str(exc))}", data=exc)
@@ -197,8 +198,23 @@ def _target(plan: JobPlan) -> ReturnTarget:
     return ReturnTarget(
         job=plan.job, run_id=str(flow_run.id) if flow_run.id else None, output_dir=str(plan.output_dir),
         output_url=plan.output_url, declared=plan.output_files, gpus=plan.gpus, cpus=plan.cpus,
-        spec_sha256=plan.spec_sha256, checkpoint_url=plan.checkpoint_url,
+        spec_sha256=plan.spec_sha256, checkpoint_url=plan.checkpoint_url, attempt=attempt_token(),
     )
+
+
+_ATTEMPT: dict[int, str] = {}  # pid -> this flow process's attempt token (made in the process: forks differ)
+
+
+def attempt_token() -> str:
+    """A token of this flow process's attempt at its run: its node (or
+    host), pid and 8 random hex digits, made once per process."""
+    import socket
+    import uuid
+
+    pid = os.getpid()
+    if pid not in _ATTEMPT:
+        _ATTEMPT[pid] = f"{os.environ.get('E31_NODE') or socket.gethostname()}-{pid}-{uuid.uuid4().hex[:8]}"
+    return _ATTEMPT[pid]
 
 
 def _checkpoints(spec: JobSpec, plan: JobPlan, run_id: str | None) -> dict[str, Any]:
@@ -330,6 +346,18 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
                     return manifest
         except Exception as cause:
             raise ReturnError(plan, cause) from None
+
+
+def _fence_at_end(run_id: str | None) -> None:
+    """Before the engine writes this run's final state: one read of the run
+    (on a queue only) and, when it was placed on another node meanwhile
+    (its return was under way when that happened), end this process
+    without writing it (:func:`e31.tasks.supervisor.fence.step_aside`):
+    the run is the other attempt's, whose resources a final state would
+    free while its work runs.  Returns otherwise."""
+    moved = moved_now(run_id)
+    if moved is not None:
+        step_aside(run_id, moved)
 
 
 def _fence(plan: JobPlan, run_id: str | None) -> None:

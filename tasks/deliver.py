@@ -93,7 +93,11 @@ class ReturnTarget:
     ``checkpoint_url`` (a sub-folder of the output URL by default) and
     ``handover_wait_s`` (seconds a run handed over behind another waited,
     after its staging, for that run to end; 0: none) with
-    ``handover_staging_s`` (its staging, made meanwhile: not metered)."""
+    ``handover_staging_s`` (its staging, made meanwhile: not metered), and
+    ``attempt``: a token of the flow process that ran this attempt of the
+    run (a run queued again after its node was lost runs again under the
+    same flow run id, elsewhere: its return replaces the earlier
+    attempt's even when that one was complete; None: not known)."""
 
     job: str
     run_id: str | None
@@ -109,6 +113,7 @@ class ReturnTarget:
     staged_before_allocation: bool | None = None
     handover_wait_s: float = 0.0
     handover_staging_s: float = 0.0
+    attempt: str | None = None
 
 
 def existing_manifest(output_url: str) -> dict[str, Any] | None:
@@ -162,8 +167,9 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
     """
     started = time.monotonic()
     top = read_manifest(req.output_url)
-    if top and top.get("run_id") == req.run_id and top.get("status") == "completed":
-        return top  # never downgrade a completed run
+    if top and top.get("run_id") == req.run_id and top.get("status") == "completed" and \
+            top.get("attempt") == req.attempt:
+        return top  # never downgrade a completed run (the same attempt returning again: a late signal, a retry)
     files, refused = regular_files(Path(req.output_dir))
     reserved = (*_skip(req), MANIFEST)
     for _, rel in files:
@@ -208,6 +214,7 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
         stale=stale,
         peak_memory=out.peak_memory,
         staged_before_allocation=req.staged_before_allocation,
+        attempt=req.attempt,
     )
     if completed:
         Destination(storage.join(req.output_url, PARTIAL)).clear()  # superseded by this complete output

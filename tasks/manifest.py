@@ -65,6 +65,7 @@ def build_manifest(
     stale: list[str] | None = None,
     peak_memory: int = 0,
     staged_before_allocation: bool | None = None,
+    attempt: str | None = None,
 ) -> dict[str, Any]:
     """The manifest as a JSON-ready dict.
 
@@ -81,6 +82,8 @@ def build_manifest(
     are, relative to ``output.url`` (``.`` for a completed run, ``partial``
     for any other); ``stale``: other files found beside the manifest that
     no E31 run of the job wrote (left in place, not part of the output).
+    ``attempt``: a token of the flow process that made this attempt of the
+    run (see :class:`e31.tasks.deliver.ReturnTarget`).
     ``staged_before_allocation``: True when every input was found staged
     and unchanged at the run's start (copied ahead by the node's prefetcher,
     ``timings.prefetch_s``, or by an earlier run, or by the run itself
@@ -96,6 +99,7 @@ def build_manifest(
     manifest: dict[str, Any] = {
         "job": job,
         "run_id": run_id,
+        "attempt": attempt,
         "status": verdict.status,
         "reason": verdict.reason,
         "message": verdict.message,

@@ -14,7 +14,9 @@ worker): once the run names another node, the process kills its work and
 ends with exit status 0 and no state written (the run's state is the new
 attempt's), before any return begins.  A return already under way is left
 to end (it is bounded; the new attempt's return, after its own work,
-comes later and replaces it whole).
+comes later and replaces it whole: each manifest names its ``attempt``);
+the process then reads its run once more before its end, and steps aside
+rather than end the run that is now the other node's.
 
 A run placed back on the same node is not fenced: its second flow process
 finds the job's lock held by the first and leaves the run to it
@@ -46,6 +48,22 @@ def placed_elsewhere(run: Any, node: str | None) -> str | None:
         return None
     placed = (getattr(run, "job_variables", None) or {}).get(NODE_VAR)
     return placed if isinstance(placed, str) and placed and placed != node else None
+
+
+def moved_now(run_id: str | None) -> str | None:
+    """One read of the flow run now: the other node it is placed on, or
+    None (not placed elsewhere, outside a queue, no run id, or the API did
+    not answer)."""
+    node = this_node()
+    if node is None or run_id is None:
+        return None
+    try:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            return placed_elsewhere(client.read_flow_run(run_id), node)
+    except Exception:
+        return None
 
 
 def superseded_message(run_id: str | None, node: str | None, moved_to: str) -> str:

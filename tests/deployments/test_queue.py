@@ -782,6 +782,67 @@ def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(pr
         assert states[states.index("CRASHED"):] == ["CRASHED", "PENDING", "COMPLETED"], states
         assert attempts == 1
 
+
+PLACE_AWAY = textwrap.dedent("""
+    import json, os, pathlib, sys
+    from datetime import datetime, timedelta, timezone
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.states import Running, Scheduled
+    out = pathlib.Path(os.environ["E31_OUTPUT_DIR"])
+    (out / "record.json").write_text(json.dumps({"node": os.environ.get("E31_NODE")}))
+    with get_client(sync_client=True) as client:  # as the scheduler and n2's worker would: placed on n2, started
+        for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[sys.argv[1]]))):
+            later = datetime.now(timezone.utc) + timedelta(hours=1)  # queued (no worker takes it), then placed on n2
+            client.set_flow_run_state(run.id, Scheduled(name="Queued", scheduled_time=later), force=True)
+            client.update_flow_run(run.id, job_variables={"e31_node": "n2", "gpu_devices": [], "cpus": 1})
+            client.set_flow_run_state(run.id, Running(), force=True)
+""")
+
+
+def test_a_flow_process_whose_run_is_placed_elsewhere_as_it_ends_writes_no_final_state(prefect_api, tmp_path):
+    """A run on n1 whose node was taken for lost is placed on n2 and started
+    there while n1's flow process still returns its output (here its work
+    does the scheduler's and n2's part as it ends; no scheduler runs).  n1's
+    flow process, whatever it returned, then ends without writing the run's
+    final state: a ``Completed`` from n1 freed n2's resources while the work
+    there still ran (found by an attack).  It says why in the run's log."""
+    from datetime import datetime, timezone
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.states import Scheduled
+
+    from e31.tasks.supervisor.fence import superseded_message
+
+    with queue(tmp_path, {"n1": 0, "n2": 0}) as q:
+        (q.root / "away.py").write_text(PLACE_AWAY)
+        worker = q.worker("n1", 0)
+        wait_for(lambda: _warm_listening(worker), what="n1's warm process")
+        spec = q.job("away", 0, 1)
+        raw = json.loads(spec.read_text())
+        raw["work"]["command"] = [sys.executable, "away.py", "away"]
+        spec.write_text(json.dumps(raw))
+        run_id = q.submit(spec).split("flow run ")[1].split()[0]
+        with get_client(sync_client=True) as client:  # placed on n1 by hand (no scheduler runs here)
+            client.update_flow_run(run_id, job_variables={"e31_node": "n1", "gpu_devices": [], "cpus": 1})
+            client.set_flow_run_state(run_id, Scheduled(name="Placed", scheduled_time=datetime.now(timezone.utc)),
+                                      force=True)
+            said = superseded_message(run_id, "n1", "n2")
+            wait_for(lambda: said in [entry.message for entry in client.read_logs(
+                LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))], timeout=120, what="n1's step aside")
+            time.sleep(3)  # what n1's worker would write after its flow process ended, it has written
+            states = [(s.type.value, s.name) for s in client.read_flow_run_states(run_id)]
+        manifest = final_manifest(q.root / "out" / "away")
+    # n1's start, then the work's placement on n2 and n2's start: nothing written after it from n1
+    assert states[-6:] == [("SCHEDULED", "Placed"), ("PENDING", "Pending"), ("PENDING", "Submitting"),
+                           ("RUNNING", "Running"), ("SCHEDULED", "Queued"), ("RUNNING", "Running")], states
+    assert not any(kind in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") for kind, _ in states), states
+    if manifest is not None:  # its return had begun before the placement was seen: whole, and n1's attempt's
+        assert manifest["status"] == "completed" and manifest["attempt"].startswith("n1-")
+        assert [f["path"] for f in manifest["files"]] == ["record.json"]
+    assert list((q.root / "scratch-n1").rglob("return-pending.json")) == []
+
 def _sha256(path: Path) -> str:
     import hashlib
 

@@ -87,3 +87,4 @@ def cancel_own_run_at_end(ctx) -> None:
         for run in runs:
             client.set_flow_run_state(run.id, Cancelling(), force=True)
     os._exit(0)  # at once: the supervisor sees the work end before its next read of the run's state
+

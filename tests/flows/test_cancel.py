@@ -140,3 +140,4 @@ def test_a_signal_during_the_return_of_a_cancelled_run_does_not_cut_it(prefect_a
     with get_client(sync_client=True) as client:
         _wait_for(lambda: client.read_flow_run(run.id).state.is_final(), timeout=30)
         assert client.read_flow_run(run.id).state.type.value == "CANCELLED"
+

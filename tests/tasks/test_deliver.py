@@ -43,6 +43,32 @@ def test_completed_run_is_never_downgraded(tmp_path):
     assert (newer["run_id"], newer["status"]) == ("run-2", "partial")
 
 
+def test_a_later_attempt_of_the_same_run_replaces_its_completed_output_whole(tmp_path):
+    """A run queued again after its node was lost runs under the same flow
+    run id: each attempt's manifest names it, and a completed output is
+    kept against the same attempt only (before, the later attempt's return
+    was skipped and its output thrown away: found by an attack)."""
+    import dataclasses
+
+    out = tmp_path / "scratch-out"
+    out.mkdir()
+    (out / "a.txt").write_text("from n1")
+    (out / "old.txt").write_text("only n1 wrote this")
+    n1 = dataclasses.replace(_target(tmp_path), attempt="n1-100-aaaaaaaa")
+    first = deliver(n1, RunOutcome(reason="finished", exit_code=0, run_s=1.0))
+    assert first["attempt"] == "n1-100-aaaaaaaa"
+    (out / "old.txt").unlink()
+    (out / "a.txt").write_text("from n2")
+    assert deliver(n1, RunOutcome(reason="finished", exit_code=0, run_s=1.0)) == first  # the same attempt: kept
+    n2 = dataclasses.replace(_target(tmp_path), attempt="n2-200-bbbbbbbb")
+    second = deliver(n2, RunOutcome(reason="finished", exit_code=0, run_s=1.0))
+    assert (second["attempt"], second["status"]) == ("n2-200-bbbbbbbb", "completed")
+    assert [f["path"] for f in second["files"]] == ["a.txt"]
+    assert sorted(p.name for p in (tmp_path / "dest").iterdir()) == ["a.txt", "manifest.json"]  # n1's extra gone
+    assert (tmp_path / "dest" / "a.txt").read_text() == "from n2"
+    assert json.loads((tmp_path / "dest" / "manifest.json").read_text()) == second
+
+
 def test_signals_are_deferred_while_returning(capsys):
     import os
     import signal
