@@ -99,7 +99,7 @@ def test_manifest_meter_bills_allocated_seconds():
     assert m["meter"] == {"gpu_seconds": 21.0, "cpu_seconds": 42.0}  # in-run staging and the work: held seconds
     assert m["staged_before_allocation"] is None
     assert m["timings"] == {"staging_s": 0.5, "run_s": 10.0, "return_s": 0.25}
-    assert list(m) == ["job", "run_id", "status", "reason", "message", "exit_code", "step", "folder", "files", "stale",
+    assert list(m) == ["job", "run_id", "attempt", "status", "reason", "message", "exit_code", "step", "folder", "files", "stale",
                        "checkpoint", "timings", "meter", "staged_before_allocation", "peak_memory_bytes", "spec_sha256", "finished_at",
                        "stop_requested_at", "logs"]
     assert (m["folder"], m["stale"]) == (".", [])
