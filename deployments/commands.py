@@ -167,7 +167,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import anyio
     from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
 
-    from e31.deployments.worker import E31Worker, check_node, node_gpus_override
+    from e31.deployments.nodecheck import check_node, node_gpus_override
+    from e31.deployments.worker import E31Worker
     from e31.flows.queue import nodes_of, work_pool_name
 
     pool = _pool(args.pool)

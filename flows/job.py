@@ -9,9 +9,7 @@ manifest), from the ``e31`` CLI, and as a deployment entrypoint
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,8 +30,8 @@ from e31.flows.workconfig import child_config
 from e31.flows.resume import JobBusyError, Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
 from e31.specs import JobSpec, mask_url
 from e31.tasks.checkpoint import latest_durable
-from e31.tasks.supervisor.cancel import cancel_requested, cancel_seen, cancel_stops_staging, moved_to, watching
-from e31.tasks.supervisor.fence import moved_now, step_aside
+from e31.tasks.supervisor.cancel import cancel_requested, cancel_seen, cancel_stops_staging, watching
+from e31.flows.attempt import attempt_token, fence, fence_at_end, leave_to_first_process
 from e31.tasks.storage.credentials import CredentialError
 from e31.tasks.deliver import (ON_DELIVERED, ReturnTarget, check_destination, deliver, delivered,
                            publish_artifacts, return_task, write_failure_manifest)
@@ -88,22 +86,6 @@ class JobFailedError(E31Error, RuntimeError):
         super().__init__(f"job {manifest.get('job')} failed: {detail}" + (f"\n--- stderr (last lines) ---\n{tail}" if tail else ""))
 
 
-def _leave_to_first_process(exc: JobBusyError) -> None:
-    """This flow process is a second start of a flow run whose first flow
-    process still runs it on this machine (it holds the job's lock): the
-    run's node was taken for lost while its worker was down past the lease,
-    and the run was queued again and placed back here.  Any state this
-    process ended the run with (``Refused`` was one) would reach the first
-    process, which stops its work on a cancel: so it ends at once, with
-    exit status 0 and no state written (Prefect's worker then writes
-    none either), and the first process finishes the run and returns its
-    output.  Never returns."""
-    print(f"e31: flow run {flow_run.id} is still run by its first flow process on this machine (pid "
-          f"{exc.holder_pid}); this second start of it ends here and leaves the run to that one", file=sys.stderr,
-          flush=True)
-    os._exit(0)
-
-
 @flow(name=FLOW_NAME, flow_run_name="{spec.name}", persist_result=False, on_cancellation=[settle_cancelled])
 def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     """Run one declared job to its end and return its manifest (a dict, see
@@ -132,11 +114,11 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
             RETURNED[str(flow_run.id)] = manifest
         except JobBusyError as exc:
             if flow_run.id and exc.holder_run == str(flow_run.id):
-                _leave_to_first_process(exc)  # never returns: the release below is the first process's
+                leave_to_first_process(exc)  # never returns: the release below is the first process's
             raise
         finally:  # the output is returned (or cannot be): a run handed over behind this one starts its work
             release(str(flow_run.id) if flow_run.id else None)  # (at the latest: the return released it already)
-            _fence_at_end(str(flow_run.id) if flow_run.id else None)
+            fence_at_end(str(flow_run.id) if flow_run.id else None)
     except JobBusyError as exc:  # refused, not failed: the job's history shows no failure that never ran
         get_run_logger().warning("%s", scrub(str(exc)))
         return Cancelled(name="Refused", message=f"refused: {scrub(str(exc))}", data=exc)
@@ -202,21 +184,6 @@ def _target(plan: JobPlan) -> ReturnTarget:
     )
 
 
-_ATTEMPT: dict[int, str] = {}  # pid -> this flow process's attempt token (made in the process: forks differ)
-
-
-def attempt_token() -> str:
-    """A token of this flow process's attempt at its run: its node (or
-    host), pid and 8 random hex digits, made once per process."""
-    import socket
-    import uuid
-
-    pid = os.getpid()
-    if pid not in _ATTEMPT:
-        _ATTEMPT[pid] = f"{os.environ.get('E31_NODE') or socket.gethostname()}-{pid}-{uuid.uuid4().hex[:8]}"
-    return _ATTEMPT[pid]
-
-
 def _checkpoints(spec: JobSpec, plan: JobPlan, run_id: str | None) -> dict[str, Any]:
     """Where the job's checkpoints go, for a pending record: URL, ``keep``,
     work hash, local folder, unresolved storage options (references only)."""
@@ -276,7 +243,7 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
         if target.handover_wait_s > HANDOVER_HELD_S:  # the run ahead still held the node: staged before allocation
             target.handover_staging_s, target.staging_s = target.staging_s, 0.0
             target.staged_before_allocation = True if results else None
-    _fence(plan, target.run_id)  # placed elsewhere while it staged or waited: the work never starts here
+    fence(plan, target.run_id)  # placed elsewhere while it staged or waited: the work never starts here
     if told and not stopped and not cancel_requested(target.run_id):  # a drain or Ctrl-C during the wait
         outcome = RunOutcome(reason="signal", exit_code=None, run_s=0.0,
                              message="stopped by a signal while it waited for the job ahead of it on its node; the "
@@ -320,7 +287,7 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
     A Ctrl-C or SIGTERM during it is noted, not obeyed: the output is on its
     way.  When the destination stays unreachable the output stays in
     scratch with the record; raises :class:`ReturnError`."""
-    _fence(plan, target.run_id)  # no return from a process whose run is another node's now
+    fence(plan, target.run_id)  # no return from a process whose run is another node's now
     scratch = Path(plan.scratch)
     with signals_deferred(RETURNING_FIRST), \
             transferring(plan.job):  # prefetches on this machine pause meanwhile
@@ -346,29 +313,6 @@ def _return(spec: JobSpec, plan: JobPlan, target: ReturnTarget, outcome: RunOutc
                     return manifest
         except Exception as cause:
             raise ReturnError(plan, cause) from None
-
-
-def _fence_at_end(run_id: str | None) -> None:
-    """Before the engine writes this run's final state: one read of the run
-    (on a queue only) and, when it was placed on another node meanwhile
-    (its return was under way when that happened), end this process
-    without writing it (:func:`e31.tasks.supervisor.fence.step_aside`):
-    the run is the other attempt's, whose resources a final state would
-    free while its work runs.  Returns otherwise."""
-    moved = moved_now(run_id)
-    if moved is not None:
-        step_aside(run_id, moved)
-
-
-def _fence(plan: JobPlan, run_id: str | None) -> None:
-    """When this run was seen placed on another node (its node was taken for
-    lost meanwhile; :mod:`e31.tasks.supervisor.fence`), end this flow
-    process now, writing nothing more: the prestarted child of the work is
-    discarded first.  Returns otherwise."""
-    moved = moved_to(run_id)
-    if moved is not None:
-        discard(str(plan.run_dir))
-        step_aside(run_id, moved)
 
 
 #: Seconds a handed-over run's wait for the run ahead must pass for its staging to count as made before

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from e31.deployments.worker import NodeMismatch, check_node
+from e31.deployments.nodecheck import NodeMismatch, check_node
 from e31.flows.admission import this_node
 from e31.flows.placement import Node
 
