@@ -107,6 +107,8 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         print(f"{datetime.now(timezone.utc):%H:%M:%S} {t.queued} queued, {t.running} running: {done} "
               f"(read {t.read_s * 1000:.0f} ms {'full' if t.full else 'changes'}, plan {t.plan_s * 1000:.0f} ms, "
               f"cycle {t.cycle_s * 1000:.0f} ms{busy})", flush=True)
+        for node, what in t.overbooked.items():  # planned as full until the runs that hold it longest end
+            print(f"  node {node} holds more than it has: {what}; planned as full until they end", flush=True)
 
     print(f"e31 scheduler: pool {pool.name}, {sum(n.count for n in pool.nodes)} node(s), policy {args.policy}",
           flush=True)

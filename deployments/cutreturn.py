@@ -39,6 +39,21 @@ def cut_return_of(scratch: Path, flow_run_id: str) -> bool:
     return record.get("error") == IN_PROGRESS and (record.get("target") or {}).get("run_id") == flow_run_id
 
 
+def hold_cut_return(job: Any, flow_run_id: str) -> bool:
+    """As soon as the flow process of ``flow_run_id`` (of job ``job``) has
+    ended, before anything slower: when it cut a return
+    (:func:`cut_return_of`), hold the run ``Pending``
+    (:func:`hold_returning`) over the ``Crashed`` Prefect's worker has just
+    written, so the node stays the run's while :func:`finish_cut_return`
+    delivers.  Returns whether a cut return was found."""
+    from e31.flows.compile import default_scratch_root
+
+    if not isinstance(job, str) or not cut_return_of(default_scratch_root() / job, flow_run_id):
+        return False
+    hold_returning(flow_run_id)
+    return True
+
+
 def finish_cut_return(job: Any, flow_run_id: str, say: Callable[[str], None]) -> dict[str, Any] | None:
     """Deliver the cut return of the flow run ``flow_run_id`` of job ``job``
     kept in this machine's scratch (``$E31_SCRATCH/<job>``); returns the
@@ -84,7 +99,8 @@ def hold_returning(flow_run_id: str) -> None:
     """While the worker finishes the run's return: a run Prefect's worker
     marked ``Crashed`` (its flow process exited non-zero) is set
     ``Pending`` named :data:`RETURNING`, so the scheduler neither frees its
-    node nor queues it again meanwhile.  ``Pending``, not ``Running``:
+    node nor queues it again meanwhile (in the moment before, it leaves a
+    fresh crash its node: :data:`e31.flows.queue.SETTLE_S`).  ``Pending``, not ``Running``:
     entering ``Running`` counts as an attempt in Prefect's ``run_count``,
     which the scheduler holds against ``request.retries``.  Its lease
     still applies: if this worker dies too, the run is crashed and, with

@@ -13,7 +13,8 @@ changes nothing, so a restarted scheduler simply goes on; run one per pool.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from datetime import datetime, timezone
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from e31.flows import queue
@@ -62,6 +63,8 @@ class Tick:
     read_s: float = 0.0
     full: bool = True
     resent: int = 0
+    #: Node -> what its runs hold beyond what it has (:attr:`e31.flows.queue.Snapshot.overbooked`).
+    overbooked: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -135,7 +138,7 @@ def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None 
     running = sum(1 for r in snap.running if r.id in snap.runs)  # not a node held for want of a live worker
     return Tick(len(snap.queued), running, counts, plan_s, time.monotonic() - started,
                 frozenset(r.id for r in snap.running), t0 - started, cache is None or cache.last_full,
-                busy_retries(client)[0] - resent)
+                busy_retries(client)[0] - resent, dict(snap.overbooked))
 
 
 def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, once: bool = False,
@@ -160,6 +163,7 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
     with retry_busy_quickly(get_client(sync_client=True)) as client:
         queue.ensure_pool(client, pool, E31Worker.get_default_base_job_template())
         past, read_at, holding, cache = None, 0.0, frozenset(), queue.RunCache(pool)
+        overbooked: dict = {}
         wake = None if once else Wakeup(queue.work_pool_name(pool), SCHEDULER_EVENTS, ignore=own_rewrite)
         try:
             while True:
@@ -173,7 +177,8 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
                         raise
                     cache.close()
                     cache = queue.RunCache(pool)
-                    print(f"e31 scheduler: tick failed ({type(exc).__name__}: {str(exc)[:300]}); next tick in "
+                    print(f"{datetime.now(timezone.utc):%H:%M:%S} e31 scheduler: tick failed "
+                          f"({type(exc).__name__}: {str(exc)[:300]}); next tick in "
                           f"{interval_s:g} s", flush=True)
                     time.sleep(interval_s)
                     continue
@@ -181,8 +186,9 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
                     read_at = 0.0  # a run ended: its run time and the node holding its inputs count from the next tick
                 holding = result.holding
                 changed = sum(v for k, v in result.counts.items() if k not in ("unchanged", "kept"))
-                if report is not None and changed:
+                if report is not None and (changed or result.overbooked != overbooked):
                     report(result)
+                overbooked = result.overbooked
                 if once:
                     return
                 if not at_once(result.counts):

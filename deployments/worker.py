@@ -236,6 +236,7 @@ class E31Worker(ProcessWorker):
         (:func:`e31.deployments.leftovers.end_cancelling`)."""
         import anyio
 
+        from e31.deployments.cutreturn import hold_cut_return
         from e31.deployments.leftovers import job_runs_elsewhere
         from e31.tasks.storage.transfer_markers import mark_starting
 
@@ -264,6 +265,11 @@ class E31Worker(ProcessWorker):
         finally:
             for pid in started_pid:
                 self.flows.pop(pid, None)
+            try:
+                with anyio.CancelScope(shield=True):  # first: a return it cut keeps the node (Pending, not Crashed)
+                    await anyio.to_thread.run_sync(hold_cut_return, job, str(flow_run.id))
+            except Exception:  # best effort: the scheduler leaves a fresh crash its node for SETTLE_S anyway
+                pass
             try:
                 with anyio.CancelScope(shield=True):  # also when the worker stops meanwhile
                     killed = [] if job_runs_elsewhere(job, str(flow_run.id)) else \

@@ -54,6 +54,8 @@ class Snapshot:
     #: The nodes whose ``e31 worker`` prefetches the inputs of runs planned on them (a ``scratch_budget`` in the
     #: pool file); None: not known, every node counts.
     prefetching: frozenset[str] | None = None
+    #: Node name -> what its runs hold beyond what it has (see :func:`_clip_overbooked`); empty when none does.
+    overbooked: dict[str, str] = field(default_factory=dict)
 
 
 _SPECS: dict[str, JobSpec] = {}  # flow run id -> parsed spec (a run's parameters never change)
@@ -136,12 +138,16 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
         state, variables = run.state, run.job_variables or {}
         node = variables.get(NODE_VAR)
         req = spec.request
-        if state.type == StateType.CRASHED:
+        crashed = state.type == StateType.CRASHED
+        if crashed:
             settled = now - (_ts(state.timestamp) or now) >= SETTLE_S  # the worker may still be reporting the crash
-            if settled and (run.run_count or 0) <= req.retries:  # run_count: the attempts that started
-                snap.requeue.append(key)
-            continue
-        holding = state.type in (StateType.PENDING, StateType.RUNNING, StateType.CANCELLING) or \
+            if settled or node in lost_nodes:
+                if settled and (run.run_count or 0) <= req.retries:  # run_count: the attempts that started
+                    snap.requeue.append(key)
+                continue
+            # Not settled: Prefect's worker reports a flow process that exited non-zero as Crashed a moment before
+            # the e31 worker holds the run Pending ('Returning') to finish a return it cut; the node stays its own
+        holding = crashed or state.type in (StateType.PENDING, StateType.RUNNING, StateType.CANCELLING) or \
             (state.type == StateType.SCHEDULED and state.name == PLACED)
         if holding:
             if node not in known:
@@ -178,6 +184,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 locality_wait_s=wait_s, planned_node=planned_node(state)))
     _chain_handovers(snap, cache.ended_at if cache is not None else {})
     _one_run_per_job(snap)
+    _clip_overbooked(snap)
     for node in snap.nodes:  # a node without a live worker takes nothing: what its runs leave is held
         if node.name not in alive:  # until its worker answers (all of it once they are lost)
             held = [r for r in snap.running if r.node == node.name]
@@ -187,6 +194,42 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 cpus=max(0, node.cpus - sum(r.cpus for r in held)),
                 memory=max(0, node.memory - sum(r.memory for r in held)), start=now, expected_end=now + lease_s))
     return snap
+
+
+def _clip_overbooked(snap: Snapshot) -> None:
+    """Make the runs of a node that hold more than it has (two runs on one
+    1-CPU node: a run started by hand, a flow process that outlived its
+    node's loss, a crash reported before its worker held the run) valid
+    planner input that keeps the node as full as it is: each GPU, CPU and
+    byte of memory is counted for the run that holds it longest (latest
+    ``expected_end``), and a run ending earlier keeps what is left.  At any
+    time the node's free resources are then what the runs still holding
+    leave, floored at 0, as with the real runs; the planner's own check
+    (:class:`e31.flows.placement.capacity.Capacity`, which refuses such
+    input) would otherwise fail every tick.  Each clipped node is named in
+    ``snap.overbooked`` (node -> what its runs hold against what it has)."""
+    by_node: dict[str, list[int]] = {}
+    for i, job in enumerate(snap.running):
+        by_node.setdefault(job.node, []).append(i)
+    for node in snap.nodes:
+        jobs = sorted(by_node.get(node.name, ()), key=lambda i: (-snap.running[i].expected_end, snap.running[i].id))
+        held = [snap.running[i] for i in jobs]
+        cpus, memory = sum(j.cpus for j in held), sum(j.memory for j in held)
+        devices = [d for j in held for d in j.devices]
+        if cpus <= node.cpus and memory <= node.memory and len(set(devices)) == len(devices) and \
+                all(0 <= d < node.gpus for d in devices):
+            continue
+        snap.overbooked[node.name] = (f"{len(held)} runs hold {cpus} CPUs, {memory} bytes of memory and GPUs "
+                                      f"{sorted(devices)} of its {node.cpus} CPUs, {node.memory} bytes and "
+                                      f"{node.gpus} GPUs")
+        free_cpus, free_memory, taken = node.cpus, node.memory, set()
+        for i in jobs:  # the longest holder first
+            job = snap.running[i]
+            mine = tuple(d for d in job.devices if 0 <= d < node.gpus and d not in taken)
+            taken.update(mine)
+            snap.running[i] = replace(job, devices=mine, cpus=min(job.cpus, free_cpus),
+                                      memory=min(job.memory, free_memory))
+            free_cpus, free_memory = free_cpus - snap.running[i].cpus, free_memory - snap.running[i].memory
 
 
 def _chain_handovers(snap: Snapshot, ended_at: dict[str, float] | None = None) -> None:

@@ -735,7 +735,10 @@ def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(pr
     pending record left, the run ``Completed`` (held ``Pending`` while the
     worker returned, not left ``Crashed``; not ``Running``, which would use
     up a retry) and its log saying what the
-    worker did."""
+    worker did.  The node stays the run's until then: a job waiting for it
+    is placed only once the run is ``Completed`` (the scheduler used to give
+    the node away in the moment between Prefect's ``Crashed`` and the
+    worker's ``Pending``, and both ran on it at once)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
@@ -749,6 +752,7 @@ def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(pr
         spec = q.job("cut", 0, 400, work="blobs.py", cpus=2, duration="1m")
         run_id = q.submit(spec).split("flow run ")[1].split()[0]
         out = q.root / "out" / "cut"
+        waiting = q.submit(q.job("next", 0, 0.5, cpus=2)).split("flow run ")[1].split()[0]  # the node's 2 CPUs
 
         def returning() -> bool:
             try:
@@ -781,6 +785,11 @@ def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(pr
         # Prefect's worker marks the run Crashed as the flow process ends; E31's holds it Pending while it returns
         assert states[states.index("CRASHED"):] == ["CRASHED", "PENDING", "COMPLETED"], states
         assert attempts == 1
+        wait_for(lambda: (q.root / "out" / "next" / "record.json").exists(), what="the waiting job's run")
+        with get_client(sync_client=True) as client:
+            done = next(s.timestamp for s in client.read_flow_run_states(run_id) if s.type.value == "COMPLETED")
+            placed = [s.timestamp for s in client.read_flow_run_states(waiting) if s.name == "Placed"]
+        assert len(placed) == 1 and placed[0] >= done, (placed, done)
 
 
 PLACE_AWAY = textwrap.dedent("""

@@ -228,3 +228,37 @@ def test_the_worker_s_base_environment_is_prefect_s_computed_once_per_settings()
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
         assert E31JobConfiguration._base_environment()["PREFECT_API_URL"] == "http://127.0.0.1:9/api"
     assert E31JobConfiguration._base_environment() == BaseJobConfiguration._base_environment()
+
+
+def test_a_node_whose_runs_hold_more_than_it_has_is_planned_full_until_the_longest_holder_ends():
+    """Two runs on a 2-GPU, 2-CPU node that together hold more than it has
+    (a run started by hand, a crash reported before its worker held the
+    run): the planner's input check refused them, and every tick of the
+    scheduler failed.  ``_clip_overbooked`` counts each GPU, CPU and byte
+    for the run holding it longest, so the node is full until that run's
+    end, and says what the runs hold."""
+    from e31.flows.placement import QueuedJob, RunningJob, plan
+    from e31.flows.placement.model import PlanInputError
+    from e31.flows.queue.snapshot import Snapshot, _clip_overbooked
+
+    gib = 2**30
+    node = Node("n1", gpus=2, cpus=2, memory=4 * gib)
+    running = [RunningJob(id="early", node="n1", devices=(0, 1), cpus=2, memory=3 * gib, start=0.0,
+                          expected_end=110.0),
+               RunningJob(id="late", node="n1", devices=(1,), cpus=1, memory=2 * gib, start=0.0,
+                          expected_end=150.0)]
+    waiting = QueuedJob(id="w", name="w", gpus=2, cpus=2, memory=4 * gib, submitted=0.0, runtime_s=10.0,
+                        limit_s=10.0)
+    with pytest.raises(PlanInputError):
+        plan([node], running, [waiting], 100.0)
+    snap = Snapshot(now=100.0, nodes=[node], running=list(running))
+    _clip_overbooked(snap)
+    assert snap.overbooked == {"n1": "2 runs hold 3 CPUs, 5368709120 bytes of memory and GPUs [0, 1, 1] of its 2 "
+                                     "CPUs, 4294967296 bytes and 2 GPUs"}
+    assert [(r.id, r.devices, r.cpus, r.memory) for r in snap.running] == [
+        ("early", (0,), 1, 2 * gib), ("late", (1,), 1, 2 * gib)]
+    [placement] = plan(snap.nodes, snap.running, [waiting], 100.0)
+    assert (placement.action, placement.start) == ("wait", 150.0)
+    within = Snapshot(now=100.0, nodes=[node], running=running[1:])
+    _clip_overbooked(within)
+    assert within.overbooked == {} and within.running == running[1:]

@@ -393,3 +393,28 @@ def test_a_prefetchers_staged_tag_is_read_at_each_tick_only_where_a_node_prefetc
             seen[budget] = (cache.prefetching, incremental, sorted(cache.runs[run].tags))
     staged = ["e31", "e31-staged", "e31-staged:n1"]
     assert seen == {"1GiB": (True, staged, staged), None: (False, ["e31"], staged)}
+
+
+def test_a_fresh_crash_holds_its_node_until_it_settles(prefect_api, tmp_path):
+    """Prefect's worker writes ``Crashed`` as a flow process exits non-zero,
+    a moment before the e31 worker holds a run whose return it cut
+    ``Pending``: until the crash is :data:`SETTLE_S` seconds old the run
+    keeps its node in the snapshot (another job placed there ran beside the
+    return), then it is freed (no retries: not queued again)."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed, Running
+
+    from e31.flows.queue import SETTLE_S, read, work_pool_name
+
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        run = made.submit(client, "crash")
+        client.send_worker_heartbeat(work_pool_name(made.spec), "n1")  # n1's worker is alive (as a worker's beat)
+        client.update_flow_run(run, job_variables={"e31_node": "n1", "gpu_devices": [], "cpus": 1})
+        client.set_flow_run_state(run, Running(), force=True)
+        client.set_flow_run_state(run, Crashed(message="Process exited with status code: -9."), force=True)
+        at = client.read_flow_run(run).state.timestamp.timestamp()
+        fresh = read(client, made.spec, now=at + SETTLE_S - 0.5)
+        settled = read(client, made.spec, now=at + SETTLE_S + 0.5)
+    assert [(r.id, r.node, r.cpus) for r in fresh.running if r.id in fresh.runs] == [(run, "n1", 1)]
+    assert [r.id for r in settled.running if r.id in settled.runs] == [] and settled.requeue == []
