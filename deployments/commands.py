@@ -96,6 +96,7 @@ class _NoServer(E31Error):
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
+    from e31.deployments.presence import SchedulerRunning
     from e31.deployments.scheduler import serve
 
     pool = _pool(args.pool)
@@ -118,6 +119,9 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
               handover_s=args.handover)
     except KeyboardInterrupt:
         pass
+    except SchedulerRunning as exc:  # --once while another scheduler serves the pool
+        print(f"e31 scheduler: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 
@@ -300,8 +304,10 @@ def _hhmm(ts: float | None) -> str:
 def cmd_queue(args: argparse.Namespace) -> int:
     from prefect.client.orchestration import get_client
 
-    from e31.deployments.runwords import holding, node_lines, silent_note
+    from e31.deployments.presence import lease_of
+    from e31.deployments.runwords import crashed_line, holding, node_lines, silent_note
     from e31.deployments.scheduler import snapshot
+    from e31.flows.queue import LEASE_S
     from e31.flows.placement import plan
     from e31.flows.queue import humane
 
@@ -310,7 +316,9 @@ def cmd_queue(args: argparse.Namespace) -> int:
     from e31.deployments.prefetch import progress_of
 
     with get_client(sync_client=True) as client:
-        snap = snapshot(client, pool)
+        lease_s, serving = lease_of(client, pool.name, LEASE_S)
+        snap = snapshot(client, pool, lease_s=lease_s)
+        snap.scheduler_heard = serving
         placements = plan(snap.nodes, snap.running, snap.queued, snap.now)
         try:
             staging = progress_of(client, [p.job for p in placements if p.action == "wait"])
@@ -337,6 +345,10 @@ def cmd_queue(args: argparse.Namespace) -> int:
                      ",".join(map(str, p.devices)) or "-", _hhmm(p.start), reason))
     for key, why in sorted(snap.blocked.items(), key=lambda kv: snap.runs[kv[0]].created or 0):  # a job's later runs
         rows.append((snap.specs[key].name, key[:8], "Queued", "-", "-", "-", humane(why, snap)))
+    for key in snap.requeue:  # crashed, with retries left: queued again at the scheduler's next tick
+        run = snap.runs[key]
+        rows.append((snap.specs[key].name, key[:8], run.state.name, (run.job_variables or {}).get("e31_node") or "-",
+                     "-", "-", crashed_line(run, snap.specs[key].request.retries)))
     _table(rows)
     print()
     _table([("NODE", "IN USE", "WORKER"), *node_lines(snap, snap.now)])

@@ -47,7 +47,15 @@ def holding(state: Any) -> str:
     """What ``e31 queue`` says of a run that holds its node's resources,
     from its flow run ``state`` (Prefect's ``Scheduled`` named ``Placed``,
     ``Pending``, ``Running`` or ``Cancelling``)."""
+    from e31.deployments.cutreturn import RETURNING
+    from e31.flows.queue import SETTLE_S
+
     kind = state.type.value
+    if kind == "CRASHED":  # a fresh crash (under SETTLE_S) keeps its node: see e31.flows.queue.snapshot.read
+        return (f"crashed: its node stays its own for {SETTLE_S:g} s (its worker may yet finish a return it cut), "
+                "then it is freed")
+    if kind == "PENDING" and state.name == RETURNING:
+        return "returning: its flow process ended during the return of its output; its worker finishes the return"
     if kind == "CANCELLING":
         return "cancelling: its work is being stopped and its latest output returned"
     if kind == "PENDING":
@@ -67,7 +75,9 @@ def node_lines(snap: Any, now: float) -> list[tuple[str, str, str]]:
     CPUs and memory in use of the node's, and how many runs (``GPUs 6/8,
     CPUs 3/16, memory 12 GiB/64 GiB; 2 run(s)``).  Its worker: ``heard 3 s
     ago``; ``silent for 45 s: ...`` past :data:`SILENT_S` (two missed
-    heartbeats: what happens at the lease); ``no worker heard: ...``."""
+    heartbeats: what happens at the lease, which ``snap.lease_s`` holds:
+    the live scheduler's when ``snap.scheduler_heard``, else the default;
+    past the lease, what happened); ``no worker heard: ...``."""
     from e31.flows.placement.text import gib
 
     rows = []
@@ -78,8 +88,13 @@ def node_lines(snap: Any, now: float) -> list[tuple[str, str, str]]:
         elif now - beat <= SILENT_S:
             worker = f"heard {max(0.0, now - beat):.0f} s ago"
         else:
-            worker = (f"silent for {now - beat:.0f} s: once past the scheduler's lease ({snap.lease_s:g} s unless "
-                      "e31 scheduler --lease says otherwise) its runs are crashed and queued again elsewhere")
+            lease = (f"the scheduler's lease ({snap.lease_s:g} s)" if snap.scheduler_heard else
+                     f"the scheduler's lease ({snap.lease_s:g} s unless e31 scheduler --lease says otherwise; no "
+                     "scheduler heard)")
+            worker = (f"silent for {now - beat:.0f} s: once past {lease} its runs are crashed and queued again "
+                      "elsewhere" if now - beat <= snap.lease_s else
+                      f"silent for {now - beat:.0f} s, past {lease}: its runs were crashed and queued again "
+                      "elsewhere (with retries left); nothing starts here until its worker is heard again")
         held = [r for r in snap.running if r.node == node.name and r.id in snap.runs]
         use = [f"CPUs {sum(r.cpus for r in held)}/{node.cpus}",
                f"memory {gib(sum(r.memory for r in held))}/{gib(node.memory)}"]
@@ -87,6 +102,14 @@ def node_lines(snap: Any, now: float) -> list[tuple[str, str, str]]:
             use.insert(0, f"GPUs {sum(len(r.devices) for r in held)}/{node.gpus}")
         rows.append((node.name, ", ".join(use) + f"; {len(held)} run(s)", worker))
     return rows
+
+
+def crashed_line(run: Any, retries: int) -> str:
+    """What ``e31 queue`` says of a crashed run with retries left, between
+    its crash and its requeue (the scheduler's next tick queues it again):
+    its attempts so far (Prefect's ``run_count``) of ``retries`` + 1."""
+    return (f"crashed ({(run.state.message or '').strip()[:80] or 'no message'}); queued again at the scheduler's "
+            f"next tick: attempt {(run.run_count or 0) + 1} of {retries + 1}")
 
 
 def silent_note(snap: Any, node: str | None, now: float) -> str:

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from e31.deployments import presence
 from e31.flows import queue
 from e31.flows.placement import plan
 from e31.specs.pool import PoolSpec
@@ -162,11 +163,24 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
 
     with retry_busy_quickly(get_client(sync_client=True)) as client:
         queue.ensure_pool(client, pool, E31Worker.get_default_base_job_template())
+        me = presence.new_identity()
+        presence.claim_pool(client, pool.name, me, lease_s, standby=not once)  # one scheduler per pool
+        beat_at = time.monotonic()
         past, read_at, holding, cache = None, 0.0, frozenset(), queue.RunCache(pool)
         overbooked: dict = {}
         wake = None if once else Wakeup(queue.work_pool_name(pool), SCHEDULER_EVENTS, ignore=own_rewrite)
         try:
             while True:
+                if time.monotonic() - beat_at >= presence.BEAT_S:
+                    try:
+                        ours = presence.beat(client, pool.name, me, lease_s)
+                    except Exception:  # the API is busy or away: the ticks say so; beat again at the next
+                        ours = True
+                    if not ours:  # another one serves the pool now: wait as its standby
+                        presence.claim_pool(client, pool.name, me, lease_s)
+                        cache.close()
+                        cache = queue.RunCache(pool)  # what changed while it waited: read all again
+                    beat_at = time.monotonic()
                 if time.monotonic() - read_at > HISTORY_EVERY_S:
                     past, read_at = history(client, pool), time.monotonic()
                 try:
@@ -197,3 +211,4 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
             cache.close()
             if wake is not None:
                 wake.close()
+            presence.release_pool(client, pool.name, me)

@@ -54,6 +54,8 @@ class Snapshot:
     #: The nodes whose ``e31 worker`` prefetches the inputs of runs planned on them (a ``scratch_budget`` in the
     #: pool file); None: not known, every node counts.
     prefetching: frozenset[str] | None = None
+    #: Whether ``lease_s`` is the live scheduler's (``e31 queue`` read it: :func:`e31.deployments.presence.lease_of`).
+    scheduler_heard: bool = False
     #: Node name -> what its runs hold beyond what it has (see :func:`_clip_overbooked`); empty when none does.
     overbooked: dict[str, str] = field(default_factory=dict)
 

@@ -1025,3 +1025,43 @@ def test_the_work_of_a_killed_flow_process_is_ended_before_the_job_behind_starts
     assert not (q.root / "scratch-n1" / "shelled" / "output" / "record.json").exists()  # ... before its 40 s ended
     assert killed_at < behind["start"] < json.loads(started.read_text())["start"] + 40
     assert behind["devices"] == "0,1"
+
+
+def test_a_second_scheduler_on_a_pool_waits_as_a_standby_and_takes_over(prefect_api, tmp_path):
+    """Two schedulers on one pool would place runs on the same resources:
+    a second one waits as a standby (and says so), ``--once`` refuses
+    while one serves, ``e31 queue`` reads the serving one's ``--lease``,
+    and once the first stops the standby serves: a job submitted then
+    runs."""
+    from prefect.client.orchestration import get_client
+
+    from e31.deployments.presence import STALE_S, lease_of, read_claim
+
+    with queue(tmp_path, {"n1": 0}) as q:
+        q.scheduler("--lease", "25")
+        first = q.procs["scheduler"]
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: read_claim(client, q.name) is not None, what="the first scheduler's claim")
+            assert read_claim(client, q.name)["id"].endswith(f"-{first.pid}-" + read_claim(client, q.name)["id"][-6:])
+            assert lease_of(client, q.name, 60.0) == (25.0, True)
+        once = subprocess.run([q.exe, "scheduler", "--pool", str(q.pool), "--once"], capture_output=True, text=True,
+                              cwd=q.root)
+        claim_id = read_claim(get_client(sync_client=True), q.name)["id"]
+        assert once.returncode == 1, once
+        assert once.stderr.startswith(f"e31 scheduler: another e31 scheduler serves pool {q.name} ({claim_id}, heard ")
+        assert once.stderr.endswith(" s ago): one scheduler per pool, or both would place runs on the same "
+                                    "resources; stop that one first\n"), once.stderr
+        second = q.start("scheduler-2", "scheduler", "--pool", str(q.pool), "--interval", "0.5")
+        said = (f"waits as a standby and takes over {STALE_S:g} s after that one's last beat")
+        wait_for(lambda: said in (q.root / "scheduler-2.log").read_text(), what="the standby's word")
+        stop_group(first, timeout=20)  # stopped: it deletes its claim, and the standby serves within seconds
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: (read_claim(client, q.name) or {}).get("id", "").split("-")[-2:-1] == [str(second.pid)],
+                     timeout=30, what="the standby's claim")
+            assert lease_of(client, q.name, 60.0) == (60.0, True)  # its own (default) lease
+        q.worker("n1", 0)
+        q.submit(q.job("after", 0, 0.5))
+        wait_for(lambda: (q.root / "out" / "after" / "record.json").exists(), what="the job placed by the standby")
+        stop_group(second, timeout=20)
+        with get_client(sync_client=True) as client:
+            assert read_claim(client, q.name) is None and lease_of(client, q.name, 60.0) == (60.0, False)

@@ -1,0 +1,162 @@
+"""One ``e31 scheduler`` per pool, and what it tells ``e31 queue``.
+
+Two schedulers on one pool would each place runs on the same free
+resources (each plans against what it read, before the other's placements
+land), so a second one waits as a standby.  Each scheduler keeps a Prefect
+Variable named after its pool (:func:`variable_name`) holding its identity,
+its ``--lease`` and its last beat (Unix seconds), written every
+:data:`BEAT_S` seconds and deleted when it stops.  A scheduler starting
+while another's beat is younger than :data:`STALE_S` seconds waits, and
+takes over once that beat is older (the other was killed); two starting at
+once both write, read back after :data:`SETTLE_S`, and the one whose claim
+was overwritten waits.  A scheduler that finds, at a beat, another's
+younger claim stops placing and waits too.
+
+``e31 queue`` reads the same variable for the lease a silent node's runs
+are held to (:func:`lease_of`).  A Prefect Variable is the server's own
+key-value store (Prefect's UI lists it under Variables): no second
+database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+import time
+import uuid
+from typing import Any
+
+#: Seconds between a scheduler's beats.
+BEAT_S = 10.0
+#: Seconds after which a scheduler's beat no longer holds the pool (it was killed without deleting its claim).
+STALE_S = 3 * BEAT_S
+#: Seconds between a standby's reads of the pool's claim.
+STANDBY_POLL_S = 2.0
+#: Seconds a starting scheduler waits before reading its claim back (another one started at the same moment).
+SETTLE_S = 1.0
+
+
+class SchedulerRunning(RuntimeError):
+    """Another ``e31 scheduler`` serves the pool (its claim is younger than
+    :data:`STALE_S` seconds)."""
+
+
+def variable_name(pool_name: str) -> str:
+    """The Prefect Variable of the pool named ``pool_name``:
+    ``e31-scheduler-<name>`` (letters lowercased; a character a Variable
+    name cannot hold, such as ``.``, becomes ``_`` and the name gains 8 hex
+    digits of the pool name's SHA-256, so two pools never share one)."""
+    safe = re.sub(r"[^a-z0-9_-]", "_", pool_name.lower())
+    if safe != pool_name:
+        safe += "-" + hashlib.sha256(pool_name.encode()).hexdigest()[:8]
+    return f"e31-scheduler-{safe}"
+
+
+def new_identity() -> str:
+    """This scheduler's identity: ``HOST-PID-hex``."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def read_claim(client: Any, pool_name: str) -> dict[str, Any] | None:
+    """The pool's scheduler claim (``{"id", "lease_s", "beat"}``), or None."""
+    variable = client.read_variable_by_name(variable_name(pool_name))
+    value = getattr(variable, "value", None)
+    return value if isinstance(value, dict) and "id" in value else None
+
+
+def _write(client: Any, pool_name: str, claim: dict[str, Any]) -> None:
+    from prefect.client.schemas.actions import VariableCreate, VariableUpdate
+
+    name = variable_name(pool_name)
+    if client.read_variable_by_name(name) is None:
+        try:
+            client.create_variable(VariableCreate(name=name, value=claim))
+            return
+        except Exception:  # created by another one meanwhile: update it
+            pass
+    client.update_variable(VariableUpdate(name=name, value=claim))
+
+
+def _other(claim: dict[str, Any] | None, me: str, now: float) -> dict[str, Any] | None:
+    """``claim`` when it is another live scheduler's (beat within :data:`STALE_S`)."""
+    if claim is None or claim.get("id") == me:
+        return None
+    beat = claim.get("beat")
+    return claim if isinstance(beat, (int, float)) and now - beat < STALE_S else None
+
+
+def _serving(pool_name: str, claim: dict[str, Any], now: float) -> str:
+    return (f"another e31 scheduler serves pool {pool_name} ({claim['id']}, heard "
+            f"{max(0.0, now - claim['beat']):.0f} s ago): one scheduler per pool, or both would place runs on the "
+            "same resources")
+
+
+def claim_pool(client: Any, pool_name: str, me: str, lease_s: float, standby: bool = True,
+               say: Any = print) -> None:
+    """Claim the pool for the scheduler ``me`` (:func:`new_identity`) with
+    its lease (seconds); returns once it holds it.  While another live
+    scheduler holds it, this one waits as a standby (``say`` is told once),
+    and takes over :data:`STALE_S` seconds after that one's last beat (it
+    was killed without releasing the pool).  ``standby`` False: raises
+    :class:`SchedulerRunning` instead (``e31 scheduler --once``)."""
+    told = False
+    while True:
+        now = time.time()
+        try:
+            other = _other(read_claim(client, pool_name), me, now)
+            if other is None:
+                _write(client, pool_name, {"id": me, "lease_s": lease_s, "beat": now})
+                time.sleep(SETTLE_S)  # another one starting at the same moment: the claim written last serves
+                if _other(read_claim(client, pool_name), me, time.time()) is None:
+                    return
+                continue
+        except Exception:  # the API is busy or away (Prefect's client retried already): try again shortly
+            if not standby:
+                raise
+            time.sleep(STANDBY_POLL_S)
+            continue
+        if not standby:
+            raise SchedulerRunning(_serving(pool_name, other, now) + "; stop that one first")
+        if not told:
+            say(f"e31 scheduler: {_serving(pool_name, other, now)}; this one waits as a standby and takes over "
+                f"{STALE_S:g} s after that one's last beat")
+            told = True
+        time.sleep(STANDBY_POLL_S)  # a stopped scheduler deletes its claim: take over within seconds
+
+
+def beat(client: Any, pool_name: str, me: str, lease_s: float) -> bool:
+    """Renew ``me``'s claim (every :data:`BEAT_S` seconds).  Returns False,
+    writing nothing, when another live scheduler's claim replaced it (two
+    started at once; or this one was stopped, as by a suspended laptop, for
+    longer than :data:`STALE_S`, and a standby took over)."""
+    now = time.time()
+    if _other(read_claim(client, pool_name), me, now) is not None:
+        return False
+    _write(client, pool_name, {"id": me, "lease_s": lease_s, "beat": now})
+    return True
+
+
+def release_pool(client: Any, pool_name: str, me: str) -> None:
+    """Delete ``me``'s claim as it stops, so a scheduler started next
+    serves at once.  Best effort (another's claim is left alone)."""
+    try:
+        claim = read_claim(client, pool_name)
+        if claim is not None and claim.get("id") == me:
+            client.delete_variable_by_name(variable_name(pool_name))
+    except Exception:
+        pass
+
+
+def lease_of(client: Any, pool_name: str, default: float) -> tuple[float, bool]:
+    """The lease (seconds) of the pool's live scheduler and True, or
+    ``default`` and False when no scheduler's beat is younger than
+    :data:`STALE_S` (or it cannot be read)."""
+    try:
+        claim = read_claim(client, pool_name)
+    except Exception:
+        return default, False
+    if _other(claim, "", time.time()) is None or not isinstance(claim.get("lease_s"), (int, float)):
+        return default, False
+    return float(claim["lease_s"]), True
