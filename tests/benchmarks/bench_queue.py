@@ -115,6 +115,9 @@ def main() -> int:
                         help="the workers' PREFECT_WORKER_QUERY_SECONDS (default: e31 worker's own)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, scratch, outputs)")
     parser.add_argument("--no-run", action="store_true", help="measure submit and the scheduler cycle only")
+    parser.add_argument("--count-api", metavar="DIR", default=None,
+                        help="count (and time) every process's Prefect API calls into DIR (tests/benchmarks/apicount; "
+                             "E31_BENCH_TRACE_MARKS names E31 functions to time too); implies --keep")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the baseline (the same jobs on plain Prefect: tests/benchmarks/queue_baseline.py)")
     args = parser.parse_args()
@@ -124,7 +127,16 @@ def main() -> int:
     env = {**os.environ, "PREFECT_HOME": str(root / "home"), "PREFECT_API_URL": api, "PREFECT_UI_ENABLED": "false",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "WARNING",
            "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL"}
+    if args.count_api:
+        Path(args.count_api).mkdir(parents=True, exist_ok=True)
+        args.keep = True
+        env.update({"PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).with_name("apicount")),
+                                                                  os.environ.get("PYTHONPATH")])),
+                    "E31_BENCH_API_CALLS": str(Path(args.count_api).resolve() / "api"), "E31_BENCH_API_TRACE": "1",
+                    "E31_BENCH_API_WHERE": "1"})
     os.environ.update(env)
+    if args.keep:
+        print(f"kept: {root}")
     procs = [subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
                                str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)]
@@ -257,6 +269,11 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
             if final is not None:
                 ends_to_final.append(final - end)
                 final_to_placed.append(placed - final)
+    idle = sorted(b[1] - a[2] for runs in slots.values() for a, b in zip(runs, runs[1:]))
+    if idle:  # what the wall loses against the ideal on each node: the time between one work's end and the next's start
+        print(f"a node idle between two works (one's end to the next's start): median {statistics.median(idle):.2f} s, "
+              f"p95 {idle[max(0, int(0.95 * len(idle)) - 1)]:.2f} s, in all {sum(idle):.0f} s on {len(slots)} nodes "
+              f"({sum(idle) / len(slots):.0f} s of each node's wall)")
     if ends_to_final:
         print(f"a node's slot between two jobs (medians): work end -> flow run Completed "
               f"{statistics.median(ends_to_final):.2f} s, Completed -> next Placed "

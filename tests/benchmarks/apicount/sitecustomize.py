@@ -5,7 +5,12 @@ part of E31): put this folder on ``PYTHONPATH`` and set
 and task run ids replaced by ``{id}``) and the events it sent over the
 events websocket, by event name (with ``E31_BENCH_API_WHERE=1``, each
 request also by the innermost E31 line that made it, or ``prefect``), and the SSL contexts it created (``ssl.create_default_context``: each
-parses certifi's bundle, ~30 ms of CPU) with their CPU milliseconds.  Used by ``bench_vs_prefect.py --count-api``."""
+parses certifi's bundle, ~30 ms of CPU) with their CPU milliseconds.  With
+``E31_BENCH_API_TRACE=1`` it also keeps each request's wall-clock start
+(epoch seconds), its duration (seconds), its route and the E31 line that
+made it, in order (``"trace"``), and the process's flow run id
+(``PREFECT__FLOW_RUN_ID``), to lay a run's calls on its timeline.  Used by
+``bench_vs_prefect.py --count-api`` and ``bench_queue.py --count-api``."""
 
 from __future__ import annotations
 
@@ -15,14 +20,18 @@ import json
 import os
 import re
 import sys
+import time
 
-_PREFIX = os.environ.get("E31_BENCH_API_CALLS")
+# Not in a job's work (its processes have E31_WORK_TOKEN): its own start is part of what is measured.
+_PREFIX = None if os.environ.get("E31_WORK_TOKEN") else os.environ.get("E31_BENCH_API_CALLS")
 
 if _PREFIX:
     _counts: collections.Counter = collections.Counter()
     _ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
     _WHERE = os.environ.get("E31_BENCH_API_WHERE")  # also count each call by the E31 line that made it
+    _TRACE = os.environ.get("E31_BENCH_API_TRACE")  # also keep each call's start, duration and caller
+    _trace: list = []
 
     def _caller() -> str:
         frame = sys._getframe(3)
@@ -44,12 +53,26 @@ if _PREFIX:
     _sync, _async = httpx.HTTPTransport.handle_request, httpx.AsyncHTTPTransport.handle_async_request
 
     def _handle(self, request):
-        _counts[_key(request)] += 1
-        return _sync(self, request)
+        key = _key(request)
+        _counts[key] += 1
+        if not _TRACE:
+            return _sync(self, request)
+        started, where = time.time(), _caller()
+        try:
+            return _sync(self, request)
+        finally:
+            _trace.append((round(started, 4), round(time.time() - started, 4), key, where))
 
     async def _handle_async(self, request):
-        _counts[_key(request)] += 1
-        return await _async(self, request)
+        key = _key(request)
+        _counts[key] += 1
+        if not _TRACE:
+            return await _async(self, request)
+        started, where = time.time(), _caller()
+        try:
+            return await _async(self, request)
+        finally:
+            _trace.append((round(started, 4), round(time.time() - started, 4), key, where))
 
     httpx.HTTPTransport.handle_request = _handle
     httpx.AsyncHTTPTransport.handle_async_request = _handle_async
@@ -65,6 +88,8 @@ if _PREFIX:
             except Exception:
                 name = None
             _counts[f"event {name}" if name else "websocket message"] += 1
+            if _TRACE:
+                _trace.append((round(time.time(), 4), 0.0, f"event {name}", _caller()))
             return await _send(self, message, *args, **kwargs)
 
         ClientConnection.send = _ws_send
@@ -72,7 +97,6 @@ if _PREFIX:
         pass
 
     import ssl
-    import time
 
     _ssl = ssl.create_default_context
 
@@ -89,6 +113,49 @@ if _PREFIX:
     def _dump() -> None:
         if _counts:
             with open(f"{_PREFIX}.{os.getpid()}.json", "w") as fh:
-                json.dump({"argv": sys.argv[:3], "counts": dict(_counts)}, fh)
+                json.dump({"argv": sys.argv[:3], "counts": dict(_counts), "trace": _trace,
+                           "flow_run_id": os.environ.get("PREFECT__FLOW_RUN_ID")}, fh)
 
     atexit.register(_dump)
+
+    # With E31_BENCH_API_TRACE, also the start and duration of each call of a few E31 functions (module:function,
+    # comma-separated in E31_BENCH_TRACE_MARKS): wrapped as their module is first imported, before any other
+    # module binds them by name.
+    _MARKS: dict[str, list[str]] = {}
+    for _mark in (os.environ.get("E31_BENCH_TRACE_MARKS") or "").split(",") if _TRACE else ():
+        if ":" in _mark:
+            _MARKS.setdefault(_mark.split(":")[0], []).append(_mark.split(":")[1])
+    if _MARKS:
+        import functools
+        import importlib.abc
+        import importlib.machinery
+
+        def _wrap(module, name):
+            original = getattr(module, name)
+
+            @functools.wraps(original)
+            def marked(*args, **kwargs):
+                started = time.time()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    _trace.append((round(started, 4), round(time.time() - started, 4), f"mark {name}", module.__name__))
+            setattr(module, name, marked)
+
+        class _Marker(importlib.abc.MetaPathFinder):
+            def find_spec(self, fullname, path, target=None):
+                if fullname not in _MARKS:
+                    return None
+                spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+                if spec is None or spec.loader is None:
+                    return spec
+                execute = spec.loader.exec_module
+
+                def exec_module(module):
+                    execute(module)
+                    for name in _MARKS[fullname]:
+                        _wrap(module, name)
+                spec.loader.exec_module = exec_module
+                return spec
+
+        sys.meta_path.insert(0, _Marker())
