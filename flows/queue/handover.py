@@ -155,12 +155,23 @@ def run_ahead() -> str | None:
     return os.environ.get(AFTER_ENV) or None
 
 
+def requeued(state: Any) -> bool:
+    """Whether the run ahead, in ``state``, is back in the queue instead of
+    on this node (``Scheduled`` not named ``Placed``: a run handed over
+    behind one only placed, which crashed before it started and was queued
+    again): it will not run here first, so the wait is over."""
+    from e31.flows.queue.mapping import PLACED
+
+    return state.type.value == "SCHEDULED" and state.name != PLACED
+
+
 def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
                        say: Callable[[str], None] = print, client: Any = None) -> float:
     """Block until the flow run ``ahead`` has ended: it removed the marker
     this wait leaves for it (:func:`release`), or its flow process is
     gone from this machine (:func:`flow_process_alive`, checked every
-    :data:`POLL_S` s once its pid is known) or its state is final (read
+    :data:`POLL_S` s once its pid is known) or its state is final or back
+    in the queue (:func:`requeued`; read
     every :data:`API_EVERY_S` s; every :data:`API_ALIVE_EVERY_S` s once its
     flow process is seen alive here), or it no longer exists; or until
     ``stop()`` is true (e.g. this run was cancelled).  Once the run ahead
@@ -195,7 +206,7 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
                     break
                 except Exception:  # the API is busy or away: the process check goes on
                     pass
-                if run is not None and run.state is not None and run.state.is_final():
+                if run is not None and run.state is not None and (run.state.is_final() or requeued(run.state)):
                     break
                 if run is not None and not said:
                     said = True

@@ -185,8 +185,12 @@ def handover_lead(snap: Snapshot, p: Placement, handover_s: float, taken: set[st
     over at its end, when ``p`` may be handed over now: ``p`` is a reserved
     start on that job's node, planned at that job's planned end (within
     1 s; an end already past counts as ``now + 1`` s, the planner's rule),
-    which is at most ``handover_s`` seconds away; the job is ``Running``,
-    not in ``taken`` (already has a run behind it), and holds every GPU
+    which is at most ``handover_s`` seconds away; the job holds its node
+    (``Running``; or ``Placed`` or ``Pending``, its flow process not started
+    yet: the next run's flow process then starts beside it, rather than
+    after a later tick sees it ``Running``, which with short jobs on a busy
+    server came too late to hide that start behind its work), is not in
+    ``taken`` (already has a run behind it), and holds every GPU
     device ``p`` is planned on, at least its CPUs and its memory (bytes).
     None otherwise (``handover_s`` <= 0 turns handovers off)."""
     if handover_s <= 0 or p.action != "wait" or not p.reserved or p.node is None or p.start is None:
@@ -194,7 +198,7 @@ def handover_lead(snap: Snapshot, p: Placement, handover_s: float, taken: set[st
     memory = snap.specs[p.job].request.memory or 0
     for lead in sorted(snap.running, key=lambda r: r.expected_end):
         run = snap.runs.get(lead.id)
-        if lead.node != p.node or run is None or lead.id in taken or run.state.type.value != "RUNNING":
+        if lead.node != p.node or run is None or lead.id in taken or not _leads(run.state):
             continue
         end = max(lead.expected_end, snap.now + 1.0)
         if end - snap.now > handover_s:
@@ -203,6 +207,14 @@ def handover_lead(snap: Snapshot, p: Placement, handover_s: float, taken: set[st
                 and memory <= lead.memory:
             return lead
     return None
+
+
+def _leads(state: Any) -> bool:
+    """Whether a run in ``state`` may have a run handed over behind it: it
+    holds its node and will run there (``Running``, ``Pending``, or
+    ``Scheduled`` named ``Placed``); not ``Cancelling``."""
+    kind = state.type.value
+    return kind in ("RUNNING", "PENDING") or (kind == "SCHEDULED" and state.name == PLACED)
 
 
 def _local(snap: Snapshot, p: Placement) -> str:

@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
-from prefect.client.schemas.objects import FlowRun
-from prefect.states import Running, Scheduled
+from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.states import Pending, Running, Scheduled, State
 
 from e31.flows.placement import Node, Placement, RunningJob
 from e31.flows.queue import AFTER_VAR, handover_lead
@@ -49,6 +51,42 @@ def test_a_waiting_run_is_handed_over_behind_the_job_whose_devices_it_is_planned
     assert handover_lead(snap, _wait(waiting, NOW + 5.9), 10, set()).id == lead  # within 1 s of its planned end
 
 
+def test_a_run_is_handed_over_behind_a_job_only_placed_or_starting():
+    """A job ahead that is ``Placed`` or ``Pending`` (its flow process not
+    started yet) takes a run behind it too: that run's flow process starts
+    beside it, not after a later tick sees it ``Running`` (with 3 s jobs on
+    a busy server that came after the work ended, 1-3 s of an idle node)."""
+    for state in (Scheduled(name="Placed"), Pending()):
+        snap, lead, waiting = _snap(lead_state=state)
+        assert handover_lead(snap, _wait(waiting, NOW + 5), 10, set()).id == lead
+    queued, _, waiting = _snap(lead_state=Scheduled(name="Queued"))
+    assert handover_lead(queued, _wait(waiting, NOW + 5), 10, set()) is None  # back in the queue: not on its node
+
+
+def test_the_wait_behind_a_placed_job_goes_on_until_it_runs_and_ends_if_it_is_queued_again(monkeypatch):
+    """Behind a job ahead with no flow process yet (``Placed``, no pid),
+    the wait goes on (it is not taken for gone); when that job crashes
+    before it starts and is queued again, the wait ends: it will not run
+    here first."""
+    import e31.flows.queue.handover as handover
+
+    monkeypatch.setattr(handover, "API_EVERY_S", 0.01)
+    monkeypatch.setattr(handover, "handover_dir", lambda: Path(tempfile.mkdtemp()))
+    ahead = uuid.uuid4()
+    states = [Scheduled(name="Placed")] * 20 + [Scheduled(name="Queued")]
+    reads = []
+
+    class _Api:
+        def read_flow_run(self, key):
+            reads.append(key)
+            return FlowRun(id=ahead, flow_id=uuid.uuid4(), name="ahead", state=states[min(len(reads), len(states)) - 1])
+
+    said = []
+    wait_for_run_ahead(str(ahead), stop=lambda: len(reads) > 100, say=said.append, client=_Api())
+    assert len(reads) == 21  # waited through 20 reads of it Placed; ended at the first Queued
+    assert said == [f"handed over behind ahead ({str(ahead)[:8]}): the work starts once it has returned its output"]
+
+
 def test_no_handover_outside_the_rules():
     snap, lead, waiting = _snap()
     assert handover_lead(snap, _wait(waiting, NOW + 5), 0, set()) is None  # turned off
@@ -58,8 +96,8 @@ def test_no_handover_outside_the_rules():
     assert handover_lead(snap, _wait(waiting, NOW + 8), 10, set()) is None  # planned after another job's end
     assert handover_lead(snap, _wait(waiting, NOW + 5, node="n2"), 10, set()) is None
     assert handover_lead(snap, _wait(waiting, NOW + 5, reserved=False), 10, set()) is None  # an estimate only
-    placed, _, waiting2 = _snap(lead_state=Scheduled(name="Placed"))
-    assert handover_lead(placed, _wait(waiting2, NOW + 5), 10, set()) is None  # the job ahead is not running yet
+    cancelling, _, waiting2 = _snap(lead_state=State(type=StateType.CANCELLING, name="Cancelling"))
+    assert handover_lead(cancelling, _wait(waiting2, NOW + 5), 10, set()) is None  # the job ahead is being stopped
     small, _, waiting3 = _snap(follower_memory="1GiB")
     assert handover_lead(small, _wait(waiting3, NOW + 5), 10, set()) is None  # more memory than the job ahead holds
 
