@@ -20,23 +20,9 @@ run's log, and sets the run's state from the manifest (see
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable
 
-
-def cut_return_of(scratch: Path, flow_run_id: str) -> bool:
-    """Whether ``scratch`` (one job's folder) holds a pending return of the
-    flow run ``flow_run_id`` that was cut while under way (its ``error`` is
-    :data:`e31.tasks.pending.IN_PROGRESS`)."""
-    import json
-
-    from e31.tasks.pending import IN_PROGRESS, PENDING
-
-    try:
-        record = json.loads((Path(scratch) / PENDING).read_text())
-    except (OSError, ValueError):
-        return False
-    return record.get("error") == IN_PROGRESS and (record.get("target") or {}).get("run_id") == flow_run_id
+from e31.tasks.pending import cut_return_of
 
 
 def hold_cut_return(job: Any, flow_run_id: str) -> bool:
@@ -121,6 +107,32 @@ def hold_returning(flow_run_id: str) -> None:
                                             "e31 worker finishes the return"), force=True)
     except Exception:
         pass
+
+
+def give_up_returning(flow_run_id: str) -> bool:
+    """A run held ``Pending`` (:data:`RETURNING`) whose cut return the
+    worker could not finish (the store failed, or the job's lock is held
+    by a run of the same job here, which delivers it first thing) is set
+    ``Crashed``, saying where the output is: otherwise it would hold its
+    node until its lease.  The scheduler then frees the node, and queues
+    the run again when it has retries left.  Returns whether it set it;
+    best effort (an API error is ignored)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    try:
+        with get_client(sync_client=True) as client:
+            now = client.read_flow_run(flow_run_id).state
+            if now is None or now.type != StateType.PENDING or now.name != RETURNING:
+                return False
+            client.set_flow_run_state(flow_run_id, Crashed(
+                message="its flow process ended during the return of its output, and its worker could not finish "
+                        "that return; the output stays in the node's scratch (e31 return JOB there, or the job's "
+                        "next run there, delivers it)"), force=True)
+            return True
+    except Exception:
+        return False
 
 
 def settle_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:

@@ -26,6 +26,7 @@ import re
 import socket
 import time
 import uuid
+from datetime import datetime, timezone
 from typing import Any
 
 #: Seconds between a scheduler's beats.
@@ -97,8 +98,8 @@ def claim_pool(client: Any, pool_name: str, me: str, lease_s: float, standby: bo
                say: Any = print) -> None:
     """Claim the pool for the scheduler ``me`` (:func:`new_identity`) with
     its lease (seconds); returns once it holds it.  While another live
-    scheduler holds it, this one waits as a standby (``say`` is told once),
-    and takes over :data:`STALE_S` seconds after that one's last beat (it
+    scheduler holds it, this one waits as a standby (``say`` is told once,
+    and once more as it takes over), and takes over :data:`STALE_S` seconds after that one's last beat (it
     was killed without releasing the pool).  ``standby`` False: raises
     :class:`SchedulerRunning` instead (``e31 scheduler --once``)."""
     told = False
@@ -110,6 +111,9 @@ def claim_pool(client: Any, pool_name: str, me: str, lease_s: float, standby: bo
                 _write(client, pool_name, {"id": me, "lease_s": lease_s, "beat": now})
                 time.sleep(SETTLE_S)  # another one starting at the same moment: the claim written last serves
                 if _other(read_claim(client, pool_name), me, time.time()) is None:
+                    if told:
+                        say(f"{datetime.now(timezone.utc):%H:%M:%S} e31 scheduler: the pool's scheduler has "
+                            f"stopped; this one serves pool {pool_name} now", flush=True)
                     return
                 continue
         except Exception:  # the API is busy or away (Prefect's client retried already): try again shortly
@@ -121,7 +125,7 @@ def claim_pool(client: Any, pool_name: str, me: str, lease_s: float, standby: bo
             raise SchedulerRunning(_serving(pool_name, other, now) + "; stop that one first")
         if not told:
             say(f"e31 scheduler: {_serving(pool_name, other, now)}; this one waits as a standby and takes over "
-                f"{STALE_S:g} s after that one's last beat")
+                f"{STALE_S:g} s after that one's last beat", flush=True)
             told = True
         time.sleep(STANDBY_POLL_S)  # a stopped scheduler deletes its claim: take over within seconds
 

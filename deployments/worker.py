@@ -265,9 +265,10 @@ class E31Worker(ProcessWorker):
         finally:
             for pid in started_pid:
                 self.flows.pop(pid, None)
+            held = False
             try:
                 with anyio.CancelScope(shield=True):  # first: a return it cut keeps the node (Pending, not Crashed)
-                    await anyio.to_thread.run_sync(hold_cut_return, job, str(flow_run.id))
+                    held = await anyio.to_thread.run_sync(hold_cut_return, job, str(flow_run.id))
             except Exception:  # best effort: the scheduler leaves a fresh crash its node for SETTLE_S anyway
                 pass
             try:
@@ -279,19 +280,23 @@ class E31Worker(ProcessWorker):
             if killed:  # its flow process was killed and its work lived on: the node's resources go to the next run
                 self._logger.warning("flow run %s ended with its work still running (pids %s): killed", flow_run.id,
                                      killed)
-            await self._finish_cut_return(flow_run, job)
+            await self._finish_cut_return(flow_run, job, held)
             if result is not None and result.status_code != 0:  # a cancel that came as it started left it Cancelling
                 from e31.deployments.leftovers import end_cancelling
 
                 await end_cancelling(self._client, flow_run.id, result.status_code, self._logger)
 
-    async def _finish_cut_return(self, flow_run: Any, job: Any) -> None:
+    async def _finish_cut_return(self, flow_run: Any, job: Any, held: bool) -> None:
         """A return the ended flow process left cut (it was killed during
         it): delivered from here, and the run's state set from its manifest
-        (:mod:`e31.deployments.cutreturn`).  Never raises."""
+        (:mod:`e31.deployments.cutreturn`).  When it was ``held`` Returning
+        and could not be finished here, the run is crashed
+        (:func:`e31.deployments.cutreturn.give_up_returning`): the node is
+        free again, and a run with retries left is queued again.  Never
+        raises."""
         import anyio
 
-        from e31.deployments.cutreturn import finish_cut_return, settle_state
+        from e31.deployments.cutreturn import finish_cut_return, give_up_returning, settle_state
 
         run_logger = self.get_flow_run_logger(flow_run)
         try:
@@ -300,6 +305,8 @@ class E31Worker(ProcessWorker):
                                                           run_logger.warning)
                 if manifest is not None:
                     await anyio.to_thread.run_sync(settle_state, str(flow_run.id), manifest)
+                elif held:
+                    await anyio.to_thread.run_sync(give_up_returning, str(flow_run.id))
         except Exception as exc:  # the state is a courtesy: the manifest at the destination is the job's word
             self._logger.warning("flow run %s: could not settle its state after its cut return: %s: %s",
                                  flow_run.id, type(exc).__name__, exc)

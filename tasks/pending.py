@@ -159,6 +159,18 @@ def clear_pending(scratch: Path) -> None:
 IN_PROGRESS = "a return was in progress and did not finish (the process was killed, or is still running)"
 
 
+def cut_return_of(scratch: Path, flow_run_id: str) -> bool:
+    """Whether ``scratch`` (one job's folder) holds a pending return of the
+    flow run ``flow_run_id`` that was cut while under way (its ``error`` is
+    :data:`IN_PROGRESS`: its flow process died during the return)."""
+    try:
+        record = json.loads((Path(scratch) / PENDING).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("error") == IN_PROGRESS and \
+        (record.get("target") or {}).get("run_id") == flow_run_id
+
+
 #: What a signal that comes during a return prints (it is not obeyed).
 RETURNING_FIRST = "e31: returning the output first (kill -9 abandons it)"
 

@@ -25,6 +25,11 @@ on this machine.  The wait ends at the first of:
   whose process this machine cannot see; every :data:`API_ALIVE_EVERY_S`
   seconds once its flow process is seen alive here, since the marker and
   the process check then end the wait without the API).
+
+A run ahead whose flow process died during the return of its output has
+not ended with its process: the node's e31 worker finishes that return
+(:mod:`e31.deployments.cutreturn`), and the wait goes on until it has
+(:func:`cut_return_ahead`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ API_EVERY_S = 2.0
 #: Seconds between those reads once the run ahead's flow process was seen alive on this machine: each read is a
 #: request the Prefect server answers for every waiting run (with 1,000 short jobs, ~2 per job at 2 s).
 API_ALIVE_EVERY_S = 10.0
+#: Seconds between those reads while the run ahead's worker finishes its cut return (:func:`cut_return_ahead`).
+RETURNING_READ_S = 0.5
 
 
 def flow_process_alive(run: Any) -> bool:
@@ -165,6 +172,36 @@ def requeued(state: Any) -> bool:
     return state.type.value == "SCHEDULED" and state.name != PLACED
 
 
+def fresh_crash(state: Any) -> bool:
+    """Whether ``state`` is a ``Crashed`` younger than
+    :data:`e31.flows.queue.mapping.SETTLE_S`: Prefect's worker writes it
+    for a flow process that exited non-zero a moment before the e31 worker
+    holds a run whose return was cut ``Pending`` (``Returning``)."""
+    from e31.flows.queue.mapping import SETTLE_S
+
+    if state.type.value != "CRASHED":
+        return False
+    stamp = state.timestamp.timestamp() if state.timestamp is not None else time.time()
+    return time.time() - stamp < SETTLE_S
+
+
+def cut_return_ahead(run: Any) -> bool:
+    """Whether the run ahead (a Prefect ``FlowRun``, or None when never
+    read) left a cut return in this node's scratch
+    (:func:`e31.tasks.pending.cut_return_of` of ``$E31_SCRATCH/<its job>``):
+    its flow process died while returning its output, and the node's e31
+    worker is delivering it (:mod:`e31.deployments.cutreturn`).  The
+    node's resources stay the run ahead's until that ends."""
+    from e31.flows.compile import default_scratch_root
+    from e31.tasks.pending import cut_return_of
+
+    spec = (getattr(run, "parameters", None) or {}).get("spec")
+    job = spec.get("name") if isinstance(spec, dict) else None
+    if not isinstance(job, str) or not job or "/" in job or job.startswith("."):
+        return False
+    return cut_return_of(default_scratch_root() / job, str(run.id))
+
+
 def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
                        say: Callable[[str], None] = print, client: Any = None) -> float:
     """Block until the flow run ``ahead`` has ended: it removed the marker
@@ -174,7 +211,13 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
     in the queue (:func:`requeued`; read
     every :data:`API_EVERY_S` s; every :data:`API_ALIVE_EVERY_S` s once its
     flow process is seen alive here), or it no longer exists; or until
-    ``stop()`` is true (e.g. this run was cancelled).  Once the run ahead
+    ``stop()`` is true (e.g. this run was cancelled).  A run ahead whose
+    flow process died during its return (:func:`cut_return_ahead`) has not
+    ended: the wait goes on while its worker delivers that return (its
+    state read every :data:`RETURNING_READ_S` s), until the return's
+    pending record is no longer cut, or its state is final but not a fresh
+    crash (:func:`fresh_crash`: the worker gave the return up) or back in
+    the queue.  Once the run ahead
     has ended, the processes of its work still alive (its flow process was
     killed: they are orphans on this node's devices) are killed first
     (:func:`end_leftover_work`).  ``say`` gets one line when there is a
@@ -196,8 +239,9 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
         own = client = get_client(sync_client=True)
         client.__enter__()
     try:
-        run, read_at, said, every = None, float("-inf"), False, API_EVERY_S
+        run, read_at, said, every, cut = None, float("-inf"), False, API_EVERY_S, False
         while not stop():
+            ended = False
             if time.monotonic() - read_at >= every:
                 read_at = time.monotonic()
                 try:
@@ -207,17 +251,28 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
                 except Exception:  # the API is busy or away: the process check goes on
                     pass
                 if run is not None and run.state is not None and (run.state.is_final() or requeued(run.state)):
-                    break
+                    if cut and not fresh_crash(run.state):  # its worker gave the return up (e31 return finishes it)
+                        break
+                    ended = True
                 if run is not None and not said:
                     said = True
                     say(f"handed over behind {run.name} ({ahead[:8]}): the work starts once it has returned its "
                         "output")
             if marker is not None and not marker.exists():
-                break
+                ended = True
             if run is not None and run.infrastructure_pid:
                 if not flow_process_alive(run):
+                    ended = True
+                elif not cut:
+                    every = API_ALIVE_EVERY_S  # seen alive here: its end shows in /proc and its marker first
+            if ended or cut:
+                was, cut = cut, cut_return_ahead(run)
+                if not cut:
                     break
-                every = API_ALIVE_EVERY_S  # seen alive here: its end shows in /proc and its marker first
+                if not was:  # its flow process died in its return: its node's worker delivers it; the node is its
+                    every = RETURNING_READ_S
+                    say(f"{run.name} ({ahead[:8]}) was cut during the return of its output; the work starts once "
+                        "its worker has finished that return")
             time.sleep(POLL_S)
         else:
             return time.monotonic() - started

@@ -10,6 +10,7 @@ from typing import Any
 
 from e31.flows.placement import Node, QueuedJob, RunningJob
 from e31.flows.placement.estimates import estimate_runtime
+from e31.flows.placement.text import gib
 from e31.flows.queue.cache import ACTIVE, RunCache, flow_run_filter, read_all, state_filter
 from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, LEASE_S, NODE_VAR, PLACED,
                                      QUEUED, SETTLE_S, inputs_key, nodes_of, planned_node, staged_tags,
@@ -221,9 +222,10 @@ def _clip_overbooked(snap: Snapshot) -> None:
         if cpus <= node.cpus and memory <= node.memory and len(set(devices)) == len(devices) and \
                 all(0 <= d < node.gpus for d in devices):
             continue
-        snap.overbooked[node.name] = (f"{len(held)} runs hold {cpus} CPUs, {memory} bytes of memory and GPUs "
-                                      f"{sorted(devices)} of its {node.cpus} CPUs, {node.memory} bytes and "
-                                      f"{node.gpus} GPUs")
+        gpus = (f", GPUs {','.join(map(str, sorted(devices))) or 'none'} of its {node.gpus}"
+                if node.gpus or devices else "")
+        snap.overbooked[node.name] = (f"{len(held)} runs hold CPUs {cpus} of its {node.cpus}, memory {gib(memory)} "
+                                      f"of its {gib(node.memory)}{gpus}")
         free_cpus, free_memory, taken = node.cpus, node.memory, set()
         for i in jobs:  # the longest holder first
             job = snap.running[i]

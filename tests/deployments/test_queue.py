@@ -16,6 +16,8 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import final_manifest, stop_group
 
 WORK = textwrap.dedent("""
@@ -725,7 +727,8 @@ BLOBS = textwrap.dedent("""
 """)
 
 
-def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(prefect_api, tmp_path):
+@pytest.mark.parametrize("handover", [False, True], ids=["queued", "handed-over"])
+def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(prefect_api, tmp_path, handover):
     """kill -9 of a job's flow process in the middle of its return (as
     Prefect's worker does 30 s after a cancel's SIGTERM, or the OOM killer):
     the destination said ``returning`` and the job's scratch kept a pending
@@ -738,7 +741,11 @@ def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(pr
     worker did.  The node stays the run's until then: a job waiting for it
     is placed only once the run is ``Completed`` (the scheduler used to give
     the node away in the moment between Prefect's ``Crashed`` and the
-    worker's ``Pending``, and both ran on it at once)."""
+    worker's ``Pending``, and both ran on it at once).  Handed over behind
+    it (``handed-over``: the cut job overran its 2 s duration, so the
+    waiting job is released at once to wait on the node), the waiting job's
+    work starts only once the run is ``Completed``: its wait used to end
+    with the flow process, while the worker still returned (an attack)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
@@ -749,7 +756,7 @@ def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(pr
         q.scheduler()
         worker = q.worker("n1", 0)
         wait_for(lambda: _warm_listening(worker), what="n1's warm process")
-        spec = q.job("cut", 0, 400, work="blobs.py", cpus=2, duration="1m")
+        spec = q.job("cut", 0, 400, work="blobs.py", cpus=2, duration="2s" if handover else "1m")
         run_id = q.submit(spec).split("flow run ")[1].split()[0]
         out = q.root / "out" / "cut"
         waiting = q.submit(q.job("next", 0, 0.5, cpus=2)).split("flow run ")[1].split()[0]  # the node's 2 CPUs
@@ -788,8 +795,13 @@ def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(pr
         wait_for(lambda: (q.root / "out" / "next" / "record.json").exists(), what="the waiting job's run")
         with get_client(sync_client=True) as client:
             done = next(s.timestamp for s in client.read_flow_run_states(run_id) if s.type.value == "COMPLETED")
-            placed = [s.timestamp for s in client.read_flow_run_states(waiting) if s.name == "Placed"]
-        assert len(placed) == 1 and placed[0] >= done, (placed, done)
+            placed = [s for s in client.read_flow_run_states(waiting) if s.name == "Placed"]
+        assert len(placed) == 1
+        if handover:  # released while the cut run still held the node; its work waited for the return's end
+            assert placed[0].message.startswith(f"handed over behind cut ({run_id[:8]}) on n1"), placed[0].message
+            assert q.record("next")["start"] >= done.timestamp(), (q.record("next")["start"], done)
+        else:
+            assert placed[0].timestamp >= done, (placed[0].timestamp, done)
 
 
 PLACE_AWAY = textwrap.dedent("""
@@ -1059,6 +1071,8 @@ def test_a_second_scheduler_on_a_pool_waits_as_a_standby_and_takes_over(prefect_
             wait_for(lambda: (read_claim(client, q.name) or {}).get("id", "").split("-")[-2:-1] == [str(second.pid)],
                      timeout=30, what="the standby's claim")
             assert lease_of(client, q.name, 60.0) == (60.0, True)  # its own (default) lease
+        took = f" e31 scheduler: the pool's scheduler has stopped; this one serves pool {q.name} now\n"
+        wait_for(lambda: took in (q.root / "scheduler-2.log").read_text(), timeout=10, what="the standby's takeover")
         q.worker("n1", 0)
         q.submit(q.job("after", 0, 0.5))
         wait_for(lambda: (q.root / "out" / "after" / "record.json").exists(), what="the job placed by the standby")

@@ -247,6 +247,7 @@ def test_a_node_whose_runs_hold_more_than_it_has_is_planned_full_until_the_longe
     end, and says what the runs hold."""
     from e31.flows.placement import QueuedJob, RunningJob, plan
     from e31.flows.placement.model import PlanInputError
+    from e31.deployments.runwords import node_lines
     from e31.flows.queue.snapshot import Snapshot, _clip_overbooked
 
     gib = 2**30
@@ -261,12 +262,18 @@ def test_a_node_whose_runs_hold_more_than_it_has_is_planned_full_until_the_longe
         plan([node], running, [waiting], 100.0)
     snap = Snapshot(now=100.0, nodes=[node], running=list(running))
     _clip_overbooked(snap)
-    assert snap.overbooked == {"n1": "2 runs hold 3 CPUs, 5368709120 bytes of memory and GPUs [0, 1, 1] of its 2 "
-                                     "CPUs, 4294967296 bytes and 2 GPUs"}
+    assert snap.overbooked == {"n1": "2 runs hold CPUs 3 of its 2, memory 5 GiB of its 4 GiB, GPUs 0,1,1 of its 2"}
     assert [(r.id, r.devices, r.cpus, r.memory) for r in snap.running] == [
         ("early", (0,), 1, 2 * gib), ("late", (1,), 1, 2 * gib)]
     [placement] = plan(snap.nodes, snap.running, [waiting], 100.0)
     assert (placement.action, placement.start) == ("wait", 150.0)
+    snap.heard, snap.lease_s, snap.scheduler_heard = {"n1": 99.0}, 60.0, True
+    assert node_lines(snap, 100.0) == [("n1", "more than it has: 2 runs hold CPUs 3 of its 2, memory 5 GiB of its "
+                                              "4 GiB, GPUs 0,1,1 of its 2", "heard 1 s ago")]  # not the clipped use
+    cpu_only = Snapshot(now=100.0, nodes=[Node("c", gpus=0, cpus=1, memory=gib)], running=[
+        RunningJob(id=k, node="c", devices=(), cpus=1, memory=0, start=0.0, expected_end=110.0) for k in "ab"])
+    _clip_overbooked(cpu_only)
+    assert cpu_only.overbooked == {"c": "2 runs hold CPUs 2 of its 1, memory 0 B of its 1 GiB"}
     within = Snapshot(now=100.0, nodes=[node], running=running[1:])
     _clip_overbooked(within)
     assert within.overbooked == {} and within.running == running[1:]

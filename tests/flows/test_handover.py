@@ -5,6 +5,7 @@ Prefect flow run objects and job specs."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.states import Pending, Running, Scheduled, State
 
@@ -98,6 +100,9 @@ def test_no_handover_outside_the_rules():
     assert handover_lead(snap, _wait(waiting, NOW + 5, reserved=False), 10, set()) is None  # an estimate only
     cancelling, _, waiting2 = _snap(lead_state=State(type=StateType.CANCELLING, name="Cancelling"))
     assert handover_lead(cancelling, _wait(waiting2, NOW + 5), 10, set()) is None  # the job ahead is being stopped
+    over, _, waiting4 = _snap()
+    over.overbooked["n1"] = "2 runs hold CPUs 2 of its 1, memory 0 B of its 16 GiB"
+    assert handover_lead(over, _wait(waiting4, NOW + 5), 10, set()) is None  # what its runs hold is a guess
     small, _, waiting3 = _snap(follower_memory="1GiB")
     assert handover_lead(small, _wait(waiting3, NOW + 5), 10, set()) is None  # more memory than the job ahead holds
 
@@ -268,3 +273,79 @@ def test_once_the_process_ahead_is_seen_alive_here_the_api_is_read_every_ten_sec
     assert reads == [str(ahead)]
     assert 4.5 <= waited < 10
     assert (handover.API_EVERY_S, handover.API_ALIVE_EVERY_S) == (2.0, 10.0)
+
+
+def _cut_record(scratch: Path, job: str, run_id: str) -> Path:
+    """The pending record a flow process killed in its return leaves (e31.tasks.pending.recorded_return)."""
+    from e31.tasks.pending import IN_PROGRESS, PENDING
+
+    (scratch / job).mkdir(parents=True, exist_ok=True)
+    record = scratch / job / PENDING
+    record.write_text(json.dumps({"error": IN_PROGRESS, "target": {"run_id": run_id}}))
+    return record
+
+
+@pytest.mark.parametrize("worker_does", ["finishes", "gives-up"])
+def test_behind_a_run_killed_in_its_return_the_wait_lasts_until_its_worker_has_finished_it(
+        monkeypatch, tmp_path, worker_does):
+    """Found by an attack: the run ahead's flow process killed during its
+    return ended the wait at once, and the work behind it ran beside the
+    worker's delivery of that return.  Now the wait goes on past the
+    process's end while the run ahead's cut return is pending in the node's
+    scratch, through Prefect's fresh ``Crashed`` and the worker's
+    ``Pending`` (``Returning``): ``finishes``, until the record is gone
+    (delivered); ``gives-up``, until the worker crashed the run it could
+    not finish (a ``Crashed`` older than SETTLE_S, the record kept)."""
+    from datetime import datetime, timedelta, timezone
+
+    from prefect.states import Crashed
+
+    from e31.flows.queue import handover
+
+    monkeypatch.setattr(handover, "RETURNING_READ_S", 0.01, raising=False)
+    monkeypatch.setenv("E31_SCRATCH", str(tmp_path))
+    ahead = uuid.uuid4()
+    record = _cut_record(tmp_path, "ahead-job", str(ahead))
+    _cut_record(tmp_path, "other-job", str(uuid.uuid4()))  # another run's cut return: not waited for
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env={**os.environ, "PREFECT__FLOW_RUN_ID": str(ahead)})
+    spec = {"name": "ahead-job"}
+    timeline: list[str] = []
+    old = datetime.now(timezone.utc) - timedelta(seconds=10)
+    states = {"alive": Running(), "returning": Pending(name="Returning"),
+              "finishes": State(type=StateType.COMPLETED, name="Completed"),
+              "gives-up": Crashed(timestamp=old)}
+
+    class _Api:
+        def read_flow_run(self, key):
+            phase = timeline[-1] if timeline else "alive"
+            return FlowRun(id=ahead, flow_id=uuid.uuid4(), name="ahead", state=states[phase],
+                           parameters={"spec": spec}, infrastructure_pid=str(proc.pid))
+
+    polls = []
+
+    def stop() -> bool:  # the run ahead's end, turn by turn
+        polls.append(1)
+        if len(polls) == 5:
+            proc.kill()
+            proc.wait()
+            states["fresh"] = Crashed()  # Prefect's worker's, now
+            timeline.append("fresh")
+        elif len(polls) == 15:
+            timeline.append("returning")
+        elif len(polls) == 80:
+            timeline.append(worker_does)
+            if worker_does == "finishes":
+                record.unlink()
+        return len(polls) > 400
+
+    said = []
+    try:
+        wait_for_run_ahead(str(ahead), stop=stop, say=said.append, client=_Api())
+    finally:
+        proc.kill()
+        proc.wait()
+    assert 80 <= len(polls) <= 83  # not at the process's end (5), nor at the fresh crash: once the return ended
+    assert said == [f"handed over behind ahead ({str(ahead)[:8]}): the work starts once it has returned its output",
+                    f"ahead ({str(ahead)[:8]}) was cut during the return of its output; the work starts once its "
+                    "worker has finished that return"]
