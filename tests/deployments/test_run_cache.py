@@ -418,3 +418,34 @@ def test_a_fresh_crash_holds_its_node_until_it_settles(prefect_api, tmp_path):
         settled = read(client, made.spec, now=at + SETTLE_S + 0.5)
     assert [(r.id, r.node, r.cpus) for r in fresh.running if r.id in fresh.runs] == [(run, "n1", 1)]
     assert [r.id for r in settled.running if r.id in settled.runs] == [] and settled.requeue == []
+
+
+def test_a_cut_return_its_worker_cannot_finish_crashes_the_run_and_frees_its_node(prefect_api, tmp_path):
+    """A run held ``Pending`` (``Returning``) whose cut return its worker
+    could not deliver (the store away, the job's lock held) held its node
+    until its lease; ``give_up_returning`` crashes it, saying where the
+    output is, so the node is freed once the crash settles.  A run in any
+    other state is left alone."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed, Pending, Running
+
+    from e31.deployments.cutreturn import RETURNING, give_up_returning
+    from e31.flows.queue import SETTLE_S, read, work_pool_name
+
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        run, other = made.submit(client, "cut"), made.submit(client, "running")
+        client.send_worker_heartbeat(work_pool_name(made.spec), "n1")
+        for key in (run, other):
+            client.update_flow_run(key, job_variables={"e31_node": "n1", "gpu_devices": [], "cpus": 1})
+            client.set_flow_run_state(key, Running(), force=True)
+        client.set_flow_run_state(run, Crashed(message="Process exited with status code: -9."), force=True)
+        client.set_flow_run_state(run, Pending(name=RETURNING), force=True)
+        assert give_up_returning(run) is True and give_up_returning(other) is False
+        state = client.read_flow_run(run).state
+        settled = read(client, made.spec, now=state.timestamp.timestamp() + SETTLE_S + 0.5)
+        assert client.read_flow_run(other).state.type.value == "RUNNING"
+    assert (state.type.value, state.message) == ("CRASHED", (
+        "its flow process ended during the return of its output, and its worker could not finish that return; the "
+        "output stays in the node's scratch (e31 return JOB there, or the job's next run there, delivers it)"))
+    assert [r.id for r in settled.running if r.id in settled.runs] == [other]
