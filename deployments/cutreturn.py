@@ -77,6 +77,20 @@ def finish_cut_return(job: Any, flow_run_id: str, say: Callable[[str], None]) ->
     return manifest
 
 
+def close_cut_return(job: Any, flow_run_id: str, held: bool, say: Callable[[str], None]) -> None:
+    """After the flow process of ``flow_run_id`` ended: a return it left cut
+    is delivered (:func:`finish_cut_return`) and the run's state set from
+    its manifest (:func:`settle_state`); one ``held`` Returning
+    (:func:`hold_cut_return`) that could not be finished is crashed
+    (:func:`give_up_returning`): the node is free again, and a run with
+    retries left is queued again.  Raises what the state writes raise."""
+    manifest = finish_cut_return(job, flow_run_id, say)
+    if manifest is not None:
+        settle_state(flow_run_id, manifest)
+    elif held:
+        give_up_returning(flow_run_id)
+
+
 #: The name of the ``Pending`` state of a run whose cut return its worker finishes.
 RETURNING = "Returning"
 

@@ -287,26 +287,17 @@ class E31Worker(ProcessWorker):
                 await end_cancelling(self._client, flow_run.id, result.status_code, self._logger)
 
     async def _finish_cut_return(self, flow_run: Any, job: Any, held: bool) -> None:
-        """A return the ended flow process left cut (it was killed during
-        it): delivered from here, and the run's state set from its manifest
-        (:mod:`e31.deployments.cutreturn`).  When it was ``held`` Returning
-        and could not be finished here, the run is crashed
-        (:func:`e31.deployments.cutreturn.give_up_returning`): the node is
-        free again, and a run with retries left is queued again.  Never
-        raises."""
+        """:func:`e31.deployments.cutreturn.close_cut_return` in a thread,
+        shielded (also when the worker stops meanwhile: the return is
+        bounded), its lines to the run's log.  Never raises."""
         import anyio
 
-        from e31.deployments.cutreturn import finish_cut_return, give_up_returning, settle_state
+        from e31.deployments.cutreturn import close_cut_return
 
         run_logger = self.get_flow_run_logger(flow_run)
         try:
-            with anyio.CancelScope(shield=True):  # also when the worker stops meanwhile: the return is bounded
-                manifest = await anyio.to_thread.run_sync(finish_cut_return, job, str(flow_run.id),
-                                                          run_logger.warning)
-                if manifest is not None:
-                    await anyio.to_thread.run_sync(settle_state, str(flow_run.id), manifest)
-                elif held:
-                    await anyio.to_thread.run_sync(give_up_returning, str(flow_run.id))
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(close_cut_return, job, str(flow_run.id), held, run_logger.warning)
         except Exception as exc:  # the state is a courtesy: the manifest at the destination is the job's word
             self._logger.warning("flow run %s: could not settle its state after its cut return: %s: %s",
                                  flow_run.id, type(exc).__name__, exc)
