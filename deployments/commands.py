@@ -262,6 +262,7 @@ class _Supervised:
 def cmd_submit(args: argparse.Namespace) -> int:
     from prefect.client.orchestration import get_client
 
+    from e31.deployments.presence import scheduler_note
     from e31.deployments.runwords import submitted_line
     from e31.deployments.scheduler import snapshot
     from e31.deployments.worker import E31Worker
@@ -284,8 +285,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if line is None:  # ended already (refused by the scheduler, or cancelled): its state says why
             state = client.read_flow_run(run.id).state
             line = f"{state.name}: {state.message or ''}".rstrip(": ")
+        note = scheduler_note(client, pool.name, args.pool)
     print(f"submitted {spec.name}: flow run {run.id}")
     print(f"  {line}")
+    if note:
+        print(f"e31: {note}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -304,7 +308,7 @@ def _hhmm(ts: float | None) -> str:
 def cmd_queue(args: argparse.Namespace) -> int:
     from prefect.client.orchestration import get_client
 
-    from e31.deployments.presence import lease_of
+    from e31.deployments.presence import lease_of, scheduler_note
     from e31.deployments.runwords import crashed_line, holding, node_lines, silent_note
     from e31.deployments.scheduler import snapshot
     from e31.flows.queue import LEASE_S
@@ -317,6 +321,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
     with get_client(sync_client=True) as client:
         lease_s, serving = lease_of(client, pool.name, LEASE_S)
+        note = scheduler_note(client, pool.name, args.pool)
         snap = snapshot(client, pool, lease_s=lease_s)
         snap.scheduler_heard = serving
         placements = plan(snap.nodes, snap.running, snap.queued, snap.now)
@@ -352,6 +357,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
     _table(rows)
     print()
     _table([("NODE", "IN USE", "WORKER"), *node_lines(snap, snap.now)])
+    if note:
+        print(f"e31: {note}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -164,3 +164,26 @@ def lease_of(client: Any, pool_name: str, default: float) -> tuple[float, bool]:
     if _other(claim, "", time.time()) is None or not isinstance(claim.get("lease_s"), (int, float)):
         return default, False
     return float(claim["lease_s"]), True
+
+
+def scheduler_note(client: Any, pool_name: str, pool_file: str, now: float | None = None) -> str | None:
+    """A line for ``e31 submit`` and ``e31 queue`` when the pool may have no
+    live scheduler: none has beaten within :data:`STALE_S` seconds
+    (nothing is placed or started until one runs), or its last beat is
+    older than two beats (it may have died: a standby takes over
+    :data:`STALE_S` seconds after that beat).  None when one beat recently,
+    or when the claim cannot be read (the command says nothing it does not
+    know).  ``pool_file``: the pool file's path, for the fix."""
+    try:
+        claim = read_claim(client, pool_name)
+    except Exception:
+        return None
+    now = time.time() if now is None else now
+    beat = claim.get("beat") if claim is not None else None
+    if not isinstance(beat, (int, float)) or now - beat >= STALE_S:
+        return (f"no e31 scheduler serves pool {pool_name}: the plan shown is what one would do; nothing is placed "
+                f"or started until one runs (e31 scheduler --pool {pool_file})")
+    if now - beat > 2 * BEAT_S:
+        return (f"pool {pool_name}'s e31 scheduler was last heard {now - beat:.0f} s ago (it beats every "
+                f"{BEAT_S:g} s): it may have stopped; a standby takes over {STALE_S:g} s after its last beat")
+    return None

@@ -73,7 +73,9 @@ def node_lines(snap: Any, now: float) -> list[tuple[str, str, str]]:
     """What ``e31 queue`` says of each node of the pool: (node, what its
     runs hold, its worker).  What its runs hold: GPUs (when it has some),
     CPUs and memory in use of the node's, and how many runs (``GPUs 6/8,
-    CPUs 3/16, memory 12 GiB/64 GiB; 2 run(s)``; a node whose runs hold
+    CPUs 3/16, memory 12 GiB/64 GiB; 2 run(s)``, and ``and 1 handed over
+    behind (holding nothing yet)`` for runs waiting behind them:
+    ``snap.behind``; a node whose runs hold
     more than it has says so, with what they hold:
     :attr:`e31.flows.queue.Snapshot.overbooked`).  Its worker: ``heard 3 s
     ago``; ``silent for 45 s: ...`` past :data:`SILENT_S` (two missed
@@ -103,8 +105,9 @@ def node_lines(snap: Any, now: float) -> list[tuple[str, str, str]]:
         if node.gpus:
             use.insert(0, f"GPUs {sum(len(r.devices) for r in held)}/{node.gpus}")
         over = getattr(snap, "overbooked", {}).get(node.name)  # what they hold as they said, not as planned
-        rows.append((node.name, f"more than it has: {over}" if over else ", ".join(use) + f"; {len(held)} run(s)",
-                     worker))
+        behind = sum(1 for ahead in getattr(snap, "behind", {}).values() if any(r.id == ahead for r in held))
+        runs = f"; {len(held)} run(s)" + (f" and {behind} handed over behind (holding nothing yet)" if behind else "")
+        rows.append((node.name, f"more than it has: {over}" if over else ", ".join(use) + runs, worker))
     return rows
 
 

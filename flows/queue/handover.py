@@ -205,7 +205,8 @@ def cut_return_ahead(run: Any) -> bool:
 def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
                        say: Callable[[str], None] = print, client: Any = None) -> float:
     """Block until the flow run ``ahead`` has ended: it removed the marker
-    this wait leaves for it (:func:`release`), or its flow process is
+    this wait leaves for it (:func:`release`, once its output is returned:
+    that ends the wait at once), or its flow process is
     gone from this machine (:func:`flow_process_alive`, checked every
     :data:`POLL_S` s once its pid is known) or its state is final or back
     in the queue (:func:`requeued`; read
@@ -259,7 +260,7 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
                     say(f"handed over behind {run.name} ({ahead[:8]}): the work starts once it has returned its "
                         "output")
             if marker is not None and not marker.exists():
-                ended = True
+                break  # its own word (release): its output is returned, so its return was not cut
             if run is not None and run.infrastructure_pid:
                 if not flow_process_alive(run):
                     ended = True

@@ -249,6 +249,8 @@ def test_e31_queue_says_what_each_run_holding_a_node_is_doing(prefect_api, tmp_p
     listed = subprocess.run([str(Path(sys.executable).with_name("e31")), "queue", "--pool", str(pool)],
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
+    assert listed.stderr == (f"e31: no e31 scheduler serves pool {made.spec.name}: the plan shown is what one would "
+                             f"do; nothing is placed or started until one runs (e31 scheduler --pool {pool})\n")
     jobs, nodes = listed.stdout.split("\n\n")
     said = {line.split()[1]: (line.split()[2], line.split("UTC  ", 1)[1]) for line in jobs.splitlines()[1:]}
     assert nodes.splitlines()[0].split() == ["NODE", "IN", "USE", "WORKER"]

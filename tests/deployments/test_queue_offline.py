@@ -218,6 +218,9 @@ def test_e31_queue_says_what_each_node_holds_and_when_its_worker_was_heard():
     assert silent_note(snap, "c", 1000.0) == "; node c's worker silent for 45 s"
     assert silent_note(snap, "g", 1000.0) == ""
     assert silent_note(snap, "new", 1000.0) == ""  # never heard: the node is held, nothing is placed there
+    snap.behind = {"b": "a"}  # found by a fresh user: a run handed over behind a was listed, but not counted
+    assert node_lines(snap, 1000.0)[0][1] == ("GPUs 6/8, CPUs 3/16, memory 12 GiB/64 GiB; 1 run(s) and 1 handed over "
+                                              "behind (holding nothing yet)")
 
 
 def test_the_worker_s_base_environment_is_prefect_s_computed_once_per_settings():
@@ -277,3 +280,33 @@ def test_a_node_whose_runs_hold_more_than_it_has_is_planned_full_until_the_longe
     within = Snapshot(now=100.0, nodes=[node], running=running[1:])
     _clip_overbooked(within)
     assert within.overbooked == {} and within.running == running[1:]
+
+
+def test_e31_submit_and_queue_say_when_no_scheduler_beats_for_the_pool():
+    """Found by a fresh user: with the pool's scheduler killed, e31 submit
+    said ``start now on n-1`` and nothing said that nobody would place it.
+    The claim's last beat decides: none, or older than STALE_S (30 s): no
+    scheduler; older than two beats (20 s): it may have stopped; else
+    nothing to say."""
+    import types
+
+    from e31.deployments.presence import scheduler_note
+
+    now = 1_800_000_000.0
+
+    class _Api:
+        def __init__(self, claim):
+            self.claim = claim
+
+        def read_variable_by_name(self, name):
+            assert name == "e31-scheduler-lab"
+            return None if self.claim is None else types.SimpleNamespace(value=self.claim)
+
+    none = ("no e31 scheduler serves pool lab: the plan shown is what one would do; nothing is placed or started "
+            "until one runs (e31 scheduler --pool pool.yaml)")
+    assert scheduler_note(_Api(None), "lab", "pool.yaml", now) == none
+    assert scheduler_note(_Api({"id": "a", "lease_s": 60, "beat": now - 31}), "lab", "pool.yaml", now) == none
+    assert scheduler_note(_Api({"id": "a", "lease_s": 60, "beat": now - 25}), "lab", "pool.yaml", now) == (
+        "pool lab's e31 scheduler was last heard 25 s ago (it beats every 10 s): it may have stopped; a standby "
+        "takes over 30 s after its last beat")
+    assert scheduler_note(_Api({"id": "a", "lease_s": 60, "beat": now - 5}), "lab", "pool.yaml", now) is None

@@ -349,3 +349,43 @@ def test_behind_a_run_killed_in_its_return_the_wait_lasts_until_its_worker_has_f
     assert said == [f"handed over behind ahead ({str(ahead)[:8]}): the work starts once it has returned its output",
                     f"ahead ({str(ahead)[:8]}) was cut during the return of its output; the work starts once its "
                     "worker has finished that return"]
+
+
+def test_the_release_of_the_run_ahead_ends_the_wait_at_once_while_its_return_record_is_still_there(
+        monkeypatch, tmp_path):
+    """Found by a fresh user: after every plain handover the waiting run
+    logged ``... was cut during the return of its output`` and waited on.
+    A run releases the node (removes the marker) once its output is at the
+    destination, a moment before it removes its return's pending record;
+    the wait took that record for a cut return.  Now the release ends the
+    wait at once, and only a run ahead whose process is gone (or whose
+    state is final) is checked for a cut return."""
+    from e31.flows.queue.handover import release
+
+    monkeypatch.setenv("E31_SCRATCH", str(tmp_path))
+    ahead = uuid.uuid4()
+    record = _cut_record(tmp_path, "ahead-job", str(ahead))  # the return's record, as during any return
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env={**os.environ, "PREFECT__FLOW_RUN_ID": str(ahead)})
+
+    class _Api:
+        def read_flow_run(self, key):
+            return FlowRun(id=ahead, flow_id=uuid.uuid4(), name="ahead", state=Running(),
+                           parameters={"spec": {"name": "ahead-job"}}, infrastructure_pid=str(proc.pid))
+
+    polls, said = [], []
+
+    def stop() -> bool:
+        polls.append(1)
+        if len(polls) == 5:
+            release(str(ahead))  # what run_job does once the output is returned
+        return len(polls) > 100
+
+    try:
+        wait_for_run_ahead(str(ahead), stop=stop, say=said.append, client=_Api())
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(polls) == 5  # the turn that saw the marker gone (the old code waited on: 101)
+    assert said == [f"handed over behind ahead ({str(ahead)[:8]}): the work starts once it has returned its output"]
+    assert record.exists() and not (tmp_path / ".handover" / str(ahead)).exists()
