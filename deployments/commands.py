@@ -403,5 +403,6 @@ def cmd_cancel(args: argparse.Namespace) -> int:
                                           force=True)  # the reason in E31's words; Cancelled is final: no race
                 print(f"cancelled {snap.specs[key].name} ({key}): removed from the queue")
             else:
-                print(f"cancelling {snap.specs[key].name} ({key}): the work is stopped and its output returned")
+                print(f"cancelling {snap.specs[key].name} ({key}): its work is stopped (or never starts, if it has "
+                      "not yet) and what it has is returned, with its manifest")
     return EXIT_OK

@@ -67,6 +67,10 @@ def cancelled_message(returned: dict[str, Any] | None | object) -> str:
     if returned["status"] == "completed":  # the cancel came after the work's end: nothing was stopped
         return (f"cancelled: the work had ended when the cancel came; its output came back whole, completed: "
                 f"{len(returned.get('files') or ())} file(s) {where} (see the manifest there)")
+    said = str(returned.get("message") or "")
+    if said.endswith("the work did not start"):  # cancelled while it staged or waited behind the job ahead
+        return (f"{said}; its manifest ({returned['status']}, {len(returned.get('files') or ())} file(s)) is "
+                f"{where}")
     return (f"cancelled: E31 stopped the work and returned what it had, {returned['status']}: "
             f"{len(returned.get('files') or ())} file(s) {where} (see the manifest there)")
 

@@ -48,6 +48,7 @@ from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
 from e31.tasks.storage.scratch_cache import data_wait_s, prefetched_seconds
 from e31.tasks.storage.transfer_markers import transferring
 from e31.tasks.storage import describe_error, scrub
+from e31.flows.runlog import drop_explained_failures
 from e31.tasks.storage.masking import install_log_masking
 from e31.tasks.storage.options import register_destination, register_inputs
 
@@ -108,6 +109,7 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
     scratch).
     """
     install_log_masking()  # every log line of the run is masked, whoever writes it
+    drop_explained_failures()  # an E31 error ends the run in one line, not with the engine's traceback too
     try:
         try:
             manifest = _run_job(spec, code_dir)

@@ -62,6 +62,39 @@ class ApiOutageFilter(logging.Filter):
         return True
 
 
+#: What Prefect's engine logs, with the exception's traceback, when a flow run ends ``Failed`` with an exception
+#: (``run_flow`` in ``prefect/flow_engine.py``; ``handle_engine_signals`` in ``prefect/engine.py``).
+ENGINE_FAILURE_LINES = ("Engine execution exited with unexpected exception", "exited with unexpected exception")
+
+
+class ExplainedFailureFilter(logging.Filter):
+    """Drops the engine's closing ``... exited with unexpected exception``
+    record, with its traceback, when the exception is one of E31's errors:
+    ``run_job`` logged it already in one line that names the field and the
+    fix, and the run's state message says it.  Put on the loggers Prefect's
+    engine writes it to (``prefect.flow_runs``, ``prefect.engine``), so
+    neither the console nor the run's log in the Prefect UI gets it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:  # noqa: A003 - logging's name
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, E31Error):
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True
+        return not any(line in message for line in ENGINE_FAILURE_LINES)
+
+
+def drop_explained_failures() -> None:
+    """Install :class:`ExplainedFailureFilter` on Prefect's engine loggers
+    (idempotent)."""
+    for name in ("prefect.flow_runs", "prefect.engine"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, ExplainedFailureFilter) for f in logger.filters):
+            logger.addFilter(ExplainedFailureFilter())
+
+
 def hide_tracebacks_on_console() -> None:
     """Install :class:`QuietFormatter` and :class:`ApiOutageFilter` on
     Prefect's console handler(s)."""

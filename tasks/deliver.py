@@ -74,11 +74,14 @@ def check_destination(url: str, field: str) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise DestinationError(f"{field}: {shown}: a file is in the way; the destination must be a folder") from None
+        raise DestinationError(f"{field}: {shown}: a file is in the way; the destination must be a folder: give "
+                               "a folder of the job's own") from None
     except OSError as exc:
-        raise DestinationError(f"{field}: {shown}: cannot create it ({exc.strerror})") from None
+        raise DestinationError(f"{field}: {shown}: cannot create it ({exc.strerror}): give a folder this user "
+                               "can create, of the job's own, e.g. ~/results/NAME/") from None
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise DestinationError(f"{field}: {shown}: not writable by this user")
+        raise DestinationError(f"{field}: {shown}: not writable by this user: give a folder it can write, or "
+                               "make this one writable")
 
 
 @dataclass

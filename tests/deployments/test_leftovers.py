@@ -156,7 +156,8 @@ def test_e31_cancel_of_a_run_that_started_after_it_was_read_stops_it_and_never_f
         assert cmd_cancel(argparse.Namespace(pool=str(pool_file), job=run)) == 0
     names = {run: f"{n}-{made.tag}" for run, n in ((started, "started"), (waiting, "waiting"))}
     assert capsys.readouterr().out == (
-        f"cancelling {names[started]} ({started}): the work is stopped and its output returned\n"
+        f"cancelling {names[started]} ({started}): its work is stopped (or never starts, if it has not yet) and what "
+        "it has is returned, with its manifest\n"
         f"cancelled {names[waiting]} ({waiting}): removed from the queue\n")
     with get_client(sync_client=True) as client:
         assert _state(client, started) == ("CANCELLING", "Cancelling", "cancel requested (e31 cancel)")
@@ -367,6 +368,11 @@ def test_the_cancel_hook_says_what_it_found_at_the_destination():
         "cancelled: E31 stopped the work and its return was cut before the end: the manifest in partial/ at the "
         "destination still says returning; the output is kept in the job's scratch on its node, and e31 return "
         "nightly there (or the job's next run there) delivers it")
+    waited = {"status": "partial", "files": [], "folder": "partial", "message": "cancelled while it waited for the "
+              "job ahead of it on its node; the work did not start"}  # a fresh user read "stopped the work" here
+    assert cancelled_message(waited) == ("cancelled while it waited for the job ahead of it on its node; the work did "
+                                         "not start; its manifest (partial, 0 file(s)) is in partial/ at the "
+                                         "destination")
     assert cancelled_message(None) == ("cancelled: E31 stopped the run before it returned any output (no manifest "
                                        "was written)")
     assert cancelled_message(UNKNOWN) == ("cancelled: E31 stopped the work; the manifest at the job's destination "

@@ -174,6 +174,38 @@ def test_refusals_end_with_their_reason_and_a_failed_manifest(prefect_api, tmp_p
     assert manifest["message"] == "refused by the queue: no node can hold 9 GPUs: the largest nodes have 8 GPUs"
 
 
+def test_a_job_whose_destination_cannot_be_made_fails_in_one_line_without_a_traceback(prefect_api, tmp_path):
+    """Found by an attack: a queued job whose ``output.url`` lies under a
+    file passed e31 submit and failed on its node with Prefect's engine
+    traceback (~45 lines) after E31's one line, in the worker's output and
+    the run's log.  Now the one line, with the fix, is all: in the state
+    message, the run's log in the Prefect UI, and the worker's output."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    (tmp_path / "afile").write_text("x")
+    with queue(tmp_path, {"n1": 0}) as q:
+        q.scheduler()
+        q.worker("n1", 0)
+        spec = json.loads(q.job("nowhere", 0, 1).read_text())
+        spec["output"]["url"] = str(tmp_path / "afile" / "out")
+        (q.root / "nowhere.yaml").write_text(json.dumps(spec))
+        run_id = q.submit(q.root / "nowhere.yaml").split("flow run ")[1].split()[0]
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: client.read_flow_run(run_id).state.is_final(), timeout=120, what="its end")
+            state = client.read_flow_run(run_id).state
+            time.sleep(3)  # its last log lines, sent at its end
+            logged = [log.message for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(
+                any_=[run_id])))]
+        worker_log = (q.root / "worker-n1.log").read_text()
+    said = (f"output.url: {tmp_path}/afile/out: cannot create it (Not a directory): give a folder this user can "
+            "create, of the job's own, e.g. ~/results/NAME/")
+    assert (state.type.value, state.message) == ("FAILED", said)
+    assert said in logged and said in worker_log
+    assert not [m for m in logged if "unexpected exception" in m or "Traceback" in m]
+    assert "Traceback" not in worker_log and "unexpected exception" not in worker_log
+
+
 def test_a_waiting_job_says_why_in_its_state_and_in_e31_queue(prefect_api, tmp_path):
     from prefect.client.orchestration import get_client
 
@@ -943,9 +975,11 @@ def test_the_next_job_is_handed_over_behind_the_running_one_and_its_work_waits_f
             said = f"handed over behind ahead ({ahead[:8]}): the work starts once it has returned its output"
             wait_for(lambda: said in [log.message for log in client.read_logs(LogFilter(
                 flow_run_id=LogFilterFlowRunId(any_=[behind])))], what="its log line")  # sent at its end
+            logged = [log.message for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[behind])))]
         first, second = q.record("ahead"), q.record("behind")
         manifest = json.loads((q.root / "out" / "behind" / "manifest.json").read_text())
     assert still_running  # its flow run was Running while the job ahead's work still ran
+    assert not [m for m in logged if "was cut during the return" in m]  # a plain return (a fresh user saw it said)
     assert placed.message.startswith(f"handed over behind ahead ({ahead[:8]}) on n1: its flow process starts now and "
                                      "stages the inputs; the work starts once ahead has returned its output (planned ")
     assert second["start"] >= returned  # the work waited for the job ahead's end: its manifest written last

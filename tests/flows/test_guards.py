@@ -42,7 +42,8 @@ def test_unwritable_destination_is_refused_before_anything_runs(prefect_api, scr
     spec["output"]["url"] = str(tmp_path / "afile")
     with pytest.raises(DestinationError) as err:
         run_job(parse_spec(spec), code_dir=str(tmp_path))
-    assert str(err.value) == f"output.url: {tmp_path}/afile: a file is in the way; the destination must be a folder"
+    assert str(err.value) == (f"output.url: {tmp_path}/afile: a file is in the way; the destination must be a folder: "
+                              "give a folder of the job's own")
     assert not (tmp_path / "ran").exists()
     spec["output"]["url"] = "nosuchproto://x/"
     with pytest.raises(DestinationError, match=r"^output.url: nosuchproto://x/: Protocol not known: nosuchproto$"):
