@@ -38,8 +38,6 @@ import collections
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,17 +47,16 @@ from typing import Any, Callable
 
 from e31.tasks.supervisor.api import api_ready
 
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run as a script: the repository's tests package
+    sys.path.insert(0, str(REPO))
+from tests.benchmarks.server import start_server  # noqa: E402
+
 
 def _cpu_s(pid: int) -> float:
     """CPU seconds (user + system) of the process ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _measure(pid: int, n: int, call: Callable[[int], Any]) -> tuple[float, float]:
@@ -97,15 +94,7 @@ def main() -> int:
     parser.add_argument("--counts", type=Path, default=None, help="a bench_queue.py --count-api folder")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="e31-bench-api-"))
-    port = _port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(root / "home"), "PREFECT_API_URL": api, "PREFECT_UI_ENABLED": "false",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "WARNING",
-           "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL"}
-    os.environ.update(env)
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                               str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    api, _, server = start_server(root)
     try:
         while not api_ready(api):
             time.sleep(0.5)

@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,16 +46,11 @@ from e31.tasks.supervisor.api import api_ready
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from tests.benchmarks.server import start_server  # noqa: E402
 
 
 WORK = ("import os, pathlib, sys, time; time.sleep(float(sys.argv[1])); "
         "pathlib.Path(os.environ['E31_OUTPUT_DIR'], 'done.txt').write_text('done')")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> int:
@@ -68,15 +62,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, scratch, outputs)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="e31-bench-prefetch-"))
-    port = _port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(root / "home"), "PREFECT_API_URL": api, "PREFECT_UI_ENABLED": "false",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "WARNING",
-           "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL"}
-    os.environ.update(env)
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                               str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    api, env, server = start_server(root)
     from tests.s3server import seaweed
 
     try:
