@@ -267,7 +267,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from e31.deployments.scheduler import snapshot
     from e31.deployments.worker import E31Worker
     from e31.flows.checks import SpecChecks
-    from e31.flows.deploy import job_tags
+    from e31.flows.deploy import job_tags, parameters
+    from e31.flows.queue import submit
     from e31.specs import load_spec
     from e31.tasks.supervisor.busy import retry_busy_quickly
 
@@ -276,8 +277,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     checks = SpecChecks(code_dir=str(Path(args.spec).resolve().parent))
     spec = load_spec(args.spec, overrides=args.overrides, checks=checks)
     with retry_busy_quickly(get_client(sync_client=True)) as client:
-        run = submit_run(client, pool, spec, str(Path(args.spec).resolve().parent), job_tags(spec),
-                         E31Worker.get_default_base_job_template())
+        run = submit(client, pool, parameters(spec, str(Path(args.spec).resolve().parent)), job_tags(spec),
+                     E31Worker.get_default_base_job_template())
         snap = snapshot(client, pool)
         from e31.flows.placement import plan
 
@@ -293,14 +294,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def submit_run(client: Any, pool: Any, spec: Any, code_dir: str, tags: list[str], template: dict) -> Any:
-    """Queue ``spec`` on ``pool``; returns the flow run (see :func:`e31.flows.queue.submit`)."""
-    from e31.flows.deploy import parameters
-    from e31.flows.queue import submit
-
-    return submit(client, pool, parameters(spec, code_dir), tags, template)
-
-
 def _hhmm(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%H:%M UTC") if ts else "-"
 
@@ -309,7 +302,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
     from prefect.client.orchestration import get_client
 
     from e31.deployments.presence import lease_of, scheduler_note
-    from e31.deployments.runwords import crashed_line, holding, node_lines, silent_note
+    from e31.deployments.runwords import crashed_line, holding, node_lines, print_table, silent_note
     from e31.deployments.scheduler import snapshot
     from e31.flows.queue import LEASE_S
     from e31.flows.placement import plan
@@ -354,19 +347,12 @@ def cmd_queue(args: argparse.Namespace) -> int:
         run = snap.runs[key]
         rows.append((snap.specs[key].name, key[:8], run.state.name, (run.job_variables or {}).get("e31_node") or "-",
                      "-", "-", crashed_line(run, snap.specs[key].request.retries)))
-    _table(rows)
+    print_table(rows)
     print()
-    _table([("NODE", "IN USE", "WORKER"), *node_lines(snap, snap.now)])
+    print_table([("NODE", "IN USE", "WORKER"), *node_lines(snap, snap.now)])
     if note:
         print(f"e31: {note}", file=sys.stderr)
     return EXIT_OK
-
-
-def _table(rows: list[tuple[str, ...]]) -> None:
-    """Print ``rows`` in aligned columns, the last one left unpadded."""
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        print("  ".join(str(v).ljust(w) for v, w in zip(row[:-1], widths)) + "  " + row[-1])
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

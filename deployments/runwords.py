@@ -127,3 +127,10 @@ def silent_note(snap: Any, node: str | None, now: float) -> str:
     if node is None or beat is None or now - beat <= SILENT_S:
         return ""
     return f"; node {node}'s worker silent for {now - beat:.0f} s"
+
+
+def print_table(rows: list[tuple[str, ...]]) -> None:
+    """Print ``rows`` in aligned columns, the last one left unpadded."""
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(str(v).ljust(w) for v, w in zip(row[:-1], widths)) + "  " + row[-1])
