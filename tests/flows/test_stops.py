@@ -414,9 +414,9 @@ def test_cancel_while_inputs_stage_keeps_the_earlier_checkpoints_and_runs_nothin
     assert ended_s < 15, ended_s  # the download alone had about 25 s to go
     assert not list(scratch.glob("*/data/.inp.part-*")) and not list(scratch.glob("*/data/inp"))
     _wait_for(lambda: _flow_run_state(str(run.id)).type.value == "CANCELLED", timeout=20)
-    assert _flow_run_state(str(run.id)).message == ("cancelled: E31 stopped the work and returned what it had, "
-                                                    "partial: 0 file(s) in partial/ at the destination (see the "
-                                                    "manifest there)")
+    assert _flow_run_state(str(run.id)).message == ("cancelled while the inputs were staged; the work did not "
+                                                    "start; its manifest (partial, 0 file(s)) is in partial/ at the "
+                                                    "destination")
 
 
 def test_a_signal_after_the_output_is_returned_does_not_change_the_exit_code(prefect_api, scratch, tmp_path):
