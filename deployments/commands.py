@@ -304,9 +304,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
     from e31.deployments.presence import lease_of, scheduler_note
     from e31.deployments.runwords import crashed_line, holding, node_lines, print_table, silent_note
     from e31.deployments.scheduler import snapshot
-    from e31.flows.queue import LEASE_S
     from e31.flows.placement import plan
-    from e31.flows.queue import humane
+    from e31.flows.queue import LEASE_S, NODE_VAR, humane, placement_of
 
     pool = _pool(args.pool)
     _need_api()
@@ -330,7 +329,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
         rows.append((snap.specs[r.id].name, r.id[:8], run.state.name, r.node, ",".join(map(str, r.devices)) or "-",
                      _hhmm(r.start), holding(run.state) + silent_note(snap, r.node, snap.now)))
         for key, ahead in snap.behind.items():  # handed over behind it: flow process started, work not yet
-            run, follower = snap.runs[key], snap.runs[key].job_variables or {}
+            run, follower = snap.runs[key], placement_of(snap.runs[key])
             if ahead == r.id:
                 rows.append((snap.specs[key].name, key[:8], run.state.name, r.node,
                              ",".join(map(str, follower.get("gpu_devices") or ())) or "-", "-",
@@ -345,7 +344,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
         rows.append((snap.specs[key].name, key[:8], "Queued", "-", "-", "-", humane(why, snap)))
     for key in snap.requeue:  # crashed, with retries left: queued again at the scheduler's next tick
         run = snap.runs[key]
-        rows.append((snap.specs[key].name, key[:8], run.state.name, (run.job_variables or {}).get("e31_node") or "-",
+        rows.append((snap.specs[key].name, key[:8], run.state.name, placement_of(run).get(NODE_VAR) or "-",
                      "-", "-", crashed_line(run, snap.specs[key].request.retries)))
     print_table(rows)
     print()

@@ -25,6 +25,7 @@ import os
 from typing import Any
 
 from e31.flows.queue.handover import flow_process_alive
+from e31.flows.queue.mapping import NODE_VAR, placement_of
 
 
 def _cancelled_message(why: str) -> str:
@@ -48,7 +49,7 @@ async def node_held(client: Any, work_pool: str, node: str) -> bool:
                 any_=[StateType.PENDING, StateType.RUNNING, StateType.CANCELLING, StateType.SCHEDULED]))), limit=200)
     except Exception:
         return True
-    return any((r.job_variables or {}).get("e31_node") == node and (
+    return any(placement_of(r).get(NODE_VAR) == node and (
         r.state.type != StateType.SCHEDULED or r.state.name == "Placed") for r in runs)
 
 
@@ -72,7 +73,7 @@ async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Lo
             flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
                 any_=[StateType.PENDING, StateType.RUNNING, StateType.CANCELLING]))), limit=200)
         for run in runs:
-            if (run.job_variables or {}).get("e31_node") != node or flow_process_alive(run):
+            if placement_of(run).get(NODE_VAR) != node or flow_process_alive(run):
                 continue
             gone = (f"its flow process is gone: node {node}'s e31 worker started again and found no process for "
                     "it on this machine; its resources are free again")

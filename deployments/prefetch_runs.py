@@ -70,12 +70,12 @@ def starting_here(client: Any, pool: Any, node: str) -> set[str]:
                                                 WorkPoolFilter, WorkPoolFilterName)
     from prefect.client.schemas.objects import StateType
 
-    from e31.flows.queue import NODE_VAR, PLACED, work_pool_name
+    from e31.flows.queue import NODE_VAR, PLACED, placement_of, work_pool_name
 
     runs = client.read_flow_runs(
         work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[work_pool_name(pool)])),
         flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
             any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING]))))
     return {str(((r.parameters or {}).get("spec") or {}).get("name")) for r in runs
-            if (r.job_variables or {}).get(NODE_VAR) == node
+            if placement_of(r).get(NODE_VAR) == node
             and (r.state.type != StateType.SCHEDULED or r.state.name == PLACED)}

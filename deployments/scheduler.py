@@ -99,7 +99,7 @@ def history(client: Any, pool: PoolSpec, limit: int = 200) -> History:
             continue
         if run.total_run_time:
             found.runtimes.setdefault(str(spec.get("name")), []).append(run.total_run_time.total_seconds())
-        node, key = (run.job_variables or {}).get(queue.NODE_VAR), queue.inputs_key(spec)
+        node, key = queue.placement_of(run).get(queue.NODE_VAR), queue.inputs_key(spec)
         prefetched, _ = queue.staged_tags(run.tags)  # nodes whose prefetcher staged them too (where it did not run)
         for held in (*prefetched, node):  # the node it ran on last: most recent first
             if held and key:

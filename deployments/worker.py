@@ -3,9 +3,9 @@ scheduler placed on its node, each with exactly its GPU devices.
 
 A subclass of Prefect's process worker (type ``e31``, registered through
 the ``prefect.collections`` entry point).  Its job configuration adds the
-placement the scheduler writes into a flow run's ``job_variables``
-(``e31_node``, ``gpu_devices``, ``cpus``); a run placed on another node, or
-not placed yet, is left alone.  The flow process gets
+placement the scheduler writes into a flow run's ``placement`` parameter
+(``e31_node``, ``gpu_devices``, ``cpus``: :func:`e31.flows.queue.placement_of`);
+a run placed on another node, or not placed yet, is left alone.  The flow process gets
 ``CUDA_VISIBLE_DEVICES`` (and ``E31_GPU_DEVICES``) of its devices and
 ``E31_NODE``.
 
@@ -37,7 +37,7 @@ from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, P
 
 from e31.deployments.runevents import PollGate
 from e31.flows.deploy import ENTRYPOINT
-from e31.flows.queue import WORKER_TYPE
+from e31.flows.queue import AFTER_VAR, CPUS_VAR, DEVICES_VAR, NODE_VAR, WORKER_TYPE, placement_of
 from e31.flows.queue.handover import AFTER_ENV, end_leftover_work
 from e31.deployments.nodecheck import NodeMismatch, check_node, node_gpus_override  # noqa: F401 (their home before)
 
@@ -79,20 +79,26 @@ class E31JobConfiguration(ProcessJobConfiguration):
 
     def prepare_for_flow_run(self, flow_run: Any, deployment: Any = None, flow: Any = None, work_pool: Any = None,
                              worker_name: str | None = None, worker_id: Any = None) -> None:
-        """Prefect's preparation, then the placement into the flow process's
-        environment: ``CUDA_VISIBLE_DEVICES`` and ``E31_GPU_DEVICES`` (the
-        placed devices, e.g. ``4,5``; empty for a CPU job) and ``E31_NODE``;
-        for a run handed over behind another, ``E31_AFTER`` (that run's id:
-        :mod:`e31.flows.queue.handover`)."""
+        """Prefect's preparation, then the run's placement
+        (:func:`e31.flows.queue.placement_of`: its ``placement`` parameter;
+        without one, the job variables) into this configuration and the flow
+        process's environment: ``CUDA_VISIBLE_DEVICES`` and
+        ``E31_GPU_DEVICES`` (the placed devices, e.g. ``4,5``; empty for a CPU
+        job) and ``E31_NODE``; for a run handed over behind another,
+        ``E31_AFTER`` (that run's id: :mod:`e31.flows.queue.handover`)."""
         configured = self.command is not None
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id=worker_id)
+        placed = placement_of(flow_run)
+        if placed:
+            self.e31_node = placed.get(NODE_VAR) or self.e31_node
+            self.gpu_devices = [int(d) for d in placed.get(DEVICES_VAR) or ()]
+            self.cpus = placed.get(CPUS_VAR) or self.cpus
+            self.e31_after = placed.get(AFTER_VAR) or self.e31_after
         devices = ",".join(str(d) for d in self.gpu_devices)
         self.env = {**self.env, "CUDA_VISIBLE_DEVICES": devices, "E31_GPU_DEVICES": devices,
                     "E31_NODE": self.e31_node or ""}
-        # from the run itself, not only the work pool's template: a pool created by an older E31 lacks the variable
-        after = self.e31_after or (getattr(flow_run, "job_variables", None) or {}).get("e31_after")
-        if after:
-            self.env[AFTER_ENV] = str(after)
+        if self.e31_after:
+            self.env[AFTER_ENV] = str(self.e31_after)
         if configured or getattr(deployment, "entrypoint", None) != ENTRYPOINT:
             return
         # E31's flow: loaded by its module path (no deployment read, no pull step), in one process
@@ -112,7 +118,11 @@ def flow_process_command() -> str:
 
 
 class E31Variables(ProcessVariables):
-    """The work pool's variables: what the scheduler sets on each flow run."""
+    """The work pool's variables.  The E31 scheduler writes a run's
+    placement into its ``placement`` parameter, not these (a cheaper write:
+    :data:`e31.tasks.supervisor.fence.PLACEMENT_PARAM`); a run without that
+    parameter is placed by these, set by hand or by an E31 before December
+    2026."""
 
     e31_node: str | None = Field(default=None, description="Node the E31 scheduler placed the run on "
                                                            "(set by the scheduler; a worker runs only its node's).")
@@ -364,7 +374,7 @@ class E31Worker(ProcessWorker):
         if self.draining or not self._gate.ask():
             return []
         runs = await super()._get_scheduled_flow_runs()
-        return [r for r in runs if (r.flow_run.job_variables or {}).get("e31_node") == self.node]
+        return [r for r in runs if placement_of(r.flow_run).get(NODE_VAR) == self.node]
 
     async def _warm_ready(self) -> None:
         """Wait while the warm process is starting (alive, no socket yet; at

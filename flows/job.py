@@ -88,7 +88,7 @@ class JobFailedError(E31Error, RuntimeError):
 
 
 @flow(name=FLOW_NAME, flow_run_name="{spec.name}", persist_result=False, on_cancellation=[settle_cancelled])
-def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
+def run_job(spec: JobSpec, code_dir: str | None = None, placement: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one declared job to its end and return its manifest (a dict, see
     docs/design.md §2).  A ``partial`` job's flow run ends ``Completed`` with the
     state name ``Partial`` (the UI tells it from a whole one); a cancelled
@@ -96,6 +96,11 @@ def run_job(spec: JobSpec, code_dir: str | None = None) -> dict[str, Any]:
 
     ``code_dir``: a folder put first on the work's ``sys.path`` (the CLI
     passes the spec file's folder, so work code can sit beside its spec).
+    ``placement``: written by the E31 scheduler on a queued run (its node,
+    GPU devices, CPUs: :data:`e31.tasks.supervisor.fence.PLACEMENT_PARAM`),
+    which the node's ``e31 worker`` reads to start it there with exactly
+    those devices; the run itself takes them from its environment.  None
+    elsewhere; leave it unset.
     Raises, each with a one-line message:
     :class:`e31.flows.admission.AdmissionError` (the request does not fit this
     machine, or its deadline leaves no time), ``e31.tasks.deliver.DestinationError``

@@ -106,6 +106,15 @@ def final_manifest(folder: Path) -> dict | None:
     return manifest if manifest.get("status") != "returning" else None
 
 
+def place_by_hand(client, run_id, node: str, devices=(), cpus: int = 1) -> None:
+    """Record a placement on the flow run ``run_id`` as the E31 scheduler
+    writes it (its ``placement`` parameter, the other parameters kept), for
+    a test that plays the scheduler's part; the state is the caller's."""
+    parameters = dict(client.read_flow_run(run_id).parameters or {})
+    parameters["placement"] = {"e31_node": node, "gpu_devices": list(devices), "cpus": cpus, "e31_attempt": 0}
+    client.update_flow_run(run_id, parameters=parameters)
+
+
 S3_KEY = "e31testkey"
 S3_SECRET = "e31-PLANTED-secret-7Hq2"  # tests grep outputs for it: it must never leak
 S3_BUCKET = "e31-test"

@@ -15,12 +15,13 @@ How a queue maps onto Prefect (nothing else holds queue state):
 - a waiting run with a reserved start has its node in that message
   (``earliest start 02:40 UTC on n1``, :func:`.mapping.planned_node`):
   that node's worker prefetches its inputs;
-- a placed run gets ``job_variables`` ``e31_node``, ``gpu_devices``, ``cpus``
-  and the state ``Scheduled`` named ``Placed`` at the current time: only the
-  ``e31 worker`` of that node takes it;
+- a placed run gets the flow run parameter ``placement`` (``e31_node``,
+  ``gpu_devices``, ``cpus``; :func:`.mapping.placement_of`) and the state
+  ``Scheduled`` named ``Placed`` at the current time: only the ``e31 worker``
+  of that node takes it;
 - ``Pending``/``Running``/``Cancelling`` runs, and ``Placed`` ones, hold their
   resources until their state is final (the output returned);
-- a run handed over behind a running one (``job_variables`` ``e31_after``,
+- a run handed over behind a running one (``placement`` ``e31_after``,
   :data:`.mapping.HANDOVER_S`) is placed shortly before that run's planned
   end: its flow process starts and stages, and its work waits until the
   run ahead has ended (:mod:`.handover`); until then the run ahead holds
@@ -30,7 +31,7 @@ How a queue maps onto Prefect (nothing else holds queue state):
 Everything here is a plain function of a Prefect client; the policy is in
 :mod:`e31.flows.placement` (no Prefect import).
 
-The modules: :mod:`.mapping` (names and the job variables), :mod:`.submit`
+The modules: :mod:`.mapping` (names and the placement's keys), :mod:`.submit`
 (the work pool, its deployment, a queued run), :mod:`.cache` (the pool's
 active runs kept between the scheduler's ticks: what changed is read, not
 every run), :mod:`.snapshot` (reading the runs as planner input),
@@ -39,14 +40,15 @@ every run), :mod:`.snapshot` (reading the runs as planner input),
 
 from e31.flows.queue.cache import RunCache
 from e31.flows.queue.mapping import (AFTER_VAR, AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, HANDOVER_S, LEASE_S,
-                                     NODE_VAR, PLACED, QUEUED, SETTLE_S, STAGED, STAGED_ON, STAGING_S,
-                                     WORKER_TYPE, deployment_name, inputs_key, nodes_of, planned_node, staged_tags,
-                                     work_pool_name)
+                                     NODE_VAR, PLACED, PLACEMENT_PARAM, QUEUED, SETTLE_S, STAGED, STAGED_ON,
+                                     STAGING_S, WORKER_TYPE, deployment_name, inputs_key, nodes_of, placement_of,
+                                     planned_node, staged_tags, work_pool_name)
 from e31.flows.queue.record import apply, handover_lead, humane, refuse_at_destination
 from e31.flows.queue.snapshot import Snapshot, live_nodes, read
 from e31.flows.queue.submit import ensure_pool, submit
 
 __all__ = ["AFTER_VAR", "AHEAD_S", "ATTEMPT_VAR", "CPUS_VAR", "DEVICES_VAR", "DOWN", "HANDOVER_S", "LEASE_S", "NODE_VAR",
-           "PLACED", "QUEUED", "SETTLE_S", "STAGED", "STAGED_ON", "STAGING_S", "WORKER_TYPE", "RunCache",
-           "Snapshot", "apply", "deployment_name", "ensure_pool", "handover_lead", "humane", "inputs_key", "live_nodes",
-           "nodes_of", "planned_node", "read", "refuse_at_destination", "staged_tags", "submit", "work_pool_name"]
+           "PLACED", "PLACEMENT_PARAM", "QUEUED", "SETTLE_S", "STAGED", "STAGED_ON", "STAGING_S", "WORKER_TYPE",
+           "RunCache", "Snapshot", "apply", "deployment_name", "ensure_pool", "handover_lead", "humane", "inputs_key",
+           "live_nodes", "nodes_of", "placement_of", "planned_node", "read", "refuse_at_destination", "staged_tags",
+           "submit", "work_pool_name"]

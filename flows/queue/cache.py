@@ -24,7 +24,7 @@ visible through a filter that returns few runs:
   not read when no node of the pool file has one).
 
 What the scheduler writes itself it records here as the server answered it
-(:meth:`RunCache.note_state`, :meth:`RunCache.note_variables`), and it writes
+(:meth:`RunCache.note_state`, :meth:`RunCache.note_placement`), and it writes
 to a run only after reading it again and finding the state the plan saw
 (:func:`e31.flows.queue.apply`): a cancel the filters missed is never
 overwritten.  What no
@@ -238,11 +238,12 @@ class RunCache:
         if scheduled_time is not None:
             run.next_scheduled_start_time = scheduled_time
 
-    def note_variables(self, run_id: str, job_variables: dict[str, Any]) -> None:
-        """Record the ``job_variables`` the scheduler wrote (the API replaces them whole)."""
+    def note_placement(self, run_id: str, parameters: dict[str, Any]) -> None:
+        """Record the ``parameters`` the scheduler wrote (with the run's
+        ``placement``; the API replaces them whole)."""
         run = self.runs.get(str(run_id))
         if run is not None:
-            run.job_variables = dict(job_variables)
+            run.parameters = dict(parameters)
 
     def refresh(self, run: Any) -> None:
         """Keep ``run`` as just read (or drop it when it is no longer active)."""

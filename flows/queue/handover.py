@@ -3,7 +3,7 @@
 The scheduler hands a node's resources over to the next run planned on
 them shortly before the running job's planned end
 (:data:`e31.flows.queue.mapping.HANDOVER_S`): the next run is released at
-once with ``job_variables`` ``e31_after`` naming the run ahead, and its
+once with ``e31_after`` in its ``placement`` naming the run ahead, and its
 worker gives the flow process ``E31_AFTER``.  The flow process starts,
 stages its inputs, then waits here until the run ahead has ended (its flow
 process is gone from this machine, or its flow run is final) before its

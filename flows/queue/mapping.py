@@ -1,5 +1,5 @@
 """Names and values the queue's mapping onto Prefect uses: the work pool and
-deployment of a pool, the state names, the ``job_variables`` of a placement,
+deployment of a pool, the state names, the keys of a run's ``placement``,
 and the queue's clock constants (seconds)."""
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ from typing import Any
 from e31.flows.placement import Node
 from e31.specs.pool import PoolSpec
 from e31.tasks.supervisor.fence import NODE_VAR as FENCE_NODE_VAR  # the flow process fences on it
+from e31.tasks.supervisor.fence import PLACEMENT_PARAM, placement_of  # noqa: F401 (the queue's, defined for the fence)
 
 #: The Prefect worker type of E31 work pools (``e31 worker``, :mod:`e31.deployments.worker`).
 WORKER_TYPE = "e31"
 #: The state names of a waiting and of a placed run (both of type ``Scheduled``).
 QUEUED, PLACED = "Queued", "Placed"
-#: The node, GPU devices and CPUs of a placement, in a flow run's ``job_variables``.
+#: The node, GPU devices and CPUs of a placement, and the run's attempt: keys of its ``placement`` parameter
+#: (:data:`e31.tasks.supervisor.fence.PLACEMENT_PARAM`, read with :func:`placement_of`).
 NODE_VAR, DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = FENCE_NODE_VAR, "gpu_devices", "cpus", "e31_attempt"
 #: The node a waiting run's reserved start is planned on, as its ``Queued`` state message names it
 #: (``...; earliest start 02:40 UTC on n1, after job a ends``: e31.flows.placement.reasons): that node's
@@ -28,7 +30,7 @@ PLANNED_ON = re.compile(r"; earliest start [^;]*? UTC on ([A-Za-z0-9][A-Za-z0-9.
 #: ``handed over behind a (1f0e2d3c) on n1: ...``: e31.flows.queue.record): a worker told of a placement by
 #: the server's events (which carry the message) polls only for its own node's.  Read with :func:`placed_on`.
 PLACED_ON = re.compile(r"^(?:starts now|handed over behind .*? \([0-9a-f]{8}\)) on ([A-Za-z0-9][A-Za-z0-9._-]*)[,:]")
-#: The run a handed-over run waits behind, in its ``job_variables``: its flow process starts (and stages its
+#: The run a handed-over run waits behind, in its ``placement``: its flow process starts (and stages its
 #: inputs) while that run ends, and its work starts once that run's flow process has ended (see HANDOVER_S).
 AFTER_VAR = "e31_after"
 #: Seconds before a running job's planned end within which the scheduler hands its resources over to the

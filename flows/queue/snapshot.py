@@ -13,8 +13,8 @@ from e31.flows.placement.estimates import estimate_runtime
 from e31.flows.placement.text import gib
 from e31.flows.queue.cache import ACTIVE, RunCache, flow_run_filter, read_all, state_filter
 from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, LEASE_S, NODE_VAR, PLACED,
-                                     QUEUED, SETTLE_S, inputs_key, nodes_of, planned_node, staged_tags,
-                                     work_pool_name)
+                                     QUEUED, SETTLE_S, inputs_key, nodes_of, placement_of, planned_node,
+                                     staged_tags, work_pool_name)
 from e31.specs import JobSpec
 from e31.specs.pool import PoolSpec
 
@@ -138,7 +138,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
             snap.bad[key] = f"its spec parameter is not a valid job spec ({type(exc).__name__})"
             continue
         snap.specs[key] = spec
-        state, variables = run.state, run.job_variables or {}
+        state, variables = run.state, placement_of(run)
         node = variables.get(NODE_VAR)
         req = spec.request
         crashed = state.type == StateType.CRASHED
@@ -250,7 +250,7 @@ def _chain_handovers(snap: Snapshot, ended_at: dict[str, float] | None = None) -
     holders = {r.id: r for r in snap.running}
     lead_of: dict[str, str] = {}
     for r in snap.running:
-        ahead = (snap.runs[r.id].job_variables or {}).get(AFTER_VAR)
+        ahead = placement_of(snap.runs[r.id]).get(AFTER_VAR)
         lead = holders.get(ahead) if isinstance(ahead, str) else None
         if lead is not None and lead.node == r.node and lead.id != r.id:
             lead_of[r.id] = lead.id
@@ -274,7 +274,7 @@ def _chain_handovers(snap: Snapshot, ended_at: dict[str, float] | None = None) -
     for r in snap.running:
         if r.id in snap.behind:
             continue
-        ahead = (snap.runs[r.id].job_variables or {}).get(AFTER_VAR)
+        ahead = placement_of(snap.runs[r.id]).get(AFTER_VAR)
         if isinstance(ahead, str) and ahead not in holders and (ended_at or {}).get(ahead, 0.0) > r.start:
             began = ended_at[ahead]
             r = replace(r, start=began, expected_end=began + (r.expected_end - r.start))

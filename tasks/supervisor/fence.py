@@ -8,10 +8,10 @@ still live (only its worker died, or the machine was cut off and comes
 back): left alone it would run beside the new attempt, upload checkpoints
 into the same folder and return its output over the new attempt's, the
 last return winning.  So each flow process compares the node its run is
-placed on now (``e31_node`` in the run's ``job_variables``, read by the
-cancel watcher's reader every 10 s under a worker) with its own (``E31_NODE``, set by its
-worker): once the run names another node, the process kills its work and
-ends with exit status 0 and no state written (the run's state is the new
+placed on now (``e31_node`` in the run's ``placement`` parameter,
+:func:`placement_of`, read by the cancel watcher's reader every 10 s under
+a worker) with its own (``E31_NODE``, set by its worker): once the run
+names another node, the process kills its work and ends with exit status 0 and no state written (the run's state is the new
 attempt's), before any return begins.  A return already under way is left
 to end (it is bounded; the new attempt's return, after its own work,
 comes later and replaces it whole: each manifest names its ``attempt``);
@@ -29,7 +29,14 @@ import os
 import sys
 from typing import Any
 
-#: The ``job_variables`` key of the node a run is placed on (the scheduler writes it; the worker reads it).
+#: The flow run parameter holding a run's placement (the E31 scheduler writes it; the worker and this fence
+#: read it): a dict with ``e31_node``, ``gpu_devices``, ``cpus``, ``e31_attempt`` and, for a run handed over
+#: behind another, ``e31_after``.  A parameter rather than ``job_variables``: Prefect's ``PATCH /flow_runs/{id}``
+#: with ``job_variables`` reads the run and its deployment and validates them against the work pool's schema
+#: inside its write transaction (83 ms of server CPU against 8 for a plain update, and on SQLite a write
+#: committed meanwhile fails it with 503: sent 3.3 times per job under load; tests/benchmarks/bench_api_costs.py).
+PLACEMENT_PARAM = "placement"
+#: The placement's key of the node a run is placed on (the scheduler writes it; the worker reads it).
 NODE_VAR = "e31_node"
 #: The environment variable naming the node a flow process runs on (set by ``e31 worker``).
 NODE_ENV = "E31_NODE"
@@ -40,13 +47,25 @@ def this_node() -> str | None:
     return os.environ.get(NODE_ENV) or None
 
 
+def placement_of(run: Any) -> dict[str, Any]:
+    """The placement recorded on the flow run ``run`` (a Prefect ``FlowRun``,
+    or anything with ``parameters`` and ``job_variables``): its
+    :data:`PLACEMENT_PARAM` parameter (a dict, see there), else its
+    ``job_variables`` (a run placed by an E31 before December 2026, or given
+    a node by hand), else ``{}``."""
+    placed = (getattr(run, "parameters", None) or {}).get(PLACEMENT_PARAM)
+    if isinstance(placed, dict):
+        return placed
+    return getattr(run, "job_variables", None) or {}
+
+
 def placed_elsewhere(run: Any, node: str | None) -> str | None:
     """The node the flow run ``run`` (a Prefect ``FlowRun``) is placed on now
     when that is another node than ``node``; None when it is ``node``, is
     not placed (queued again, not yet placed), or ``node`` is None."""
     if node is None:
         return None
-    placed = (getattr(run, "job_variables", None) or {}).get(NODE_VAR)
+    placed = placement_of(run).get(NODE_VAR)
     return placed if isinstance(placed, str) and placed and placed != node else None
 
 

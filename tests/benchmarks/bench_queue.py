@@ -164,7 +164,7 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
     from e31.deployments.scheduler import MAX_WAIT_S, MAX_WAITS, tick
     from e31.deployments.worker import E31Worker
     from e31.flows.deploy import parameters
-    from e31.flows.queue import RunCache, ensure_pool, submit
+    from e31.flows.queue import AFTER_VAR, NODE_VAR, RunCache, ensure_pool, placement_of, submit
     from e31.specs import parse_spec
     from e31.specs.pool import parse_pool
 
@@ -242,19 +242,22 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
             local += any(s.name == "Placed" and "inputs already staged there" in (s.message or "") for s in states)
             run = client.read_flow_run(key)
             record = root / "out" / run.name / "r.json"
-            ahead = (run.job_variables or {}).get("e31_after")
+            placement = placement_of(run)
+            ahead = placement.get(AFTER_VAR)
             if placed and ahead:  # handed over: its resources were released to it when the job ahead ended
                 handed += 1
                 placed = max(placed, finals.get(ahead) or client.read_flow_run(ahead).state.timestamp.timestamp())
             if placed and record.exists():
                 times = json.loads(record.read_text())
                 latencies.append(times["start"] - placed)
-                slowest.append((times["start"] - placed, run.name, (run.job_variables or {}).get("e31_node"),
+                slowest.append((times["start"] - placed, run.name, placement.get(NODE_VAR),
                                 bool(ahead), [(s.name, round(s.timestamp.timestamp() - placed, 2)) for s in states
                                               if s.timestamp.timestamp() >= placed - 0.5]))
                 first_placed = placed if first_placed is None else min(first_placed, placed)
-                node = (run.job_variables or {}).get("e31_node")
-                slots.setdefault(node, []).append((placed, times["start"], times["end"], final))
+                node = placement.get(NODE_VAR)
+                manifest = root / "out" / run.name / "manifest.json"
+                returned = manifest.stat().st_mtime if manifest.exists() else None
+                slots.setdefault(node, []).append((placed, times["start"], times["end"], final, returned))
     ends = [json.loads((root / "out" / s.name / "r.json").read_text())["end"] for s in specs
             if (root / "out" / s.name / "r.json").exists()]
     latencies.sort()
@@ -265,13 +268,16 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
     for seconds, name, node, handed_over, states in sorted(slowest, reverse=True)[:3]:
         print(f"  slow release: {name} on {node} {seconds:.2f} s ({'handed over' if handed_over else 'placed'}); "
               f"states, seconds after its release: {', '.join(f'{n} {t:+.2f}' for n, t in states)}")
-    ends_to_final, final_to_placed = [], []
+    ends_to_final, final_to_placed, end_to_returned, returned_to_start = [], [], [], []
     for runs in slots.values():  # one job at a time per node: each gap between two runs on a node
         runs.sort()
-        for (_, _, end, final), (placed, _, _, _) in zip(runs, runs[1:]):
+        for (_, _, end, final, returned), (placed, start, _, _, _) in zip(runs, runs[1:]):
             if final is not None:
                 ends_to_final.append(final - end)
                 final_to_placed.append(placed - final)
+            if returned is not None:
+                end_to_returned.append(returned - end)
+                returned_to_start.append(start - returned)
     idle = sorted(b[1] - a[2] for runs in slots.values() for a, b in zip(runs, runs[1:]))
     if idle:  # what the wall loses against the ideal on each node: the time between one work's end and the next's start
         print(f"a node idle between two works (one's end to the next's start): median {statistics.median(idle):.2f} s, "
@@ -282,6 +288,10 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
               f"{statistics.median(ends_to_final):.2f} s, Completed -> next Placed "
               f"{statistics.median(final_to_placed):.2f} s (negative: handed over before it), release -> work start "
               f"{statistics.median(latencies):.2f} s")
+    if end_to_returned:  # the idle gap, split where the job ahead's final manifest reached its destination
+        print(f"  the idle gap split (medians): work end -> its output returned (final manifest at the destination) "
+              f"{statistics.median(end_to_returned):.2f} s, output returned -> the next work's start "
+              f"{statistics.median(returned_to_start):.2f} s")
     wall = max(ends) - first_placed
     ideal = len(specs) * args.work_s / args.nodes
     print(f"total wall {wall:.1f} s against the ideal {ideal:.1f} s (work / slots): {wall / ideal:.2f}x   "

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 
+from tests.conftest import place_by_hand
 from tests.deployments.test_run_cache import _Pool
 
 LOG = logging.getLogger("e31.test")
@@ -21,7 +22,7 @@ def _placed_on_n1(client, run_id: str, state) -> None:
     ``Cancelled``, it has no infrastructure to stop)."""
     from prefect.states import Pending
 
-    client.update_flow_run(run_id, job_variables={"e31_node": "n1", "gpu_devices": [], "cpus": 1})
+    place_by_hand(client, run_id, "n1")
     if state.type.value == "CANCELLING":
         client.set_flow_run_state(run_id, Pending(), force=True)
     client.set_flow_run_state(run_id, state, force=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import final_manifest, stop_group
+from tests.conftest import final_manifest, place_by_hand, stop_group
 
 WORK = textwrap.dedent("""
     import json, os, pathlib, sys, time
@@ -106,12 +106,12 @@ def wait_for(predicate, timeout: float = 180.0, what: str = "condition") -> None
 
 
 def _states() -> list[tuple]:
-    """(name, state type, state name, message, job variables) of the server's flow runs (for a failure's message)."""
+    """(name, state type, state name, message, placement) of the server's flow runs (for a failure's message)."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        return [(r.name, r.state.type.value, r.state.name, (r.state.message or "")[:120], r.job_variables)
-                for r in client.read_flow_runs(limit=50)]
+        return [(r.name, r.state.type.value, r.state.name, (r.state.message or "")[:120],
+                 (r.parameters or {}).get("placement")) for r in client.read_flow_runs(limit=50)]
 
 
 def _done(q: Queue, *names: str) -> bool:
@@ -406,7 +406,7 @@ def test_runs_of_a_deployment_on_the_pool_go_through_the_queue(prefect_api, tmp_
             wait_for(lambda: client.read_flow_run(run.id).state.is_final(), what="the run's final state")
             final = client.read_flow_run(run.id)
     assert record["node"] == "n1" and record["devices"] == "0,1"
-    assert final.state.type.value == "COMPLETED" and final.job_variables["e31_node"] == "n1"
+    assert final.state.type.value == "COMPLETED" and final.parameters["placement"]["e31_node"] == "n1"
 
 
 def _pool_exists(client, name: str) -> bool:
@@ -475,7 +475,7 @@ def test_a_worker_started_for_a_node_with_runs_is_heard_from_before_its_warm_pro
         (shadow / "s3fs.py").write_text("import time\ntime.sleep(3600)\n")  # the warm process preloads s3fs
         held = q.submit(q.job("held", 8, 1)).split("flow run ")[1].split()[0]  # no scheduler: stays queued
         with get_client(sync_client=True) as client:
-            client.update_flow_run(held, job_variables={"e31_node": "n1", "gpu_devices": list(range(8)), "cpus": 1})
+            place_by_hand(client, held, "n1", range(8))
             client.set_flow_run_state(held, Running(), force=True)  # as a killed worker's run is left
             worker = q.start("worker-n1", "worker", "--pool", str(q.pool), "--node", "n1", env={
                 "E31_NODE_GPUS": "8", "E31_SCRATCH": str(q.root / "scratch-n1"),
@@ -853,7 +853,8 @@ PLACE_AWAY = textwrap.dedent("""
         for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[sys.argv[1]]))):
             later = datetime.now(timezone.utc) + timedelta(hours=1)  # queued (no worker takes it), then placed on n2
             client.set_flow_run_state(run.id, Scheduled(name="Queued", scheduled_time=later), force=True)
-            client.update_flow_run(run.id, job_variables={"e31_node": "n2", "gpu_devices": [], "cpus": 1})
+            client.update_flow_run(run.id, parameters={**run.parameters, "placement": {
+                "e31_node": "n2", "gpu_devices": [], "cpus": 1, "e31_attempt": 0}})
             client.set_flow_run_state(run.id, Running(), force=True)
 """)
 
@@ -883,7 +884,7 @@ def test_a_flow_process_whose_run_is_placed_elsewhere_as_it_ends_writes_no_final
         spec.write_text(json.dumps(raw))
         run_id = q.submit(spec).split("flow run ")[1].split()[0]
         with get_client(sync_client=True) as client:  # placed on n1 by hand (no scheduler runs here)
-            client.update_flow_run(run_id, job_variables={"e31_node": "n1", "gpu_devices": [], "cpus": 1})
+            place_by_hand(client, run_id, "n1")
             client.set_flow_run_state(run_id, Scheduled(name="Placed", scheduled_time=datetime.now(timezone.utc)),
                                       force=True)
             said = superseded_message(run_id, "n1", "n2")

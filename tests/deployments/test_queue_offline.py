@@ -168,21 +168,24 @@ def test_the_scheduler_refuses_a_nonsense_number_of_seconds(option, value, error
 
 
 def test_a_flow_process_is_fenced_only_by_a_placement_on_another_node():
-    """``placed_elsewhere``: the node a run names in its ``job_variables``
-    when that is not this process's; nothing for a run queued again (no
-    node), placed back here, or outside a queue (no node of its own)."""
+    """``placed_elsewhere``: the node a run names in its ``placement``
+    parameter when that is not this process's; nothing for a run queued
+    again (no node), placed back here, or outside a queue (no node of its
+    own).  A run without that parameter (placed by an older E31, or by
+    hand) is read from its ``job_variables``; the parameter comes first."""
     from types import SimpleNamespace
 
     from e31.tasks.supervisor.fence import placed_elsewhere
 
-    def run(**variables):
-        return SimpleNamespace(job_variables=variables)
+    def run(**placement):
+        return SimpleNamespace(parameters={"spec": {}, "placement": placement}, job_variables={"e31_node": "n9"})
 
     assert placed_elsewhere(run(e31_node="n2", e31_attempt=1), "n1") == "n2"
     assert placed_elsewhere(run(e31_node="n1", e31_attempt=1), "n1") is None
     assert placed_elsewhere(run(e31_attempt=1), "n1") is None  # queued again, not placed yet
     assert placed_elsewhere(run(e31_node="n2"), None) is None  # not started by an e31 worker
-    assert placed_elsewhere(SimpleNamespace(job_variables=None), "n1") is None
+    assert placed_elsewhere(SimpleNamespace(parameters={"spec": {}}, job_variables=None), "n1") is None
+    assert placed_elsewhere(SimpleNamespace(parameters={"spec": {}}, job_variables={"e31_node": "n2"}), "n1") == "n2"
 
 
 def test_e31_queue_says_what_each_node_holds_and_when_its_worker_was_heard():

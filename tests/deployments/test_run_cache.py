@@ -9,6 +9,8 @@ import sys
 import uuid
 from pathlib import Path
 
+from tests.conftest import place_by_hand
+
 
 def _spec(name: str, root: Path, duration: str = "5s"):
     from e31.specs import parse_spec
@@ -410,7 +412,7 @@ def test_a_fresh_crash_holds_its_node_until_it_settles(prefect_api, tmp_path):
     with get_client(sync_client=True) as client:
         run = made.submit(client, "crash")
         client.send_worker_heartbeat(work_pool_name(made.spec), "n1")  # n1's worker is alive (as a worker's beat)
-        client.update_flow_run(run, job_variables={"e31_node": "n1", "gpu_devices": [], "cpus": 1})
+        place_by_hand(client, run, "n1")
         client.set_flow_run_state(run, Running(), force=True)
         client.set_flow_run_state(run, Crashed(message="Process exited with status code: -9."), force=True)
         at = client.read_flow_run(run).state.timestamp.timestamp()
@@ -437,7 +439,7 @@ def test_a_cut_return_its_worker_cannot_finish_crashes_the_run_and_frees_its_nod
         run, other = made.submit(client, "cut"), made.submit(client, "running")
         client.send_worker_heartbeat(work_pool_name(made.spec), "n1")
         for key in (run, other):
-            client.update_flow_run(key, job_variables={"e31_node": "n1", "gpu_devices": [], "cpus": 1})
+            place_by_hand(client, key, "n1")
             client.set_flow_run_state(key, Running(), force=True)
         client.set_flow_run_state(run, Crashed(message="Process exited with status code: -9."), force=True)
         client.set_flow_run_state(run, Pending(name=RETURNING), force=True)

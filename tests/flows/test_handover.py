@@ -115,7 +115,7 @@ def test_an_overrunning_job_ahead_counts_as_ending_in_one_second():
 def test_a_handed_over_run_holds_nothing_of_its_own_while_the_job_ahead_runs():
     snap, lead, waiting = _snap(lead_end=NOW + 5)
     snap.runs[waiting] = FlowRun(id=waiting, flow_id=uuid.uuid4(), name="next", state=Running(),
-                                 job_variables={AFTER_VAR: lead})
+                                 parameters={"placement": {AFTER_VAR: lead}})
     snap.running.append(RunningJob(waiting, "n1", (0, 1), 1, 0, NOW - 2, NOW + 28))
     _chain_handovers(snap)
     assert snap.behind == {waiting: lead}
@@ -123,7 +123,7 @@ def test_a_handed_over_run_holds_nothing_of_its_own_while_the_job_ahead_runs():
     snap2, lead2, waiting2 = _snap()  # the job ahead has ended: the handed-over run holds its own placement
     snap2.running.clear()
     snap2.runs[waiting2] = FlowRun(id=waiting2, flow_id=uuid.uuid4(), name="next", state=Running(),
-                                   job_variables={AFTER_VAR: lead2})
+                                   parameters={"placement": {AFTER_VAR: lead2}})
     snap2.running.append(RunningJob(waiting2, "n1", (0, 1), 1, 0, NOW - 2, NOW + 28))
     _chain_handovers(snap2)
     assert snap2.behind == {} and [r.id for r in snap2.running] == [waiting2]
@@ -170,7 +170,7 @@ def test_once_the_job_ahead_has_ended_a_handed_over_run_counts_from_that_end():
     snap, lead, waiting = _snap()
     snap.running.clear()  # the job ahead has ended
     snap.runs[waiting] = FlowRun(id=waiting, flow_id=uuid.uuid4(), name="next", state=Running(),
-                                 job_variables={AFTER_VAR: lead})
+                                 parameters={"placement": {AFTER_VAR: lead}})
     snap.running.append(RunningJob(waiting, "n1", (0, 1), 1, 0, NOW - 9, NOW - 9 + 30))
     _chain_handovers(snap, {lead: NOW - 2})
     assert snap.running == [RunningJob(waiting, "n1", (0, 1), 1, 0, NOW - 2, NOW - 2 + 30)]
@@ -215,8 +215,10 @@ def test_a_chain_of_three_handed_over_runs_is_held_by_its_first_and_named_by_its
 
     snap, a, b = _snap(lead_end=NOW + 5)
     c = str(uuid.uuid4())
-    snap.runs[b] = FlowRun(id=b, flow_id=uuid.uuid4(), name="next", state=Running(), job_variables={AFTER_VAR: a})
-    snap.runs[c] = FlowRun(id=c, flow_id=uuid.uuid4(), name="third", state=Running(), job_variables={AFTER_VAR: b})
+    snap.runs[b] = FlowRun(id=b, flow_id=uuid.uuid4(), name="next", state=Running(),
+                           parameters={"placement": {AFTER_VAR: a}})
+    snap.runs[c] = FlowRun(id=c, flow_id=uuid.uuid4(), name="third", state=Running(),
+                           parameters={"placement": {AFTER_VAR: b}})
     snap.specs[c] = _spec("third")
     # the third first in the list, then the second: the order the failing ticks saw
     snap.running += [RunningJob(c, "n1", (0, 1), 1, 0, NOW - 1, NOW + 29), RunningJob(b, "n1", (0, 1), 1, 0, NOW - 2,
@@ -229,8 +231,10 @@ def test_a_chain_of_three_handed_over_runs_is_held_by_its_first_and_named_by_its
     # the first has ended: the second counts from its end, and holds the third's time too
     snap2, a2, b2 = _snap()
     snap2.running.clear()
-    snap2.runs[b2] = FlowRun(id=b2, flow_id=uuid.uuid4(), name="next", state=Running(), job_variables={AFTER_VAR: a2})
-    snap2.runs[c] = FlowRun(id=c, flow_id=uuid.uuid4(), name="third", state=Running(), job_variables={AFTER_VAR: b2})
+    snap2.runs[b2] = FlowRun(id=b2, flow_id=uuid.uuid4(), name="next", state=Running(),
+                             parameters={"placement": {AFTER_VAR: a2}})
+    snap2.runs[c] = FlowRun(id=c, flow_id=uuid.uuid4(), name="third", state=Running(),
+                            parameters={"placement": {AFTER_VAR: b2}})
     snap2.specs[c] = _spec("third")
     snap2.running += [RunningJob(c, "n1", (0, 1), 1, 0, NOW - 1, NOW + 29), RunningJob(b2, "n1", (0, 1), 1, 0,
                                                                                        NOW - 9, NOW - 9 + 30)]
