@@ -5,7 +5,7 @@ A cold flow process spends 1.3 s of CPU (idle machine) to 3 s of wall time
 (busy 2-core machine) importing Prefect and E31 before the run's first API
 call.  ``e31 worker`` instead starts this module once:
 
-    python -m e31.deployments.warmstart SOCKET
+    python -m e31.deployments.warmstart SOCKET [WORK_POOL]
 
 It imports ``prefect.engine``, ``prefect.flow_engine`` and ``e31.flows.job``,
 and what a run imports later (:data:`PRELOAD_OPTIONAL`; no torch, no CUDA:
@@ -19,6 +19,10 @@ and the child takes them (its standard input; its output goes straight to
 the worker's own, see :func:`become_flow_process`) and runs
 ``prefect.engine`` as ``__main__``, exactly what ``python -m prefect.engine``
 runs.
+
+With ``WORK_POOL`` (an E31 pool's work pool), it also reads once what
+every run of that pool's queue deployment reads at its start
+(:func:`prefill`), so its forks need not.
 
 Rules that keep a forked run the same as a cold one:
 
@@ -47,8 +51,17 @@ import socket
 import struct
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    import subprocess
+
+#: The Unix socket of this process's warm flow process, while its worker runs (one worker per process).
+WARM_SOCKET: list[str] = []
+#: Prefect settings each flow process of an ``e31 worker`` (and its warm process) gets unless set otherwise: its
+#: worker checked the server's API version at its own start, so each flow process need not (Prefect's setting
+#: for worker subprocesses; it saves 2 requests per flow process, its API client's and its events client's).
+FLOW_PROCESS_SETTINGS = {"PREFECT_CLIENT_SERVER_VERSION_CHECK_ENABLED": "false"}
 #: The modules imported before any fork.
 PRELOAD = ("prefect.engine", "prefect.flow_engine", "e31.flows.job")
 #: Imported too when they can be: what a run of ``run_job`` imports later (measured with Prefect 3.9.1:
@@ -58,6 +71,39 @@ PRELOAD_OPTIONAL = ("prefect.task_engine", "prefect.concurrency.sync", "anyio._b
                     "graphviz", "s3fs")
 
 
+def flow_process_command() -> str:
+    """The command of a flow process: the warm start's client when this
+    process's worker keeps a warm process, else ``python -m prefect.engine``."""
+    import shlex
+    from pathlib import Path
+
+    if WARM_SOCKET:
+        client = Path(__file__).with_name("warmstart_client.py")
+        return shlex.join([sys.executable, "-S", str(client), WARM_SOCKET[0]])
+    return shlex.join([sys.executable, "-m", "prefect.engine"])
+
+
+def start_warm_process(work_pool: str | None = None) -> subprocess.Popen:
+    """Start ``python -m e31.deployments.warmstart SOCKET [WORK_POOL]`` in its
+    own session, with the environment a flow process gets (this process's,
+    plus Prefect's current settings and :data:`FLOW_PROCESS_SETTINGS`), and
+    point :func:`flow_process_command` at it.  Runs that come before it
+    listens start cold."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from prefect.settings import get_current_settings
+
+    env = {**FLOW_PROCESS_SETTINGS, **os.environ, **get_current_settings().to_environment_variables(exclude_unset=True)}
+    socket_path = str(Path(tempfile.mkdtemp(prefix="e31-warm-")) / "socket")
+    proc = subprocess.Popen([sys.executable, "-m", "e31.deployments.warmstart", socket_path,
+                             *([work_pool] if work_pool else [])], env=env,
+                            stdin=subprocess.PIPE, start_new_session=True)
+    WARM_SOCKET[:] = [socket_path]
+    return proc
+
+
 def settings_env(env: dict[str, str]) -> dict[str, str]:
     """What in ``env`` took effect at interpreter start or import: Prefect's
     ``PREFECT_*`` settings (not its ``PREFECT__*`` per-run variables, which
@@ -65,6 +111,46 @@ def settings_env(env: dict[str, str]) -> dict[str, str]:
     (``PYTHONPATH``, ...)."""
     return {k: v for k, v in env.items() if (k.startswith("PREFECT_") and not k.startswith("PREFECT__"))
             or k.startswith("PYTHON")}
+
+
+def prefill(work_pool: str) -> int:
+    """Read, before any fork, what each flow run of ``work_pool``'s queue
+    deployment (``e31-job/queue-<pool>``) would read from the API at its
+    start, into the process-wide caches its forks inherit: the work pool,
+    the deployment, its flow and its work queue, which Prefect's events name
+    as a run's related resources (``prefect.events.related.RESOURCE_CACHE``,
+    keyed as ``related_resources_from_run_context`` looks them up: 4 GETs
+    per flow process before).  Runs of other deployments read theirs as
+    before.  Best effort: an API
+    that does not answer, or a pool without its deployment yet, leaves the
+    rest to the runs.  Returns how many objects it cached.  The client is
+    closed before any fork (a forked copy of an open connection is not
+    used)."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.related import RESOURCE_CACHE
+    from prefect.types._datetime import now
+
+    from e31.flows.deploy import FLOW_NAME
+    from e31.flows.queue.mapping import deployment_name
+
+    cached = 0
+
+    def keep(kind: str, key: Any, obj: Any) -> None:
+        nonlocal cached
+        RESOURCE_CACHE[f"{kind}.{key}"] = ({"kind": kind, "object": obj}, now("UTC"))
+        cached += 1
+
+    try:
+        with get_client(sync_client=True) as client:
+            keep("work-pool", work_pool, client.read_work_pool(work_pool))
+            deployment = client.read_deployment_by_name(f"{FLOW_NAME}/{deployment_name(work_pool)}")
+            keep("deployment", deployment.id, deployment)
+            keep("flow", deployment.flow_id, client.read_flow(deployment.flow_id))
+            if deployment.work_queue_id:
+                keep("work-queue", deployment.work_queue_id, client.read_work_queue(deployment.work_queue_id))
+    except Exception:  # noqa: BLE001 - the runs read what is missing themselves
+        pass
+    return cached
 
 
 def threads() -> int:
@@ -261,12 +347,13 @@ def become_flow_process(request: dict[str, Any], fds: list[int], conn: socket.so
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m e31.deployments.warmstart SOCKET``."""
+    """``python -m e31.deployments.warmstart SOCKET [WORK_POOL]``."""
     import importlib
 
     from e31.lazytls import install
 
-    path = (argv if argv is not None else sys.argv[1:])[0]
+    args = argv if argv is not None else sys.argv[1:]
+    path = args[0]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops this process by closing stdin
     install()  # its runs' Prefect clients load no trust store until they make a TLS connection (e31.lazytls)
     for name in PRELOAD:
@@ -281,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     from e31.flows.deploy import ENTRYPOINT
 
     _load_flow_from_runtime_entrypoint(ENTRYPOINT)
+    if len(args) > 1:
+        prefill(args[1])
     server = Server(path)
     if threads() > 1:
         print(f"e31 warm: {threads()} threads after import; every run will start cold", file=sys.stderr, flush=True)

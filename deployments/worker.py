@@ -23,11 +23,9 @@ workspace supervisor process is not needed).
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,8 @@ from pydantic import Field
 from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, ProcessWorker
 
 from e31.deployments.runevents import PollGate
+from e31.deployments.warmstart import FLOW_PROCESS_SETTINGS, WARM_SOCKET as _WARM_SOCKET, flow_process_command, \
+    start_warm_process
 from e31.flows.deploy import ENTRYPOINT
 from e31.flows.queue import AFTER_VAR, CPUS_VAR, DEVICES_VAR, NODE_VAR, WORKER_TYPE, placement_of
 from e31.flows.queue.handover import AFTER_ENV, end_leftover_work
@@ -47,8 +47,6 @@ WARM_VAR = "E31_WARM_START"
 WARM_RESTART_S = 30.0
 #: Seconds a worker waits, from its warm process's start, for it to listen before it takes runs (then cold).
 WARM_READY_S = 60.0
-#: The Unix socket of this process's warm flow process, while its worker runs (one worker per process).
-_WARM_SOCKET: list[str] = []
 
 
 #: The settings object a worker's flow processes' base environment was computed for, and that environment.
@@ -66,15 +64,17 @@ class E31JobConfiguration(ProcessJobConfiguration):
     @classmethod
     def _base_environment(cls) -> dict[str, str]:
         """Prefect's environment for every flow process (each setting that is
-        set, as an environment variable), computed once per settings object
-        in force rather than for every run: Prefect serializes all its
-        settings each time, which py-spy found at 3.5 % of the CPU of a
-        worker and its flow processes under bench_queue (3 s jobs)."""
+        set, as an environment variable, and
+        :data:`e31.deployments.warmstart.FLOW_PROCESS_SETTINGS` unless set),
+        computed once per settings object in force rather than for every run:
+        Prefect serializes all its settings each time, which py-spy found at
+        3.5 % of the CPU of a worker and its flow processes under bench_queue
+        (3 s jobs)."""
         from prefect.settings import get_current_settings
 
         settings = get_current_settings()
         if not _SETTINGS_ENV or _SETTINGS_ENV[0][0] is not settings:
-            _SETTINGS_ENV[:] = [(settings, super()._base_environment())]
+            _SETTINGS_ENV[:] = [(settings, {**FLOW_PROCESS_SETTINGS, **super()._base_environment()})]
         return dict(_SETTINGS_ENV[0][1])
 
     def prepare_for_flow_run(self, flow_run: Any, deployment: Any = None, flow: Any = None, work_pool: Any = None,
@@ -107,14 +107,6 @@ class E31JobConfiguration(ProcessJobConfiguration):
         self.command = flow_process_command()
         self._command_configured = True
 
-
-def flow_process_command() -> str:
-    """The command of a flow process: the warm start's client when this
-    process's worker keeps a warm process, else ``python -m prefect.engine``."""
-    if _WARM_SOCKET:
-        client = Path(__file__).with_name("warmstart_client.py")
-        return shlex.join([sys.executable, "-S", str(client), _WARM_SOCKET[0]])
-    return shlex.join([sys.executable, "-m", "prefect.engine"])
 
 
 class E31Variables(ProcessVariables):
@@ -169,7 +161,8 @@ class E31Worker(ProcessWorker):
         from e31.tasks.supervisor.busy import retry_busy_quickly
 
         if self._warm is None and os.environ.get(WARM_VAR, "1") != "0" and sys.platform != "win32":
-            self._warm, self._warm_at = start_warm_process(), time.monotonic()  # importing while Prefect's setup runs
+            self._warm, self._warm_at = start_warm_process(self._work_pool_name), time.monotonic()  # importing while
+            # Prefect's setup runs
         try:
             await super().setup()
             retry_busy_quickly(self._client)
@@ -363,7 +356,7 @@ class E31Worker(ProcessWorker):
                              "meanwhile)", self._warm.returncode)
         if _WARM_SOCKET:
             shutil.rmtree(Path(_WARM_SOCKET[0]).parent, ignore_errors=True)
-        self._warm, self._warm_at = start_warm_process(), time.monotonic()
+        self._warm, self._warm_at = start_warm_process(self._work_pool_name), time.monotonic()
 
     async def _get_scheduled_flow_runs(self) -> list[Any]:
         """Prefect's scheduled runs of the pool, less those not placed on this
@@ -389,18 +382,3 @@ class E31Worker(ProcessWorker):
             await asyncio.sleep(0.1)
         if _WARM_SOCKET and os.path.exists(_WARM_SOCKET[0]):
             self._listened = self._warm  # this warm process listened (it may have runs of its own)
-
-
-def start_warm_process() -> subprocess.Popen:
-    """Start ``python -m e31.deployments.warmstart SOCKET`` in its own session,
-    with the environment a flow process gets (this process's, plus Prefect's
-    current settings), and point :func:`flow_process_command` at it.  Runs
-    that come before it listens start cold."""
-    from prefect.settings import get_current_settings
-
-    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True)}
-    socket_path = str(Path(tempfile.mkdtemp(prefix="e31-warm-")) / "socket")
-    proc = subprocess.Popen([sys.executable, "-m", "e31.deployments.warmstart", socket_path], env=env,
-                            stdin=subprocess.PIPE, start_new_session=True)
-    _WARM_SOCKET[:] = [socket_path]
-    return proc

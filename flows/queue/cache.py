@@ -104,7 +104,7 @@ class RunCache:
         self.ended_at: dict[str, float] = {}  # run id -> Unix seconds of its end, for runs seen ending (the last 1,000)
         self._executor: ThreadPoolExecutor | None = None
         #: whether a node of the pool prefetches (a ``scratch_budget``): else no run is tagged ``e31-staged``,
-        #: and a tick does not ask (one filter read of five; a tag put by a worker whose pool file differs
+        #: and a tick does not ask (one filter read of three; a tag put by a worker whose pool file differs
         #: from this one's is seen at the next full read)
         self.prefetching = any(n.scratch_budget for n in pool.nodes)
 
@@ -198,12 +198,16 @@ class RunCache:
         state.name = FlowRunFilterStateName(any_=[QUEUED])
         submitted = read_all(client, self.pool, flow_run_filter(
             state=state, expected_start_time=FlowRunFilterExpectedStartTime(after_=since + timedelta(seconds=AHEAD_S))))
-        due = read_all(client, self.pool, flow_run_filter(
-            state=state_filter(("SCHEDULED",)), expected_start_time=FlowRunFilterExpectedStartTime(after_=since,
-                                                                                             before_=stamp)))
-        moving = read_all(client, self.pool, flow_run_filter(state=state_filter(MOVING)))
-        ended = read_all(client, self.pool, flow_run_filter(state=state_filter(ENDED),
-                                                           end_time=FlowRunFilterEndTime(after_=since)))
+        # the runs come due, moving and ended: one read of their union (criteria joined by "or_"), split here by
+        # the same criteria each would have been read with alone (three reads before: each read's fixed cost is
+        # the server's ~23 ms of CPU; the union is as few runs as its parts)
+        union = read_all(client, self.pool, flow_run_filter(
+            operator="or_", expected_start_time=FlowRunFilterExpectedStartTime(after_=since, before_=stamp),
+            state=state_filter(MOVING), end_time=FlowRunFilterEndTime(after_=since)))
+        due = [r for r in union if _type(r) == "SCHEDULED" and r.expected_start_time is not None
+               and since <= r.expected_start_time <= stamp]
+        moving = [r for r in union if _type(r) in MOVING]
+        ended = [r for r in union if _type(r) in ENDED and r.end_time is not None and r.end_time >= since]
         staged = read_all(client, self.pool, flow_run_filter(state=state, tags=FlowRunFilterTags(all_=[STAGED]))) \
             if self.prefetching else []
         seen = {str(r.id) for r in moving}
@@ -255,6 +259,11 @@ class RunCache:
     def forget(self, run_id: str) -> None:
         """Drop a run (deleted on the server: a write to it found nothing)."""
         self.runs.pop(str(run_id), None)
+
+
+def _type(run: Any) -> str | None:
+    """The type of a run's state (``"RUNNING"``, ...), or None without one."""
+    return run.state.type.value if run.state is not None else None
 
 
 def flow_run_filter(**fields: Any) -> Any:

@@ -57,9 +57,10 @@ def work_pool_name(pool: PoolSpec) -> str:
     return pool.name
 
 
-def deployment_name(pool: PoolSpec) -> str:
-    """The deployment name (under the ``e31-job`` flow) that ``e31 submit`` creates runs of."""
-    return f"queue-{pool.name}"
+def deployment_name(pool: PoolSpec | str) -> str:
+    """The deployment name (under the ``e31-job`` flow) that ``e31 submit``
+    creates runs of, for a pool (or its name: its work pool's)."""
+    return f"queue-{pool if isinstance(pool, str) else pool.name}"
 
 
 def nodes_of(pool: PoolSpec) -> list[Node]:

@@ -129,11 +129,14 @@ def _run(args: argparse.Namespace, pid: int) -> int:
             "output": {"kind": "results", "url": f"/tmp/e31-bench-api/{i}", "files": ["r.json"]}}), None), ["e31"],
             template).id) for i in range(max(args.queued, n))]
         now = datetime.now(timezone.utc)
+        params = [client.read_flow_run(key).parameters for key in ids[:n]]
+        placement = {"e31_node": "n-1", "gpu_devices": [], "cpus": 1, "e31_attempt": 0}
         calls: list[tuple[str, str, Callable[[int], Any], int]] = [
             ("GET /api/flow_runs/{id}", "a read of one flow run (the baseline)", lambda k: client.read_flow_run(ids[k]), n),
-            ("PATCH /api/flow_runs/{id}", "a placement: job_variables (node, devices, CPUs, attempt)",
-             lambda k: client.update_flow_run(ids[k], job_variables={"e31_node": "n-1", "gpu_devices": [], "cpus": 1,
-                                                                      "e31_attempt": 0}), n),
+            ("PATCH /api/flow_runs/{id}", "a placement: the placement parameter (the scheduler's)",
+             lambda k: client.update_flow_run(ids[k], parameters={**params[k], "placement": placement}), n),
+            ("PATCH /api/flow_runs/{id}", "a placement as job_variables (the scheduler's until Dec. 2026)",
+             lambda k: client.update_flow_run(ids[k], job_variables=placement), n),
             ("POST /api/flow_runs/{id}/set_state", "Scheduled named Placed, with its message",
              lambda k: client.set_flow_run_state(ids[k], Scheduled(name="Placed", message="starts now on n-1"),
                                                  force=True), n),
@@ -169,8 +172,9 @@ def _run(args: argparse.Namespace, pid: int) -> int:
             cost.setdefault(route, cpu_ms)
             print(f"{route:40s} {what:58s} {cpu_ms:7.1f} {wall_ms:8.1f} {cpu_ms / base:7.2f}")
     if args.counts:
-        # A route's price: the first measured above, except a PATCH without job_variables (the flow processes' and
-        # the workers') and a filter as a tick reads it (few runs: the full read is once a minute)
+        # A route's price: the first measured above (the scheduler's PATCH: a placement parameter), except a
+        # PATCH without job_variables (the flow processes' and the workers') and a filter as a tick reads it (few
+        # runs: the full read is once a minute)
         cheap = {"PATCH /api/flow_runs/{id}": cost["PATCH /api/flow_runs/{id} without job_variables "
                                                    "(infrastructure_pid: a worker's)"],
                  "POST /api/flow_runs/filter": cost["POST /api/flow_runs/filter the runs changed since a moment ago "

@@ -118,6 +118,12 @@ if _PREFIX:
 
     atexit.register(_dump)
 
+    def _forked() -> None:  # a forked child (a warm process's flow process) counts its own calls, not its parent's
+        _counts.clear()
+        _trace.clear()
+
+    os.register_at_fork(after_in_child=_forked)
+
     # With E31_BENCH_API_TRACE, also the start and duration of each call of a few E31 functions (module:function,
     # comma-separated in E31_BENCH_TRACE_MARKS): wrapped as their module is first imported, before any other
     # module binds them by name.
