@@ -38,11 +38,13 @@ Each job is a command work sleeping ``--work-s`` seconds.  Every job also
 costs a flow run's life on the Prefect server (its states, task runs, logs
 and artifacts) and a flow process forked from the worker's warm process:
 ~2 s of latency, which the scheduler's handover (``--handover``) hides
-behind the job ahead, and 2.4-2.7 CPU-seconds of the whole machine (the
-server's part, 1.2-1.5, on one core), which nothing hides.  The run prints
-the machine's CPU per job and the least wall that CPU allows: on a 2-core
-machine with 3 s jobs it is already 1.2-1.4x the ideal (run it with 3 and
-with 10).  1,000 jobs of 3 s take about 30 min (4 of them submitting);
+behind the job ahead, and ~2.2 CPU-seconds of the whole machine (the
+server's part, ~1.0, on one core; 2.4-2.7 and 1.2-1.5 before the placement
+was a parameter, December 2026), which nothing hides.  The run prints the
+machine's CPU per job and the least wall that CPU allows: on a 2-core
+machine with 3 s jobs it is ~1.1x the ideal (run it with 3 and with 10).
+With ``--keep``, the idle gap between two works on a node is also split at
+the job ahead's final manifest (its output returned).  1,000 jobs of 3 s take about 30 min (4 of them submitting);
 150 jobs about 5.
 """
 
