@@ -43,8 +43,8 @@ server's part, ~1.0, on one core; 2.4-2.7 and 1.2-1.5 before the placement
 was a parameter, December 2026), which nothing hides.  The run prints the
 machine's CPU per job and the least wall that CPU allows: on a 2-core
 machine with 3 s jobs it is ~1.1x the ideal (run it with 3 and with 10).
-With ``--keep``, the idle gap between two works on a node is also split at
-the job ahead's final manifest (its output returned).  1,000 jobs of 3 s take about 30 min (4 of them submitting);
+The idle gap between two works on a node is also split where the job
+ahead's final manifest reached its destination (its output returned).  1,000 jobs of 3 s take about 30 min (4 of them submitting);
 150 jobs about 5.
 """
 
