@@ -368,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     from e31.flows.deploy import ENTRYPOINT
 
     _load_flow_from_runtime_entrypoint(ENTRYPOINT)
+    from e31.flows.runlog import drop_explained_failures
+
+    drop_explained_failures()  # in every fork from its start: a run cancelled as it starts ends in one line
     if len(args) > 1:
         prefill(args[1])
     server = Server(path)

@@ -49,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     deploy = sub.add_parser("deploy", help="create a Prefect deployment of the job on a work pool",
                             description="create or update the Prefect deployment e31-job/NAME of the job on a work pool")
     deploy.add_argument("spec", help="job spec file")
-    deploy.add_argument("--pool", required=True, help="Prefect work pool (e.g. a process pool: prefect work-pool create P --type process)")
+    deploy.add_argument("--pool", required=True, help="Prefect work pool (e.g. a process pool: prefect work-pool create P "
+                        "--type process), or an E31 pool file (its queue's work pool: the runs join that queue)")
     deploy.add_argument("--cron", help='cron schedule, e.g. "0 2 * * *" (none: runs only when triggered)')
     deploy.add_argument("--timezone", help="IANA timezone of the --cron schedule, e.g. Europe/London (default UTC)")
     deploy.add_argument("--name", help="deployment name (default: the job's name)")
@@ -188,9 +189,15 @@ def cmd_deploy(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> int
         return EXIT_FAILED
     timezone = args.timezone or "UTC"
     name = args.name or spec.name
+    pool = args.pool
     try:
+        if pool.endswith((".yaml", ".yml")) or Path(pool).is_file():  # a pool file, as the queue's commands take
+            from e31.flows.queue.mapping import work_pool_name
+            from e31.specs.pool import load_pool
+
+            pool = work_pool_name(load_pool(pool))
         earlier = existing_schedules(f"{FLOW_NAME}/{name}")
-        deployment_id = deploy_spec(spec, str(Path(args.spec).resolve().parent), pool=args.pool, cron=args.cron,
+        deployment_id = deploy_spec(spec, str(Path(args.spec).resolve().parent), pool=pool, cron=args.cron,
                                     timezone=timezone if args.cron else None, name=args.name)
     except E31Error as exc:
         print(f"e31: deploy refused: {exc}", file=sys.stderr)
@@ -203,7 +210,7 @@ def cmd_deploy(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> int
     schedule = f"cron {args.cron!r} in {timezone}" if args.cron else "no schedule"
     if not args.cron and earlier:
         schedule += f" (its earlier schedule {', '.join(earlier)} was removed; pass --cron to keep one)"
-    print(f"deployed {FLOW_NAME}/{name} ({deployment_id}) on pool {args.pool}, {schedule}")
+    print(f"deployed {FLOW_NAME}/{name} ({deployment_id}) on pool {pool}, {schedule}")
     return EXIT_OK
 
 

@@ -68,23 +68,40 @@ class ApiOutageFilter(logging.Filter):
 ENGINE_FAILURE_LINE = "exited with unexpected exception"
 
 
+#: What the engine's closing record says instead, in one line, for a run cancelled before its flow began.
+CANCELLED_BEFORE_START = "the flow run was cancelled before its flow began: nothing ran"
+
+
 class ExplainedFailureFilter(logging.Filter):
     """Drops the engine's closing ``... exited with unexpected exception``
     record, with its traceback, when the exception is one of E31's errors:
     ``run_job`` logged it already in one line that names the field and the
-    fix, and the run's state message says it.  Put on the loggers Prefect's
-    engine writes it to (``prefect.flow_runs``, ``prefect.engine``), so
-    neither the console nor the run's log in the Prefect UI gets it."""
+    fix, and the run's state message says it.  When the exception is
+    Prefect's ``UnfinishedRun`` of a run in ``CANCELLING`` or ``CANCELLED``
+    (cancelled while its flow process started: the engine cannot begin the
+    run, ~40 lines of traceback), the record becomes the one line
+    :data:`CANCELLED_BEFORE_START`.  Put on the loggers Prefect's engine
+    writes it to (``prefect.flow_runs``, ``prefect.engine``), so neither the
+    console nor the run's log in the Prefect UI gets the traceback."""
 
     def filter(self, record: logging.LogRecord) -> bool:  # noqa: A003 - logging's name
         exc = record.exc_info[1] if record.exc_info else None
-        if not isinstance(exc, E31Error):
+        if exc is None:
             return True
         try:
             message = record.getMessage()
         except Exception:
             return True
-        return ENGINE_FAILURE_LINE not in message
+        if ENGINE_FAILURE_LINE not in message:
+            return True
+        if isinstance(exc, E31Error):
+            return False
+        from prefect.exceptions import UnfinishedRun
+
+        if isinstance(exc, UnfinishedRun) and ("CANCELLING" in str(exc) or "CANCELLED" in str(exc)):
+            record.msg, record.args, record.exc_info, record.exc_text = CANCELLED_BEFORE_START, (), None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
 
 
 def drop_explained_failures() -> None:

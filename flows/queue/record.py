@@ -132,7 +132,9 @@ class _Writer:
         """Undo a write that overtook a final state (a cancel made between
         :meth:`current` and the write: the write is forced, and Prefect lets
         a run leave ``Cancelled`` for ``Scheduled``): that state is set
-        again.  True when the write was undone (counted ``undone``)."""
+        again, unless a final state came after the write (the canceller's
+        own ``Cancelled``, with its message: left as it is).  True when the
+        write was undone (counted ``undone``)."""
         from prefect.states import State
 
         mine = getattr(getattr(result, "state", None), "id", None)
@@ -140,6 +142,10 @@ class _Writer:
         index = next((i for i, s in enumerate(history) if s.id == mine), None)
         if not index:
             return False
+        if history[-1].id != mine and history[-1].is_final():  # ended again since: not overwritten with the
+            self.counts["undone"] += 1  # state before the write, which had no message (found by an attack)
+            self.cache.forget(key)
+            return True
         before = history[index - 1]
         if before.id == self.seen[key] or not before.is_final():
             return False

@@ -276,13 +276,14 @@ def _warm_processes(worker: subprocess.Popen) -> list[int]:
 
 
 def _warm_listening(worker: subprocess.Popen) -> bool:
-    """Whether the worker's warm process listens on its socket (its last argument): runs started before
-    start cold, and with event wakeups a job submitted at once can come first."""
+    """Whether the worker's warm process listens on its socket (its argument after the module's name):
+    runs started before start cold, and with event wakeups a job submitted at once can come first."""
     for kid in _warm_processes(worker):
         try:
-            if Path(Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")[-2].decode()).exists():
+            args = Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")
+            if Path(args[args.index(b"e31.deployments.warmstart") + 1].decode()).exists():
                 return True
-        except (OSError, IndexError):  # ended since it was listed (a zombie's command line is empty)
+        except (OSError, IndexError, ValueError):  # ended since it was listed (a zombie's command line is empty)
             pass
     return False
 
@@ -385,9 +386,11 @@ def test_a_resubmitted_job_goes_where_its_inputs_are_staged(prefect_api, tmp_pat
 
 
 def test_runs_of_a_deployment_on_the_pool_go_through_the_queue(prefect_api, tmp_path):
-    """`e31 deploy --pool` onto the queue's work pool: each run of the
-    deployment (a cron schedule's, or one started by hand) joins the queue
-    when its time comes and is placed like a submitted job."""
+    """`e31 deploy --pool` onto the queue's work pool (given the pool file,
+    as the queue's other commands take it: found by an attack, it took only
+    the work pool's name and said "Work pool "pool.yaml" not found"): each
+    run of the deployment (a cron schedule's, or one started by hand) joins
+    the queue when its time comes and is placed like a submitted job."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
@@ -397,8 +400,9 @@ def test_runs_of_a_deployment_on_the_pool_go_through_the_queue(prefect_api, tmp_
         with get_client(sync_client=True) as client:
             wait_for(lambda: _pool_exists(client, q.name), what="the work pool")
         spec = q.job("deployed", 2, 1)
-        done = subprocess.run([q.exe, "deploy", str(spec), "--pool", q.name], capture_output=True, text=True)
+        done = subprocess.run([q.exe, "deploy", str(spec), "--pool", str(q.pool)], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
+        assert f") on pool {q.name}, no schedule" in done.stdout
         run = run_deployment("e31-job/deployed", timeout=0)
         wait_for(lambda: _done(q, "deployed"), what="the deployed run")
         record = q.record("deployed")

@@ -451,3 +451,53 @@ def test_a_cut_return_its_worker_cannot_finish_crashes_the_run_and_frees_its_nod
         "its flow process ended during the return of its output, and its worker could not finish that return; the "
         "output stays in the node's scratch (e31 return JOB there, or the job's next run there, delivers it)"))
     assert [r.id for r in settled.running if r.id in settled.runs] == [other]
+
+
+class _CancelAround(_CancelAfter):
+    """A cancel as ``e31 cancel`` makes it of a queued run, split around the
+    scheduler's placement of ``victim``: the server's own ``Cancelled`` (no
+    message) just after the scheduler's check, the canceller's ``Cancelled``
+    with its message just after the scheduler's ``Placed``."""
+
+    def __getattr__(self, name):
+        call = getattr(self._client, name)
+        if name not in ("read_flow_run", "set_flow_run_state"):
+            return call
+
+        def around(run_id, *args, **kwargs):
+            from prefect.states import Cancelled
+
+            answer = call(run_id, *args, **kwargs)
+            if str(run_id) == self.victim and name == "read_flow_run" and not self.fired:
+                self.fired = True
+                self._client.set_flow_run_state(run_id, Cancelled(), force=True)
+            elif str(run_id) == self.victim and name == "set_flow_run_state" and self.fired and args and \
+                    getattr(args[0], "name", None) == "Placed":
+                self._client.set_flow_run_state(run_id, Cancelled(message="cancelled while queued"), force=True)
+            return answer
+        return around
+
+
+def test_a_placement_that_overtook_a_cancel_leaves_the_cancellers_own_message(prefect_api, tmp_path):
+    """Found by an attack: the scheduler's undo of a placement that overtook
+    a cancel set again the state before its write, the server's ``Cancelled``
+    with no message, over the canceller's own ``Cancelled`` written after the
+    placement: the run's message said nothing.  Now a final state after the
+    write is left as it is."""
+    from prefect.client.orchestration import get_client
+
+    from e31.deployments.scheduler import tick
+    from e31.flows.queue import RunCache, work_pool_name
+
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        victim = made.submit(client, "victim")
+        cache = RunCache(made.spec, full_every_s=3600)
+        client.send_worker_heartbeat(work_pool_name(made.spec), "n1")
+        injected = _CancelAround(client, victim, "read_flow_run")
+        result = tick(injected, made.spec, cache=cache, lease_s=60.0)
+        states = [(s.type.value, s.name, s.message) for s in client.read_flow_run_states(victim)]
+    assert injected.fired and result.counts["undone"] == 1 and result.counts["start"] == 0, str(result.counts)
+    assert victim not in cache.runs
+    assert [s[:2] for s in states[-3:]] == [("CANCELLED", "Cancelled"), ("SCHEDULED", "Placed"), ("CANCELLED", "Cancelled")]
+    assert states[-1][2] == "cancelled while queued"
