@@ -46,10 +46,11 @@ class Explainer:
     def __init__(self, cap: Capacity, depth: int, fcfs: bool) -> None:
         self.cap, self.depth, self.fcfs = cap, depth, fcfs
         self.free = [cap.free_now(i) for i in range(len(cap.nodes))]
-        self._short: dict[tuple, tuple[str, int, float]] = {}
+        self._short: dict[tuple, tuple[str, int, float, int | None]] = {}
 
-    def _short_now(self, job: QueuedJob, eligible: Sequence[bool] | None) -> tuple[str, int, float]:
-        """(what keeps the job from starting now, judged on what is idle now; node; room until)."""
+    def _short_now(self, job: QueuedJob, eligible: Sequence[bool] | None) -> tuple[str, int, float, int | None]:
+        """(what keeps the job from starting now, judged on what is idle now; node; room until; the
+        resource short, 0 GPUs, 1 CPUs, 2 memory, or None)."""
         key = (id(eligible), job.gpus, job.cpus, job.memory)
         if key in self._short:
             return self._short[key]
@@ -62,14 +63,14 @@ class Explainer:
             if free[most][k] < need:
                 amount = f"{gib(need)} of memory" if k == 2 else f"{need} {what}{'s' if need != 1 else ''}"
                 answer = (f"waiting for {amount} on one node ({show(free[most][k])} free on {cap.nodes[most].name})",
-                          most, cap.now)
+                          most, cap.now, k)
                 break
             nodes = [i for i in nodes if free[i][k] >= need]
         if answer is None:
             req = (job.gpus, job.cpus, job.memory, 0.0)
             room = {i: cap.room_until(i, req) for i in nodes}
             i = max(nodes, key=lambda n: (room[n], -n))
-            answer = ("", i, room[i])
+            answer = ("", i, room[i], None)
         self._short[key] = answer
         return answer
 
@@ -77,8 +78,12 @@ class Explainer:
         """``waiting for ...; earliest start HH:MM UTC on NODE, after job X ends`` (or ``estimated start`` for
         a job beyond the planning depth, whose start is not reserved)."""
         cap, now = self.cap, self.cap.now
-        text, i, room = self._short_now(job, eligible)
+        text, i, room, short = self._short_now(job, eligible)
         name = cap.nodes[node].name
+        if short is not None and node != i and self.free[node][short] == self.free[i][short]:
+            # as much free on the node it is planned on: that node is named (found by a fresh user: "(0 free on
+            # g-1); earliest start ... on g-2")
+            text = f"{text.rsplit(' free on ', 1)[0]} free on {name})"
         local = name in job.preferred_nodes
         if not text and local and start > now:  # room is free elsewhere, but its inputs wait on this node
             text = (f"waiting for {name}, where its inputs are staged: it frees sooner than they would stage "

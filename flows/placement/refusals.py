@@ -44,29 +44,34 @@ def _types(nodes: Sequence[Node]) -> str:
 
 
 def fit_refusal(nodes: Sequence[Node], job: QueuedJob, eligible: Sequence[bool]) -> str | None:
-    """Why no node can hold ``job`` (one line), or None when one can."""
+    """Why no node can hold ``job`` and what to change (one line), or None when one can."""
     if any(eligible):
         return None
     typed = [n for n in nodes if same_type(n, job.gpu_type)]
     if not typed:
-        return f"no node has GPU type {job.gpu_type} ({_types(nodes)})"
+        return (f"no node has GPU type {job.gpu_type} ({_types(nodes)}): set request.gpu_type to one of those, or "
+                "add such nodes to the pool file")
     kind = f"{typed[0].gpu_type} " if job.gpu_type else ""
-    short = []
+    short, fix = [], []
     most = max(n.gpus for n in typed)
     if job.gpus > most:
         short.append(f"no node can hold {job.gpus} GPUs: the largest {kind}nodes have {most} GPUs")
+        fix.append(f"{most} GPUs (request.gpus)")
     most = max(n.cpus for n in typed)
     if job.cpus > most:
         short.append(f"no node can hold {job.cpus} CPUs: the largest {kind}nodes have {most} CPUs")
+        fix.append(f"{most} CPUs (request.cpus)")
     most = max(n.memory for n in typed)
     if job.memory > most:
         short.append(f"no node can hold {gib(job.memory)} of memory: the largest {kind}nodes have {gib(most)}")
+        fix.append(f"{gib(most)} of memory (request.memory)")
     if short:
-        return "; ".join(short)
+        return f"{'; '.join(short)}: ask for at most {' and '.join(fix)}, or add a larger node to the pool file"
     big = max(typed, key=lambda n: (n.gpus, n.cpus, n.memory))
     asked = [f"{job.gpus} GPUs", f"{job.cpus} CPUs"] + ([gib(job.memory)] if job.memory else [])
     return (f"no single {kind}node has {', '.join(asked[:-1])} and {asked[-1]} together "
-            f"(largest: {big.name} with {big.gpus} GPUs, {big.cpus} CPUs, {gib(big.memory)})")
+            f"(largest: {big.name} with {big.gpus} GPUs, {big.cpus} CPUs, {gib(big.memory)}): ask for less, or add "
+            "a larger node to the pool file")
 
 
 def deadline_refusal(job: QueuedJob, now: float) -> str | None:

@@ -156,17 +156,11 @@ class _Writer:
         return True
 
     def place(self, key: str, run: Any, placement: dict[str, Any], check: bool = True) -> bool:
-        """Replace the ``placement`` parameter of the run ``key``
-        (:data:`PLACEMENT_PARAM`; ``run``: the run as read, whose other
-        parameters are sent back as they are, since the API replaces them
-        whole and nobody else writes them after the submission) (``check``:
-        only when it is :meth:`current`); False when it was not written.  A
-        plain update of the run (one statement, ~8 ms of server CPU), not a
-        ``job_variables`` write (validated against the work pool's schema
-        inside the transaction: ~83 ms, and sent ~3 times under load after
-        a busy database's 503).  A run cancelled between :meth:`current`
-        and this write keeps its placement, inert: the ``Placed`` state that
-        follows is undone (:meth:`_overtaken`)."""
+        """Replace the ``placement`` parameter (:data:`PLACEMENT_PARAM`) of the run ``key`` (``run``: as read;
+        its other parameters, which nobody writes after the submission, are sent back as they are) (``check``:
+        only when it is :meth:`current`); False when it was not written.  A plain update (~8 ms of server CPU),
+        not a ``job_variables`` write (see there).  A run cancelled meanwhile keeps it, inert: the ``Placed``
+        state that follows is undone (:meth:`_overtaken`)."""
         from prefect.exceptions import ObjectNotFound
 
         if check and not self.current(key):

@@ -301,8 +301,7 @@ def test_e31_submit_says_where_its_run_stands_whatever_the_scheduler_did_meanwhi
         _placed_on_n1(client, first, Scheduled(name="Placed", scheduled_time=datetime.now(timezone.utc)))
         client.send_worker_heartbeat(work_pool_name(made.spec), "n1")
         snap = snapshot(client, made.spec)
-    assert submitted_line(snap, [], first) == ("placed on n1 by the scheduler already: placed: its worker starts it "
-                                               "within seconds")
+    assert submitted_line(snap, [], first) == "placed on n1 by the scheduler already: its worker starts it within seconds"
     assert submitted_line(snap, [], second) is None  # ended: e31 submit prints its state and message
 
 

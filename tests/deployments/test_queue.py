@@ -162,16 +162,18 @@ def test_refusals_end_with_their_reason_and_a_failed_manifest(prefect_api, tmp_p
     with queue(tmp_path, {"n1": 8}) as q:
         q.scheduler()
         out = q.submit(q.job("too-big", 9, 1))
-        assert "refused: no node can hold 9 GPUs: the largest nodes have 8 GPUs" in out
+        assert ("refused: no node can hold 9 GPUs: the largest nodes have 8 GPUs: ask for at most 8 GPUs "
+                "(request.gpus), or add a larger node to the pool file") in out
         run_id = out.split("flow run ")[1].split()[0]
         with get_client(sync_client=True) as client:
             wait_for(lambda: client.read_flow_run(run_id).state.is_final(), what="the refusal")
             state = client.read_flow_run(run_id).state
     assert (state.type.value, state.message) == ("FAILED", "refused: no node can hold 9 GPUs: the largest nodes "
-                                                           "have 8 GPUs")
+                                                           "have 8 GPUs: ask for at most 8 GPUs (request.gpus), or add a larger node to the pool file")
     manifest = json.loads((tmp_path / "out" / "too-big" / "partial" / "manifest.json").read_text())
     assert (manifest["status"], manifest["files"]) == ("failed", [])
-    assert manifest["message"] == "refused by the queue: no node can hold 9 GPUs: the largest nodes have 8 GPUs"
+    assert manifest["message"] == ("refused by the queue: no node can hold 9 GPUs: the largest nodes have 8 GPUs"
+                                   ": ask for at most 8 GPUs (request.gpus), or add a larger node to the pool file")
 
 
 def test_a_job_whose_destination_cannot_be_made_fails_in_one_line_without_a_traceback(prefect_api, tmp_path):

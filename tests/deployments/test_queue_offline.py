@@ -227,21 +227,25 @@ def test_e31_queue_says_what_each_node_holds_and_when_its_worker_was_heard():
 
 
 def test_the_worker_s_base_environment_is_prefect_s_computed_once_per_settings():
-    """``E31JobConfiguration._base_environment``: what Prefect's gives, a
-    copy each time (a run's change does not reach the next), and computed
-    anew under other settings."""
+    """``E31JobConfiguration._base_environment``: what Prefect's gives, with
+    the version check off (the worker made it) unless set otherwise, a copy
+    each time (a run's change does not reach the next), and computed anew
+    under other settings."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.workers.base import BaseJobConfiguration
 
     from e31.deployments.worker import E31JobConfiguration
 
     first = E31JobConfiguration._base_environment()
-    assert first == BaseJobConfiguration._base_environment()
+    assert first == {**BaseJobConfiguration._base_environment(), "PREFECT_CLIENT_SERVER_VERSION_CHECK_ENABLED": "false"}
     first["E31_SCRIBBLE"] = "1"
     assert "E31_SCRIBBLE" not in E31JobConfiguration._base_environment()
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
         assert E31JobConfiguration._base_environment()["PREFECT_API_URL"] == "http://127.0.0.1:9/api"
-    assert E31JobConfiguration._base_environment() == BaseJobConfiguration._base_environment()
+    with temporary_settings({"PREFECT_CLIENT_SERVER_VERSION_CHECK_ENABLED": True}):  # set: kept
+        assert E31JobConfiguration._base_environment()["PREFECT_CLIENT_SERVER_VERSION_CHECK_ENABLED"] == "True"
+    assert E31JobConfiguration._base_environment() == \
+        {**BaseJobConfiguration._base_environment(), "PREFECT_CLIENT_SERVER_VERSION_CHECK_ENABLED": "false"}
 
 
 def test_a_node_whose_runs_hold_more_than_it_has_is_planned_full_until_the_longest_holder_ends():

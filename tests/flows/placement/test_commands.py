@@ -159,7 +159,8 @@ def test_plan_prints_the_table_and_a_gantt_chart(e31, tmp_path):
         "starts now on gpu-2, GPUs 0,1,2,3,4,5,6,7, 1 CPU; expected end 01:00 UTC (run time 1h: duration); "
         "ends 01:00 UTC, before its deadline 03:00 UTC",
         "waiting for 8 GPUs on one node (6 free on gpu-1); earliest start 00:30 UTC on gpu-1, after job small ends",
-        "no node can hold 9 GPUs: the largest nodes have 8 GPUs",
+        "no node can hold 9 GPUs: the largest nodes have 8 GPUs: ask for at most 8 GPUs (request.gpus), or add a "
+        "larger node to the pool file",
     ]
     assert lines[6] == f"Gantt chart: {png}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -94,20 +94,26 @@ def test_refusals_at_submission_and_while_queued():
         queued("together", 8, 1, cpus=64, memory_gib=600),
     ]
     assert {p.job: (p.action, p.reason) for p in plan(nodes, [], queue, T0)} == {
-        "big": ("refuse", "no node can hold 9 GPUs: the largest nodes have 8 GPUs"),
-        "v100": ("refuse", "no node has GPU type V100 (the pool has A100 on 1 node, H100 on 1 node)"),
+        "big": ("refuse", "no node can hold 9 GPUs: the largest nodes have 8 GPUs: ask for at most 8 GPUs "
+                          "(request.gpus), or add a larger node to the pool file"),
+        "v100": ("refuse", "no node has GPU type V100 (the pool has A100 on 1 node, H100 on 1 node): set "
+                           "request.gpu_type to one of those, or add such nodes to the pool file"),
         "late": ("refuse", "deadline 01:00 UTC cannot be met even on an empty pool: started when submitted "
                            "(00:00 UTC) it would end 02:00 UTC (run time 2h: duration)"),
         "stale": ("refuse", "deadline became infeasible while queued: started now (00:00 UTC) it would end 01:00 UTC, "
                             "after its deadline 00:30 UTC (run time 1h: duration)"),
-        "cpus": ("refuse", "no node can hold 100 CPUs: the largest nodes have 64 CPUs"),
-        "memory": ("refuse", "no node can hold 600 GiB of memory: the largest nodes have 512 GiB"),
-        "together": ("refuse", "no node can hold 600 GiB of memory: the largest nodes have 512 GiB"),
+        "cpus": ("refuse", "no node can hold 100 CPUs: the largest nodes have 64 CPUs: ask for at most 64 CPUs "
+                           "(request.cpus), or add a larger node to the pool file"),
+        "memory": ("refuse", "no node can hold 600 GiB of memory: the largest nodes have 512 GiB"
+                             ": ask for at most 512 GiB of memory (request.memory), or add a larger node to the pool file"),
+        "together": ("refuse", "no node can hold 600 GiB of memory: the largest nodes have 512 GiB"
+                               ": ask for at most 512 GiB of memory (request.memory), or add a larger node to the pool file"),
     }
     mixed = [node("small", gpus=8, cpus=16), node("fat", gpus=2, cpus=128)]
     (p,) = plan(mixed, [], [queued("both", 8, 1, cpus=100)], T0)
     assert p.reason == ("no single node has 8 GPUs and 100 CPUs together "
-                        "(largest: small with 8 GPUs, 16 CPUs, 512 GiB)")
+                        "(largest: small with 8 GPUs, 16 CPUs, 512 GiB): ask for less, or add a larger node to the "
+                        "pool file")
 
 
 def test_gpu_type_chooses_the_node():
@@ -248,3 +254,17 @@ def test_the_planned_node_is_read_back_from_the_reason_the_planner_gave():
     dated = ("Queued: waiting for its turn (first come, first served); earliest start 2026-01-02 03:00:07 UTC on "
              "n2 (its inputs are staged there), after job a ends; ends 04:00 UTC, before its deadline 05:00 UTC")
     assert planned_node(Scheduled(name=QUEUED, message=dated)) == "n2"
+
+
+def test_a_short_resource_is_named_on_the_node_the_job_is_planned_on_when_as_much_is_free_there():
+    """Found by a fresh user: both nodes full, the reason said ``(0 free on
+    n1)`` and then ``earliest start ... on n2``; with as much free on the
+    node it is planned on, that node is named.  A node with more free is
+    still named (what is short is judged on the most free)."""
+    nodes = [node("n1"), node("n2")]
+    busy = [running("a", "n1", range(8), 5), running("b", "n2", range(8), 2)]
+    (only,) = plan(nodes, busy, [queued("X", 8, 1)], T0)
+    assert only.reason == "waiting for 8 GPUs on one node (0 free on n2); earliest start 02:00 UTC on n2, after job b ends"
+    busy = [running("a", "n1", range(6), 5), running("b", "n2", range(8), 2)]
+    (only,) = plan(nodes, busy, [queued("X", 8, 1)], T0)
+    assert only.reason == "waiting for 8 GPUs on one node (2 free on n1); earliest start 02:00 UTC on n2, after job b ends"
