@@ -175,6 +175,8 @@ class Wakeup:
     def __init__(self, work_pool: str, states: tuple[str, ...] = SCHEDULER_EVENTS,
                  ignore: Callable[[Any], bool] | None = None) -> None:
         self._event, self._closed, self._ignore = threading.Event(), False, ignore
+        self._runs: set[str] = set()  # the flow run ids of the events that woke it, until taken
+        self._lock = threading.Lock()
         self.connected = False
         self.events = 0  # events received that woke it
         self.ignored = 0
@@ -187,6 +189,10 @@ class Wakeup:
                 self.ignored += 1
                 return
             self.events += 1
+            resource = str(getattr(getattr(event, "resource", None), "id", "") or "")
+            if resource.startswith("prefect.flow-run."):
+                with self._lock:
+                    self._runs.add(resource[len("prefect.flow-run."):])
             self._event.set()
 
         def up(value: bool) -> None:
@@ -211,6 +217,15 @@ class Wakeup:
                 loop.call_soon_threadsafe(task.cancel)
             except RuntimeError:  # its loop has ended already
                 pass
+
+    def take_runs(self) -> set[str]:
+        """The flow run ids of the events that woke it since the last call
+        (the scheduler reads those its filters did not return by their id:
+        a submission committed long after its scheduled time was computed,
+        on a busy server, falls outside the filter for new runs)."""
+        with self._lock:
+            runs, self._runs = self._runs, set()
+        return runs
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for an event; True when one came

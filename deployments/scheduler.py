@@ -183,6 +183,8 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
                     beat_at = time.monotonic()
                 if time.monotonic() - read_at > HISTORY_EVERY_S:
                     past, read_at = history(client, pool), time.monotonic()
+                if wake is not None:
+                    cache.hear(wake.take_runs())
                 try:
                     result = tick(client, pool, policy, past, lease_s=lease_s, cache=cache, max_waits=MAX_WAITS,
                                   max_wait_s=MAX_WAIT_S, handover_s=handover_s)

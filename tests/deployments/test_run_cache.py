@@ -501,3 +501,36 @@ def test_a_placement_that_overtook_a_cancel_leaves_the_cancellers_own_message(pr
     assert victim not in cache.runs
     assert [s[:2] for s in states[-3:]] == [("CANCELLED", "Cancelled"), ("SCHEDULED", "Placed"), ("CANCELLED", "Cancelled")]
     assert states[-1][2] == "cancelled while queued"
+
+
+def test_a_submission_the_filters_miss_is_read_by_the_id_its_event_named(prefect_api, tmp_path):
+    """Found by an attack: on a busy server a submission was committed 52 s
+    after ``e31 submit`` computed its scheduled time, so its expected start
+    fell before the filter for new runs (``since + AHEAD_S``), and it waited
+    ~60 s for the next full read.  A run the server's events named
+    (:meth:`RunCache.hear`, fed by the scheduler's event stream) that no
+    filter returned is read by its id."""
+    import time
+    from datetime import datetime, timedelta, timezone
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Scheduled
+
+    from e31.flows.deploy import parameters
+    from e31.flows.queue import AHEAD_S, QUEUED, RunCache, ensure_pool
+
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        cache = RunCache(made.spec, full_every_s=3600)
+        first = made.submit(client, "first")
+        assert {str(r.id) for r in cache.read(client)} == {first}  # the first read: every active run
+        time.sleep(1.0)
+        late = str(client.create_flow_run_from_deployment(  # as a submission whose time was computed 40 s before
+            ensure_pool(client, made.spec, made.template), parameters=parameters(_spec(f"late-{made.tag}", tmp_path),
+                                                                                 None),
+            name="late", state=Scheduled(name=QUEUED, scheduled_time=datetime.now(timezone.utc) + timedelta(
+                seconds=AHEAD_S - 40))).id)
+        assert {str(r.id) for r in cache.read(client)} == {first}  # missed by the filters (the old code read no more)
+        cache.hear({late, first})
+        assert {str(r.id) for r in cache.read(client)} == {first, late} and cache.heard == set()
+        assert cache.full_reads == 1

@@ -28,6 +28,7 @@ def test_the_scheduler_wakes_on_submissions_and_ends_not_on_its_own_reason_rewri
                 time.sleep(0.1)
             run = made.submit(client, "a")  # a submission: Queued from nothing
             assert wake.wait(30) and (wake.events, wake.ignored) == (1, 0)
+            assert wake.take_runs() == {run} and wake.take_runs() == set()  # its id, for the scheduler's read
 
             later = Scheduled(name=QUEUED, message="Queued: waiting for 1 CPU; earliest start 03:00:00 UTC")
             client.set_flow_run_state(run, later, force=True)  # the scheduler's rewrite: Queued from Queued
@@ -52,6 +53,7 @@ def test_the_scheduler_wakes_on_submissions_and_ends_not_on_its_own_reason_rewri
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
             assert (wake.events, wake.ignored) == (4, 2)
+            assert wake.take_runs() == {run}  # the crash, requeue and end; not the rewrites (ignored)
             assert not wake.wait(2)  # nothing else came
         finally:
             wake.close()
