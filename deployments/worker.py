@@ -89,11 +89,10 @@ class E31JobConfiguration(ProcessJobConfiguration):
         configured = self.command is not None
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id=worker_id)
         placed = placement_of(flow_run)
-        if placed:
-            self.e31_node = placed.get(NODE_VAR) or self.e31_node
+        if placed.get(NODE_VAR):  # the placement whole (an older one's e31_after does not outlive it)
+            self.e31_node, self.e31_after = placed[NODE_VAR], placed.get(AFTER_VAR)
             self.gpu_devices = [int(d) for d in placed.get(DEVICES_VAR) or ()]
             self.cpus = placed.get(CPUS_VAR) or self.cpus
-            self.e31_after = placed.get(AFTER_VAR) or self.e31_after
         devices = ",".join(str(d) for d in self.gpu_devices)
         self.env = {**self.env, "CUDA_VISIBLE_DEVICES": devices, "E31_GPU_DEVICES": devices,
                     "E31_NODE": self.e31_node or ""}

@@ -50,13 +50,15 @@ def this_node() -> str | None:
 def placement_of(run: Any) -> dict[str, Any]:
     """The placement recorded on the flow run ``run`` (a Prefect ``FlowRun``,
     or anything with ``parameters`` and ``job_variables``): its
-    :data:`PLACEMENT_PARAM` parameter (a dict, see there), else its
-    ``job_variables`` (a run placed by an E31 before December 2026, or given
-    a node by hand), else ``{}``."""
+    :data:`PLACEMENT_PARAM` parameter (a dict, see there), unless that names
+    no node and the ``job_variables`` do (a run placed by an E31 before
+    December 2026, or given a node by hand, maybe after a requeue wrote the
+    parameter without one); else ``{}``."""
     placed = (getattr(run, "parameters", None) or {}).get(PLACEMENT_PARAM)
-    if isinstance(placed, dict):
+    variables = getattr(run, "job_variables", None) or {}
+    if isinstance(placed, dict) and (placed.get(NODE_VAR) or not variables.get(NODE_VAR)):
         return placed
-    return getattr(run, "job_variables", None) or {}
+    return variables
 
 
 def placed_elsewhere(run: Any, node: str | None) -> str | None:

@@ -177,8 +177,9 @@ def test_a_flow_process_is_fenced_only_by_a_placement_on_another_node():
 
     from e31.tasks.supervisor.fence import placed_elsewhere
 
-    def run(**placement):
-        return SimpleNamespace(parameters={"spec": {}, "placement": placement}, job_variables={"e31_node": "n9"})
+    def run(**placement):  # job variables naming another node: the parameter's node comes first
+        return SimpleNamespace(parameters={"spec": {}, "placement": placement},
+                               job_variables={"e31_node": "n9"} if "e31_node" in placement else {})
 
     assert placed_elsewhere(run(e31_node="n2", e31_attempt=1), "n1") == "n2"
     assert placed_elsewhere(run(e31_node="n1", e31_attempt=1), "n1") is None
@@ -186,6 +187,9 @@ def test_a_flow_process_is_fenced_only_by_a_placement_on_another_node():
     assert placed_elsewhere(run(e31_node="n2"), None) is None  # not started by an e31 worker
     assert placed_elsewhere(SimpleNamespace(parameters={"spec": {}}, job_variables=None), "n1") is None
     assert placed_elsewhere(SimpleNamespace(parameters={"spec": {}}, job_variables={"e31_node": "n2"}), "n1") == "n2"
+    requeued = {"spec": {}, "placement": {"e31_attempt": 1}}  # a requeue's placement, then a node given by hand
+    assert placed_elsewhere(SimpleNamespace(parameters=requeued, job_variables={"e31_node": "n2"}), "n1") == "n2"
+    assert placed_elsewhere(SimpleNamespace(parameters=requeued, job_variables={}), "n1") is None
 
 
 def test_e31_queue_says_what_each_node_holds_and_when_its_worker_was_heard():
