@@ -225,7 +225,7 @@ class RunCache:
                 if run.state is not None and run.state.type.value in MOVING and key not in seen]
         for key in left:
             del self.runs[key]
-        known = {str(r.id) for r in submitted + union + staged} | set(self.runs)
+        known = {str(r.id) for r in submitted + union + staged} | set(self.runs) | set(left)
         unseen = sorted(self.heard - known - {str(r.id) for r in ended})  # named by an event, returned by no filter
         self.heard = set()
         if left or unseen:

@@ -253,3 +253,38 @@ def test_a_client_whose_warm_process_is_stopped_starts_its_run_cold_and_the_late
     conn, r, _ = _raw_request(path, {**env, "PREFECT__FLOW_RUN_ID": "not-a-run-id"})
     assert _lines(conn)[1:] == ["exit 1"]
     os.close(r)
+
+
+def test_the_warm_process_reads_its_queue_deployment_once_for_all_its_forks(prefect_api, tmp_path):
+    """``prefill``: the work pool, the queue deployment, its flow and its
+    work queue, cached as Prefect's events look them up (each flow process
+    read them: 4 requests), by a process that is still a single thread
+    after it (else every run would start cold).  A pool without its queue
+    deployment yet caches its work pool alone."""
+    import ast
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from e31.deployments.worker import E31Worker
+    from e31.flows.queue import ensure_pool
+    from e31.specs.pool import parse_pool
+
+    name = f"w{uuid.uuid4().hex[:8]}"
+    pool = parse_pool({"pool_version": 1, "name": name, "nodes": [{"name": "n1", "cpus": 1, "memory": "1GiB"}]})
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment(ensure_pool(client, pool, E31Worker.get_default_base_job_template()))
+    script = ("import importlib, sys; from e31.deployments import warmstart; "
+              "[importlib.import_module(m) for m in warmstart.PRELOAD]; "
+              "from prefect.events.related import RESOURCE_CACHE; "
+              "print(warmstart.prefill(sys.argv[1]), warmstart.threads(), sorted(RESOURCE_CACHE))")
+    done = subprocess.run([sys.executable, "-c", script, name], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(" ", 2)[:2] == ["4", "1"]
+    assert ast.literal_eval(done.stdout.split(" ", 2)[2]) == sorted([
+        f"work-pool.{name}", f"deployment.{deployment.id}", f"flow.{deployment.flow_id}",
+        f"work-queue.{deployment.work_queue_id}"])
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=f"{name}-bare", type="e31"))
+    bare = subprocess.run([sys.executable, "-c", script, f"{name}-bare"], capture_output=True, text=True, timeout=120)
+    assert bare.stdout.startswith(f"1 1 ['work-pool.{name}-bare']"), bare.stdout + bare.stderr
