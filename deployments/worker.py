@@ -120,8 +120,8 @@ class E31Variables(ProcessVariables):
     gpu_devices: list[int] = Field(default_factory=list, description="GPU device numbers of the placement on the "
                                                                      "node; the work sees exactly these.")
     cpus: int | None = Field(default=None, description="CPUs of the placement (the job's request.cpus).")
-    e31_planned_node: str | None = Field(default=None, description="Node a waiting run is planned on (set by the "
-                                                                   "scheduler); its worker prefetches the inputs.")
+    e31_planned_node: str | None = Field(default=None, description="Unused: a waiting run's planned node is in its "
+                                                                   "Queued state message (kept for older pools).")
     e31_after: str | None = Field(default=None, description="Flow run a handed-over run waits behind (set by the "
                                                             "scheduler): its work starts once that run has ended.")
 
