@@ -79,6 +79,10 @@ class Capacity:
         for i, node in enumerate(self.nodes):
             self._build(node, sorted(per_node[i], key=lambda j: (self._end(j), j.id)))
         self.gmax = max((node.gpus for node in self.nodes), default=0)
+        # where a job asking for no GPU is tried first: nodes with fewer GPUs (none first), then pool order; so
+        # a CPU job lands on a CPU node when one starts it as early, and GPU nodes keep their CPUs and memory for
+        # the GPU jobs that need them (as Slurm's node weights are used to keep GPU nodes for GPU work)
+        self.cpu_order = sorted(range(len(self.nodes)), key=lambda i: (self.nodes[i].gpus, i))
         self.first: list[list[tuple[float, int, int] | None]] = []
         self.index: list[list[tuple[float, int, int]]] = [[] for _ in range(self.gmax + 1)]
         for i, node in enumerate(self.nodes):
@@ -203,7 +207,8 @@ class Capacity:
         """The earliest ``(start, node index, device mask)`` for ``req`` with ``after <= start <=
         latest`` on an eligible node (``eligible[i]``; None: every node).  Among nodes where it can start
         equally early: ``preferred`` nodes first, then the node whose entirely-free time it pushes back
-        least (so nodes drain whole for wide jobs), then the fewest free devices, then pool order.  A
+        least (so nodes drain whole for wide jobs), then the fewest free devices (a job asking for no GPU:
+        the node with the fewest GPUs), then pool order.  A
         preferred node also wins over others that start it at most ``wait_s`` seconds sooner.
         None when there is no such start."""
         best, found = latest, None
@@ -217,7 +222,7 @@ class Capacity:
             best -= wait_s  # another node wins only by starting it more than wait_s sooner
         g, d = req[0], req[3]
         if g == 0:
-            order = ((after, 0, i) for i in range(len(self.nodes)))
+            order = ((after, 0, i) for i in self.cpu_order)
         elif g > self.gmax:
             return found
         else:
@@ -252,7 +257,7 @@ class Capacity:
             if hit is not None:
                 return i, hit[1]
         if g == 0:
-            candidates = range(len(self.nodes))
+            candidates = self.cpu_order
         else:
             candidates = (i for t, _, i in self.index[g] if t <= now) if g <= self.gmax else ()
         times, found, rank = self.times, None, None

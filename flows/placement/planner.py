@@ -4,7 +4,8 @@
 start now on node N with GPU devices [i, j]; or wait, with a planned start,
 node and the reason; or a refusal with the reason (:mod:`.refusals`).  The
 same input gives the same plan: every order breaks ties by submission time,
-then job id, and nodes by pool order.
+then job id, and nodes by pool order (a job asking for no GPU tries the nodes
+with the fewest GPUs first, so CPU work leaves GPU nodes to GPU work).
 
 How a plan is made
 ------------------

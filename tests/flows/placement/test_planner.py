@@ -268,3 +268,16 @@ def test_a_short_resource_is_named_on_the_node_the_job_is_planned_on_when_as_muc
     busy = [running("a", "n1", range(6), 5), running("b", "n2", range(8), 2)]
     (only,) = plan(nodes, busy, [queued("X", 8, 1)], T0)
     assert only.reason == "waiting for 8 GPUs on one node (2 free on n1); earliest start 02:00 UTC on n2, after job b ends"
+
+
+def test_a_job_asking_for_no_gpu_goes_to_a_node_without_gpus_when_one_starts_it_as_early():
+    # the GPU node comes first in the pool file; the CPU job still lands on the CPU node, now and when it waits
+    nodes = [node("g1", gpus=8), node("c1", gpus=0, cpus=16, memory_gib=64)]
+    got = table(plan(nodes, [], [queued("cpu", 0, 1)], T0))
+    assert got["cpu"][:4] == ("start", "c1", (), 0.0)
+    busy = [running("r1", "c1", [], 1, cpus=16), running("r2", "g1", [], 1, cpus=64)]
+    got = table(plan(nodes, busy, [queued("cpu", 0, 1)], T0))
+    assert got["cpu"][:4] == ("wait", "c1", (), 1.0)
+    # the GPU node takes it when it starts it sooner
+    got = table(plan(nodes, busy[:1], [queued("cpu", 0, 1)], T0))
+    assert got["cpu"][:4] == ("start", "g1", (), 0.0)
