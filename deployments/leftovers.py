@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 from e31.flows.queue.handover import flow_process_alive
 from e31.flows.queue.mapping import NODE_VAR, placement_of
@@ -53,18 +53,31 @@ async def node_held(client: Any, work_pool: str, node: str) -> bool:
         r.state.type != StateType.SCHEDULED or r.state.name == "Placed") for r in runs)
 
 
-async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Logger | logging.LoggerAdapter) -> int:
+async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Logger | logging.LoggerAdapter,
+                      finish: Callable[[Any, str], None] | None = None) -> int:
     """End the runs of ``work_pool`` placed on ``node`` that are ``Pending``,
     ``Running`` or ``Cancelling`` and whose flow process is not on this
     machine (:func:`e31.flows.queue.handover.flow_process_alive`):
     ``Crashed`` (the scheduler requeues those with retries left), or
-    ``Cancelled`` for a run that was ``Cancelling``.  ``client``: Prefect's
-    async client.  Returns how many runs were ended.  Best effort: a failure
+    ``Cancelled`` for a run that was ``Cancelling``.  A run whose flow
+    process died in the middle of the return of its output (its job's
+    scratch here keeps that return, cut: :func:`e31.tasks.pending.cut_return_of`)
+    is instead held ``Pending`` named ``Returning`` (its node stays its own)
+    and handed to ``finish(run, job)``, which finishes the return and sets
+    its state from the manifest (the worker's
+    :func:`e31.deployments.cutreturn.close_cut_return`, in the background):
+    before, when its worker had been killed too, the output waited for
+    ``e31 return JOB``.  ``client``: Prefect's async client.  Returns how
+    many runs were ended or handed to ``finish``.  Best effort: a failure
     is logged, and the worker starts anyway."""
     from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
                                                 WorkPoolFilter, WorkPoolFilterName)
     from prefect.client.schemas.objects import StateType
-    from prefect.states import Cancelled, Crashed
+    from prefect.states import Cancelled, Crashed, Pending
+
+    from e31.deployments.cutreturn import RETURNING
+    from e31.flows.compile import default_scratch_root
+    from e31.tasks.pending import cut_return_of
 
     ended = 0
     try:
@@ -74,6 +87,16 @@ async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Lo
                 any_=[StateType.PENDING, StateType.RUNNING, StateType.CANCELLING]))), limit=200)
         for run in runs:
             if placement_of(run).get(NODE_VAR) != node or flow_process_alive(run):
+                continue
+            job = _job_of(run)
+            if finish is not None and job is not None and cut_return_of(default_scratch_root() / job, str(run.id)):
+                await client.set_flow_run_state(run.id, Pending(name=RETURNING, message=(
+                    "its flow process ended during the return of its output, and its worker with it; node "
+                    f"{node}'s e31 worker started again finishes the return")), force=True)
+                logger.warning("flow run %s (%s) was cut in the middle of the return of its output: finishing it",
+                               run.id, run.name)
+                finish(run, job)
+                ended += 1
                 continue
             gone = (f"its flow process is gone: node {node}'s e31 worker started again and found no process for "
                     "it on this machine; its resources are free again")
@@ -86,6 +109,13 @@ async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Lo
     except Exception as exc:
         logger.warning("could not check this node's runs left by an earlier worker: %s: %s", type(exc).__name__, exc)
     return ended
+
+
+def _job_of(run: Any) -> str | None:
+    """The job name of a flow run of ``run_job`` (its ``spec`` parameter's ``name``), or None."""
+    spec = (run.parameters or {}).get("spec")
+    name = spec.get("name") if isinstance(spec, dict) else None
+    return name if isinstance(name, str) else None
 
 
 async def end_cancelling(client: Any, flow_run_id: Any, status_code: int,

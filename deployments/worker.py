@@ -190,10 +190,15 @@ class E31Worker(ProcessWorker):
         await super().sync_with_backend()
 
     async def _crash_orphans(self) -> None:
-        """End the runs left holding this node with no flow process (:func:`e31.deployments.leftovers.end_orphans`)."""
+        """End the runs left holding this node with no flow process, and finish
+        the returns they left cut (:func:`e31.deployments.leftovers.end_orphans`)."""
         from e31.deployments.leftovers import end_orphans
 
-        await end_orphans(self._client, self._work_pool_name, self.node, self._logger)
+        def finish(run: Any, job: str) -> None:  # a cut return: finished beside the worker's start, not before it
+            self._runs_task_group.start_soon(self._finish_cut_return, run, job, True)
+
+        await end_orphans(self._client, self._work_pool_name, self.node, self._logger,
+                          finish if self._runs_task_group is not None else None)
 
     def _follow_placements(self) -> None:
         """Poll at once when the scheduler places a run on this node
