@@ -367,7 +367,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         targets = [k for k in snap.runs if k == args.job or k.startswith(args.job) and len(args.job) >= 8
                    or (k in snap.specs and snap.specs[k].name == args.job)]
         if not targets:
-            print(f"e31: cancel: no queued or running job {args.job!r} in pool {pool.name}", file=sys.stderr)
+            from e31.deployments.runwords import ended_line
+
+            print(f"e31: cancel: no queued or running job {args.job!r} in pool {pool.name}: "
+                  f"{ended_line(client, pool.name, args.job, snap.now)}", file=sys.stderr)
             return EXIT_FAILED
         for key in targets:
             # One write whatever the run's state is now (it may have started since it was read): the server

@@ -130,6 +130,47 @@ def silent_note(snap: Any, node: str | None, now: float) -> str:
     return f"; node {node}'s worker silent for {now - beat:.0f} s"
 
 
+def ended_line(client: Any, pool_name: str, job: str, now: float) -> str:
+    """What ``e31 cancel JOB|RUN_ID`` says when ``job`` names no queued or
+    running run of pool ``pool_name``: the last run of that name (or the
+    run of that full id) of the pool's queue deployment that ended, with
+    its final state and end time (``its last run (1f0e2d3c) ended
+    Completed at 02:40 UTC: nothing to cancel``), or that the pool has no
+    run of that name or id.  Two API reads; a run id given by its first
+    characters only is not looked up (the API filters by whole ids)."""
+    import uuid
+
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterDeploymentId, FlowRunFilterId,
+                                                FlowRunFilterName, FlowRunFilterState, FlowRunFilterStateType)
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.exceptions import ObjectNotFound
+
+    from e31.flows.deploy import FLOW_NAME
+    from e31.flows.placement.text import clock
+    from e31.flows.queue import deployment_name
+
+    try:
+        deployment = client.read_deployment_by_name(f"{FLOW_NAME}/{deployment_name(pool_name)}")
+    except ObjectNotFound:
+        return f"pool {pool_name} has no queue yet (nothing was submitted to it)"
+    try:
+        by = {"id": FlowRunFilterId(any_=[uuid.UUID(job)])}
+    except ValueError:
+        by = {"name": FlowRunFilterName(any_=[job])}
+    runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+        deployment_id=FlowRunFilterDeploymentId(any_=[deployment.id]),
+        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["COMPLETED", "FAILED", "CANCELLED", "CRASHED"])),
+        **by),
+        sort=FlowRunSort.END_TIME_DESC, limit=1)
+    if not runs:
+        return f"no run of {job!r} in pool {pool_name} (e31 queue lists its queued and running jobs)"
+    run = runs[0]
+    ended = run.end_time or (run.state.timestamp if run.state is not None else None)
+    when = f" at {clock(ended.timestamp(), now)}" if ended is not None else ""
+    what = "its last run" if "name" in by else "the run"
+    return f"{what} ({str(run.id)[:8]}) ended {run.state.name if run.state else 'already'}{when}: nothing to cancel"
+
+
 def print_table(rows: list[tuple[str, ...]]) -> None:
     """Print ``rows`` in aligned columns, the last one left unpadded."""
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]) - 1)]
