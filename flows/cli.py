@@ -106,9 +106,22 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> int:
+    """The spec's summary and notes; a spec larger than this machine is valid (a pool may hold it), with a
+    note saying what ``e31 run`` would refuse here and how to check it against a pool (found by a fresh user)."""
+    from e31.flows.admission import AdmissionError, check_fits
+    from e31.flows.compile import compile_plan
+
     print(_summary(spec))
     for note in notes:
         print(f"note: {note}")
+    try:
+        check_fits(compile_plan(spec))
+    except AdmissionError as exc:
+        short = [line.strip() for line in str(exc).splitlines()[1:-1]]
+        print(f"note: e31 run would refuse it on this machine: {'; '.join(short)} (e31 plan SPEC --pool POOL.yaml "
+              "checks it against a pool's nodes)")
+    except E31Error:  # a setting or a deadline: e31 run reports those itself, validate checks the spec
+        pass
     return EXIT_OK
 
 

@@ -23,6 +23,20 @@ def test_validate_example(e31):
     )
 
 
+def test_validate_notes_a_request_larger_than_this_machine(e31):
+    """Valid (a pool may hold it), with a note of what ``e31 run`` would refuse here (found by a fresh user)."""
+    from e31.flows.admission import this_node
+
+    here = this_node()
+    result = e31("validate", str(EXAMPLE), "--set", f"request.gpus={here.gpus + 2}",
+                 "--set", f"request.cpus={here.cpus + 1}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1:] == [
+        f"note: e31 run would refuse it on this machine: request.gpus: {here.gpus + 2} requested, this machine has "
+        f"{here.gpus}; request.cpus: {here.cpus + 1} requested, this machine has {here.cpus} (e31 plan SPEC --pool "
+        "POOL.yaml checks it against a pool's nodes)"]
+
+
 def test_validate_bad_spec_lists_every_problem(e31, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(
