@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -356,7 +357,18 @@ def test_cancel_takes_a_queued_job_out_and_stops_a_running_one(prefect_api, tmp_
             wait_for(lambda: client.read_flow_run(running).state.is_final(), timeout=120, what="the cancel")
             states = [client.read_flow_run(r).state.type.value for r in (running, queued)]
             said = [s.message for s in client.read_flow_run_states(running) if s.type.value == "CANCELLED"]
+        # a job that ended: what its last run was (found by a fresh user: it said only "no queued or running job")
+        again = [subprocess.run([q.exe, "cancel", what, "--pool", str(q.pool)], capture_output=True, text=True)
+                 for what in ("never", running, "ghost")]
     assert states == ["CANCELLED", "CANCELLED"]
+    assert [a.returncode for a in again] == [1, 1, 1] and [a.stdout for a in again] == ["", "", ""]
+    clock = r"\d\d:\d\d(:\d\d)? UTC"
+    assert re.fullmatch(rf"e31: cancel: no queued or running job 'never' in pool {q.name}: its last run "
+                        rf"\({queued[:8]}\) ended Cancelled at {clock}: nothing to cancel\n", again[0].stderr), again[0]
+    assert re.fullmatch(rf"e31: cancel: no queued or running job '{running}' in pool {q.name}: the run "
+                        rf"\({running[:8]}\) ended Cancelled at {clock}: nothing to cancel\n", again[1].stderr), again[1]
+    assert again[2].stderr == (f"e31: cancel: no queued or running job 'ghost' in pool {q.name}: no run of 'ghost' in "
+                               f"pool {q.name} (e31 queue lists its queued and running jobs)\n")
     manifest = json.loads((tmp_path / "out" / "long-one" / "partial" / "manifest.json").read_text())
     assert (manifest["status"], manifest["reason"]) == ("partial", "cancelled")
     # the cancel hook runs in the worker (Prefect's cancellation: kill, hooks, then its own Cancelled message): it
@@ -623,6 +635,49 @@ def test_a_worker_started_again_frees_the_runs_its_predecessor_left_without_a_pr
             (q.root / "worker-n1-again.log").read_text()
 
 
+def test_a_return_cut_with_its_worker_killed_too_is_finished_by_the_worker_started_again(prefect_api, tmp_path):
+    """kill -9 of a worker, then of its job's flow process, in the middle of
+    the job's return: no worker saw the flow process end.  The worker started
+    again on the node finds the run with no flow process and its return cut
+    in the job's scratch: it holds the run ``Pending`` (``Returning``, the
+    node still its own) and finishes the return.  Before, it marked the run
+    ``Crashed`` and the output waited in scratch for ``e31 return JOB``."""
+    from prefect.client.orchestration import get_client
+
+    with queue(tmp_path, {"n1": 0}) as q:
+        (q.root / "blobs.py").write_text(BLOBS)
+        q.scheduler()
+        worker = q.worker("n1", 0)
+        wait_for(lambda: _warm_listening(worker), what="n1's warm process")
+        run_id = q.submit(q.job("cut", 0, 400, work="blobs.py", cpus=2, duration="1m")).split("flow run ")[1].split()[0]
+        out = q.root / "out" / "cut"
+        _wait_returning(out)
+        run_procs = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/environ") if _has_env(
+            p, f"PREFECT__FLOW_RUN_ID={run_id}")]  # its client, the fork of the warm process
+        os.killpg(worker.pid, signal.SIGKILL)  # the worker first: it does not see its flow process end
+        for pid in run_procs:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        worker.wait()
+        assert final_manifest(out) is None and list((q.root / "scratch-n1").rglob("return-pending.json"))
+        q.start("worker-n1-again", "worker", "--pool", str(q.pool), "--node", "n1",
+                env={"E31_NODE_GPUS": "0", "E31_SCRATCH": str(q.root / "scratch-n1")})
+        wait_for(lambda: final_manifest(out) is not None, timeout=120, what="the return to be finished")
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: client.read_flow_run(run_id).state.is_final(), what="its final state")
+            states = [(s.type.value, s.name) for s in client.read_flow_run_states(run_id)]
+    manifest = final_manifest(out)
+    assert (manifest["status"], manifest["run_id"]) == ("completed", run_id)
+    assert sorted(f["path"] for f in manifest["files"]) == [f"blob-{i:03d}.bin" for i in range(400)] + ["record.json"]
+    assert all(f["sha256"] == _sha256(out / f["path"]) for f in manifest["files"])
+    assert list((q.root / "scratch-n1").rglob("return-pending.json")) == []
+    assert states[-3:] == [("RUNNING", "Running"), ("PENDING", "Returning"), ("COMPLETED", "Completed")], states
+    assert f"flow run {run_id} (cut) was cut in the middle of the return of its output: finishing it" in \
+        (q.root / "worker-n1-again.log").read_text()
+
+
 PRINTS = textwrap.dedent("""
     import json, os, pathlib, sys, time
     out = pathlib.Path(os.environ["E31_OUTPUT_DIR"])
@@ -766,6 +821,21 @@ BLOBS = textwrap.dedent("""
 """)
 
 
+def _wait_returning(out: Path) -> None:
+    """Wait until the destination ``out`` says ``returning`` (a return under way, its files in flux)."""
+    def returning() -> bool:
+        try:
+            return json.loads((out / "manifest.json").read_text())["status"] == "returning"
+        except (OSError, ValueError, KeyError):
+            return False
+
+    deadline = time.monotonic() + 180
+    while not returning():
+        assert final_manifest(out) is None, "the return ended before it could be cut: make it longer"
+        assert time.monotonic() < deadline, "the return was not seen under way"
+        time.sleep(0.005)
+
+
 @pytest.mark.parametrize("handover", [False, True], ids=["queued", "handed-over"])
 def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(prefect_api, tmp_path, handover):
     """kill -9 of a job's flow process in the middle of its return (as
@@ -800,17 +870,7 @@ def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(pr
         out = q.root / "out" / "cut"
         waiting = q.submit(q.job("next", 0, 0.5, cpus=2)).split("flow run ")[1].split()[0]  # the node's 2 CPUs
 
-        def returning() -> bool:
-            try:
-                return json.loads((out / "manifest.json").read_text())["status"] == "returning"
-            except (OSError, ValueError, KeyError):
-                return False
-
-        deadline = time.monotonic() + 180
-        while not returning():
-            assert final_manifest(out) is None, "the return ended before it could be cut: make it longer"
-            assert time.monotonic() < deadline, "the return was not seen under way"
-            time.sleep(0.005)
+        _wait_returning(out)
         flow_pid, holder = lock_holder(str(q.root / "scratch-n1" / "cut"))
         assert holder == run_id
         os.kill(flow_pid, signal.SIGKILL)
