@@ -163,7 +163,10 @@ def ended_line(client: Any, pool_name: str, job: str, now: float) -> str:
         **by),
         sort=FlowRunSort.END_TIME_DESC, limit=1)
     if not runs:
-        return f"no run of {job!r} in pool {pool_name} (e31 queue lists its queued and running jobs)"
+        prefix = "name" in by and len(job) >= 8 and all(c in "0123456789abcdef-" for c in job)
+        return (f"no run of {job!r} in pool {pool_name}" + ("; a run that ended is found by its whole id, not its first "
+                                                            "characters" if prefix else "") +
+                " (e31 queue lists its queued and running jobs)")
     run = runs[0]
     ended = run.end_time or (run.state.timestamp if run.state is not None else None)
     when = f" at {clock(ended.timestamp(), now)}" if ended is not None else ""

@@ -359,9 +359,9 @@ def test_cancel_takes_a_queued_job_out_and_stops_a_running_one(prefect_api, tmp_
             said = [s.message for s in client.read_flow_run_states(running) if s.type.value == "CANCELLED"]
         # a job that ended: what its last run was (found by a fresh user: it said only "no queued or running job")
         again = [subprocess.run([q.exe, "cancel", what, "--pool", str(q.pool)], capture_output=True, text=True)
-                 for what in ("never", running, "ghost")]
+                 for what in ("never", running, "ghost", queued[:8])]
     assert states == ["CANCELLED", "CANCELLED"]
-    assert [a.returncode for a in again] == [1, 1, 1] and [a.stdout for a in again] == ["", "", ""]
+    assert [a.returncode for a in again] == [1, 1, 1, 1] and [a.stdout for a in again] == ["", "", "", ""]
     clock = r"\d\d:\d\d(:\d\d)? UTC"
     assert re.fullmatch(rf"e31: cancel: no queued or running job 'never' in pool {q.name}: its last run "
                         rf"\({queued[:8]}\) ended Cancelled at {clock}: nothing to cancel\n", again[0].stderr), again[0]
@@ -369,6 +369,9 @@ def test_cancel_takes_a_queued_job_out_and_stops_a_running_one(prefect_api, tmp_
                         rf"\({running[:8]}\) ended Cancelled at {clock}: nothing to cancel\n", again[1].stderr), again[1]
     assert again[2].stderr == (f"e31: cancel: no queued or running job 'ghost' in pool {q.name}: no run of 'ghost' in "
                                f"pool {q.name} (e31 queue lists its queued and running jobs)\n")
+    assert again[3].stderr == (f"e31: cancel: no queued or running job '{queued[:8]}' in pool {q.name}: no run of "
+                               f"'{queued[:8]}' in pool {q.name}; a run that ended is found by its whole id, not its "
+                               "first characters (e31 queue lists its queued and running jobs)\n")
     manifest = json.loads((tmp_path / "out" / "long-one" / "partial" / "manifest.json").read_text())
     assert (manifest["status"], manifest["reason"]) == ("partial", "cancelled")
     # the cancel hook runs in the worker (Prefect's cancellation: kill, hooks, then its own Cancelled message): it
