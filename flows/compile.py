@@ -82,8 +82,9 @@ class JobPlan(BaseModel):
         return stop, reason
 
 
-def _reserve_s() -> float:
-    """``$E31_RETURN_RESERVE_S`` (seconds >= 0), else the 30 s floor."""
+def return_reserve_s() -> float:
+    """``$E31_RETURN_RESERVE_S`` (seconds >= 0), else the 30 s floor: the seconds before a
+    deadline kept for returning the output.  Raises :class:`SettingsError` for a bad value."""
     text = os.environ.get("E31_RETURN_RESERVE_S")
     if text is None:
         return RETURN_RESERVE_FLOOR_S
@@ -157,7 +158,7 @@ def compile_plan(spec: JobSpec, scratch_root: Path | None = None, start: datetim
         grace_s=min(req.grace.total_seconds(), limit.total_seconds()),
         deadline=deadline,
         deadline_kind=deadline_kind,
-        return_reserve_s=_reserve_s(),
+        return_reserve_s=return_reserve_s(),
         device="cuda" if req.gpus > 0 else "cpu",
         gpus=req.gpus,
         cpus=req.cpus,

@@ -131,7 +131,7 @@ def _table(rows: list[tuple[str, ...]], right: set[int] = frozenset()) -> None:
 
 
 def _queued(specs: list[Any], now: float) -> list[QueuedJob]:
-    from e31.flows.compile import resolve_deadline
+    from e31.flows.compile import resolve_deadline, return_reserve_s
 
     from .estimates import estimate_runtime
 
@@ -146,7 +146,8 @@ def _queued(specs: list[Any], now: float) -> list[QueuedJob]:
         jobs.append(QueuedJob(id=job_id, name=spec.name, gpus=req.gpus, cpus=req.cpus, memory=req.memory or 0,
                               submitted=now, runtime_s=estimate.runtime_s, limit_s=limit, gpu_type=req.gpu_type,
                               deadline=deadline.timestamp() if deadline else None,
-                              runtime_source=estimate.source, runtime_note=estimate.note))
+                              runtime_source=estimate.source, runtime_note=estimate.note,
+                              return_s=return_reserve_s() if deadline else 0.0))
     return jobs
 
 

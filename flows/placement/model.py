@@ -68,7 +68,10 @@ class QueuedJob:
         gpus, cpus, memory: the request (memory in BYTES; 0 means not stated).
         gpu_type: run only on nodes of this GPU model (case-insensitive), or None.
         submitted: when it joined the queue (Unix seconds).
-        deadline: finish-by time (Unix seconds) or None.
+        deadline: finish-by time (Unix seconds) or None: the output returned by then.
+        return_s: seconds before ``deadline`` kept for returning the output (E31's
+            return reserve, ``E31_RETURN_RESERVE_S``, 30 s by default): the work
+            itself must end by :attr:`work_deadline`, where the run stops it.
         staging_s: seconds to stage its inputs on the node, before the work starts.
         runtime_s: the planning estimate of the run time in seconds (see ``runtime_source``).
         limit_s: the hard stop in seconds after the work starts.
@@ -104,6 +107,13 @@ class QueuedJob:
     preferred_nodes: tuple[str, ...] = field(default=())
     locality_wait_s: float = 0.0
     planned_node: str | None = None
+    return_s: float = 0.0
+
+    @property
+    def work_deadline(self) -> float | None:
+        """When the work must end for its output to be back by the deadline
+        (``deadline - return_s``, Unix seconds), or None without a deadline."""
+        return None if self.deadline is None else self.deadline - self.return_s
 
     @property
     def occupancy_s(self) -> float:

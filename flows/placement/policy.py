@@ -64,7 +64,7 @@ def order(policy: str, jobs: Sequence[Ranked], now: float, promoted: dict[str, P
     if policy in ("fcfs", "easy"):
         return sorted(jobs, key=_arrival)
     if policy == "edf":
-        return sorted(jobs, key=lambda j: (j.job.deadline is None, j.job.deadline or 0.0, *_arrival(j)))
+        return sorted(jobs, key=lambda j: (j.job.deadline is None, j.job.work_deadline or 0.0, *_arrival(j)))
     first = sorted((j for j in jobs if j.job.id in promoted),
                    key=lambda j: (promoted[j.job.id].tier, promoted[j.job.id].key, *_arrival(j)))
 
@@ -88,9 +88,10 @@ def at_risk(jobs: Iterable[Ranked], starts: dict[str, float], now: float, age_li
     found = {}
     for j in jobs:
         job, start = j.job, starts[j.job.id]
-        if job.deadline is not None and start + j.req[3] > job.deadline:
+        by = job.work_deadline  # the work ends by it, so the output is back by the deadline
+        if by is not None and start + j.req[3] > by:
             margin = max(_MARGIN * job.runtime_s, _MARGIN_MIN_S)
-            new = Promotion(0, job.deadline, min(job.deadline - j.req[3] - margin, job.submitted + age_limit_s))
+            new = Promotion(0, by, min(by - j.req[3] - margin, job.submitted + age_limit_s))
         elif start > now and now - job.submitted >= age_limit_s:
             new = Promotion(1, job.submitted + age_limit_s, now)
         else:

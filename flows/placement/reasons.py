@@ -20,10 +20,13 @@ __all__ = ["Explainer", "start_reason"]
 
 
 def _deadline(job: QueuedJob, end: float, now: float) -> str:
-    if job.deadline is None:
+    if job.deadline is None or job.work_deadline is None:
         return ""
-    if end <= job.deadline:
+    if end <= job.work_deadline:  # its output returned by the deadline too
         return f"; ends {clock(end, now)}, before its deadline {clock(job.deadline, now)}"
+    if end <= job.deadline:
+        return (f"; ends {clock(end, now)}, within the {job.return_s:g} s before its deadline {clock(job.deadline, now)} "
+                "kept to return its output: at risk")
     return f"; ends {clock(end, now)}, after its deadline {clock(job.deadline, now)}: at risk"
 
 

@@ -76,13 +76,15 @@ def fit_refusal(nodes: Sequence[Node], job: QueuedJob, eligible: Sequence[bool])
 
 def deadline_refusal(job: QueuedJob, now: float) -> str | None:
     """Why ``job``'s deadline cannot be met even if it started at once (one line), or None."""
-    if job.deadline is None:
+    if job.deadline is None or job.work_deadline is None:
         return None
-    need = job.staging_s + job.runtime_s
-    if job.submitted + need > job.deadline:
+    need, by = job.staging_s + job.runtime_s, job.work_deadline
+    reserve = f", and {job.return_s:g} s to return its output before the deadline" if job.return_s else ""
+    if job.submitted + need > by:
         return (f"deadline {clock(job.deadline, now)} cannot be met even on an empty pool: started when submitted "
-                f"({clock(job.submitted, now)}) it would end {clock(job.submitted + need, now)} ({run_time(job)})")
-    if now + need > job.deadline:
+                f"({clock(job.submitted, now)}) it would end {clock(job.submitted + need, now)} ({run_time(job)}"
+                f"{reserve})")
+    if now + need > by:
         return (f"deadline became infeasible while queued: started now ({clock(now, now)}) it would end "
-                f"{clock(now + need, now)}, after its deadline {clock(job.deadline, now)} ({run_time(job)})")
+                f"{clock(now + need, now)}, after its deadline {clock(job.deadline, now)} ({run_time(job)}{reserve})")
     return None

@@ -128,6 +128,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
         read_all(client, pool, flow_run_filter(state=state_filter(ACTIVE)))
     known = {n.name for n in snap.nodes}
     silent = known - set(alive)
+    reserve = _return_reserve_s()
     lost_nodes = cache.confirm_lost(silent) if cache is not None else silent
     for run in runs:
         key = str(run.id)
@@ -184,7 +185,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 runtime_source=estimate.source, runtime_note=estimate.note,
                 preferred_nodes=tuple(dict.fromkeys(n for n in (*prefetched, *(staged or {}).get(inputs_key(spec), ()))
                                                     if n in known)),
-                locality_wait_s=wait_s, planned_node=planned_node(state)))
+                locality_wait_s=wait_s, planned_node=planned_node(state), return_s=reserve))
     _chain_handovers(snap, cache.ended_at if cache is not None else {})
     _one_run_per_job(snap)
     _clip_overbooked(snap)
@@ -282,6 +283,20 @@ def _chain_handovers(snap: Snapshot, ended_at: dict[str, float] | None = None) -
             r = replace(r, expected_end=max(r.expected_end, snap.now + 1.0) + extra[r.id])
         kept.append(r)
     snap.running[:] = kept
+
+
+def _return_reserve_s() -> float:
+    """The seconds a run keeps before its deadline to return its output
+    (:func:`e31.flows.compile.return_reserve_s`, as the flow process reads it;
+    a bad ``E31_RETURN_RESERVE_S`` here counts as its 30 s floor): the
+    planner plans a deadline job's work to end that long before its deadline."""
+    from e31.errors import E31Error
+    from e31.flows.compile import RETURN_RESERVE_FLOOR_S, return_reserve_s
+
+    try:
+        return return_reserve_s()
+    except E31Error:
+        return RETURN_RESERVE_FLOOR_S
 
 
 def _one_run_per_job(snap: Snapshot) -> None:

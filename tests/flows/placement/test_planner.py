@@ -281,3 +281,25 @@ def test_a_job_asking_for_no_gpu_goes_to_a_node_without_gpus_when_one_starts_it_
     # the GPU node takes it when it starts it sooner
     got = table(plan(nodes, busy[:1], [queued("cpu", 0, 1)], T0))
     assert got["cpu"][:4] == ("start", "g1", (), 0.0)
+
+
+def test_a_deadline_keeps_the_return_reserve_before_it():
+    """Found by a fresh user: a job planned to end 2 s before its deadline was placed, and its run refused at its
+    start, since the work must stop the return reserve (30 s) before the deadline.  The planner now plans the work
+    to end by then: refused when it cannot, at risk when it would not, and promoted to meet it."""
+    from dataclasses import replace
+
+    tight = replace(queued("tight", 1, 1, deadline_h=1 + 20 / H), return_s=30.0)  # 1 h of work, 1 h 20 s left
+    (p,) = plan([node("n1")], [], [tight], T0)
+    assert (p.action, p.reason) == ("refuse", "deadline 01:00:20 UTC cannot be met even on an empty pool: started "
+                                              "when submitted (00:00 UTC) it would end 01:00 UTC (run time 1h: "
+                                              "duration, and 30 s to return its output before the deadline)")
+    fits = replace(tight, deadline=T0 + H + 40.0)
+    (p,) = plan([node("n1")], [], [fits], T0)
+    assert (p.action, p.reason) == ("start", "starts now on n1, GPUs 0, 4 CPUs; expected end 01:00 UTC (run time 1h: "
+                                             "duration); ends 01:00 UTC, before its deadline 01:00:40 UTC")
+    # behind a job ending at 00:00:20 it would end at 01:00:20, 20 s before the deadline: at risk of missing it
+    busy = [running("r", "n1", range(8), 20 / H)]
+    (p,) = plan([node("n1")], busy, [fits], T0)
+    assert p.action == "wait" and p.reason.endswith("; ends 01:00:20 UTC, within the 30 s before its deadline "
+                                                    "01:00:40 UTC kept to return its output: at risk"), p.reason
