@@ -205,7 +205,11 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
     stop_at, stop_reason = plan.stop_at(now)
     if stop_at - plan.grace_s <= now:
         if not (resume.crashed or resume.step is not None):
-            raise AdmissionError(_no_time(spec, plan, now, stop_at))
+            # said at the destination too (found by a fresh user: a queued run placed too late for its deadline
+            # ended Failed with no manifest); an earlier complete output stays as it was
+            why = _no_time(spec, plan, now, stop_at)
+            write_failure_manifest(target, why)
+            raise AdmissionError(why)
         # An earlier attempt stopped (or died with its process) and this one has no time left to run.
         earlier = "was lost" if resume.crashed else "stopped early"
         outcome = RunOutcome(reason="crashed" if resume.crashed else stop_reason, exit_code=None, run_s=0.0,

@@ -153,7 +153,8 @@ def test_deadline_stops_before_it_with_the_return_reserve(prefect_api, scratch, 
 def test_a_deadline_too_close_to_start_names_its_field_and_times(prefect_api, scratch, tmp_path, monkeypatch):
     """Found by a fresh-user trial: the refusal named request.deadline for a
     deadline_within and gave no times.  deadline_within 20s with a 30 s
-    return reserve cannot start; nothing runs and nothing is written."""
+    return reserve cannot start; nothing runs, and a failed manifest (no
+    files, the refusal as its message) says why at the destination, in ``partial/``."""
     import re
 
     from e31.flows.admission import AdmissionError
@@ -171,6 +172,9 @@ def test_a_deadline_too_close_to_start_names_its_field_and_times(prefect_api, sc
     deadline, stop, now = (datetime.fromisoformat(t) for t in re.findall(utc, str(err.value)))
     assert deadline - stop == timedelta(seconds=30) and timedelta(0) <= deadline - now <= timedelta(seconds=21)
     assert not (tmp_path / "out" / "pid.txt").exists()
+    said = json.loads((tmp_path / "out" / "partial" / "manifest.json").read_text())
+    assert (said["status"], said["reason"], said["files"], said["message"]) == ("failed", "error", [], str(err.value))
+    assert not (tmp_path / "out" / "manifest.json").exists()
 
 
 @pytest.mark.parametrize("crash, code", [("exit", 1), ("segfault", -signal.SIGSEGV), ("raise", 1)])
