@@ -79,9 +79,13 @@ def _summary(spec: JobSpec) -> str:
     req = spec.request
     what = spec.work.entrypoint or " ".join(mask_url(arg) for arg in spec.work.command or [])
     limit = req.limit or req.duration
+    deadline = (f", deadline {req.deadline.isoformat()}" if req.deadline else
+                f", deadline within {req.deadline_within} of the start" if req.deadline_within else
+                f", deadline {req.deadline_at} daily" if req.deadline_at else "")
     return (
         f"valid: {spec.name} ({spec.work.kind}: {what}); {len(spec.data)} input(s); "
-        f"{req.gpus} gpu, {req.cpus} cpu, limit {limit}; output {spec.output.kind} -> {mask_url(spec.output.url)}"
+        f"{req.gpus} gpu, {req.cpus} cpu, limit {limit}{deadline}; output {spec.output.kind} -> "
+        f"{mask_url(spec.output.url)}"
     )
 
 

@@ -23,6 +23,20 @@ def test_validate_example(e31):
     )
 
 
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("deadline", "2031-05-02T06:00:00+00:00", ", deadline 2031-05-02T06:00:00+00:00"),
+    ("deadline_within", "2h", ", deadline within 2:00:00 of the start"),
+    ("deadline_at", "06:00 Europe/London", ", deadline 06:00 Europe/London daily"),
+])
+def test_validate_says_the_deadline(e31, field, value, said):
+    """Found by a fresh user: only ``e31 compile`` showed it."""
+    result = e31("validate", str(EXAMPLE), "--set", f"request.{field}={value}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == (
+        f"valid: digits-nightly-retrain (training: e31.examples.digits:train); 1 input(s); 0 gpu, 1 cpu, "
+        f"limit 0:10:00{said}; output model -> {EXAMPLES}/results/digits-nightly-retrain/")
+
+
 def test_validate_notes_a_request_larger_than_this_machine(e31):
     """Valid (a pool may hold it), with a note of what ``e31 run`` would refuse here (found by a fresh user)."""
     from e31.flows.admission import this_node
