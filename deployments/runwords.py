@@ -88,6 +88,7 @@ def node_lines(snap: Any, now: float) -> list[tuple[str, str, str]]:
     rows = []
     for node in snap.nodes:
         beat = snap.heard.get(node.name)
+        held = [r for r in snap.running if r.node == node.name and r.id in snap.runs]
         if beat is None:
             worker = "no worker heard: nothing starts here until one runs (e31 worker --node " + node.name + ")"
         elif now - beat <= SILENT_S:
@@ -96,11 +97,16 @@ def node_lines(snap: Any, now: float) -> list[tuple[str, str, str]]:
             lease = (f"the scheduler's lease ({snap.lease_s:g} s)" if snap.scheduler_heard else
                      f"the scheduler's lease ({snap.lease_s:g} s unless e31 scheduler --lease says otherwise; no "
                      "scheduler heard)")
-            worker = (f"silent for {now - beat:.0f} s: once past {lease} its runs are crashed and queued again "
-                      "elsewhere" if now - beat <= snap.lease_s else
-                      f"silent for {now - beat:.0f} s, past {lease}: its runs were crashed and queued again "
-                      "elsewhere (with retries left); nothing starts here until its worker is heard again")
-        held = [r for r in snap.running if r.node == node.name and r.id in snap.runs]
+            if not held:  # a worker stopped (or unreachable) with no run: nothing of its to crash (a fresh user)
+                worker = (f"silent for {now - beat:.0f} s (stopped, or unreachable); it holds no run; once past "
+                          f"{lease} nothing is placed here until it is heard again" if now - beat <= snap.lease_s else
+                          f"silent for {now - beat:.0f} s (stopped, or unreachable), past {lease}: nothing is placed "
+                          "here until it is heard again")
+            else:
+                worker = (f"silent for {now - beat:.0f} s: once past {lease} its runs are crashed and queued again "
+                          "elsewhere" if now - beat <= snap.lease_s else
+                          f"silent for {now - beat:.0f} s, past {lease}: its runs were crashed and queued again "
+                          "elsewhere (with retries left); nothing starts here until its worker is heard again")
         use = [f"CPUs {sum(r.cpus for r in held)}/{node.cpus}",
                f"memory {gib(sum(r.memory for r in held))}/{gib(node.memory)}"]
         if node.gpus:

@@ -210,18 +210,22 @@ def test_e31_queue_says_what_each_node_holds_and_when_its_worker_was_heard():
                            lease_s=60.0, scheduler_heard=False)
     assert node_lines(snap, 1000.0) == [
         ("g", "GPUs 6/8, CPUs 3/16, memory 12 GiB/64 GiB; 1 run(s)", "heard 3 s ago"),
-        ("c", "CPUs 0/4, memory 0 B/1 GiB; 0 run(s)", "silent for 45 s: once past the scheduler's lease (60 s unless "
-              "e31 scheduler --lease says otherwise; no scheduler heard) its runs are crashed and queued again "
-              "elsewhere"),
+        ("c", "CPUs 0/4, memory 0 B/1 GiB; 0 run(s)", "silent for 45 s (stopped, or unreachable); it holds no run; "
+              "once past the scheduler's lease (60 s unless e31 scheduler --lease says otherwise; no scheduler heard) "
+              "nothing is placed here until it is heard again"),
         ("new", "CPUs 0/4, memory 0 B/1 GiB; 0 run(s)",
          "no worker heard: nothing starts here until one runs (e31 worker --node new)")]
     snap.lease_s, snap.scheduler_heard = 20.0, True  # the live scheduler's --lease 20, read by e31 queue
-    assert node_lines(snap, 1000.0)[1][2] == (
+    assert node_lines(snap, 1000.0)[1][2] == ("silent for 45 s (stopped, or unreachable), past the scheduler's lease "
+                                              "(20 s): nothing is placed here until it is heard again")
+    snap.heard["g"] = 955.0  # a silent node with a run: what the lease does to it
+    assert node_lines(snap, 1000.0)[0][2] == (
         "silent for 45 s, past the scheduler's lease (20 s): its runs were crashed and queued again elsewhere (with "
         "retries left); nothing starts here until its worker is heard again")
     snap.lease_s = 30.0
-    assert node_lines(snap, 980.0)[1][2] == (
+    assert node_lines(snap, 980.0)[0][2] == (
         "silent for 25 s: once past the scheduler's lease (30 s) its runs are crashed and queued again elsewhere")
+    snap.heard["g"] = 997.0
     assert silent_note(snap, "c", 1000.0) == "; node c's worker silent for 45 s"
     assert silent_note(snap, "g", 1000.0) == ""
     assert silent_note(snap, "new", 1000.0) == ""  # never heard: the node is held, nothing is placed there
