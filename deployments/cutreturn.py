@@ -83,12 +83,18 @@ def close_cut_return(job: Any, flow_run_id: str, held: bool, say: Callable[[str]
     its manifest (:func:`settle_state`); one ``held`` Returning
     (:func:`hold_cut_return`) that could not be finished is crashed
     (:func:`give_up_returning`): the node is free again, and a run with
-    retries left is queued again.  Raises what the state writes raise."""
+    retries left is queued again; unless another process here holds the
+    job's lock (a second worker for the node finishing the same return: an
+    attack saw it crashed, and its retry run twice).  Raises what the state
+    writes raise."""
+    from e31.flows.compile import default_scratch_root
+    from e31.flows.joblock import lock_busy
+
     manifest = finish_cut_return(job, flow_run_id, say)
     if manifest is not None:
         settle_state(flow_run_id, manifest)
-    elif held:
-        give_up_returning(flow_run_id)
+    elif held and not (isinstance(job, str) and lock_busy(str(default_scratch_root() / job))):
+        give_up_returning(flow_run_id)  # (a return another process here is finishing is left to it)
 
 
 #: The name of the ``Pending`` state of a run whose cut return its worker finishes.

@@ -77,6 +77,7 @@ async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Lo
 
     from e31.deployments.cutreturn import RETURNING
     from e31.flows.compile import default_scratch_root
+    from e31.flows.joblock import lock_busy
     from e31.tasks.pending import cut_return_of
 
     ended = 0
@@ -88,7 +89,17 @@ async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Lo
         for run in runs:
             if placement_of(run).get(NODE_VAR) != node or flow_process_alive(run):
                 continue
+            now = (await client.read_flow_run(run.id)).state
+            if now is None or run.state is None or now.id != run.state.id:  # moved on since the read (another
+                continue  # worker for this node finished its return meanwhile): not to be overwritten
             job = _job_of(run)
+            if job is not None and cut_return_of(default_scratch_root() / job, str(run.id)) and \
+                    lock_busy(str(default_scratch_root() / job)):
+                # another process here delivers it (a second worker for this node, e31 return): left to it (an
+                # attack: two workers started at once both took the run, and the second crashed it)
+                logger.warning("flow run %s (%s) has no flow process left but its return is being finished here by "
+                               "another process: left to it", run.id, run.name)
+                continue
             if finish is not None and job is not None and cut_return_of(default_scratch_root() / job, str(run.id)):
                 await client.set_flow_run_state(run.id, Pending(name=RETURNING, message=(
                     "its flow process ended during the return of its output, and its worker with it; node "

@@ -75,6 +75,24 @@ def lock_job(scratch: str, job: str) -> None:
     _LOCKS[scratch] = fd
 
 
+def lock_busy(scratch: str) -> bool:
+    """Whether another open file holds ``<scratch>/job.lock`` now (a run of
+    the job, or a worker or ``e31 return`` delivering its output): a probe
+    that takes the lock and gives it back at once.  False when there is no
+    lock file or it cannot be opened."""
+    try:
+        fd = os.open(Path(scratch) / "job.lock", os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing the file drops a lock this probe took
+    return False
+
+
 def unlock_job(scratch: str) -> None:
     """Release the lock :func:`lock_job` took (no-op when not held)."""
     _HANDED.discard(scratch)
