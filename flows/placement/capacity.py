@@ -79,9 +79,9 @@ class Capacity:
         for i, node in enumerate(self.nodes):
             self._build(node, sorted(per_node[i], key=lambda j: (self._end(j), j.id)))
         self.gmax = max((node.gpus for node in self.nodes), default=0)
-        # where a job asking for no GPU is tried first: nodes with fewer GPUs (none first), then pool order; so
-        # a CPU job lands on a CPU node when one starts it as early, and GPU nodes keep their CPUs and memory for
-        # the GPU jobs that need them (as Slurm's node weights are used to keep GPU nodes for GPU work)
+        # where a job asking for no GPU is tried first: nodes with fewer GPUs (none first), then pool order; it
+        # goes to the one with the fewest GPUs among those that start it as early (earliest, start_now), so GPU
+        # nodes keep their CPUs and memory for the GPU jobs that need them (as Slurm's node weights are used)
         self.cpu_order = sorted(range(len(self.nodes)), key=lambda i: (self.nodes[i].gpus, i))
         self.first: list[list[tuple[float, int, int] | None]] = []
         self.index: list[list[tuple[float, int, int]]] = [[] for _ in range(self.gmax + 1)]
@@ -206,9 +206,10 @@ class Capacity:
                  preferred: Sequence[int] = (), wait_s: float = 0.0) -> tuple[float, int, int] | None:
         """The earliest ``(start, node index, device mask)`` for ``req`` with ``after <= start <=
         latest`` on an eligible node (``eligible[i]``; None: every node).  Among nodes where it can start
-        equally early: ``preferred`` nodes first, then the node whose entirely-free time it pushes back
-        least (so nodes drain whole for wide jobs), then the fewest free devices (a job asking for no GPU:
-        the node with the fewest GPUs), then pool order.  A
+        equally early: ``preferred`` nodes first; a job asking for no GPU, the nodes with the fewest GPUs
+        (Slurm's node weights are used so: GPU nodes keep their CPUs and memory for GPU work); then the
+        node whose entirely-free time it pushes back least (so nodes drain whole for wide jobs), then the
+        fewest free devices, then pool order.  A
         preferred node also wins over others that start it at most ``wait_s`` seconds sooner.
         None when there is no such start."""
         best, found = latest, None
@@ -227,16 +228,16 @@ class Capacity:
             return found
         else:
             order = iter(self.index[g])
-        times, rank = self.times, None
+        times, rank, nodes = self.times, None, self.nodes
         for t, _, i in order:
-            if t > best or t == best and rank is not None and rank[1] == 0.0:
+            if t > best or t == best and rank is not None and rank[2] == 0.0:
                 break  # no node further on can start it earlier, or as early and fit better
             if eligible is not None and not eligible[i]:
                 continue
             hit = self.fit(i, req, t if t > after else after, best)
             if hit is None or found is not None and rank is None and hit[0] >= best:
                 continue  # a preferred node already starts it as early
-            score = (hit[0], max(0.0, hit[0] + d - times[i][-1]))
+            score = (hit[0], nodes[i].gpus if g == 0 else 0, max(0.0, hit[0] + d - times[i][-1]))
             if rank is None or score < rank:
                 best, found, rank = hit[0], (hit[0], i, hit[1]), score
         return found
@@ -261,16 +262,16 @@ class Capacity:
         else:
             candidates = (i for t, _, i in self.index[g] if t <= now) if g <= self.gmax else ()
         times, found, rank = self.times, None, None
-        for i in candidates:
+        for i in candidates:  # a job asking for no GPU: the nodes with the fewest GPUs first (cpu_order)
             if eligible is not None and not eligible[i]:
                 continue
             hit = self.fit(i, req, now, now)
             if hit is not None:
-                score = max(0.0, now + d - times[i][-1])
+                score = (self.nodes[i].gpus if g == 0 else 0, max(0.0, now + d - times[i][-1]))
                 if rank is None or score < rank:
                     found, rank = (i, hit[1]), score
-                    if score == 0.0:
-                        break
+                    if score[1] == 0.0:
+                        break  # no node further on has fewer GPUs and fits better
         if found is None:
             failed.append(req)
         return found

@@ -303,3 +303,15 @@ def test_a_deadline_keeps_the_return_reserve_before_it():
     (p,) = plan([node("n1")], busy, [fits], T0)
     assert p.action == "wait" and p.reason.endswith("; ends 01:00:20 UTC, within the 30 s before its deadline "
                                                     "01:00:40 UTC kept to return its output: at risk"), p.reason
+
+
+def test_a_job_asking_for_no_gpu_prefers_a_free_cpu_node_to_a_gap_on_a_busy_gpu_node():
+    """Found by an attack: a short CPU job fit beside a long GPU job on the GPU node (it pushed back that node's
+    free time by nothing) and went there, while the CPU node stood free."""
+    nodes = [node("g", gpus=4, cpus=2, memory_gib=8), node("c", gpus=0, cpus=2, memory_gib=8)]
+    busy = [running("long", "g", [0], 1, cpus=1)]
+    got = table(plan(nodes, busy, [queued("cpu", 0, 20 / H, cpus=1)], T0))
+    assert got["cpu"][:4] == ("start", "c", (), 0.0)
+    # two of them: the CPU node takes one, the GPU node's free CPU the other (it starts as early there)
+    got = table(plan(nodes, busy, [queued("a", 0, 20 / H, cpus=2, ago_h=0.01), queued("b", 0, 20 / H, cpus=1)], T0))
+    assert (got["a"][:2], got["b"][:2]) == (("start", "c"), ("start", "g"))
