@@ -136,14 +136,20 @@ def silent_note(snap: Any, node: str | None, now: float) -> str:
     return f"; node {node}'s worker silent for {now - beat:.0f} s"
 
 
+#: How many of a pool's runs that ended last ``e31 cancel`` searches for a run id given by its first characters.
+PREFIX_LOOKUP = 200
+
+
 def ended_line(client: Any, pool_name: str, job: str, now: float) -> str:
     """What ``e31 cancel JOB|RUN_ID`` says when ``job`` names no queued or
     running run of pool ``pool_name``: the last run of that name (or the
     run of that full id) of the pool's queue deployment that ended, with
     its final state and end time (``its last run (1f0e2d3c) ended
     Completed at 02:40 UTC: nothing to cancel``), or that the pool has no
-    run of that name or id.  Two API reads; a run id given by its first
-    characters only is not looked up (the API filters by whole ids)."""
+    run of that name or id.  A run id given by its first characters (8 or
+    more, as ``e31 queue`` shows them) is matched among the
+    :data:`PREFIX_LOOKUP` runs of the pool that ended last (the API filters
+    by whole ids only).  Two or three API reads."""
     import uuid
 
     from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterDeploymentId, FlowRunFilterId,
@@ -163,16 +169,21 @@ def ended_line(client: Any, pool_name: str, job: str, now: float) -> str:
         by = {"id": FlowRunFilterId(any_=[uuid.UUID(job)])}
     except ValueError:
         by = {"name": FlowRunFilterName(any_=[job])}
-    runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-        deployment_id=FlowRunFilterDeploymentId(any_=[deployment.id]),
-        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["COMPLETED", "FAILED", "CANCELLED", "CRASHED"])),
-        **by),
-        sort=FlowRunSort.END_TIME_DESC, limit=1)
+    def ended(limit: int, **by: Any) -> list[Any]:
+        return client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            deployment_id=FlowRunFilterDeploymentId(any_=[deployment.id]),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["COMPLETED", "FAILED", "CANCELLED", "CRASHED"])),
+            **by), sort=FlowRunSort.END_TIME_DESC, limit=limit)
+
+    runs = ended(1, **by)
+    prefix = "name" in by and len(job) >= 8 and all(c in "0123456789abcdef-" for c in job.lower())
+    if not runs and prefix:  # the first characters of a run id
+        runs = [r for r in ended(PREFIX_LOOKUP) if str(r.id).startswith(job.lower())][:1]
+        by = {"id": None}
     if not runs:
-        prefix = "name" in by and len(job) >= 8 and all(c in "0123456789abcdef-" for c in job)
-        return (f"no run of {job!r} in pool {pool_name}" + ("; a run that ended is found by its whole id, not its first "
-                                                            "characters" if prefix else "") +
-                " (e31 queue lists its queued and running jobs)")
+        return (f"no run of {job!r} in pool {pool_name}" + (f" (a run id's first characters are looked up among the "
+                                                            f"{PREFIX_LOOKUP} runs that ended last)" if prefix else "") +
+                "; e31 queue lists its queued and running jobs")
     run = runs[0]
     ended = run.end_time or (run.state.timestamp if run.state is not None else None)
     when = f" at {clock(ended.timestamp(), now)}" if ended is not None else ""

@@ -368,10 +368,13 @@ def test_cancel_takes_a_queued_job_out_and_stops_a_running_one(prefect_api, tmp_
     assert re.fullmatch(rf"e31: cancel: no queued or running job '{running}' in pool {q.name}: the run "
                         rf"\({running[:8]}\) ended Cancelled at {clock}: nothing to cancel\n", again[1].stderr), again[1]
     assert again[2].stderr == (f"e31: cancel: no queued or running job 'ghost' in pool {q.name}: no run of 'ghost' in "
-                               f"pool {q.name} (e31 queue lists its queued and running jobs)\n")
-    assert again[3].stderr == (f"e31: cancel: no queued or running job '{queued[:8]}' in pool {q.name}: no run of "
-                               f"'{queued[:8]}' in pool {q.name}; a run that ended is found by its whole id, not its "
-                               "first characters (e31 queue lists its queued and running jobs)\n")
+                               f"pool {q.name}; e31 queue lists its queued and running jobs\n")
+    assert re.fullmatch(rf"e31: cancel: no queued or running job '{queued[:8]}' in pool {q.name}: the run "
+                        rf"\({queued[:8]}\) ended Cancelled at {clock}: nothing to cancel\n", again[3].stderr), again[3]
+    ghost = subprocess.run([q.exe, "cancel", "0123abcd", "--pool", str(q.pool)], capture_output=True, text=True)
+    assert ghost.stderr == (f"e31: cancel: no queued or running job '0123abcd' in pool {q.name}: no run of '0123abcd' "
+                            f"in pool {q.name} (a run id's first characters are looked up among the 200 runs that "
+                            "ended last); e31 queue lists its queued and running jobs\n")
     manifest = json.loads((tmp_path / "out" / "long-one" / "partial" / "manifest.json").read_text())
     assert (manifest["status"], manifest["reason"]) == ("partial", "cancelled")
     # the cancel hook runs in the worker (Prefect's cancellation: kill, hooks, then its own Cancelled message): it
