@@ -598,6 +598,22 @@ def test_ctrl_c_of_a_worker_returns_its_running_job_s_output_before_it_exits(pre
             "(waiting up to 300 s; send the signal again to stop now)") in log
 
 
+def _kill_worker_and_run(worker: subprocess.Popen, run_id: str) -> list[int]:
+    """kill -9 of a worker (its process group: it and its flow processes' clients), then of every process
+    whose environment names the flow run ``run_id`` (the fork of the warm process, the work's processes);
+    returns the latter's pids."""
+    run_procs = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/environ") if _has_env(
+        p, f"PREFECT__FLOW_RUN_ID={run_id}")]
+    os.killpg(worker.pid, signal.SIGKILL)
+    for pid in run_procs:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    worker.wait()
+    return run_procs
+
+
 def _has_env(environ: Path, entry: str) -> bool:
     try:
         return entry.encode() in environ.read_bytes().split(b"\0")
@@ -618,16 +634,7 @@ def test_a_worker_started_again_frees_the_runs_its_predecessor_left_without_a_pr
         lost = q.submit(q.job("orphan", 0, 120, cpus=2)).split("flow run ")[1].split()[0]
         wait_for(lambda: any((q.root / "scratch-n1").glob("orphan/output/started.json")), what="the job's work")
         q.submit(q.job("next-one", 0, 1, cpus=2))
-        run_procs = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/environ") if _has_env(
-            p, f"PREFECT__FLOW_RUN_ID={lost}")]  # its client, the fork of the warm process, the work's processes
-        assert run_procs
-        os.killpg(worker.pid, signal.SIGKILL)  # the worker (and the flow process's client)
-        for pid in run_procs:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        worker.wait()
+        assert _kill_worker_and_run(worker, lost)
         q.start("worker-n1-again", "worker", "--pool", str(q.pool), "--node", "n1",  # its own log: the first
                 env={"E31_NODE_GPUS": "0", "E31_SCRATCH": str(q.root / "scratch-n1")})  # worker's is kept
         wait_for(lambda: _done(q, "next-one"), timeout=120, what="the next job, on the freed node")
@@ -663,15 +670,7 @@ def test_a_return_cut_with_its_worker_killed_too_is_finished_by_the_worker_start
         run_id = q.submit(q.job("cut", 0, 400, work="blobs.py", cpus=2, duration="1m")).split("flow run ")[1].split()[0]
         out = q.root / "out" / "cut"
         _wait_returning(out)
-        run_procs = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/environ") if _has_env(
-            p, f"PREFECT__FLOW_RUN_ID={run_id}")]  # its client, the fork of the warm process
-        os.killpg(worker.pid, signal.SIGKILL)  # the worker first: it does not see its flow process end
-        for pid in run_procs:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        worker.wait()
+        _kill_worker_and_run(worker, run_id)  # the worker first: it does not see its flow process end
         assert final_manifest(out) is None and list((q.root / "scratch-n1").rglob("return-pending.json"))
         for k in range(again):
             q.start(f"worker-n1-again-{k}", "worker", "--pool", str(q.pool), "--node", "n1",
