@@ -199,24 +199,37 @@ def _checkpoints(spec: JobSpec, plan: JobPlan, run_id: str | None) -> dict[str, 
             "options": spec.output.checkpoint.storage_options or spec.output.storage_options}
 
 
-def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None) -> dict[str, Any]:
-    target = _target(plan)
+def _too_late(spec: JobSpec, plan: JobPlan, resume: Resume, target: ReturnTarget) -> dict[str, Any] | None:
+    """When the run's deadline (less the return reserve and the grace period) leaves no time for its work
+    now: a fresh run writes a failed manifest and raises :class:`AdmissionError`; a run an earlier attempt
+    began returns what that attempt left (its manifest).  None while there is time.  Checked as the run
+    starts and again as its work is about to start (after its staging and any wait behind the job ahead,
+    which may overrun: an attack saw such a work start after its deadline less the reserve, and be killed
+    at once)."""
     now = time.time()
     stop_at, stop_reason = plan.stop_at(now)
-    if stop_at - plan.grace_s <= now:
-        if not (resume.crashed or resume.step is not None):
-            # said at the destination too (found by a fresh user: a queued run placed too late for its deadline
-            # ended Failed with no manifest); an earlier complete output stays as it was
-            why = _no_time(spec, plan, now, stop_at)
-            write_failure_manifest(target, why)
-            raise AdmissionError(why)
-        # An earlier attempt stopped (or died with its process) and this one has no time left to run.
-        earlier = "was lost" if resume.crashed else "stopped early"
-        outcome = RunOutcome(reason="crashed" if resume.crashed else stop_reason, exit_code=None, run_s=0.0,
-                             checkpoint=latest_durable(plan.checkpoint_url),
-                             message=f"an earlier attempt {earlier} and the job can no longer run: "
-                                     f"its {stop_reason.replace('_', ' ')}, less the return reserve, has passed")
-        return _finish(plan, _return(spec, plan, target, outcome))
+    if stop_at - plan.grace_s > now:
+        return None
+    if not (resume.crashed or resume.step is not None):
+        # said at the destination too (found by a fresh user: a queued run placed too late for its deadline
+        # ended Failed with no manifest); an earlier complete output stays as it was
+        why = _no_time(spec, plan, now, stop_at)
+        write_failure_manifest(target, why)
+        raise AdmissionError(why)
+    # An earlier attempt stopped (or died with its process) and this one has no time left to run.
+    earlier = "was lost" if resume.crashed else "stopped early"
+    outcome = RunOutcome(reason="crashed" if resume.crashed else stop_reason, exit_code=None, run_s=0.0,
+                         checkpoint=latest_durable(plan.checkpoint_url),
+                         message=f"an earlier attempt {earlier} and the job can no longer run: "
+                                 f"its {stop_reason.replace('_', ' ')}, less the return reserve, has passed")
+    return _finish(plan, _return(spec, plan, target, outcome))
+
+
+def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None) -> dict[str, Any]:
+    target = _target(plan)
+    late = _too_late(spec, plan, resume, target)
+    if late is not None:
+        return late
     started = time.monotonic()
     stopped = False
     results: list = []
@@ -267,6 +280,9 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
         outcome = RunOutcome(reason="cancelled", exit_code=None, run_s=0.0,
                              message=f"cancelled while {when}; the work did not start")
         return _finish(plan, _return(spec, plan, target, outcome))
+    late = _too_late(spec, plan, resume, target)
+    if late is not None:  # its staging or its wait behind the job ahead took the time its deadline left
+        return late
     if resume.step is None:  # a fresh run starts now: an earlier run's durable checkpoints make way
         remove_stale_checkpoints(plan)
     outcome = _run(spec, plan, staged, code_dir, target, time.time())

@@ -1027,6 +1027,37 @@ def test_a_frozen_server_does_not_make_live_nodes_look_lost(prefect_api, tmp_pat
     assert json.loads((tmp_path / "out" / "through-freeze" / "manifest.json").read_text())["status"] == "completed"
 
 
+def test_a_deadline_job_handed_over_behind_a_job_that_overruns_never_starts_too_late(prefect_api, tmp_path):
+    """Found by an attack: a deadline job handed over behind a job that ran
+    far past its declared duration waited for it, then started its work
+    after its deadline less the return reserve (killed at once: ``partial``,
+    ``deadline``).  The run checks its deadline again as its work is about to
+    start: it ends ``Failed`` with a ``failed`` manifest saying why, and the
+    work never starts."""
+    from datetime import datetime, timedelta, timezone
+
+    from prefect.client.orchestration import get_client
+
+    with queue(tmp_path, {"n1": 0}) as q:
+        q.scheduler()
+        worker = q.worker("n1", 0)
+        wait_for(lambda: _warm_listening(worker), what="the worker's warm process")
+        q.submit(q.job("overrun", 0, 40, cpus=2, duration="10s"))  # declared 10 s, runs 40 s
+        wait_for(lambda: any((q.root / "scratch-n1").glob("overrun/output/started.json")), what="the first job")
+        deadline = (datetime.now(timezone.utc) + timedelta(seconds=50)).isoformat(timespec="seconds")
+        late = q.submit(q.job("late", 0, 1, cpus=2, deadline=deadline)).split("flow run ")[1].split()[0]
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: client.read_flow_run(late).state.is_final(), timeout=120, what="its end")
+            run = client.read_flow_run(late)
+            placed = next(s for s in client.read_flow_run_states(late) if s.name == "Placed")
+    assert placed.message.startswith("handed over behind overrun"), placed.message
+    assert run.state.type.value == "FAILED", run.state
+    said = json.loads((tmp_path / "out" / "late" / "partial" / "manifest.json").read_text())
+    assert (said["status"], said["reason"], said["files"]) == ("failed", "error", []), said
+    assert said["message"].startswith("request.deadline: the deadline ") and "leaves no time to run" in said["message"]
+    assert not (q.root / "scratch-n1" / "late" / "output" / "started.json").exists()  # the work never started
+
+
 def test_the_next_job_is_handed_over_behind_the_running_one_and_its_work_waits_for_it(prefect_api, tmp_path):
     """``--handover 30``: the job planned next on a running job's devices,
     whose planned end is within 30 s, is released at once (``e31_after``):

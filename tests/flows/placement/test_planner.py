@@ -303,6 +303,12 @@ def test_a_deadline_keeps_the_return_reserve_before_it():
     (p,) = plan([node("n1")], busy, [fits], T0)
     assert p.action == "wait" and p.reason.endswith("; ends 01:00:20 UTC, within the 30 s before its deadline "
                                                     "01:00:40 UTC kept to return its output: at risk"), p.reason
+    # queued since 00:00 and not started by 00:00:30: its work would end within the reserve (an attack: this said
+    # "after its deadline" for an end before it)
+    (p,) = plan([node("n1")], [], [fits], T0 + 30)
+    assert (p.action, p.reason) == ("refuse", "deadline became infeasible while queued: started now (00:00:30 UTC) "
+                                              "it would end 01:00:30 UTC, within the 30 s before its deadline "
+                                              "01:00:40 UTC kept to return its output (run time 1h: duration)")
 
 
 def test_a_job_asking_for_no_gpu_prefers_a_free_cpu_node_to_a_gap_on_a_busy_gpu_node():
