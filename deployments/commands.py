@@ -118,7 +118,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         serve(pool, policy=args.policy, interval_s=args.interval, once=args.once, report=report, lease_s=args.lease,
               handover_s=args.handover)
     except KeyboardInterrupt:  # the pool is released on the way out (serve's own finally): a standby takes over
-        print(f"e31 scheduler: stopped; it released pool {pool.name}: another scheduler may serve it now", flush=True)
+        print(f"e31 scheduler: stopped; another scheduler may serve pool {pool.name} now", flush=True)
     except SchedulerRunning as exc:  # --once while another scheduler serves the pool
         print(f"e31 scheduler: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -142,15 +142,30 @@ def beat(client: Any, pool_name: str, me: str, lease_s: float) -> bool:
     return True
 
 
-def release_pool(client: Any, pool_name: str, me: str) -> None:
+#: Seconds a stopping scheduler gives the deletion of its claim: a server that is down or frozen would
+#: otherwise hold its stop for the client's retries and timeouts (an attack: 16 s after a SIGTERM, then kill -9).
+RELEASE_WAIT_S = 5.0
+
+
+def release_pool(client: Any, pool_name: str, me: str, wait_s: float = RELEASE_WAIT_S) -> bool:
     """Delete ``me``'s claim as it stops, so a scheduler started next
-    serves at once.  Best effort (another's claim is left alone)."""
-    try:
-        claim = read_claim(client, pool_name)
-        if claim is not None and claim.get("id") == me:
-            client.delete_variable_by_name(variable_name(pool_name))
-    except Exception:
-        pass
+    serves at once.  Best effort (another's claim is left alone), and given
+    at most ``wait_s`` seconds (in a daemon thread): a claim left behind
+    goes stale after :data:`STALE_S`.  Returns whether it finished in time."""
+    import threading
+
+    def release() -> None:
+        try:
+            claim = read_claim(client, pool_name)
+            if claim is not None and claim.get("id") == me:
+                client.delete_variable_by_name(variable_name(pool_name))
+        except Exception:
+            pass
+
+    worker = threading.Thread(target=release, name="e31-release-pool", daemon=True)
+    worker.start()
+    worker.join(wait_s)
+    return not worker.is_alive()
 
 
 def lease_of(client: Any, pool_name: str, default: float) -> tuple[float, bool]:

@@ -213,4 +213,7 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
             cache.close()
             if wake is not None:
                 wake.close()
-            presence.release_pool(client, pool.name, me)
+            if not presence.release_pool(client, pool.name, me):
+                print(f"e31 scheduler: the Prefect API did not answer within {presence.RELEASE_WAIT_S:g} s as it "
+                      f"stopped: its claim on pool {pool.name} ends by itself {presence.STALE_S:g} s after its last "
+                      "beat", flush=True)

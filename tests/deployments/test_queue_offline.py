@@ -325,3 +325,30 @@ def test_e31_submit_and_queue_say_when_no_scheduler_beats_for_the_pool():
         "pool lab's e31 scheduler was last heard 25 s ago (it beats every 10 s): it may have stopped; a standby "
         "takes over 30 s after its last beat")
     assert scheduler_note(_Api({"id": "a", "lease_s": 60, "beat": now - 5}), "lab", "pool.yaml", now) is None
+
+
+def test_a_stopping_scheduler_gives_a_frozen_server_a_few_seconds_for_its_claim():
+    """Found by an attack: ``e31 scheduler`` took no notice of SIGTERM for 16 s while its server was down (the
+    deletion of its claim on the pool went through the client's retries).  Against a real Prefect client and a
+    server that accepts and never answers, the deletion is given ``wait_s`` and the stop goes on; the claim
+    then ends by itself (STALE_S)."""
+    import socket
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from e31.deployments.presence import release_pool
+
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(8)
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{frozen.getsockname()[1]}/api"}):
+            with get_client(sync_client=True) as client:
+                began = time.monotonic()
+                assert release_pool(client, "p", "me", wait_s=1.0) is False
+                waited = time.monotonic() - began
+    finally:
+        frozen.close()
+    assert waited < 30  # not the client's 60 s timeout and its retries (a bound, not a speed: 1 s asked)
