@@ -16,6 +16,14 @@ run can be left so while its node's worker is alive:
 A run that was being cancelled always ends ``Cancelled`` here, never
 ``Crashed``: the scheduler requeues crashed runs, and a cancelled job must
 not run again.
+
+And the processes a run left on this machine after it stopped holding the
+node (:func:`clear_fences`, at the worker's start and at each of its
+heartbeats): a run taken for lost with its node while its worker was
+silent, whose flow process and work may live on, and a run that is no
+longer ``Pending``/``Running`` here.  They are killed, and only then is a
+lost run's fence lifted: the node's devices go to other work once its
+processes are gone.
 """
 
 from __future__ import annotations
@@ -120,6 +128,111 @@ async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Lo
     except Exception as exc:
         logger.warning("could not check this node's runs left by an earlier worker: %s: %s", type(exc).__name__, exc)
     return ended
+
+
+#: Seconds a run's final state must be old before this worker kills processes of it that it did not start
+#: (unfenced): a flow process ends within seconds of writing its final state (its last logs and events).
+FINAL_GRACE_S = 30.0
+
+
+def node_processes(node: str) -> dict[str, list[int]]:
+    """Flow run id -> the pids of the live processes on this machine whose
+    environment names that run (``PREFECT__FLOW_RUN_ID``) and ``node``
+    (``E31_NODE``, which ``e31 worker`` gives each flow process and its
+    work inherits): a run's flow process and its work.  Linux (``{}``
+    without ``/proc``); a process that cleared its environment is not found."""
+    from e31.tasks.supervisor.process import processes_where
+
+    run_mark, node_mark, found = b"PREFECT__FLOW_RUN_ID=", f"E31_NODE={node}".encode(), {}
+    marked: dict[int, str] = {}
+
+    def match(environ: list[bytes]) -> bool:
+        if node_mark not in environ:
+            return False
+        run = next((e[len(run_mark):] for e in environ if e.startswith(run_mark)), None)
+        if not run:
+            return False
+        marked[len(marked)] = run.decode(errors="replace")
+        return True
+
+    for i, pid in enumerate(processes_where(match)):
+        found.setdefault(marked[i], []).append(pid)
+    return found
+
+
+def _kill_all(pids: list[int], wait_s: float = 10.0) -> list[int]:
+    """SIGKILL ``pids`` and wait up to ``wait_s`` seconds until each is gone
+    (a zombie counts as gone).  Returns those that remain."""
+    import time
+    from pathlib import Path
+
+    from e31.tasks.supervisor.process import sigkill_each
+
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
+
+    sigkill_each(pids)
+    deadline = time.monotonic() + wait_s
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+async def clear_fences(client: Any, work_pool: str, node: str, logger: logging.Logger | logging.LoggerAdapter,
+                       own: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """Kill the processes on this machine of ``node``'s runs that no longer
+    hold it, then lift the fences of ``node`` whose run has no process left
+    here (:mod:`e31.tasks.supervisor.fence`): the scheduler gives a fenced
+    node's devices to other work only after that.
+
+    A run's processes (:func:`node_processes`) are killed when the run is
+    fenced on ``node`` (taken for lost with it), or is not ``Pending``,
+    ``Running`` or ``Cancelling`` placed on ``node`` (crashed, queued again,
+    placed elsewhere, or final for :data:`FINAL_GRACE_S` seconds).  Runs in
+    ``own`` (those whose flow process this worker started and still
+    watches) are left alone.  ``client``: Prefect's async client.  Returns
+    the ids of the runs whose fence was lifted.  A fence whose run still
+    has a process here (one that did not die within 10 s of SIGKILL) stays,
+    and is tried again at the next call.  Best effort: a failure is logged."""
+    import time
+
+    from e31.tasks.supervisor.fence import fence_name, read_fences_async
+
+    lifted: list[str] = []
+    try:
+        fences = {run: f for run, f in (await read_fences_async(client, work_pool)).items() if f["node"] == node}
+        found = {run: pids for run, pids in node_processes(node).items() if run not in own}
+        for run, pids in found.items():
+            if run not in fences:
+                try:
+                    flow_run = await client.read_flow_run(run)
+                except Exception:  # not of this server (deleted): not ours to judge
+                    continue
+                state = flow_run.state
+                kind = state.type.value if state is not None else None
+                if kind in ("PENDING", "RUNNING", "CANCELLING") and placement_of(flow_run).get(NODE_VAR) == node:
+                    continue  # holds the node: a run its predecessor started, running on
+                if kind in ("COMPLETED", "FAILED", "CANCELLED") and state.timestamp is not None and \
+                        time.time() - state.timestamp.timestamp() < FINAL_GRACE_S:
+                    continue  # its flow process is ending by itself
+            left = _kill_all(pids)
+            logger.warning("flow run %s no longer holds node %s%s: its processes here (pids %s) killed%s", run, node,
+                           " (lost with it while its worker was silent)" if run in fences else "", sorted(pids),
+                           f"; pids {left} did not end" if left else "")
+        rest = node_processes(node)
+        for run, fence in fences.items():
+            if rest.get(run):
+                continue
+            await client.delete_variable_by_name(fence_name(run))
+            lifted.append(run)
+            logger.warning("flow run %s (%s), lost with node %s: no process of it remains on this machine; the "
+                           "node's fence is lifted", run, fence.get("job"), node)
+    except Exception as exc:
+        logger.warning("could not check this node's lost runs: %s: %s", type(exc).__name__, exc)
+    return lifted
 
 
 def _job_of(run: Any) -> str | None:

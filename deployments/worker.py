@@ -168,6 +168,7 @@ class E31Worker(ProcessWorker):
             self._depth += 1
             if self._depth == 1:
                 await self._crash_orphans()
+                await self._clear_fences()
                 self._follow_placements()
         except BaseException:  # e.g. stopped while it set up: no teardown comes, and the warm process has no run
             if self._depth == 0 and self._warm is not None:
@@ -187,7 +188,23 @@ class E31Worker(ProcessWorker):
 
             if not await node_held(self._client, self._work_pool_name, self.node):
                 await self._warm_ready()
+        if self._client is not None:
+            await self._clear_fences()
         await super().sync_with_backend()
+
+    async def _clear_fences(self) -> None:
+        """Kill the processes on this machine of runs that no longer hold
+        this node (lost with it while this worker or its predecessor was
+        silent, crashed, ended), then lift the node's fences
+        (:func:`e31.deployments.leftovers.clear_fences`): at the start, and
+        at each heartbeat (a worker frozen or cut off past the lease is
+        heard again), so its node takes new work only once they are gone."""
+        import anyio
+
+        from e31.deployments.leftovers import clear_fences
+
+        with anyio.CancelScope(shield=True):
+            await clear_fences(self._client, self._work_pool_name, self.node, self._logger, set(self.flows.values()))
 
     async def _crash_orphans(self) -> None:
         """End the runs left holding this node with no flow process, and finish

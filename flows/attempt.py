@@ -13,7 +13,7 @@ from prefect.runtime import flow_run
 from e31.flows.compile import JobPlan
 from e31.flows.resume import JobBusyError
 from e31.tasks.supervisor.cancel import moved_to
-from e31.tasks.supervisor.fence import moved_now, step_aside
+from e31.tasks.supervisor.fence import ENDED_MARK, lift_fence, moved_now, step_aside
 from e31.tasks.supervisor.warm import discard
 
 
@@ -54,9 +54,14 @@ def fence_at_end(run_id: str | None) -> None:
     (its return was under way when that happened), end this process
     without writing it (:func:`e31.tasks.supervisor.fence.step_aside`):
     the run is the other attempt's, whose resources a final state would
-    free while its work runs.  Returns otherwise."""
+    free while its work runs.  A run found crashed or ended meanwhile (its
+    node taken for lost as its work ended) has its fence lifted, its work
+    being over (:func:`e31.tasks.supervisor.fence.lift_fence`), and the
+    engine writes its state as before.  Returns otherwise."""
     moved = moved_now(run_id)
-    if moved is not None:
+    if moved is not None and moved.startswith(ENDED_MARK):
+        lift_fence(run_id)
+    elif moved is not None:
         step_aside(run_id, moved)
 
 

@@ -103,6 +103,8 @@ class RunCache:
         self.silent_since: dict[str, float] = {}  # node -> time.monotonic() its worker was first seen past the lease
         self.ended_at: dict[str, float] = {}  # run id -> Unix seconds of its end, for runs seen ending (the last 1,000)
         self.heard: set[str] = set()  # runs the server's events named since the last read (:meth:`hear`)
+        self.fences: dict[str, dict] | None = None  # the pool's fences as last read (e31.flows.queue.snapshot)
+        self.fences_at = -1  # the full_reads count at that read
         self._executor: ThreadPoolExecutor | None = None
         #: whether a node of the pool prefetches (a ``scratch_budget``): else no run is tagged ``e31-staged``,
         #: and a tick does not ask (one filter read of three; a tag put by a worker whose pool file differs

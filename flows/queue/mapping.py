@@ -47,6 +47,9 @@ AHEAD_S = 120.0
 LEASE_S = 60.0
 #: Id prefix of the stand-in job that holds a node whose worker is not answering.
 DOWN = "~down~"
+#: Id prefix of the stand-in job that holds a fenced node: a run lost there may still have processes on it
+#: (:mod:`e31.tasks.supervisor.fence`), until its worker or its own flow process says they are gone.
+FENCED = "~fenced~"
 #: Seconds a crash is left to settle (the worker and Prefect's crash handling report it) before a requeue; until
 #: then the crashed run holds its node (its worker may yet hold it Pending to finish a cut return).
 SETTLE_S = 3.0

@@ -10,7 +10,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from e31.flows.placement import Placement, RunningJob
-from e31.flows.queue.mapping import (AFTER_VAR, AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, NODE_VAR, PLACED,
+from e31.flows.queue.mapping import (AFTER_VAR, AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, FENCED, NODE_VAR,
+                                     PLACED,
                                      PLACEMENT_PARAM, QUEUED, placement_of, planned_node)
 from e31.flows.queue.cache import RunCache
 from e31.flows.queue.pace import (ENDER, DEEP_AHEAD_S, ESTIMATE_EVERY_S, REASON_DEPTH, REASON_EVERY_S, start_moved,
@@ -35,6 +36,10 @@ def humane(reason: str, snap: Snapshot) -> str:
     if DOWN in reason:
         reason = re.sub(rf"after job {re.escape(DOWN)}(\S+) ends", r"once node \1's e31 worker answers", reason)
         reason = reason.replace(DOWN, "no worker on ")
+    if FENCED in reason:
+        reason = re.sub(rf"after job {re.escape(FENCED)}(\S+) ends", r"once the runs lost on node \1 are confirmed ended "
+                        r"(by node \1's e31 worker, started again there)", reason)
+        reason = reason.replace(FENCED, "fence on ")
     return reason
 
 
@@ -240,6 +245,28 @@ def _crashes_before_start(client: Any, key: str) -> int:
     return sum(1 for s in client.read_flow_run_states(key) if s.type.value == "CRASHED")
 
 
+def _fence(client: Any, snap: Snapshot, key: str, node: str) -> bool:
+    """Write the fence of the lost run ``key`` on ``node``
+    (:func:`e31.tasks.supervisor.fence.fence_value`); True when it exists
+    now (written, or already there)."""
+    from prefect.client.schemas.actions import VariableCreate
+
+    from e31.tasks.supervisor.fence import fence_name, fence_value
+
+    if key in snap.fences:
+        return True
+    spec = snap.specs.get(key)
+    try:
+        client.create_variable(VariableCreate(name=fence_name(key), value=fence_value(
+            snap.pool, node, key, spec.name if spec is not None else None, snap.now)))
+        return True
+    except Exception:  # already there (an earlier tick wrote it), or the API is busy: read it to know
+        try:
+            return client.read_variable_by_name(fence_name(key)) is not None
+        except Exception:
+            return False
+
+
 def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCache | None = None,
           max_waits: int | None = None, max_wait_s: float | None = None, handover_s: float = 0.0) -> dict[str, int]:
     """Record the plan on the flow runs: place the runs that start now (their
@@ -291,7 +318,10 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
     for key in snap.lost:
         run = snap.runs[key]
         node = placement_of(run).get(NODE_VAR)
-        lost = f"node {node} stopped answering (no worker heartbeat for {snap.lease_s:g} s); its resources are free again"
+        lost = (f"node {node} stopped answering (no worker heartbeat for {snap.lease_s:g} s); its resources are "
+                "free again once its processes there are confirmed ended")
+        if not _fence(client, snap, key, node):  # first: a run marked lost always has its node fenced
+            continue
         ending = Cancelled(message=f"cancelled (a cancel was requested); {lost}") \
             if run.state.type.value == "CANCELLING" else Crashed(message=lost)  # a cancelled run is never requeued
         if write.state(key, ending):

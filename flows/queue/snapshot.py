@@ -12,7 +12,7 @@ from e31.flows.placement import Node, QueuedJob, RunningJob
 from e31.flows.placement.estimates import estimate_runtime
 from e31.flows.placement.text import gib
 from e31.flows.queue.cache import ACTIVE, RunCache, flow_run_filter, read_all, state_filter
-from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, LEASE_S, NODE_VAR, PLACED,
+from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, FENCED, LEASE_S, NODE_VAR, PLACED,
                                      QUEUED, SETTLE_S, inputs_key, nodes_of, placement_of, planned_node,
                                      staged_tags, work_pool_name)
 from e31.specs import JobSpec
@@ -36,7 +36,12 @@ class Snapshot:
     :data:`e31.flows.queue.mapping.HANDOVER_S`).  A run behind another holds
     nothing of its own: the planner sees the run ahead holding its
     resources until its planned end plus the handed-over run's estimate.
-    ``heard``: node -> its worker's last heartbeat (Unix seconds)."""
+    ``heard``: node -> its worker's last heartbeat (Unix seconds).
+    ``fences``: flow run id -> its fence (a run lost with its node whose
+    processes may remain there: :mod:`e31.tasks.supervisor.fence`); a
+    fenced node is held whole by a stand-in job (``~fenced~NODE``) and a
+    fenced run that was queued again is ``blocked`` until its fence is
+    lifted or its node declared down."""
 
     now: float
     nodes: list[Node]
@@ -59,6 +64,10 @@ class Snapshot:
     scheduler_heard: bool = False
     #: Node name -> what its runs hold beyond what it has (see :func:`_clip_overbooked`); empty when none does.
     overbooked: dict[str, str] = field(default_factory=dict)
+    #: The pool's name (its fences name it).
+    pool: str = ""
+    #: Flow run id -> its fence's value (:func:`e31.tasks.supervisor.fence.fence_value`).
+    fences: dict[str, dict] = field(default_factory=dict)
 
 
 _SPECS: dict[str, JobSpec] = {}  # flow run id -> parsed spec (a run's parameters never change)
@@ -103,6 +112,20 @@ def live_nodes(client: Any, pool: PoolSpec, now: float, lease_s: float = LEASE_S
     return {node: beat for node, beat in beats.items() if now - beat <= lease_s}
 
 
+def read_fences(client: Any, pool: PoolSpec, cache: RunCache | None = None) -> dict[str, dict]:
+    """The pool's fences (:func:`e31.tasks.supervisor.fence.read_fences`).
+    With a ``cache``, read only while some may exist: at a full read of the
+    runs, and while the last read found one or a tick took a node for lost
+    (only the scheduler writes them); else the cache's answer is kept."""
+    from e31.tasks.supervisor.fence import read_fences as read_them
+
+    if cache is None:
+        return read_them(client, pool.name)
+    if cache.fences is None or cache.fences or cache.fences_at != cache.full_reads:
+        cache.fences, cache.fences_at = read_them(client, pool.name), cache.full_reads
+    return cache.fences
+
+
 def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[str, list[float]] | None = None,
          lease_s: float = LEASE_S, staged: dict[tuple[str, ...], list[str]] | None = None,
          cache: RunCache | None = None) -> Snapshot:
@@ -120,7 +143,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
     from prefect.client.schemas.objects import StateType
 
     now = time.time() if now is None else now
-    snap = Snapshot(now=now, nodes=nodes_of(pool), lease_s=lease_s,
+    snap = Snapshot(now=now, nodes=nodes_of(pool), lease_s=lease_s, pool=pool.name,
                     prefetching=frozenset(name for n in pool.nodes if n.scratch_budget for name in n.names()))
     snap.heard = heard(client, pool)
     alive = live_nodes(client, pool, now, lease_s, snap.heard)
@@ -130,6 +153,8 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
     silent = known - set(alive)
     reserve = _return_reserve_s()
     lost_nodes = cache.confirm_lost(silent) if cache is not None else silent
+    snap.fences = read_fences(client, pool, cache)
+    fenced = {f["node"]: f for f in snap.fences.values() if f["node"] in known}
     for run in runs:
         key = str(run.id)
         snap.runs[key] = run
@@ -186,18 +211,36 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 preferred_nodes=tuple(dict.fromkeys(n for n in (*prefetched, *(staged or {}).get(inputs_key(spec), ()))
                                                     if n in known)),
                 locality_wait_s=wait_s, planned_node=planned_node(state), return_s=reserve))
+    for job in list(snap.queued):  # its attempt on a lost node may still run: not a second one beside it
+        fence = snap.fences.get(job.id)
+        if fence is not None and not fence.get("down"):
+            snap.blocked[job.id] = _fence_wait(fence)
+    snap.queued = [j for j in snap.queued if j.id not in snap.blocked]
+    if cache is not None and snap.lost:
+        cache.fences = None  # the tick fences their nodes: the next one reads the fences
     _chain_handovers(snap, cache.ended_at if cache is not None else {})
     _one_run_per_job(snap)
     _clip_overbooked(snap)
     for node in snap.nodes:  # a node without a live worker takes nothing: what its runs leave is held
-        if node.name not in alive:  # until its worker answers (all of it once they are lost)
+        # until its worker answers (all of it once they are lost); a fenced node, until its lost runs' processes
+        # are said to be gone (the whole node: a silent machine's state is unknown, and its worker clears the
+        # fence as it starts, before the node could take anything)
+        if node.name not in alive or node.name in fenced:
             held = [r for r in snap.running if r.node == node.name]
             snap.running.append(RunningJob(
-                id=f"{DOWN}{node.name}", node=node.name,
+                id=f"{FENCED if node.name in fenced else DOWN}{node.name}", node=node.name,
                 devices=tuple(d for d in range(node.gpus) if not any(d in r.devices for r in held)),
                 cpus=max(0, node.cpus - sum(r.cpus for r in held)),
                 memory=max(0, node.memory - sum(r.memory for r in held)), start=now, expected_end=now + lease_s))
     return snap
+
+
+def _fence_wait(fence: dict) -> str:
+    """Why a queued run whose attempt on a lost node is fenced waits."""
+    node = fence["node"]
+    return (f"waiting for its attempt on node {node}, lost while it ran, to be confirmed ended: by that attempt's "
+            f"flow process or node {node}'s e31 worker (started again there); if that machine is off for good: "
+            f"e31 node {node} --down --pool POOL")
 
 
 def _clip_overbooked(snap: Snapshot) -> None:

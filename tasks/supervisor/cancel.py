@@ -18,7 +18,7 @@ from typing import Callable
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
 
-from e31.tasks.supervisor.fence import placed_elsewhere, this_node
+from e31.tasks.supervisor.fence import superseded, this_node
 
 POLL_EVERY_S = 2.0  # seconds between state reads
 #: Seconds between state reads in a flow process an ``e31 worker`` started (``E31_NODE`` set): its worker
@@ -80,7 +80,7 @@ class _Reader:
                         client = entered
                     run = client.read_flow_run(self.flow_run_id)
                     self.failures_in_row = 0
-                    self.moved_to = self.moved_to or placed_elsewhere(run, self.node)
+                    self.moved_to = self.moved_to or superseded(run, self.node)  # fencing: placed elsewhere, or lost
                     if run.state is not None and run.state.type in (StateType.CANCELLING, StateType.CANCELLED):
                         self.seen.set()
                 except Exception:

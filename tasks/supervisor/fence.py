@@ -21,6 +21,25 @@ rather than end the run that is now the other node's.
 A run placed back on the same node is not fenced: its second flow process
 finds the job's lock held by the first and leaves the run to it
 (``e31.flows.job``).  Outside a queue (no ``E31_NODE``) nothing is fenced.
+
+A run's devices are free only once its processes are gone.  When the
+scheduler takes a node for lost it first writes a *fence* for each of the
+node's runs (a Prefect Variable per run, :func:`fence_name`, holding
+:func:`fence_value`), then marks the run ``Crashed``.  While a fence names a
+node, the scheduler places nothing new on that node, and the run's requeued
+attempt does not start elsewhere.  The fence is lifted (its variable
+deleted) by whoever can say that no process of the lost attempt remains:
+the flow process itself, once it sees its run ``Crashed``, ended or queued
+again (:func:`superseded`; it kills its work first, then
+:func:`step_aside` lifts the fence), or the node's ``e31 worker`` when it
+starts or is heard again (it kills the run's processes first:
+:func:`e31.deployments.leftovers.clear_fences`).  An operator who knows the
+machine is off declares it down (``e31 node NODE --down``: ``down`` in the
+fence): the requeued attempt may then start elsewhere, and the node itself
+stays fenced until its worker confirms.  A silent machine promises nothing
+(as Kubernetes does not delete a pod of an unreachable node until its
+kubelet or an operator confirms it is gone), so without one of these the
+run's attempt elsewhere waits.
 """
 
 from __future__ import annotations
@@ -40,6 +59,69 @@ PLACEMENT_PARAM = "placement"
 NODE_VAR = "e31_node"
 #: The environment variable naming the node a flow process runs on (set by ``e31 worker``).
 NODE_ENV = "E31_NODE"
+
+
+#: Prefix of the Prefect Variables that fence a lost run's node (one per run: :func:`fence_name`).
+FENCE_PREFIX = "e31-fence-"
+#: What :func:`superseded` answers, before the state's name, when the run is no longer this process's to run
+#: on this node (ended, crashed, queued again), as opposed to placed on another node (the node's name).
+ENDED_MARK = "~ended~"
+
+
+def fence_name(run_id: str) -> str:
+    """The Prefect Variable fencing the node of the lost flow run ``run_id``: ``e31-fence-<run id>``."""
+    return f"{FENCE_PREFIX}{str(run_id).lower()}"
+
+
+def fence_value(pool: str, node: str, run_id: str, job: str | None, since: float) -> dict[str, Any]:
+    """A fence's value: the ``pool`` and ``node`` it holds, the lost flow
+    run (``run``) and its ``job`` name, ``since`` (Unix seconds: when the
+    node was taken for lost) and ``down`` (False until an operator declares
+    the node down: ``e31 node NODE --down``)."""
+    return {"pool": pool, "node": node, "run": str(run_id), "job": job, "since": since, "down": False}
+
+
+def read_fences(client: Any, pool: str) -> dict[str, dict[str, Any]]:
+    """Flow run id -> fence value (see :func:`fence_value`) of every fence
+    of the pool named ``pool``; ``client``: Prefect's sync client.  Raises
+    what the API raises (a caller that cannot read them must not take the
+    nodes for free)."""
+    response = client.request("POST", "/variables/filter", json={
+        "variables": {"name": {"like_": FENCE_PREFIX}}, "limit": 200})
+    return _fences_of(response.json(), pool)
+
+
+async def read_fences_async(client: Any, pool: str) -> dict[str, dict[str, Any]]:
+    """:func:`read_fences` with Prefect's async client."""
+    response = await client.request("POST", "/variables/filter", json={
+        "variables": {"name": {"like_": FENCE_PREFIX}}, "limit": 200})
+    return _fences_of(response.json(), pool)
+
+
+def _fences_of(found: Any, pool: str) -> dict[str, dict[str, Any]]:
+    fences = {}
+    for variable in found or ():
+        value = variable.get("value") if isinstance(variable, dict) else None
+        if isinstance(variable, dict) and str(variable.get("name", "")).startswith(FENCE_PREFIX) and \
+                isinstance(value, dict) and value.get("pool") == pool and isinstance(value.get("node"), str):
+            fences[str(value.get("run"))] = value
+    return fences
+
+
+def lift_fence(run_id: str | None) -> bool:
+    """Delete the fence of the flow run ``run_id`` (this process has
+    ended the run's work on this machine); True when the API answered (a
+    run with no fence counts).  Best effort: False on any error."""
+    if not run_id:
+        return False
+    try:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            client.delete_variable_by_name(fence_name(run_id))
+        return True
+    except Exception:
+        return False
 
 
 def this_node() -> str | None:
@@ -71,10 +153,33 @@ def placed_elsewhere(run: Any, node: str | None) -> str | None:
     return placed if isinstance(placed, str) and placed and placed != node else None
 
 
+def superseded(run: Any, node: str | None) -> str | None:
+    """Why the flow process of ``run`` (a Prefect ``FlowRun``) on ``node``
+    must stop its work and write nothing more: the other node the run is
+    placed on now (:func:`placed_elsewhere`), or :data:`ENDED_MARK` and the
+    name of its state when that state is ``Crashed``, ``Completed``,
+    ``Failed`` or ``Scheduled`` (its node was taken for lost: the scheduler
+    crashed it and may have queued it again; or someone ended it by hand):
+    a run whose state says it runs nowhere must not run on unattended, on
+    devices the queue may give to other work.  None while the run is this
+    node's and ``Pending``/``Running`` (``Cancelling`` and ``Cancelled``
+    are a cancel's: :mod:`e31.tasks.supervisor.cancel`), or ``node`` is None."""
+    if node is None:
+        return None
+    elsewhere = placed_elsewhere(run, node)
+    if elsewhere is not None:
+        return elsewhere
+    state = getattr(run, "state", None)
+    kind = getattr(getattr(state, "type", None), "value", None)
+    if kind in ("CRASHED", "COMPLETED", "FAILED", "SCHEDULED"):
+        return f"{ENDED_MARK}{state.name or kind.title()}"
+    return None
+
+
 def moved_now(run_id: str | None) -> str | None:
-    """One read of the flow run now: the other node it is placed on, or
-    None (not placed elsewhere, outside a queue, no run id, or the API did
-    not answer)."""
+    """One read of the flow run now: why this process must step aside
+    (:func:`superseded`), or None (still this node's, outside a queue, no
+    run id, or the API did not answer)."""
     node = this_node()
     if node is None or run_id is None:
         return None
@@ -82,13 +187,18 @@ def moved_now(run_id: str | None) -> str | None:
         from prefect.client.orchestration import get_client
 
         with get_client(sync_client=True) as client:
-            return placed_elsewhere(client.read_flow_run(run_id), node)
+            return superseded(client.read_flow_run(run_id), node)
     except Exception:
         return None
 
 
 def superseded_message(run_id: str | None, node: str | None, moved_to: str) -> str:
-    """The log line of a flow process that steps aside."""
+    """The log line of a flow process that steps aside (``moved_to``: what
+    :func:`superseded` answered)."""
+    if moved_to.startswith(ENDED_MARK):
+        return (f"flow run {run_id} is {moved_to[len(ENDED_MARK):]} while this flow process on node {node} still ran "
+                "it (its node was taken for lost, or it was ended by hand); this process stops its work and returns "
+                "nothing, and says its processes are gone so the node's devices can be given to other work")
     return (f"flow run {run_id} was placed on node {moved_to} after node {node} was taken for lost; this flow "
             f"process on {node} stops its work and returns nothing: the run, its checkpoints and its output are "
             f"the attempt on {moved_to}'s")
@@ -97,9 +207,11 @@ def superseded_message(run_id: str | None, node: str | None, moved_to: str) -> s
 def step_aside(run_id: str | None, moved_to: str) -> None:
     """End this flow process at once, with exit status 0 and no state
     written, after logging :func:`superseded_message` (to the run's log
-    through the API, and to stderr; stderr alone outside a run).  The caller has ended the work's
-    processes.  Never returns."""
+    through the API, and to stderr; stderr alone outside a run) and lifting
+    the run's fence (:func:`lift_fence`: its work is gone from this node).
+    The caller has ended the work's processes.  Never returns."""
     line = superseded_message(run_id, this_node(), moved_to)
+    lift_fence(run_id)
     try:
         from prefect import get_run_logger
         from prefect.logging.handlers import APILogWorker

@@ -37,11 +37,15 @@ def test_a_run_being_cancelled_on_a_lost_node_ends_cancelled_and_is_never_requeu
     """Node n1 has no worker (lost at once without a run cache): its
     ``Running`` run is crashed, its ``Cancelling`` run is cancelled; at the
     next tick the crashed run (no retries, one attempt) is not requeued, and
-    the cancelled one is final."""
+    the cancelled one is final.  Each is fenced first (a Prefect Variable
+    naming its node): n1 is held whole by the fence's stand-in until they
+    are confirmed ended, whatever its worker's heartbeat says."""
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelling, Running
 
-    from e31.flows.queue import apply, read
+    from e31.flows.queue import apply, read, work_pool_name
+    from e31.flows.queue.record import humane
+    from e31.tasks.supervisor.fence import read_fences
 
     made = _Pool(tmp_path)
     with get_client(sync_client=True) as client:
@@ -52,11 +56,20 @@ def test_a_run_being_cancelled_on_a_lost_node_ends_cancelled_and_is_never_requeu
         snap = read(client, made.spec)
         assert sorted(snap.lost) == sorted([running, cancelling])
         assert apply(client, snap, [])["lost"] == 2
-        lost = "node n1 stopped answering (no worker heartbeat for 60 s); its resources are free again"
+        lost = ("node n1 stopped answering (no worker heartbeat for 60 s); its resources are free again once its "
+                "processes there are confirmed ended")
         assert _state(client, running) == ("CRASHED", "Crashed", lost)
         assert _state(client, cancelling) == ("CANCELLED", "Cancelled", f"cancelled (a cancel was requested); {lost}")
+        fences = read_fences(client, made.spec.name)
+        assert sorted(fences) == sorted([running, cancelling])
+        assert {(f["node"], f["job"], f["down"]) for f in fences.values()} == {
+            ("n1", f"running-{made.tag}", False), ("n1", f"cancelling-{made.tag}", False)}
+        client.send_worker_heartbeat(work_pool_name(made.spec), "n1")  # its worker answers again: still fenced
         snap = read(client, made.spec, now=time.time() + 10)  # both crashes settled
         assert snap.requeue == [] and cancelling not in snap.runs
+        assert [(r.id, r.cpus) for r in snap.running] == [("~fenced~n1", 1)]
+        assert humane("waits, after job ~fenced~n1 ends", snap) == (
+            "waits, once the runs lost on node n1 are confirmed ended (by node n1's e31 worker, started again there)")
 
 
 def test_a_run_that_keeps_crashing_before_its_work_starts_is_queued_again_three_times_then_refused(prefect_api,
