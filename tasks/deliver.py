@@ -89,7 +89,7 @@ class ReturnTarget:
     """Where and what the return step delivers: the ``job`` and flow run
     (``run_id``), the local ``output_dir``, the ``output_url``, the
     ``declared`` output files, the request's ``gpus``/``cpus`` (for the
-    meter), the spec's sha256, ``staging_s`` (seconds staging in the run,
+    meter, :mod:`e31.tasks.meter`), the spec's sha256, ``staging_s`` (seconds staging in the run,
     resources held), ``prefetch_s`` (seconds the node's prefetcher staged
     the inputs before the allocation; 0: none), ``staged_before_allocation``
     (see :func:`e31.tasks.manifest.build_manifest`), the durable
@@ -193,6 +193,7 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
     dest.remove_temporaries([rel for _, rel in files], own_folder=not completed)
     rows = _publish_all(files, folder)
     stale = dest.settle({row["path"] for row in rows}, own_folder=not completed)
+    released_at = out.released_at or time.time()  # the output is returned: the meter stops (tasks/meter.py)
     manifest = build_manifest(
         job=req.job,
         run_id=req.run_id,
@@ -218,6 +219,9 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
         peak_memory=out.peak_memory,
         staged_before_allocation=req.staged_before_allocation,
         attempt=req.attempt,
+        work_started_at=out.work_started_at,
+        released_at=released_at,
+        resumed_from_step=out.resumed_from_step,
     )
     if completed:
         Destination(storage.join(req.output_url, PARTIAL)).clear()  # superseded by this complete output

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from e31.tasks.meter import meter
+
 STATUSES = ("completed", "partial", "failed")
 REASONS = ("finished", "time_limit", "deadline", "cancelled", "signal", "crashed", "error", "out_of_memory")
 
@@ -66,6 +68,9 @@ def build_manifest(
     peak_memory: int = 0,
     staged_before_allocation: bool | None = None,
     attempt: str | None = None,
+    work_started_at: float | None = None,
+    released_at: float = 0.0,
+    resumed_from_step: int | None = None,
 ) -> dict[str, Any]:
     """The manifest as a JSON-ready dict.
 
@@ -89,13 +94,11 @@ def build_manifest(
     ``timings.prefetch_s``, or by an earlier run, or by the run itself
     while the run ahead of it still held the node), so nothing was copied
     while the job held its resources; False when some input was copied in
-    the run; None when the job reads no data.  The meter bills the seconds
-    the job held its resources, in-run staging and the work, as batch
-    schedulers bill allocations: ``gpu_seconds = gpus * (staging_s + run_s)``,
-    ``cpu_seconds = cpus * (staging_s + run_s)`` (a prefetch, made before the
-    allocation, is not billed).
+    the run; None when the job reads no data.  ``meter``: from
+    ``work_started_at`` to ``released_at`` (Unix seconds), see
+    :func:`e31.tasks.meter.meter`.  ``resumed_from_step``: the checkpoint
+    step the run's work resumed from (None: a fresh start).
     """
-    held_s = float(timings.get("staging_s", 0.0)) + float(timings.get("run_s", 0.0))
     manifest: dict[str, Any] = {
         "job": job,
         "run_id": run_id,
@@ -105,12 +108,13 @@ def build_manifest(
         "message": verdict.message,
         "exit_code": exit_code,
         "step": step,
+        "resumed_from_step": resumed_from_step,
         "folder": folder,
         "files": files,
         "stale": list(stale or []),
         "checkpoint": checkpoint,
         "timings": {k: round(float(v), 3) for k, v in timings.items()},
-        "meter": {"gpu_seconds": round(gpus * held_s, 3), "cpu_seconds": round(cpus * held_s, 3)},
+        "meter": meter(gpus, cpus, work_started_at, released_at),
         "staged_before_allocation": staged_before_allocation,
         "peak_memory_bytes": peak_memory,
         "spec_sha256": spec_sha256,

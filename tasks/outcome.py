@@ -26,6 +26,13 @@ class RunOutcome:
     ``phases``: in seconds, ``child_start_s`` and ``work_s`` (within
     ``run_s``), ``settle_s`` (after it; see ``e31.tasks.supervisor.loop._phases``)
     and ``prestart_s`` (the child's loading before the run, :mod:`e31.tasks.supervisor.warm`).
+    ``work_started_at``: Unix seconds when the work started (a Python
+    entrypoint's function called, a command exec'd; None: it never did),
+    where the meter starts (:func:`e31.tasks.meter.meter`); ``released_at``:
+    Unix seconds where it stops when the run's process gave up returning
+    the output (None: at the return).  ``resumed_from_step``: the step of
+    the checkpoint the work was given to resume from (``E31_RESUME_DIR``;
+    None: a fresh start).
     """
 
     reason: str
@@ -42,6 +49,9 @@ class RunOutcome:
     uploads: list[DurableCheckpoint] = field(default_factory=list)
     manifest: dict[str, Any] | None = None
     phases: dict[str, float] = field(default_factory=dict)
+    work_started_at: float | None = None
+    released_at: float | None = None
+    resumed_from_step: int | None = None
 
 
 class ChildLost(RuntimeError):

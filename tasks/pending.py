@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,6 +46,8 @@ def save_pending(scratch: Path, target: ReturnTarget, outcome: RunOutcome, error
     delivery also uploads the newest one kept in scratch."""
     outcome_d = asdict(outcome)
     outcome_d["manifest"] = None
+    if error != IN_PROGRESS and outcome_d.get("released_at") is None:  # this process gives up: the meter stops
+        outcome_d["released_at"] = time.time()
     record = {
         "target": asdict(target),
         "outcome": outcome_d,

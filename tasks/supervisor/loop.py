@@ -37,6 +37,9 @@ from e31.tasks.supervisor.progress import ProgressReporter
 from e31.tasks.supervisor.uploader import Uploader
 from e31.tasks.supervisor.warm import child_environment, go, import_torch_here, kill, spawn, take
 from e31.tasks.work.context import ChildConfig
+from e31.tasks.work.local_checkpoints import parse_step
+from e31.specs import mask_url
+from e31.tasks import storage
 
 POLL_S = 0.2  # seconds between supervisor checks
 STOP_SEEN = "stop_seen"  # written beside the progress file when the work reads ctx.should_stop as true
@@ -170,6 +173,7 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     # A command runs in the spec's folder (so `python train.py` finds its script); a Python
     # entrypoint in its output folder.  Either way outputs go to E31_OUTPUT_DIR.
     cwd = settings.child.code_dirs[0] if settings.child.command and settings.child.code_dirs else settings.child.output_dir
+    resumed_from = _say_resume(env.get("E31_RESUME_DIR", ""), settings.checkpoint_url)
     if warm is not None:
         set_subreaper()  # orphans of the work are re-parented here, not to init
         proc = warm.proc
@@ -182,10 +186,12 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
             cancel.stop()
             return RunOutcome(reason="error", exit_code=127, run_s=0.0,
                               message=f"cannot start work.command {command!r}: {exc.strerror}",
-                              checkpoint=uploader.finish())
+                              checkpoint=uploader.finish(), resumed_from_step=resumed_from)
+    exec_at = time.time()  # a command's work starts here (Popen returns once it is exec'd)
     (run_dir / CHILD_PGID).write_text(str(proc.pid))  # lets the next attempt clean up after a kill -9
     killed = False
     memory_at = 0.0
+    ended = False  # the loop saw the child's end (not a teardown of the supervisor)
     try:
         while proc.poll() is None:
             now = time.time()
@@ -252,6 +258,8 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     outcome = _outcome(code, stop, killed, run_s, tail_lines(stderr_path, TAIL_LINES, scrub))
     outcome.peak_memory = tree.peak_rss
     outcome.phases = phases
+    outcome.work_started_at = exec_at if settings.child.command else _read_time(begun)
+    outcome.resumed_from_step = resumed_from
     if stop.reason == "out_of_memory":
         outcome.message = (f"the work used {human_size(tree.peak_rss)} of resident memory, over request.memory "
                            f"{human_size(settings.memory or 0)}; killed. Ask for more memory, or use less")
@@ -291,9 +299,31 @@ def _run_log(stream: str, line: str) -> None:
         logger.warning("%s", line)
 
 
+def _say_resume(resume_dir: str, checkpoint_url: str) -> int | None:
+    """The step of the checkpoint folder ``resume_dir`` the work is given
+    (``E31_RESUME_DIR``; empty: a fresh start, None), said in the run's log
+    as ``resumed from step N (URL)`` with the durable checkpoint's URL
+    (masked)."""
+    if not resume_dir:
+        return None
+    name = Path(resume_dir).name
+    step = parse_step(name)
+    if step is not None:
+        get_run_logger().info("resumed from step %d (%s)", step, mask_url(storage.join(checkpoint_url, name)))
+    return step
+
+
+def _read_time(marker: Path) -> float | None:
+    """The Unix time written in ``marker`` by the child, or None (never written)."""
+    try:
+        return float(marker.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _phases(spawned: float, begun: Path, returned: Path, exited: float) -> dict[str, float]:
     """Where the run's time went, in seconds: ``child_start_s`` (spawn to the
-    work's first line: the interpreter, torch, the entrypoint's imports),
+    work's first line: the interpreter, E31, the entrypoint's imports),
     ``work_s`` (the work's function, to its return or the child's exit) and
     ``settle_s`` (the child's exit to the last checkpoint made durable).
     Only ``settle_s`` for a command (no Python entrypoint to mark)."""

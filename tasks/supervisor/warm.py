@@ -1,9 +1,10 @@
 """A work's child process started ahead of its run: while the inputs stage.
 
-Starting a Python child costs its interpreter, torch and the entrypoint's
-own imports (about 1-1.5 s on a 2-core machine).  None of that needs the
-staged inputs, so :func:`prestart` spawns the child before staging, as
-``python -m e31.tasks.work.child --warm CONFIG``: it imports torch and the
+Starting a Python child costs its interpreter and the entrypoint's own
+imports (torch among them, when the work's module imports it: about
+1-1.5 s on a 2-core machine).  None of that needs the staged inputs, so
+:func:`prestart` spawns the child before staging, as
+``python -m e31.tasks.work.child --warm CONFIG``: it imports the
 entrypoint, then blocks on its stdin.  The run task's supervisor takes it
 (:func:`take`), writes the final config, and sends one line, the JSON of the
 environment variables that depend on staging and on the checkpoints

@@ -2,13 +2,19 @@
 
 Imports the work's ``module:function`` entrypoint and calls it with a
 :class:`e31.tasks.work.context.WorkContext`.  With ``--warm`` (started
-while the inputs stage, :mod:`e31.tasks.supervisor.warm`) it imports torch
-and the entrypoint first, then waits for one line on stdin: the JSON of the
+while the inputs stage, :mod:`e31.tasks.supervisor.warm`) it imports the
+entrypoint first, then waits for one line on stdin: the JSON of the
 environment variables to set; it then reads CONFIG.json again (rewritten
 in full) and runs the work.  EOF instead of that line: the run did not
 happen; it exits 0 without running anything.  Exit codes: 0 when the function returned,
 1 when it raised (traceback on stderr), 2 when the entrypoint cannot be
 imported.  SIGTERM sets ``ctx.should_stop`` instead of killing the process.
+
+The child imports torch only when the work does (its entrypoint's module,
+or a checkpoint read or written through the context): a work that never
+uses torch does not pay for it, and the meter (:mod:`e31.tasks.meter`)
+starts only when the function is called.  torch's threads follow
+``OMP_NUM_THREADS`` (= ``request.cpus``), which torch reads as it loads.
 """
 
 from __future__ import annotations
@@ -46,14 +52,8 @@ def load_entrypoint(spec: str, code_dirs: list[str]):
 
 
 def _load(cfg: ChildConfig, quiet: bool = False):
-    """torch (when installed) and the entrypoint's callable; None (said on
-    stderr unless ``quiet``) when the entrypoint cannot be loaded."""
-    try:
-        import torch
-
-        torch.set_num_threads(max(1, cfg.cpus))
-    except ImportError:  # torch is only needed by work that uses it
-        pass
+    """The entrypoint's callable; None (said on stderr unless ``quiet``)
+    when the entrypoint cannot be loaded."""
     try:
         return load_entrypoint(cfg.entrypoint or "", cfg.code_dirs)
     except Exception as exc:
@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
         func = _load(cfg)
         if func is None:
             return EXIT_BAD_ENTRYPOINT
-    # The moment the work's own code starts (for the manifest's child_start_s and work_s).
+    # The moment the work's own code starts: the meter's start (tasks/meter.py), child_start_s and work_s.
     Path(cfg.progress_file).with_name("begun").write_text(repr(time.time()))
     try:
         func(ctx)

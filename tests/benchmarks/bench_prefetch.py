@@ -16,7 +16,7 @@ Printed for each run, and as ratios:
 - **resource-seconds held**: per job, from its ``Placed`` state (its node's
   slot is taken) to its flow run's final state, summed (target: with
   prefetch, less by at least the in-run staging time saved);
-- the **meter** (manifest ``meter.cpu_seconds``: in-run staging + work);
+- the **meter** (manifest ``meter.cpu_seconds``: the work's start to its release, no staging);
 - **in-run staging** seconds (manifest ``timings.staging_s``) summed, and
   ``timings.prefetch_s`` summed (staging done before allocation);
 - the rest of the held time (held less in-run staging, work, settle and

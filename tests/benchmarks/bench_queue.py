@@ -44,7 +44,11 @@ was a parameter, December 2026), which nothing hides.  The run prints the
 machine's CPU per job and the least wall that CPU allows: on a 2-core
 machine with 3 s jobs it is ~1.1x the ideal (run it with 3 and with 10).
 The idle gap between two works on a node is also split where the job
-ahead's final manifest reached its destination (its output returned).  1,000 jobs of 3 s take about 25 min (4 of them submitting);
+ahead's final manifest reached its destination (its output returned).  Load widens
+that gap: on a machine loaded 13-23 by other work, consecutive 6-GPU jobs on a node were
+10-45 s apart (0.21 s median here, idle), as the job behind's flow process, staging and
+child start, each slowed by the starved CPU, outlast the ``--handover`` lead; measure it
+under the load the pool will have.  1,000 jobs of 3 s take about 25 min (4 of them submitting);
 150 jobs about 5.
 """
 

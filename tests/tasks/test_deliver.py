@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 
 from e31.tasks.deliver import ReturnTarget, deliver
 from e31.tasks.outcome import RunOutcome
@@ -19,13 +20,18 @@ def test_deliver_copies_nested_files_and_writes_manifest_last(tmp_path):
     (src / "sub").mkdir(parents=True)
     (src / "a.txt").write_bytes(b"alpha")
     (src / "sub" / "b.bin").write_bytes(b"\x00\x01")
-    manifest = deliver(_target(tmp_path), RunOutcome(reason="finished", exit_code=0, run_s=2.0))
+    before = time.time()
+    manifest = deliver(_target(tmp_path), RunOutcome(reason="finished", exit_code=0, run_s=2.0,
+                                                     work_started_at=before - 2.0))
     assert manifest["status"] == "completed"
     assert manifest["files"] == [
         {"path": "a.txt", "bytes": 5, "sha256": hashlib.sha256(b"alpha").hexdigest()},
         {"path": "sub/b.bin", "bytes": 2, "sha256": hashlib.sha256(b"\x00\x01").hexdigest()},
     ]
-    assert manifest["meter"] == {"gpu_seconds": 0.0, "cpu_seconds": 4.0}
+    meter = manifest["meter"]  # the work's start to the release (the return, within this call)
+    assert meter["started_at"] == round(before - 2.0, 3) and before <= meter["released_at"] <= time.time()
+    assert meter["seconds"] == round(meter["released_at"] - meter["started_at"], 3) >= 2.0
+    assert (meter["gpu_seconds"], meter["cpu_seconds"]) == (0.0, round(2 * meter["seconds"], 3))
     assert (tmp_path / "dest" / "sub" / "b.bin").read_bytes() == b"\x00\x01"
     assert json.loads((tmp_path / "dest" / "manifest.json").read_text()) == manifest
     assert sorted(p.name for p in (tmp_path / "dest").iterdir()) == ["a.txt", "manifest.json", "sub"]  # no temp files

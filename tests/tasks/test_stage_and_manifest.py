@@ -89,20 +89,31 @@ def test_verdict(reason, code, present, expected):
     assert verdict(reason, code, ["model.pt", "metrics.json"], present) == expected
 
 
-def test_manifest_meter_bills_allocated_seconds():
+def test_manifest_meter_bills_work_start_to_release():
     m = build_manifest(
         job="j", run_id="r", verdict=Verdict("completed", "finished"), exit_code=0, step=3,
         files=[{"path": "a", "bytes": 1, "sha256": "x"}], checkpoint="/c/step-3",
         timings={"staging_s": 0.5, "run_s": 10.0, "return_s": 0.25}, gpus=2, cpus=4,
-        spec_sha256="s", finished_at="t",
+        spec_sha256="s", finished_at="t", work_started_at=1000.25, released_at=1010.5,
     )
-    assert m["meter"] == {"gpu_seconds": 21.0, "cpu_seconds": 42.0}  # in-run staging and the work: held seconds
+    # from the work's start to the release; staging and the child's start are not billed
+    assert m["meter"] == {"started_at": 1000.25, "released_at": 1010.5, "seconds": 10.25, "gpu_seconds": 20.5,
+                          "cpu_seconds": 41.0}
+    assert m["resumed_from_step"] is None
     assert m["staged_before_allocation"] is None
     assert m["timings"] == {"staging_s": 0.5, "run_s": 10.0, "return_s": 0.25}
-    assert list(m) == ["job", "run_id", "attempt", "status", "reason", "message", "exit_code", "step", "folder", "files", "stale",
+    assert list(m) == ["job", "run_id", "attempt", "status", "reason", "message", "exit_code", "step", "resumed_from_step", "folder", "files", "stale",
                        "checkpoint", "timings", "meter", "staged_before_allocation", "peak_memory_bytes", "spec_sha256", "finished_at",
                        "stop_requested_at", "logs"]
     assert (m["folder"], m["stale"]) == (".", [])
+    # no work started (stopped while staging, refused): nothing billed
+    none = build_manifest(
+        job="j", run_id="r", verdict=Verdict("partial", "cancelled"), exit_code=None, step=None, files=[],
+        checkpoint=None, timings={"staging_s": 3.0, "run_s": 0.0}, gpus=2, cpus=4, spec_sha256="s", finished_at="t",
+        released_at=1010.5, resumed_from_step=7)
+    assert none["meter"] == {"started_at": None, "released_at": None, "seconds": 0.0, "gpu_seconds": 0.0,
+                             "cpu_seconds": 0.0}
+    assert none["resumed_from_step"] == 7
     assert m["logs"] == {"stdout_tail": "", "stderr_tail": "", "lines_not_forwarded": 0}
 
 
