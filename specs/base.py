@@ -3,17 +3,28 @@
 Cross-field rules (``duration <= limit``, ``entrypoint`` xor ``command``...)
 run on the raw input in a wrap validator, so they are reported together with
 field errors of the same model instead of only after every field is valid.
+
+A model built from Python (``JobSpec(...)``, ``JobSpec.model_validate(...)``,
+``model_validate_json``, ``model_validate_strings``) raises the same
+:class:`e31.specs.SpecError` as :func:`e31.specs.load_spec` does for the same
+mistake. Inside pydantic (a spec nested in another model, or a Prefect flow
+parameter checked by Prefect) validation still raises pydantic's
+``ValidationError``, which those callers expect.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .live import LIVE_KEYS, LIVE_REASON, got_key, live_message
+from .nesting import nesting_message, too_deep
+
+if TYPE_CHECKING:
+    from .errors import SpecError
 
 __all__ = ["SPEC_ERROR", "RuleError", "SpecModel", "spec_error"]
 
@@ -63,6 +74,32 @@ def _sort_key(loc: tuple, order: dict[str, int]) -> tuple[int, int]:
     return (order.get(loc[0], len(order)), index)
 
 
+def _submodel(model: type[BaseModel], key: Any) -> tuple[type[BaseModel] | None, bool]:
+    """(the spec model field ``key`` of ``model`` holds or None, whether it holds a list of them)."""
+    field = model.model_fields.get(key) if isinstance(key, str) else None
+    if field is None:
+        return None, False
+    annotation = field.annotation
+    for kind in (annotation, *get_args(annotation)):
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            return kind, kind is not annotation and getattr(annotation, "__origin__", None) is list
+    return None, False
+
+
+def _field_of(model: type[BaseModel], loc: tuple) -> tuple:
+    """``loc`` cut after the first key that is not a spec model (the free-form or unknown field holding it)."""
+    out: list[Any] = []
+    current: type[BaseModel] | None = model
+    rest = list(loc)
+    while rest and current is not None:
+        key = rest.pop(0)
+        out.append(key)
+        current, is_list = _submodel(current, key)
+        if current is not None and is_list and rest and isinstance(rest[0], int):
+            out.append(rest.pop(0))
+    return tuple(out)
+
+
 class SpecModel(BaseModel):
     """Base of all spec models: unknown fields forbidden, numbers accepted for strings.
 
@@ -77,6 +114,73 @@ class SpecModel(BaseModel):
 
     live_keys_refused: ClassVar[bool] = False
 
+    def __init__(self, /, **data: Any) -> None:
+        """Validate ``data`` into this model.
+
+        Raises:
+            SpecError: every problem at once, as :func:`e31.specs.load_spec`
+                words them (not pydantic's ``ValidationError``).
+        """
+        __tracebackhide__ = True
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise type(self)._spec_error(exc) from None
+
+    # pydantic calls a model's own __init__ when it validates the model nested in another one (or as a flow
+    # parameter) unless the __init__ is marked as the base one: marked, nested validation stays pydantic's,
+    # and only the outermost call turns its ValidationError into a SpecError
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any):
+        """pydantic's ``model_validate``; raises :class:`SpecError` instead of ``ValidationError``."""
+        __tracebackhide__ = True
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as exc:
+            raise cls._spec_error(exc) from None
+
+    @classmethod
+    def model_validate_json(cls, json_data: Any, **kwargs: Any):
+        """pydantic's ``model_validate_json``; raises :class:`SpecError` instead of ``ValidationError``."""
+        __tracebackhide__ = True
+        try:
+            return super().model_validate_json(json_data, **kwargs)
+        except ValidationError as exc:
+            raise cls._spec_error(exc) from None
+
+    @classmethod
+    def model_validate_strings(cls, obj: Any, **kwargs: Any):
+        """pydantic's ``model_validate_strings``; raises :class:`SpecError` instead of ``ValidationError``."""
+        __tracebackhide__ = True
+        try:
+            return super().model_validate_strings(obj, **kwargs)
+        except ValidationError as exc:
+            raise cls._spec_error(exc) from None
+
+    @classmethod
+    def _spec_error(cls, exc: ValidationError) -> SpecError:
+        from .friendly import spec_error_from  # friendly imports the models built on this base
+
+        return spec_error_from(cls, exc)
+
+    @classmethod
+    def nesting_problem(cls, data: Any) -> tuple[tuple, PydanticCustomError] | None:
+        """``(field location, error)`` when raw input ``data`` nests mappings and lists more than
+        :data:`e31.specs.nesting.MAX_NESTING` levels deep, else None.
+
+        The location names the field that holds the deep value (``work.params``,
+        ``data[0].storage_options``, an unknown top-level key), not the deep key itself."""
+        loc = too_deep(data)
+        return None if loc is None else cls.nesting_at(loc)
+
+    @classmethod
+    def nesting_at(cls, loc: tuple) -> tuple[tuple, PydanticCustomError]:
+        """``(field location, error)`` for a value nested too deeply at raw location ``loc``."""
+        message, got, fix = nesting_message()
+        return _field_of(cls, loc), spec_error(message, fix=fix, got=got)
+
     @classmethod
     def _rules(cls, data: Mapping[str, Any]) -> list[RuleError]:
         """Cross-field problems in raw input ``data``; locations are relative to the model."""
@@ -87,6 +191,9 @@ class SpecModel(BaseModel):
     def _validate_all(cls, data: Any, handler):
         if not isinstance(data, Mapping):
             return handler(data)
+        deep = cls.nesting_problem(data)
+        if deep is not None:  # nothing below is walked: copying, printing or dumping it would recurse too deep
+            raise ValidationError.from_exception_data(cls.__name__, [_line(deep[0], deep[1], None)])
         extra: list[InitErrorDetails] = []
         if cls.live_keys_refused:
             live = [k for k in data if isinstance(k, str) and k.lower() in LIVE_KEYS and k not in cls.model_fields]

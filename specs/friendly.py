@@ -9,10 +9,10 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ValidationError
 
 from .base import SPEC_ERROR
-from .errors import Problem, format_loc, short_repr
+from .errors import Problem, SpecError, format_loc, short_repr
 from .models import CheckpointPolicy, DataInput, JobSpec, OutputSpec, RequestSpec, WorkSpec
 
-__all__ = ["JOB_WORDS", "NO_OUTPUT", "Vocabulary", "problems_from"]
+__all__ = ["JOB_WORDS", "NO_OUTPUT", "Vocabulary", "problems_from", "register_document", "spec_error_from"]
 
 # Model found at a location, with list indexes dropped.
 _MODELS: dict[tuple, type[BaseModel]] = {
@@ -166,3 +166,37 @@ def problems_from(exc: ValidationError, words: Vocabulary = JOB_WORDS) -> list[P
         if problem not in problems:
             problems.append(problem)
     return sorted(problems, key=lambda p: p.message.startswith("unknown field"))
+
+
+# Documents whose models raise SpecError from Python: (vocabulary, what SpecError calls it, its source label).
+_DOCUMENTS: list[tuple[Vocabulary, str, str]] = [(JOB_WORDS, "job spec", "<spec>")]
+
+
+def register_document(words: Vocabulary, what: str, source: str) -> None:
+    """Make the models of ``words`` (a document such as the pool) word their
+    errors from Python with ``words``: ``SpecError(source, ..., what)``."""
+    _DOCUMENTS.append((words, what, source))
+
+
+def _shifted(words: Vocabulary, prefix: tuple) -> Vocabulary:
+    """``words`` seen from the model at ``prefix`` (its locations made relative to it)."""
+    def cut(table: Mapping[tuple, Any]) -> dict[tuple, Any]:
+        return {loc[len(prefix):]: value for loc, value in table.items() if loc[: len(prefix)] == prefix}
+
+    return Vocabulary(cut(words.models), cut(words.add), cut(words.mapping_of))
+
+
+def spec_error_from(model: type[BaseModel], exc: ValidationError) -> SpecError:
+    """The :class:`SpecError` for ``exc``, raised validating ``model`` from Python.
+
+    A whole document (``JobSpec``) is worded exactly as :func:`e31.specs.parse_spec`
+    words it (source ``<spec>``; ``<pool>`` for ``PoolSpec``); a part of one
+    (``WorkSpec``...) has paths relative to itself and its class name as source
+    (``invalid job spec <WorkSpec> (1 problem)``)."""
+    for words, what, source in _DOCUMENTS:
+        for loc, known in words.models.items():
+            if known is model:
+                if not loc:
+                    return SpecError(source, problems_from(exc, words), what)
+                return SpecError(f"<{model.__name__}>", problems_from(exc, _shifted(words, loc)), what)
+    return SpecError(f"<{model.__name__}>", problems_from(exc, Vocabulary({(): model}, {}, {})))

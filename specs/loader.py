@@ -9,14 +9,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
+from .base import SpecModel
 from .errors import DOCUMENT, Problem, SpecError, format_loc, short_repr
-from .friendly import problems_from
 from .models import JobSpec
+from .nesting import too_deep
 from .overrides import apply_overrides
 from .urls import resolve_path
-from .yamlload import MAX_DOCUMENT_CHARS, YamlSyntaxError, load_yaml
+from .yamlload import MAX_DOCUMENT_CHARS, YamlSyntaxError, YamlTooDeep, load_yaml
 
 __all__ = ["load_spec", "parse_spec"]
 
@@ -51,26 +50,47 @@ def _json_duplicates(data: Any, loc: tuple = ()) -> list[Problem]:
     return problems
 
 
-def _parse_json(text: str, source: str) -> tuple[Any, list[Problem]]:
+def _deep_problem(model: type[SpecModel], loc: tuple) -> Problem:
+    """The problem of a value nested too deeply at raw location ``loc``, worded as the model words it."""
+    field, err = model.nesting_at(loc)
+    ctx = err.context or {}
+    return Problem(format_loc(field), f"{ctx['msg']} (got {ctx['got']}); {ctx['fix']}")
+
+
+def _parse_json(text: str, source: str, model: type[SpecModel]) -> tuple[Any, list[Problem]]:
     try:
         data = json.loads(text, object_pairs_hook=_json_pairs)
     except json.JSONDecodeError as exc:
         raise SpecError(source, [Problem(f"{source}:{exc.lineno}:{exc.colno}", f"JSON syntax error: {exc.msg}")]) from None
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:  # deeper than Python's parser goes: the place is unknown
+        raise SpecError(source, [Problem(source, "JSON syntax error: nested too deeply (thousands of levels)")]) from None
+    except ValueError as exc:
         raise SpecError(source, [Problem(source, f"JSON syntax error: {exc}")]) from None
+    deep = too_deep(data)  # before anything walks it recursively
+    if deep is not None:
+        raise SpecError(source, [_deep_problem(model, deep)])
     return data, _json_duplicates(data)
 
 
-def _parse_text(text: str, source: str, as_json: bool) -> tuple[Any, list[Problem]]:
+def _parse_text(text: str, source: str, as_json: bool,
+                model: type[SpecModel] = JobSpec) -> tuple[Any, list[Problem]]:
+    """``(data, problems that do not stop validation)`` of a spec (``model``: the document's model,
+    which names the field holding a value nested too deeply). Raises SpecError for the others."""
     if len(text) > MAX_DOCUMENT_CHARS:
         raise SpecError(source, [Problem(source, f"the document has {len(text):,} characters; a spec may have at most "
                                                  f"{MAX_DOCUMENT_CHARS:,} (put large data in an input, not the spec)")])
     if as_json:
-        return _parse_json(text, source)
+        return _parse_json(text, source, model)
     try:
-        return load_yaml(text, source)
+        data, problems = load_yaml(text, source)
+    except YamlTooDeep as exc:
+        raise SpecError(source, [_deep_problem(model, exc.loc)]) from None
     except YamlSyntaxError as exc:
         raise SpecError(source, [exc.problem]) from None
+    deep = too_deep(data)  # aliases can nest deeper than the text does
+    if deep is not None:
+        raise SpecError(source, [*problems, _deep_problem(model, deep)])
+    return data, problems
 
 
 def _read(path: str | os.PathLike[str], source: str) -> str:
@@ -132,14 +152,17 @@ def _build(data: Any, source: str, base_dir: Any, overrides: Sequence[str], earl
             DOCUMENT,
             f"the document must be a mapping of spec_version, name, work, data, request, output (got {got})",
         )])
+    deep = too_deep(data)  # a mapping given in Python: checked before it is copied
+    if deep is not None:
+        raise SpecError(source, [*early, _deep_problem(JobSpec, deep)])
     data = copy.deepcopy(dict(data))
     overridden, problems = apply_overrides(data, overrides)
     problems = early + problems
     _resolve_urls(data, base_dir, overridden)
     try:
         spec = JobSpec.model_validate(data)
-    except ValidationError as exc:
-        problems += problems_from(exc)
+    except SpecError as exc:
+        problems += exc.problems
     except Exception as exc:  # never leak a traceback from loading
         problems.append(Problem(DOCUMENT, f"could not be validated: {type(exc).__name__}: {exc}"))
     if checks is not None:

@@ -38,7 +38,7 @@ def _try_duration(value: Any) -> timedelta | None:
 class WorkSpec(SpecModel):
     """What runs: a Python callable ``module:function`` or a command, exactly one of the two.
 
-    Raises (on validation) pydantic.ValidationError: both or neither of
+    Raises (on validation) :class:`SpecError`: both or neither of
     entrypoint/command, a malformed entrypoint, an empty command, or live work
     (kind ``service``, ``daemon``..., or keys ``port``, ``latency``... anywhere
     under work, params included).
@@ -116,7 +116,7 @@ class WorkSpec(SpecModel):
 class DataInput(SpecModel):
     """One input staged before the run, to a folder named ``name``; verified if ``sha256`` is given.
 
-    Raises (on validation) pydantic.ValidationError: an unsafe name, an empty
+    Raises (on validation) :class:`SpecError`: an unsafe name, an empty
     url, a sha256 that is not 64 hex characters, or bad ``storage_options``
     (e31.specs.storage_options). Names must be unique within JobSpec.data.
     """
@@ -134,7 +134,7 @@ class RequestSpec(SpecModel):
     the stop warning, SIGTERM, to the hard kill) shorter than the limit.  One kind of deadline:
     ``deadline`` (absolute, with timezone, in the future), ``deadline_within`` (after each run's
     scheduled start) or ``deadline_at`` (a time of day in a timezone).  Raises (on validation)
-    pydantic.ValidationError for these rules, bad values, or live-work keys (``port``, ``latency``).
+    :class:`SpecError` for these rules, bad values, or live-work keys (``port``, ``latency``).
     """
 
     live_keys_refused = True
@@ -189,7 +189,7 @@ class CheckpointPolicy(SpecModel):
     """How often the work checkpoints (``every`` a duration, or ``every_steps``) and how many to keep.
 
     ``url`` is the durable checkpoint location (None: the flow's default); ``storage_options`` its fsspec options.
-    Raises (on validation) pydantic.ValidationError when both ``every`` and
+    Raises (on validation) :class:`SpecError` when both ``every`` and
     ``every_steps`` are set, a count is below 1, or ``url`` cannot be written to
     (no bucket or host, a glob character: :mod:`e31.specs.output_urls`).
     """
@@ -214,7 +214,7 @@ class CheckpointPolicy(SpecModel):
 class OutputSpec(SpecModel):
     """Where results go and which files mark the job complete.
 
-    Raises (on validation) pydantic.ValidationError: no files, duplicate
+    Raises (on validation) :class:`SpecError`: no files, duplicate
     files, a file that is absolute, contains ``..`` or is not a POSIX path, or
     a ``url`` that cannot be written to (no bucket or host, a glob character).
     """
@@ -268,9 +268,11 @@ class OutputSpec(SpecModel):
 class JobSpec(SpecModel):
     """A batch job: work, data, request and output (see docs/design.md, section 1).
 
-    Build it from Python (``JobSpec(name=..., work=..., request=..., output=...)``)
-    or load it with :func:`e31.specs.load_spec`; validation errors from Python are
-    pydantic.ValidationError, from loading they are :class:`specs.SpecError`.
+    Build it from Python (``JobSpec(name=..., work=..., request=..., output=...)``,
+    ``JobSpec.model_validate(mapping)``) or load it with :func:`e31.specs.load_spec`;
+    both raise :class:`e31.specs.SpecError` with the same problem lines (source
+    ``<spec>`` from Python), every problem at once. (Nested in another pydantic
+    model, e.g. as a Prefect flow parameter, it raises pydantic's ValidationError.)
     Across sections: input names must be unique (:mod:`e31.specs.input_names`), and
     ``output.url`` and ``output.checkpoint.url`` must not be, lie inside, or
     hold a ``data[].url`` (:mod:`e31.specs.output_urls`).

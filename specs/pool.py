@@ -18,12 +18,12 @@ import os
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, StrictInt, ValidationError, WithJsonSchema
+from pydantic import AfterValidator, Field, StrictInt, WithJsonSchema
 
 from .base import RuleError, SpecModel, spec_error
 from .errors import DOCUMENT, Problem, SpecError, short_repr
 from .fields import SAFE_NAME, GpuType, JobName, Memory, valid_job_name
-from .friendly import Vocabulary, problems_from
+from .friendly import Vocabulary, register_document
 from .loader import _parse_text, _read
 
 __all__ = ["MAX_NODES", "NodeSpec", "PoolSpec", "load_pool", "parse_pool", "pool_json_schema"]
@@ -47,8 +47,9 @@ class NodeSpec(SpecModel):
     """One node line of a pool: its resources and how many identical nodes it stands for.
 
     ``memory`` is in BYTES (``512GiB`` etc. accepted).  Raises (on validation)
-    pydantic.ValidationError: a bad name, a count below 1, negative GPUs, fewer
-    than 1 CPU, a ``gpu_type`` on a node without GPUs.
+    :class:`SpecError` (pydantic's ValidationError inside another model): a bad
+    name, a count below 1, negative GPUs, fewer than 1 CPU, a ``gpu_type`` on a
+    node without GPUs.
     """
 
     name: NodeName = Field(description="Node name (or the prefix of NAME-1..NAME-N when count > 1).")
@@ -80,8 +81,9 @@ class NodeSpec(SpecModel):
 class PoolSpec(SpecModel):
     """A pool of nodes (see the module docstring for the ``count`` naming).
 
-    Raises (on validation) pydantic.ValidationError: no nodes, duplicate node
-    names after expansion, more than :data:`MAX_NODES` nodes, or a bad node line.
+    Raises (on validation) :class:`SpecError`, worded as :func:`load_pool` words it
+    (source ``<pool>``): no nodes, duplicate node names after expansion, more
+    than :data:`MAX_NODES` nodes, or a bad node line.
     """
 
     pool_version: Literal[1] = Field(1, description="Pool format version; 1.")
@@ -130,6 +132,7 @@ _POOL_WORDS = Vocabulary(
                                                                 "scratch_budget"},
 )
 
+register_document(_POOL_WORDS, "pool", "<pool>")  # PoolSpec(...) from Python raises SpecError worded as load_pool's
 
 #: Path of a problem about the whole pool document.
 WHOLE = "(pool)"
@@ -151,8 +154,8 @@ def parse_pool(data: Any, source: str = "<pool>") -> PoolSpec:
                         what="pool")
     try:
         return PoolSpec.model_validate(dict(data))
-    except ValidationError as exc:
-        raise SpecError(source, problems_from(exc, _POOL_WORDS), what="pool") from None
+    except SpecError as exc:
+        raise SpecError(source, exc.problems, what="pool") from None
 
 
 def load_pool(path: str | os.PathLike[str]) -> PoolSpec:
@@ -165,7 +168,7 @@ def load_pool(path: str | os.PathLike[str]) -> PoolSpec:
     """
     source = os.fspath(path)
     try:
-        data, early = _parse_text(_read(path, source), source, as_json=source.lower().endswith(".json"))
+        data, early = _parse_text(_read(path, source), source, as_json=source.lower().endswith(".json"), model=PoolSpec)
     except SpecError as exc:
         raise SpecError(source, [_whole(p) for p in exc.problems], what="pool") from None
     try:

@@ -16,8 +16,9 @@ from typing import Any
 import yaml
 
 from .errors import Problem, format_loc
+from .nesting import nesting_message, yaml_too_deep
 
-__all__ = ["OverrideLoader", "SpecLoader", "YamlSyntaxError", "load_yaml", "parse_yaml_value"]
+__all__ = ["OverrideLoader", "SpecLoader", "YamlSyntaxError", "YamlTooDeep", "load_yaml", "parse_yaml_value"]
 
 
 class SpecLoader(yaml.SafeLoader):
@@ -86,6 +87,16 @@ class YamlSyntaxError(Exception):
     def __init__(self, problem: Problem) -> None:
         super().__init__(str(problem))
         self.problem = problem
+
+
+class YamlTooDeep(YamlSyntaxError):
+    """YAML text that nests mappings and lists more than :data:`MAX_NESTING`
+    levels deep; ``loc`` is where (keys and list indexes from the document)."""
+
+    def __init__(self, loc: tuple, source: str) -> None:
+        message, got, fix = nesting_message()
+        super().__init__(Problem(format_loc(loc) if loc else source, f"{message} (got {got}); {fix}"))
+        self.loc = loc
 
 
 def _syntax_problem(exc: yaml.YAMLError, text: str, source: str) -> Problem:
@@ -190,7 +201,14 @@ def load_yaml(text: str, source: str, loader_class: type[SpecLoader] = SpecLoade
                                               f"{MAX_DOCUMENT_CHARS:,} (put large data in an input, not the spec)"))
     loader = None
     try:
-        loader = loader_class(text)  # its reader refuses control characters: inside the error handling
+        scan = loader_class(text)  # its reader refuses control characters: inside the error handling
+        try:
+            deep = yaml_too_deep(scan)
+        finally:
+            scan.dispose()
+        if deep is not None:
+            raise YamlTooDeep(deep, source)
+        loader = loader_class(text)
         node = loader.get_single_node()
         if _expanded_size(node) > MAX_EXPANDED_NODES:
             raise YamlSyntaxError(Problem(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from pydantic import ValidationError
 
 from e31.specs import JobSpec, SpecError, is_credential_key, json_schema, parse_spec, reference_of, secrets_in, spec_payload
 
@@ -68,10 +67,10 @@ def test_literal_secret_is_refused_without_echoing_it():
 def test_python_validation_error_does_not_echo_the_literal():
     data = parse_spec(SPEC).model_dump()
     data["output"]["storage_options"] = {"client_kwargs": {"aws_secret_access_key": "abc-planted"}}
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(SpecError) as info:
         JobSpec.model_validate(data)
     assert "abc" not in str(info.value)
-    assert [e["loc"] for e in info.value.errors()] == [("output", "storage_options", "client_kwargs", "aws_secret_access_key")]
+    assert [p.path for p in info.value.problems] == ["output.storage_options.client_kwargs.aws_secret_access_key"]
 
 
 @pytest.mark.parametrize(("key", "credential"), [
@@ -132,11 +131,9 @@ output: {{kind: results, url: /o, files: [m.json]}}
 def test_bad_reference_in_a_header_names_its_path():
     data = parse_spec(SPEC).model_dump()
     data["data"][0]["storage_options"] = {"client_kwargs": {"headers": {"Authorization": {"env": "1BAD"}}}}
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(SpecError) as info:
         JobSpec.model_validate(data)
-    assert [e["loc"] for e in info.value.errors()] == [
-        ("data", 0, "storage_options", "client_kwargs", "headers", "Authorization", "env"),
-    ]
+    assert [p.path for p in info.value.problems] == ["data[0].storage_options.client_kwargs.headers.Authorization.env"]
 
 
 @pytest.mark.parametrize(("value", "ref"), [
