@@ -6,6 +6,9 @@ type (aware, in the future) is here too."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime, time, timedelta, timezone
 from typing import Annotated
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -68,18 +71,36 @@ def _deadline_schema() -> dict:
     }
 
 
+_AS_OF: ContextVar[datetime | None] = ContextVar("e31_deadlines_as_of", default=None)
+
+
+@contextmanager
+def deadlines_as_of(moment: datetime | None) -> Iterator[None]:
+    """Judge whether a deadline is still in the future as of ``moment`` (timezone-aware) instead of
+    the clock, for specs validated inside the block: ``e31 plan --now T`` plans as of ``T``, so a
+    deadline is in the past only when it is before ``T``.  None: the clock."""
+    token = _AS_OF.set(moment)
+    try:
+        yield
+    finally:
+        _AS_OF.reset(token)
+
+
 def check_deadline(value: datetime) -> datetime:
-    """Require a timezone and a deadline still in the future."""
+    """Require a timezone and a deadline still in the future (as of :func:`deadlines_as_of`'s
+    moment inside that block, else now)."""
     if value.tzinfo is None or value.utcoffset() is None:
         raise spec_error(
             "must include a timezone; a deadline without one is not guessed",
             fix=f"add an offset, e.g. {value.replace(tzinfo=None).isoformat()}+00:00",
             got=repr(value.isoformat()),
         )
-    now = datetime.now(timezone.utc)
+    as_of = _AS_OF.get()
+    now = as_of if as_of is not None else datetime.now(timezone.utc)
     if value <= now:
         raise spec_error(
-            "must be in the future; this deadline has already passed",
+            "must be in the future; this deadline has already passed" if as_of is None else
+            f"must be after the planning time {as_of.isoformat()} (--now); this deadline has passed by then",
             fix="set a later finish-by time, or drop the deadline",
             got=repr(value.isoformat()),
         )

@@ -306,6 +306,22 @@ class Capacity:
         first = self.first[i]
         self._index(i, [g for g in range(1, len(first)) if start <= first[g][0] < end], a)
 
+    def release(self, i: int, start: float, end: float, devices: int, cpus: int, memory: int, label: str) -> None:
+        """Give back what :meth:`reserve` took on node ``i`` over ``[start, end)`` for job ``label`` (the
+        same arguments).  Capacity grows: the memory of failed start-now checks is cleared."""
+        a = self._split(i, start)
+        b = self._split(i, end)
+        masks, fc, fm = self.masks[i], self.cpus[i], self.mems[i]
+        for k in range(a, b):
+            masks[k] |= devices
+            fc[k] += cpus
+            fm[k] += memory
+        if self.enders[i].get(end) == label:
+            del self.enders[i][end]
+        first = self.first[i]
+        self._index(i, [g for g in range(1, len(first)) if first[g][0] >= start], a)
+        self._failed.clear()
+
     def room_until(self, i: int, req: Request) -> float:
         """How long from ``now`` ``req`` fits on node ``i`` unbroken: the Unix time the window first
         fails (``now`` when it does not fit at ``now``; infinity when it fits forever)."""

@@ -155,9 +155,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """``e31 plan SPEC... --pool POOL``: the table of the plan; exit 1 when a job is refused."""
     from e31.specs import load_pool, load_spec
 
+    from e31.specs.deadlines import deadlines_as_of
+
     pool = load_pool(args.pool)
-    specs = [load_spec(path) for path in args.specs]
     now = args.now if args.now is not None else datetime.now(timezone.utc).timestamp()
+    with deadlines_as_of(datetime.fromtimestamp(now, timezone.utc) if args.now is not None else None):
+        specs = [load_spec(path) for path in args.specs]
     nodes, jobs = nodes_of(pool), _queued(specs, now)
     placements = plan(nodes, [], jobs, now, args.policy)
     print(f"plan of {len(jobs)} job{'s' if len(jobs) != 1 else ''} on pool {pool.name} at {clock(now, now)} "
@@ -208,7 +211,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
         return EXIT_OK
-    unit = "GPUs" if any(n.gpus for n in nodes) else "CPUs"
+    from .simulate import resource_of
+
+    unit = "GPUs" if resource_of([j.job for j in jobs]) == "gpus" else "CPUs"
     print(f"trace {args.trace}: {len(jobs)} jobs ({trace.skipped} skipped: unknown run time or processors); "
           f"pool {pool.name} ({len(nodes)} node{'s' if len(nodes) != 1 else ''}); policy {args.policy}")
     deadlines = (f"{result.deadlines_met} of {result.deadlines_total} ({result.deadlines_feasible} feasible on an "

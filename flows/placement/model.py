@@ -12,10 +12,19 @@ from typing import Literal
 
 from e31.errors import InvalidInput
 
-__all__ = ["Action", "Node", "PlanInputError", "Placement", "QueuedJob", "RunningJob", "RuntimeSource"]
+__all__ = ["Action", "Node", "PlanInputError", "Placement", "QueuedJob", "RunningJob", "RuntimeSource", "id_order"]
 
 Action = Literal["start", "wait", "refuse"]
 RuntimeSource = Literal["duration", "history", "limit"]
+
+
+def id_order(job_id: str) -> tuple[int, int, str]:
+    """The key that orders job ids among equals (same submission time): ids made of ASCII digits
+    (an SWF trace's job numbers) by their number, so job 9 comes before job 10; every other id (a
+    flow run's UUID, a job name) after them, as text."""
+    if job_id.isascii() and job_id.isdigit():
+        return 0, int(job_id), job_id
+    return 1, 0, job_id
 
 
 class PlanInputError(InvalidInput):
@@ -89,6 +98,13 @@ class QueuedJob:
             prefetch may be under way there); among equally early starts it
             is kept, after ``preferred_nodes``, so the plan does not move a
             job between equally free nodes from one tick to the next.
+        start_s: seconds from its placement until its flow run starts on the
+            node (the worker's poll and the flow process's start; measured by
+            the live queue, 0 in replays): part of its occupancy.
+        output_s: seconds to return its output after the work ends (measured
+            by the live queue from past runs' manifests, 0 in replays): part of
+            its occupancy, so a job planned into a gap holds the node until its
+            output is back.
     """
 
     id: str
@@ -108,6 +124,8 @@ class QueuedJob:
     locality_wait_s: float = 0.0
     planned_node: str | None = None
     return_s: float = 0.0
+    start_s: float = 0.0
+    output_s: float = 0.0
 
     @property
     def work_deadline(self) -> float | None:
@@ -117,8 +135,22 @@ class QueuedJob:
 
     @property
     def occupancy_s(self) -> float:
-        """Seconds it holds a node by the plan: staging plus the runtime estimate (never below 1 s)."""
-        return max(self.staging_s + self.runtime_s, 1.0)
+        """Seconds it holds a node by the plan: its start, staging, the runtime estimate and the
+        return of its output (never below 1 s)."""
+        return max(self.start_s + self.staging_s + self.runtime_s + self.output_s, 1.0)
+
+    @property
+    def hard_occupancy_s(self) -> float:
+        """Seconds it may hold a node at most: as :attr:`occupancy_s` with the ``limit`` in place of
+        the estimate (the run stops its work at the limit), never below :attr:`occupancy_s`."""
+        return max(self.start_s + self.staging_s + self.limit_s + self.output_s, self.occupancy_s)
+
+    @property
+    def work_s(self) -> float:
+        """Seconds from its start on a node until its work is expected to end (start, staging and
+        the runtime estimate; the output's return comes after): what a deadline is judged on
+        against :attr:`work_deadline`."""
+        return self.start_s + self.staging_s + self.runtime_s
 
 
 @dataclass(frozen=True)

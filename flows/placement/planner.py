@@ -106,36 +106,45 @@ _Slot = tuple[float, int, int, bool]  # start, node index, device mask, reserved
 
 def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
            promoted: dict[str, Promotion]) -> dict[str, _Slot]:
-    """One pass: reservations for the first ``depth`` waiting jobs, backfilling for the rest."""
+    """One pass: reservations for the first ``depth`` waiting jobs, backfilling for the rest.
+
+    A job ranked after a reservation is planned on its limit (:attr:`Ranked.hard`): it starts now
+    only where it could run to its hard stop without touching that reservation, which is EASY's
+    guarantee kept for a job that overruns its estimate."""
     now = cap.now
     slots: dict[str, _Slot] = {}
-    reservations, floor, blocked, deep = 0, now, False, []
+    held: dict[str, float] = {}  # job id -> seconds its slot holds the node (estimate or limit)
+    reservations, floor, blocked, deep, late = 0, now, False, [], False
     for j in ranked:
-        job, req = j.job, j.req
+        job = j.job
+        size = j.hard if reservations else j.req
         hit = None
         promotion = promoted.get(job.id)
         if promotion is not None and promotion.start_by > now:  # no earlier than needed
             by = promotion.start_by
-            hit = cap.earliest(req, j.eligible, now + SLACK_USE * (by - now), by, preferred=j.preferred)
+            hit = cap.earliest(size, j.eligible, now + SLACK_USE * (by - now), by, preferred=j.preferred)
+            late = late or hit is not None
         if hit is not None:
             start, i, mask = hit
         elif reservations < depth:
-            start, i, mask = cap.earliest(req, j.eligible, floor if fcfs else now, preferred=j.preferred,
+            start, i, mask = cap.earliest(size, j.eligible, floor if fcfs else now, preferred=j.preferred,
                                           wait_s=job.locality_wait_s)
-        elif not (fcfs and blocked) and (hit := cap.start_now(req, j.eligible, j.kind, j.preferred)):
+        elif not (fcfs and blocked) and (hit := cap.start_now(size, j.eligible, j.kind, j.preferred)):
             start, (i, mask) = now, hit
         else:
             deep.append(j)
             blocked = True  # first come, first served: nothing after it starts before it
             continue
         devices = lowest_bits(mask, job.gpus)
-        cap.reserve(i, start, start + req[3], devices, job.cpus, job.memory, job.id)
-        slots[job.id] = (start, i, devices, True)
+        cap.reserve(i, start, start + size[3], devices, job.cpus, job.memory, job.id)
+        slots[job.id], held[job.id] = (start, i, devices, True), size[3]
         if start > now:
             reservations += 1
             blocked = True
         if fcfs:
             floor = start
+    if late and not fcfs:
+        deep = _fill_now(cap, ranked, slots, held, deep)
     tails = sorted((cap.tail(i), i) for i in range(len(cap.nodes)))
     for j in deep:  # estimates only: after every reservation on the soonest-free eligible node
         pos = next(p for p, (_, i) in enumerate(tails) if j.eligible is None or j.eligible[i])
@@ -145,6 +154,45 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
         insort(tails, (start + j.req[3], i))
         slots[j.job.id] = (start, i, lowest_bits((1 << cap.nodes[i].gpus) - 1, j.job.gpus), False)
     return slots
+
+
+def _fill_now(cap: Capacity, ranked: list[Ranked], slots: dict[str, _Slot], held: dict[str, float],
+              deep: list[Ranked]) -> list[Ranked]:
+    """Keep the plan work-conserving after a promoted deadline job was placed no earlier than
+    needed: a waiting job that fits now, around every other placement (reservations ahead of it
+    on its limit, as in :func:`_place`), starts now.  Without this a node the deferred job leaves
+    idle stays idle when no other job fits the time before it, and the deferred start slides
+    later at every re-plan.  Repeated until nothing moves (each job moves at most once).
+    Returns the deep jobs still waiting."""
+    now, waiting = cap.now, {j.job.id for j in deep}
+    moved = True
+    while moved:
+        moved = False
+        ahead = False  # a job ranked higher still waits for a reservation
+        for j in ranked:
+            job = j.job
+            slot = slots.get(job.id)
+            if slot is not None and slot[0] <= now:
+                continue
+            if slot is None and job.id not in waiting:
+                continue
+            size = j.hard if ahead else j.req
+            if slot is not None:
+                start, i, devices, _ = slot
+                cap.release(i, start, start + held[job.id], devices, job.cpus, job.memory, job.id)
+            hit = cap.earliest(size, j.eligible, now, now, preferred=j.preferred)
+            if hit is not None:
+                _, i, mask = hit
+                devices = lowest_bits(mask, job.gpus)
+                cap.reserve(i, now, now + size[3], devices, job.cpus, job.memory, job.id)
+                slots[job.id], held[job.id] = (now, i, devices, True), size[3]
+                waiting.discard(job.id)
+                moved = True
+                continue
+            if slot is not None:
+                cap.reserve(i, start, start + held[job.id], devices, job.cpus, job.memory, job.id)
+                ahead = True
+    return [j for j in deep if j.job.id in waiting]
 
 
 def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[QueuedJob], now: float,

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .model import QueuedJob
+from .model import QueuedJob, id_order
 
-__all__ = ["BSLD_FLOOR_S", "Promotion", "Ranked", "at_risk", "order", "overdue"]
+__all__ = ["BSLD_FLOOR_S", "Promotion", "Ranked", "at_risk", "expansion_factor", "order", "overdue"]
 
 #: The expansion factor counts a job shorter than this as this long (seconds), as bounded slowdown does.
 BSLD_FLOOR_S = 10.0
@@ -38,14 +38,16 @@ class Promotion:
 
 class Ranked:
     """A queued job with what the planning passes need, computed once: ``req`` = (gpus, cpus,
-    memory, seconds on the node), ``eligible`` (None: every node), ``kind`` (the GPU type,
-    lower case), ``preferred`` (indices of nodes holding its inputs, then of its planned node)."""
+    memory, seconds on the node by the estimate), ``hard`` = the same with the seconds it may hold
+    the node at most (its limit), ``eligible`` (None: every node), ``kind`` (the GPU type, lower
+    case), ``preferred`` (indices of nodes holding its inputs, then of its planned node)."""
 
-    __slots__ = ("job", "req", "eligible", "kind", "preferred")
+    __slots__ = ("job", "req", "hard", "eligible", "kind", "preferred")
 
     def __init__(self, job: QueuedJob, eligible: list[bool], where: dict[str, int]) -> None:
         self.job = job
         self.req = (job.gpus, job.cpus, job.memory, job.occupancy_s)
+        self.hard = (job.gpus, job.cpus, job.memory, job.hard_occupancy_s)
         self.eligible = None if all(eligible) else eligible
         self.kind = job.gpu_type.lower() if job.gpu_type else None
         # the planned node only as a tie-break: the wait a node holding the inputs is worth is theirs alone
@@ -54,8 +56,21 @@ class Ranked:
         self.preferred = tuple(dict.fromkeys(where[n] for n in names if n in where and eligible[where[n]]))
 
 
-def _arrival(j: Ranked) -> tuple[float, str]:
-    return j.job.submitted, j.job.id
+def _arrival(j: Ranked) -> tuple[float, tuple[int, int, str]]:
+    return j.job.submitted, id_order(j.job.id)
+
+
+def expansion_factor(wait_s: float, estimate_s: float) -> float:
+    """A waiting job's expansion factor: ``(wait + T) / T`` with ``T = max(estimate, 10 s)``
+    (seconds in, a ratio >= 1 out).
+
+    It is the slowdown the job would have if it started now, bounded as bounded slowdown bounds
+    it (Feitelson, Rudolph, Schwiegelshohn, Sevcik & Wong 1997: runs under 10 s count as 10 s),
+    with the bound applied to the run time in the numerator too.  Written as ``1 + wait / T`` it
+    never grows with the estimate: at equal waits a shorter job's factor is at least as high
+    (equal below 10 s, where the tie goes to the shorter job).  The form ``(wait + estimate) /
+    max(estimate, 10 s)`` would rank a 9 s job ahead of a 2 s job that waited as long."""
+    return 1.0 + max(wait_s, 0.0) / max(estimate_s, BSLD_FLOOR_S)
 
 
 def order(policy: str, jobs: Sequence[Ranked], now: float, promoted: dict[str, Promotion]) -> list[Ranked]:
@@ -70,7 +85,7 @@ def order(policy: str, jobs: Sequence[Ranked], now: float, promoted: dict[str, P
 
     def expansion(j: Ranked) -> tuple:  # equal factors (jobs just submitted): the shorter first
         estimate = j.req[3]
-        return (-(now - j.job.submitted + estimate) / max(estimate, BSLD_FLOOR_S), estimate, *_arrival(j))
+        return (-expansion_factor(now - j.job.submitted, estimate), estimate, *_arrival(j))
 
     return first + sorted((j for j in jobs if j.job.id not in promoted), key=expansion)
 
@@ -89,9 +104,9 @@ def at_risk(jobs: Iterable[Ranked], starts: dict[str, float], now: float, age_li
     for j in jobs:
         job, start = j.job, starts[j.job.id]
         by = job.work_deadline  # the work ends by it, so the output is back by the deadline
-        if by is not None and start + j.req[3] > by:
+        if by is not None and start + job.work_s > by:
             margin = max(_MARGIN * job.runtime_s, _MARGIN_MIN_S)
-            new = Promotion(0, by, min(by - j.req[3] - margin, job.submitted + age_limit_s))
+            new = Promotion(0, by, min(by - job.work_s - margin, job.submitted + age_limit_s))
         elif start > now and now - job.submitted >= age_limit_s:
             new = Promotion(1, job.submitted + age_limit_s, now)
         else:

@@ -39,7 +39,7 @@ def start_reason(job: QueuedJob, node: str, devices: int, end: float, now: float
     if job.memory:
         parts.append(gib(job.memory))
     when = f"; expected end {clock(end, now)} ({run_time(job)})"
-    return ", ".join(parts) + when + _deadline(job, end, now)
+    return ", ".join(parts) + when + _deadline(job, now + job.work_s, now)
 
 
 class Explainer:
@@ -107,4 +107,4 @@ class Explainer:
             held = ("the first waiting job in priority order holds a reservation" if self.depth == 1 else
                     f"the first {self.depth} waiting jobs in priority order hold reservations")
             text += f"; estimated start {clock(start, now)} (not reserved: only {held})"
-        return text + _deadline(job, start + job.occupancy_s, now)
+        return text + _deadline(job, start + job.work_s, now)

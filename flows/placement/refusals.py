@@ -78,7 +78,7 @@ def deadline_refusal(job: QueuedJob, now: float) -> str | None:
     """Why ``job``'s deadline cannot be met even if it started at once (one line), or None."""
     if job.deadline is None or job.work_deadline is None:
         return None
-    need, by = job.staging_s + job.runtime_s, job.work_deadline
+    need, by = job.work_s, job.work_deadline
     reserve = f", and {job.return_s:g} s to return its output before the deadline" if job.return_s else ""
     if job.submitted + need > by:
         return (f"deadline {clock(job.deadline, now)} cannot be met even on an empty pool: started when submitted "

@@ -17,10 +17,12 @@ Metrics (seconds; waits from submission to start):
   over the jobs that ran, ``run`` being the time on the node (Feitelson,
   Rudolph, Schwiegelshohn, Sevcik & Wong 1997, with their 10 s threshold);
 * ``utilization``: busy GPU-seconds over GPU-seconds available from the first
-  submission to the last end (CPU-seconds for a pool without GPUs);
+  submission to the last end when any job asks for GPUs, else the same in
+  CPU-seconds (the resource the jobs use: :func:`resource_of`);
 * ``deadlines_met``: jobs with a deadline that ran and ended by it, out of
   ``deadlines_total`` (all jobs with a deadline, refused ones included) and
-  ``deadlines_feasible`` (those that could have met it on an empty pool).
+  ``deadlines_feasible`` (those that could have met it on an empty pool: some
+  node holds the job, and it ends by its deadline when started at once).
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from .model import Node, QueuedJob, RunningJob
+from .model import Node, QueuedJob, RunningJob, id_order
 from .planner import AGE_LIMIT_S, plan
+from .refusals import eligible_nodes
 
-__all__ = ["BSLD_THRESHOLD_S", "OVERRUN_SHARE", "Result", "SimJob", "overrun", "simulate"]
+__all__ = ["BSLD_THRESHOLD_S", "OVERRUN_SHARE", "Result", "SimJob", "overrun", "resource_of", "simulate"]
 
 #: The bounded-slowdown threshold: runs shorter than this count as this long (seconds).
 BSLD_THRESHOLD_S = 10.0
@@ -92,7 +95,7 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
         PlanInputError: (from the planner) an unknown policy, a bad depth, duplicate job ids.
         RuntimeError: the replay stopped making progress (a planner bug).
     """
-    pending = sorted(jobs, key=lambda s: (s.job.submitted, s.job.id))
+    pending = sorted(jobs, key=lambda s: (s.job.submitted, id_order(s.job.id)))
     actual = {s.job.id: min(max(s.actual_s, 0.0), s.job.limit_s) for s in pending}
     by_id = {s.job.id: s.job for s in pending}
     queue: dict[str, QueuedJob] = {}
@@ -132,10 +135,16 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
     return _measure(nodes, by_id, starts, finished, refused, planning)
 
 
+def resource_of(jobs: Sequence[QueuedJob]) -> str:
+    """The resource a replay's utilisation is measured in: ``gpus`` when any job asks for a GPU,
+    else ``cpus`` (CPU jobs on a pool with GPUs are measured in CPUs)."""
+    return "gpus" if any(j.gpus for j in jobs) else "cpus"
+
+
 def _measure(nodes: Sequence[Node], jobs: dict[str, QueuedJob], starts: dict[str, float],
              ends: dict[str, float], refused: int, planning: float) -> Result:
-    gpus = sum(n.gpus for n in nodes)
-    capacity = gpus if gpus else sum(n.cpus for n in nodes)
+    gpus = resource_of(list(jobs.values())) == "gpus"
+    capacity = sum(n.gpus for n in nodes) if gpus else sum(n.cpus for n in nodes)
     first = min((j.submitted for j in jobs.values()), default=0.0)
     last = max(ends.values(), default=first)
     span = last - first
@@ -154,6 +163,7 @@ def _measure(nodes: Sequence[Node], jobs: dict[str, QueuedJob], starts: dict[str
         utilization=busy / (capacity * span) if capacity and span > 0 else 0.0,
         deadlines_met=sum(1 for j in with_deadline if j.id in ends and ends[j.id] <= j.deadline),
         deadlines_total=len(with_deadline),
-        deadlines_feasible=sum(1 for j in with_deadline if j.submitted + j.staging_s + j.runtime_s <= j.deadline),
+        deadlines_feasible=sum(1 for j in with_deadline
+                               if j.submitted + j.work_s <= j.work_deadline and any(eligible_nodes(nodes, j))),
         planning_s=planning, starts=starts, ends=ends,
     )

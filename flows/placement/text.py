@@ -41,6 +41,8 @@ def gib(nbytes: int) -> str:
 
 
 def run_time(job: QueuedJob) -> str:
-    """The planning run time and where it came from: ``run time 2h: duration``."""
-    staged = f" + staging {span(job.staging_s)}" if job.staging_s >= 1 else ""
-    return f"run time {span(job.runtime_s)}: {job.runtime_note or _SOURCE[job.runtime_source]}{staged}"
+    """The planning run time and where it came from: ``run time 2h: duration``, with the job's
+    start, staging and return when they take a second or more (``+ start 1m + return 4m``)."""
+    extra = "".join(f" + {what} {span(seconds)}" for what, seconds in
+                    (("start", job.start_s), ("staging", job.staging_s), ("return", job.output_s)) if seconds >= 1)
+    return f"run time {span(job.runtime_s)}: {job.runtime_note or _SOURCE[job.runtime_source]}{extra}"
