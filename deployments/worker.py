@@ -33,6 +33,7 @@ from pydantic import Field
 
 from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, ProcessWorker
 
+from e31.deployments.cancelgate import install as install_cancel_gate, settle_late_cancel
 from e31.deployments.runevents import PollGate
 from e31.deployments.warmstart import FLOW_PROCESS_SETTINGS, WARM_SOCKET as _WARM_SOCKET, flow_process_command, \
     start_warm_process
@@ -139,6 +140,7 @@ class E31Worker(ProcessWorker):
     def __init__(self, *args: Any, node: str, **kwargs: Any):
         kwargs.setdefault("name", node)
         super().__init__(*args, **kwargs)
+        install_cancel_gate()  # a cancel after a run's work ended changes nothing (e31.deployments.cancelgate)
         self.node = node
         self._warm: subprocess.Popen | None = None
         self._warm_at = 0.0  # time.monotonic() of the warm process's start
@@ -305,6 +307,8 @@ class E31Worker(ProcessWorker):
                 self._logger.warning("flow run %s ended with its work still running (pids %s): killed", flow_run.id,
                                      killed)
             await self._finish_cut_return(flow_run, job, held)
+            with anyio.CancelScope(shield=True):  # a cancel that came after its work had ended: the manifest's state
+                await anyio.to_thread.run_sync(settle_late_cancel, flow_run)
             if result is not None and result.status_code != 0:  # a cancel that came as it started left it Cancelling
                 from e31.deployments.leftovers import end_cancelling
 
