@@ -41,24 +41,37 @@ first, earliest deadline first, then arrival order, EASY backfilling.
    order: the ageing bound.  Once a job has waited that long only deadline
    jobs that need the time and jobs that waited longer come before it, and it
    holds a reservation at the earliest place the pool has room for it.
-3. Then every other job by its current expansion factor ``(wait + estimate) /
-   max(estimate, 10 s)``, highest first: short jobs go first, but every
-   waiting job's priority grows while it waits (the estimate is staging plus
-   the planning runtime; equal factors, as for jobs just submitted, go
-   shortest first).  This orders for low bounded slowdown
-   ``max((wait + run) / max(run, 10 s), 1)`` (Feitelson, Rudolph,
-   Schwiegelshohn, Sevcik & Wong 1997).
+3. Then every other job by its current expansion factor ``1 + wait /
+   max(estimate, 10 s)`` (:func:`.policy.expansion_factor`), highest first:
+   at equal waits the shorter job goes first, and every waiting job's
+   priority grows while it waits (the estimate is the job's whole time on
+   the node, :attr:`.model.QueuedJob.occupancy_s`; equal factors go shortest
+   first).  This orders for low bounded slowdown ``max((wait + run) /
+   max(run, 10 s), 1)`` (Feitelson, Rudolph, Schwiegelshohn, Sevcik & Wong
+   1997).
 4. The first ``depth`` waiting jobs (64 by default) hold reservations
-   (conservative backfilling); deeper jobs only backfill.  Every job is
-   re-planned at every event, so a reservation moves earlier when a running
-   job ends early, and a job of higher priority that arrives can take it.
+   (conservative backfilling); deeper jobs only backfill.  A job ranked
+   after a reservation is planned on its limit
+   (:attr:`.model.QueuedJob.hard_occupancy_s`), so a backfilled job that
+   overruns its estimate still cannot delay the reservations ahead of it
+   (EASY's guarantee rests on the limit, as Slurm's backfill does).  Every
+   job is re-planned at every event, so a reservation moves earlier when a
+   running job ends early, and a job of higher priority that arrives can
+   take it.
+5. Work conservation: after a deadline job was placed no earlier than
+   needed, every waiting job that fits now around everything else starts
+   now (:func:`_fill_now`), so room is never left idle that a waiting job
+   could use without delaying a reservation ahead of it (a hypothesis
+   property in ``tests/flows/placement/test_promises.py``).
 
 Guarantees (given the runtime estimates): no node is ever oversubscribed in
 GPUs, CPUs or memory; nothing starts before ``now``; a deadline job whose
 deadline cannot be met even if it started now is refused, never run to miss
 it; a feasible deadline job among jobs without deadlines on a free pool is
 planned to finish by its deadline; a job that holds a reservation is never
-delayed by a job backfilled behind it; a job without a deadline waits at most
+delayed by a job backfilled behind it, even one that runs to its limit; no
+room is idle now that a waiting job could use harmlessly; a job without a
+deadline waits at most
 the age limit plus the time the pool needs to free room for it and for the
 jobs aged before it.
 
