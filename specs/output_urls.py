@@ -7,7 +7,7 @@ filesystem reads only), must name a bucket or host after the protocol
 ``[``; a ``?query`` included: file names are appended to the path). Neither
 may be, lie inside, or hold a ``data[].url``: the job would write into its
 own inputs. Places are compared after normalising: a trailing ``/``,
-``file://`` against a plain path, ``.``/``..`` in local paths, the last part
+``file://`` against a plain path (its path percent-decoded), ``.``/``..`` in local paths, the last part
 of an fsspec ``a::b`` chain, a glob input by the folder before its wildcard.
 """
 
@@ -23,7 +23,7 @@ from pydantic import AfterValidator
 from .base import RuleError, spec_error
 from .errors import format_loc, short_repr
 from .fields import Url
-from .urls import mask_url
+from .urls import file_url_path, mask_url
 
 __all__ = ["GLOB_CHARS", "OutputUrl", "check_output_url", "overlap_problems"]
 
@@ -58,6 +58,7 @@ def _problem(url: str) -> Any:
     """The refusal of an output URL that cannot work, or None."""
     got = short_repr(mask_url(url))
     last_protocol, last_rest = _split(url.split("::")[-1])
+    last_rest = _decoded(url.split("::")[-1], last_rest)
     if last_protocol in ("", *_LOCAL) and last_rest.strip():
         place = os.path.realpath(os.path.expanduser(last_rest))
         system = next((d for d in _SYSTEM if place == d or place.startswith(d + "/")), None)
@@ -104,9 +105,16 @@ def check_output_url(value: str) -> str:
 OutputUrl = Annotated[Url, AfterValidator(check_output_url)]
 
 
+def _decoded(part: str, rest: str) -> str:
+    """``rest`` of one URL part, percent-decoded when the part is a ``file://`` URL (as it is staged and written)."""
+    local = file_url_path(part)
+    return rest if local is None else local
+
+
 def _place(url: str) -> tuple[str, str]:
     """(protocol, path) of the place ``url`` reads or writes, normalised for comparing."""
     protocol, rest = _split(url.split("::")[-1])
+    rest = _decoded(url.split("::")[-1], rest)
     protocol = _ALIASES.get(protocol, protocol)
     if protocol in _WEB:
         rest = re.split(r"[?#]", rest, maxsplit=1)[0]

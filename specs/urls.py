@@ -6,7 +6,8 @@ import os
 import re
 from urllib.parse import unquote
 
-__all__ = ["SECRET_QUERY_KEYS", "SECRET_URL_PATTERN", "has_protocol", "mask_url", "resolve_path"]
+__all__ = ["SECRET_QUERY_KEYS", "SECRET_URL_PATTERN", "file_url_path", "has_protocol", "mask_url", "quote_for_file_url",
+           "resolve_path"]
 
 #: Query parameters whose values are masked (compared case-insensitively).
 SECRET_QUERY_KEYS = frozenset({
@@ -113,3 +114,37 @@ def resolve_path(url: str, base_dir: str | os.PathLike[str] | None) -> str:
     if url.endswith(("/", os.sep)) and not resolved.endswith(os.sep):
         resolved += os.sep
     return resolved
+
+
+_FILE_URL = re.compile(r"^file://", re.IGNORECASE)
+
+
+def file_url_path(url: str) -> str | None:
+    """The local path a ``file://`` URL names, percent-decoded; None when
+    ``url`` is not a ``file://`` URL.
+
+    RFC 8089 (section 2) builds a file URL's path from RFC 3986 segments, in
+    which a character outside the unreserved set is written ``%XX`` (RFC 3986
+    section 2.1): ``file:///data/my%20data.csv`` names ``/data/my data.csv``.
+    The octets are decoded as UTF-8 (RFC 3986 section 2.5), bytes that are not
+    UTF-8 kept as ``os.fsdecode`` keeps them, so the path reaches the same
+    file.  ``file://localhost/p`` is ``/p`` (RFC 8089 section 2: "localhost"
+    is this machine).  Any other text after ``file://`` is kept as fsspec
+    reads it (``file://data/x`` is the relative path ``data/x``).  A ``?`` or
+    ``#`` is part of the path, as fsspec's local filesystem takes it.  A plain
+    path (no ``file://``) is a name, not a URL, and is never decoded: this
+    returns None for it.
+    """
+    if not isinstance(url, str) or not _FILE_URL.match(url):
+        return None
+    rest = url[len("file://"):]
+    if rest[: len("localhost/")].lower() == "localhost/":
+        rest = rest[len("localhost"):]
+    return unquote(rest, encoding="utf-8", errors="surrogateescape")
+
+
+def quote_for_file_url(name: str) -> str:
+    """``name`` (a relative path) made safe to append to a ``file://`` URL:
+    ``%`` becomes ``%25``, so that :func:`file_url_path` gives the name back
+    exactly (``100%.txt``, ``a%20b`` stay as they are on disk)."""
+    return name.replace("%", "%25")

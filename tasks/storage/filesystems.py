@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import fsspec
 from fsspec.core import url_to_fs
 
+from e31.specs.urls import file_url_path, quote_for_file_url
 from e31.tasks.storage import s3session
 
 _OPTIONS: dict[str, dict[str, Any]] = {}  # URL prefix -> resolved storage options (may hold secrets)
@@ -54,12 +55,23 @@ def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """Return ``(filesystem, path)`` for an fsspec URL or local path, with the
     storage options registered by :func:`use_options` for it.
 
+    A ``file://`` URL's path is percent-decoded (RFC 8089, :func:`e31.specs.urls.file_url_path`):
+    ``file:///data/my%20data.csv`` is the file ``/data/my data.csv``; fsspec
+    itself would look for ``my%20data.csv``.  A plain path is taken as written.
+
     Raises whatever fsspec raises for an unknown protocol (``ValueError``)
     or a missing optional backend (``ImportError``).  An s3fs filesystem
     gets a session that reads timestamps quickly (:mod:`e31.tasks.storage.s3session`).
     """
     options = _options_for(url)
     protocol = fsspec.core.split_protocol(url)[0] or "file"
+    parts = url.split("::")
+    local = file_url_path(parts[-1])
+    if local is not None and len(parts) == 1:  # built here: a decoded "::" or "file://" is part of the name
+        fs = fsspec.filesystem("file", **with_timeouts("file", options))
+        return fs, fs._strip_protocol(local)
+    if local is not None and "::" not in local:  # a chain (simplecache::file://...) ending in a local file
+        url = "::".join([*parts[:-1], local])
     fs, path = url_to_fs(url, **with_timeouts(protocol, options))
     s3session.prepare(fs)
     if protocol in ("s3", "s3a") and getattr(fs, "retries", 0) > S3FS_RETRIES:
@@ -103,9 +115,13 @@ def with_timeouts(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
 
 def join(url: str, *parts: str) -> str:
     """Join POSIX path parts onto ``url`` keeping its protocol, e.g.
-    ``join("s3://b/out/", "model.pt") == "s3://b/out/model.pt"``."""
+    ``join("s3://b/out/", "model.pt") == "s3://b/out/model.pt"``.  The parts
+    are names as they are on disk: onto a ``file://`` URL (whose path is
+    percent-decoded) a ``%`` in them is written ``%25``, so
+    ``join("file:///r%20d/", "100%.txt")`` names ``/r d/100%.txt``."""
     base = url.rstrip("/")
-    return "/".join([base, *[p.strip("/") for p in parts if p]])
+    quote = quote_for_file_url if file_url_path(url.split("::")[-1]) is not None else str
+    return "/".join([base, *[quote(p.strip("/")) for p in parts if p]])
 
 
 def is_local(url: str) -> bool:

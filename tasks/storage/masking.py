@@ -12,6 +12,7 @@ import threading
 from typing import Any, Iterator, Mapping
 
 from e31.specs import is_credential_key, mask_url
+from e31.specs.urls import file_url_path
 from e31.tasks.storage.filesystems import registered_options
 
 #: Environment variables whose names look like credentials but never hold one (PWD: the
@@ -92,12 +93,14 @@ def describe_error(exc: BaseException, url: str | None = None) -> str:
     text = f"{type(exc).__name__}: {scrub(str(exc))}"
     if type(exc).__name__ in _NO_CREDENTIALS:
         text += f"; {CREDENTIALS_FIX}"
-    if url is not None and isinstance(exc, OSError) and "://" not in url.split("::")[-1].replace("file://", ""):
+    last = url.split("::")[-1] if url is not None else ""
+    local = file_url_path(last) if "://" in last else last  # a file:// URL's path is percent-decoded
+    if url is not None and isinstance(exc, OSError) and local is not None and "://" not in local:
         from pathlib import Path
 
         from e31.tasks.storage.local import disk_full
 
-        full = disk_full(Path(url.replace("file://", "")), fix="free space at the destination")  # if it IS full
+        full = disk_full(Path(local), fix="free space at the destination")  # if it IS full
         if full:
             text += f"; {full}"
     return text
