@@ -6,6 +6,7 @@ import json
 import keyword
 import posixpath
 import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -14,7 +15,7 @@ from pydantic import AfterValidator, PlainSerializer, SerializationInfo, WithJso
 from .base import spec_error
 from .deadlines import Deadline, check_deadline  # re-exported: absolute deadlines live with the others
 from .quantities import MAX_URL, Duration, Grace, Memory
-from .urls import SECRET_URL_PATTERN, mask_url
+from .urls import SECRET_URL_PATTERN, file_url_path, mask_url
 
 __all__ = [
     "Deadline", "Duration", "FileName", "GpuType", "Grace", "InputName", "JobName", "Memory", "NonEmpty",
@@ -67,6 +68,10 @@ def password_error():
 def _url(value: str) -> str:
     _nonempty(value)
     _text(value)
+    _visible(value)
+    local = file_url_path(value)
+    if local is not None:  # the path a file:// URL names once decoded (%0A is a line break)
+        _visible(local, " of its decoded path")
     if len(value) > MAX_URL:
         raise spec_error(f"must be at most {MAX_URL} characters", got=f"{len(value)} characters")
     if has_password(value):
@@ -82,6 +87,26 @@ def _text(value: str) -> str:
     except UnicodeEncodeError as exc:
         raise spec_error("must be valid Unicode text", got=f"a lone surrogate {value[exc.start]!a} at character "
                          f"{exc.start}") from None
+    return value
+
+
+#: Bidirectional formatting characters (Unicode UAX #9: LRM, RLM, ALM, the embeddings, overrides and
+#: isolates), the set flagged by CVE-2021-42574 ("Trojan Source"): they make text display in another order.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _visible(value: str, where: str = "") -> str:
+    """Refuse control characters (Unicode category Cc: C0, DEL, C1) and
+    bidirectional formatting characters: a name holding them shows
+    differently from what it is (a line break splits it, U+202E reverses
+    what follows), in logs, manifests and the UI alike."""
+    for index, char in enumerate(value):
+        if unicodedata.category(char) == "Cc" or char in _BIDI:
+            name = unicodedata.name(char, "") or "a control character"
+            raise spec_error("must not hold control characters or bidirectional-text controls: a name holding "
+                             "them shows differently from what it is",
+                             fix="remove it and write the name with visible characters only",
+                             got=f"U+{ord(char):04X} ({name}) at character {index}{where}")
     return value
 
 
@@ -164,6 +189,7 @@ Sha256 = Annotated[
 def _file_name(value: str) -> str:
     fix = "write it relative to the output folder, e.g. model.pt or plots/loss.png"
     _text(value)
+    _visible(value)
     if len(value) > MAX_URL:
         raise spec_error(f"must be at most {MAX_URL} characters", got=f"{len(value)} characters")
     if not value.strip():
