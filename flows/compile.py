@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from e31.specs import DataInput, JobSpec, mask_url
+from e31.specs.units import format_memory
 from e31.tasks import settings
 from e31.tasks.settings import SettingsError
 from e31.specs.deadlines import next_time_of_day
@@ -208,7 +209,7 @@ def describe_markdown(spec: JobSpec, plan: JobPlan) -> str:
         f"# {spec.name}\n\n"
         f"**work**: {work.kind}, runs {runs}\n\n"
         f"**data**:\n\n| name | url | sha256 |\n|---|---|---|\n{inputs}\n\n"
-        f"**request**: {req.gpus} gpu, {req.cpus} cpu, memory {req.memory or 'any'} bytes, "
+        f"**request**: {req.gpus} gpu, {req.cpus} cpu, memory {format_memory(req.memory) if req.memory else 'any'}, "
         f"duration {req.duration or '-'}, limit {req.limit or '-'}, deadline {deadline}, grace {req.grace}, "
         f"retries {req.retries}\n\n"
         f"**output**: {spec.output.kind} to `{mask_url(plan.output_url)}`, complete when "

@@ -17,6 +17,7 @@ __all__ = [
     "MEMORY_EXAMPLES",
     "MEMORY_PATTERN",
     "format_duration",
+    "format_memory",
     "parse_duration",
     "parse_memory",
 ]
@@ -222,3 +223,28 @@ def parse_memory(value: object) -> int:
     except InvalidOperation:  # pragma: no cover - regex guarantees a number
         raise ValueError(f"expected a memory size such as {MEMORY_EXAMPLES} (got {value!r})") from None
     return int(size.to_integral_value(rounding=ROUND_CEILING))
+
+
+_SIZE_UNITS = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024),
+               ("TB", 1000**4), ("GB", 1000**3), ("MB", 1000**2), ("kB", 1000), ("B", 1))
+
+
+def format_memory(size: int) -> str:
+    """A size in BYTES as a person writes it: the shortest exact form with
+    at most five digits before the point and three after, in the units :func:`parse_memory` reads
+    (``4294967296`` -> ``4GiB``, ``512000000`` -> ``512MB``, ``1500000000``
+    -> ``1.5GB``), so parsing the text gives ``size`` back; a size with no
+    such form is shown to two decimals of the largest binary unit it
+    reaches, marked approximate, with its bytes (``1234567891`` ->
+    ``~1.15GiB (1234567891 bytes)``); under 1000 bytes, ``999B``."""
+    if size < 1000:
+        return f"{size}B"
+    exact = []
+    for unit, factor in _SIZE_UNITS[:-1]:
+        value = Decimal(size) / factor
+        if 1 <= value < 100_000 and value == value.quantize(Decimal("0.001")):
+            exact.append(f"{value.normalize():f}{unit}")
+    if exact:
+        return min(exact, key=len)
+    unit, factor = next((u, f) for u, f in _SIZE_UNITS[:4] if size >= f)
+    return f"~{size / factor:.2f}{unit} ({size} bytes)"

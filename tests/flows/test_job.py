@@ -169,6 +169,7 @@ def test_flow_run_shows_tasks_artifacts_and_tags_in_the_ui(prefect_api, scratch,
     # the staging and the return took less than a progress report's interval: no progress artifacts of theirs
     assert set(by_key) == {"job-spec", "progress", "manifest", "output"}
     assert by_key["job-spec"].type == "markdown" and "**work**: training" in by_key["job-spec"].data
+    assert "**request**: 0 gpu, 1 cpu, memory 2GiB, " in by_key["job-spec"].data  # as the spec wrote it, not bytes
     assert by_key["progress"].type == "progress" and by_key["progress"].data == 100.0
     assert by_key["output"].data == f"[{out}]({out.as_uri()})"  # Prefect keeps a link artifact as markdown
     table = by_key["manifest"]
