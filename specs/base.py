@@ -108,8 +108,8 @@ class SpecModel(BaseModel):
     override :meth:`_rules` for cross-field checks on the raw input.
     """
 
-    # hide_input_in_errors: a ValidationError raised from Python (JobSpec.model_validate) never quotes the
-    # input, which may be a URL with a password; E31's own messages show inputs masked
+    # hide_input_in_errors: a ValidationError (a spec nested in another model, a Prefect flow parameter) never
+    # quotes the input, which may be a URL with a password; E31's own messages (SpecError) show inputs masked
     model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, hide_input_in_errors=True)
 
     live_keys_refused: ClassVar[bool] = False
