@@ -4,8 +4,10 @@ Two schedulers on one pool would each place runs on the same free
 resources (each plans against what it read, before the other's placements
 land), so a second one waits as a standby.  Each scheduler keeps a Prefect
 Variable named after its pool (:func:`variable_name`) holding its identity,
-its ``--lease`` and its last beat (Unix seconds), written every
-:data:`BEAT_S` seconds and deleted when it stops.  A scheduler starting
+its ``--lease`` and its last beat (Unix seconds on the Prefect server's
+clock: :func:`e31.flows.queue.clock.server_now`), written every
+:data:`BEAT_S` seconds by a thread of its own (:class:`Beats`: a long
+tick does not hold it back) and deleted when it stops.  A scheduler starting
 while another's beat is younger than :data:`STALE_S` seconds waits, and
 takes over once that beat is older (the other was killed); two starting at
 once both write, read back after :data:`SETTLE_S`, and the one whose claim
@@ -27,7 +29,9 @@ import socket
 import time
 import uuid
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
+
+from e31.flows.queue.clock import server_now
 
 #: Seconds between a scheduler's beats.
 BEAT_S = 10.0
@@ -104,13 +108,13 @@ def claim_pool(client: Any, pool_name: str, me: str, lease_s: float, standby: bo
     :class:`SchedulerRunning` instead (``e31 scheduler --once``)."""
     told = False
     while True:
-        now = time.time()
+        now = server_now()
         try:
             other = _other(read_claim(client, pool_name), me, now)
             if other is None:
                 _write(client, pool_name, {"id": me, "lease_s": lease_s, "beat": now})
                 time.sleep(SETTLE_S)  # another one starting at the same moment: the claim written last serves
-                if _other(read_claim(client, pool_name), me, time.time()) is None:
+                if _other(read_claim(client, pool_name), me, server_now()) is None:
                     if told:
                         say(f"{datetime.now(timezone.utc):%H:%M:%S} e31 scheduler: the pool's scheduler has "
                             f"stopped; this one serves pool {pool_name} now", flush=True)
@@ -135,7 +139,7 @@ def beat(client: Any, pool_name: str, me: str, lease_s: float) -> bool:
     writing nothing, when another live scheduler's claim replaced it (two
     started at once; or this one was stopped, as by a suspended laptop, for
     longer than :data:`STALE_S`, and a standby took over)."""
-    now = time.time()
+    now = server_now()
     if _other(read_claim(client, pool_name), me, now) is not None:
         return False
     _write(client, pool_name, {"id": me, "lease_s": lease_s, "beat": now})
@@ -176,7 +180,7 @@ def lease_of(client: Any, pool_name: str, default: float) -> tuple[float, bool]:
         claim = read_claim(client, pool_name)
     except Exception:
         return default, False
-    if _other(claim, "", time.time()) is None or not isinstance(claim.get("lease_s"), (int, float)):
+    if _other(claim, "", server_now()) is None or not isinstance(claim.get("lease_s"), (int, float)):
         return default, False
     return float(claim["lease_s"]), True
 
@@ -193,7 +197,7 @@ def scheduler_note(client: Any, pool_name: str, pool_file: str, now: float | Non
         claim = read_claim(client, pool_name)
     except Exception:
         return None
-    now = time.time() if now is None else now
+    now = server_now() if now is None else now
     beat = claim.get("beat") if claim is not None else None
     if not isinstance(beat, (int, float)) or now - beat >= STALE_S:
         return (f"no e31 scheduler serves pool {pool_name}: the plan shown is what one would do; nothing is placed "
@@ -202,3 +206,97 @@ def scheduler_note(client: Any, pool_name: str, pool_file: str, now: float | Non
         return (f"pool {pool_name}'s e31 scheduler was last heard {now - beat:.0f} s ago (it beats every "
                 f"{BEAT_S:g} s): it may have stopped; a standby takes over {STALE_S:g} s after its last beat")
     return None
+
+
+class Beats:
+    """A daemon thread that calls ``send(client)`` every ``every_s`` seconds
+    (counted from one call's start to the next's) with a Prefect client of
+    its own: a process busy with its own work (a long scheduler tick, a
+    CPU-bound step, a blocked event loop) still beats on time; Python's
+    interpreter lets another thread run every 5 ms (``sys.getswitchinterval``).
+    ``send`` returning False stops it and sets :attr:`lost` (another
+    scheduler's claim replaced this one's).  ``alive`` (optional): beat only
+    while it answers True (the process's own loop still moves).  ``say``
+    (optional): told :class:`e31.flows.queue.clock.SkewNews` ``news`` (the
+    clock's skew against the server's) after each beat."""
+
+    def __init__(self, name: str, every_s: float, send: Callable[[Any], Any],
+                 alive: Callable[[], bool] | None = None, say: Callable[[str], None] | None = None,
+                 news: Any = None) -> None:
+        import threading
+
+        from e31.flows.queue.clock import SkewNews
+
+        self.name, self.every_s, self.send, self.alive, self.say = name, every_s, send, alive, say
+        self.news = news if news is not None else SkewNews()
+        self.lost = threading.Event()
+        self.sent = 0  # beats sent
+        self._stop = threading.Event()
+        self._thread: Any = None
+
+    def start(self) -> "Beats":
+        """Start beating (the first beat comes ``every_s`` seconds from now)."""
+        import contextvars
+        import threading
+
+        context = contextvars.copy_context()  # the caller's Prefect settings (temporary_settings) hold here too
+        self._thread = threading.Thread(target=context.run, args=(self._run,), name=self.name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, wait_s: float = 2.0) -> None:
+        """Stop beating; waits at most ``wait_s`` seconds for a beat under way."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(wait_s)
+
+    def _run(self) -> None:
+        from prefect.client.orchestration import get_client
+
+        from e31.flows.queue.clock import watch
+        from e31.tasks.supervisor.busy import retry_busy_quickly
+
+        with retry_busy_quickly(get_client(sync_client=True)) as client:
+            watch(client)
+            wait = self.every_s
+            while not self._stop.wait(wait):
+                started = time.monotonic()
+                if self.alive is None or self.alive():
+                    try:
+                        if self.send(client) is False:
+                            self.lost.set()
+                            return
+                        self.sent += 1
+                    except Exception:  # the API is busy or away: the next beat tries again
+                        pass
+                line = self.news.news() if self.say is not None else None
+                if line:
+                    self.say(line)
+                wait = max(0.0, self.every_s - (time.monotonic() - started))
+
+
+def scheduler_beats(pool_name: str, me: str, lease_s: float, say: Callable[[str], None] | None = None,
+                    news: Any = None) -> Beats:
+    """The :class:`Beats` of the scheduler ``me`` on pool ``pool_name``:
+    :func:`beat` every :data:`BEAT_S` seconds; :attr:`Beats.lost` is set
+    when another scheduler's claim replaced this one's.  Not started."""
+    return Beats("e31-scheduler-beats", BEAT_S, lambda client: beat(client, pool_name, me, lease_s), say=say,
+                 news=news)
+
+
+#: Seconds a worker's event loop may stay without moving before its heartbeat thread stops beating: a worker
+#: hung for this long takes no run, and its node should go lost rather than look live.
+LOOP_STUCK_S = 300.0
+
+
+def worker_beats(work_pool: str, worker: str, every_s: float, alive: Callable[[], bool],
+                 say: Callable[[str], None] | None = None) -> Beats:
+    """The :class:`Beats` of ``e31 worker`` ``worker`` on the work pool
+    ``work_pool``: Prefect's worker heartbeat (``POST
+    /work_pools/{name}/workers/heartbeat``, as Prefect's own loop sends it)
+    every ``every_s`` seconds beside Prefect's own, while ``alive()``: a
+    busy event loop (a long poll, a slow teardown of a run) no longer delays
+    the heartbeat that keeps the node live.  Not started."""
+    return Beats("e31-worker-beats", every_s,
+                 lambda client: client.send_worker_heartbeat(work_pool, worker, heartbeat_interval_seconds=every_s),
+                 alive=alive, say=say)

@@ -66,8 +66,77 @@ def holding(state: Any) -> str:
     return "running"
 
 
-#: Seconds of silence after which ``e31 queue`` calls a node's worker silent: two missed heartbeats (every 10 s).
+#: Seconds of silence after which ``e31 queue`` calls a node's worker late: two missed heartbeats (every 10 s).
 SILENT_S = 20.0
+
+
+def _runs_on(snap: Any, node: str) -> list[Any]:
+    """The flow runs that hold ``node``'s resources: those the snapshot
+    plans with, and those it took for lost with the node (past the lease)."""
+    from e31.flows.queue import NODE_VAR, placement_of
+
+    held = [snap.runs[r.id] for r in snap.running if r.node == node and r.id in snap.runs]
+    return held + [snap.runs[k] for k in getattr(snap, "lost", ()) if k in snap.runs
+                   and placement_of(snap.runs[k]).get(NODE_VAR) == node]
+
+
+def _retries_left(snap: Any, run: Any) -> bool:
+    """Whether ``run`` may be queued again after a crash (Prefect's
+    ``run_count``: the attempts that started; the spec's ``request.retries``)."""
+    spec = getattr(snap, "specs", {}).get(str(run.id))
+    return spec is not None and (run.run_count or 0) <= spec.request.retries
+
+
+def worker_words(snap: Any, node: str, now: float) -> str:
+    """What ``e31 queue`` says of node ``node``'s worker, from its last
+    heartbeat (``snap.heard``; Unix seconds on the server's clock, as
+    ``now``), the lease (``snap.lease_s``: the live scheduler's when
+    ``snap.scheduler_heard``) and :data:`e31.flows.queue.cache.LOST_CONFIRM_S`:
+
+    - ``heard 3 s ago`` within :data:`SILENT_S` (two heartbeats);
+    - ``late: last heard 45 s ago; ...`` past it and within the lease (its
+      runs keep their resources until the lease's end, said as a clock time);
+    - ``late: ... past the lease ...`` past the lease but not yet confirmed
+      (the scheduler takes a node for lost once it has stayed silent
+      ``LOST_CONFIRM_S`` past the lease; nothing new is placed there);
+    - ``lost: ...`` beyond that: its runs are crashed, and queued again only
+      those with retries left;
+    - ``no worker heard: ...`` when the work pool knows no worker of it."""
+    from e31.flows.placement.text import clock
+    from e31.flows.queue.cache import LOST_CONFIRM_S
+
+    beat = snap.heard.get(node)
+    if beat is None:
+        return "no worker heard: nothing starts here until one runs (e31 worker --node " + node + ")"
+    age, lease_s = max(0.0, now - beat), snap.lease_s
+    if age <= SILENT_S:
+        return f"heard {age:.0f} s ago"
+    runs = _runs_on(snap, node)
+    ends = clock(beat + lease_s, now)
+    unheard = "" if snap.scheduler_heard else \
+        f" ({lease_s:g} s unless e31 scheduler --lease says otherwise; no scheduler heard)"
+    if age <= lease_s:
+        if runs:
+            return f"late: last heard {age:.0f} s ago; its runs keep their resources until the lease ends at {ends}" + \
+                unheard
+        return (f"late: last heard {age:.0f} s ago; it holds no run; nothing new is placed here from the lease's end "
+                f"at {ends}{unheard} until it is heard again")
+    if age <= lease_s + LOST_CONFIRM_S:
+        if runs:
+            return (f"late: last heard {age:.0f} s ago, past the lease that ended at {ends}{unheard}: nothing new is "
+                    f"placed here; its runs keep their resources unless it is still silent at "
+                    f"{clock(beat + lease_s + LOST_CONFIRM_S, now)}, when it is lost")
+        return (f"late: last heard {age:.0f} s ago, past the lease that ended at {ends}{unheard}: nothing is placed "
+                "here until it is heard again")
+    words = (f"lost: last heard {age:.0f} s ago, past the lease that ended at {ends}{unheard}: nothing is placed "
+             "here until its worker is heard again")
+    if not runs:
+        return words
+    again = sum(1 for run in runs if _retries_left(snap, run))
+    parts = ([f"{again} queued again (retries left)"] if again else []) + \
+        ([f"{len(runs) - again} not queued again (no retries left)"] if len(runs) > again else [])
+    crashed = "are crashed" if snap.scheduler_heard else "are crashed once an e31 scheduler runs"
+    return f"{words}; its {len(runs)} run(s) {crashed}: {', '.join(parts)}"
 
 
 def node_lines(snap: Any, now: float) -> list[tuple[str, str, str]]:
@@ -78,35 +147,14 @@ def node_lines(snap: Any, now: float) -> list[tuple[str, str, str]]:
     behind (holding nothing yet)`` for runs waiting behind them:
     ``snap.behind``; a node whose runs hold
     more than it has says so, with what they hold:
-    :attr:`e31.flows.queue.Snapshot.overbooked`).  Its worker: ``heard 3 s
-    ago``; ``silent for 45 s: ...`` past :data:`SILENT_S` (two missed
-    heartbeats: what happens at the lease, which ``snap.lease_s`` holds:
-    the live scheduler's when ``snap.scheduler_heard``, else the default;
-    past the lease, what happened); ``no worker heard: ...``."""
+    :attr:`e31.flows.queue.Snapshot.overbooked`).  Its worker:
+    :func:`worker_words`."""
     from e31.flows.placement.text import gib
 
     rows = []
     for node in snap.nodes:
-        beat = snap.heard.get(node.name)
         held = [r for r in snap.running if r.node == node.name and r.id in snap.runs]
-        if beat is None:
-            worker = "no worker heard: nothing starts here until one runs (e31 worker --node " + node.name + ")"
-        elif now - beat <= SILENT_S:
-            worker = f"heard {max(0.0, now - beat):.0f} s ago"
-        else:
-            lease = (f"the scheduler's lease ({snap.lease_s:g} s)" if snap.scheduler_heard else
-                     f"the scheduler's lease ({snap.lease_s:g} s unless e31 scheduler --lease says otherwise; no "
-                     "scheduler heard)")
-            if not held:  # a worker stopped (or unreachable) with no run: nothing of its to crash (a fresh user)
-                worker = (f"silent for {now - beat:.0f} s (stopped, or unreachable); it holds no run; once past "
-                          f"{lease} nothing is placed here until it is heard again" if now - beat <= snap.lease_s else
-                          f"silent for {now - beat:.0f} s (stopped, or unreachable), past {lease}: nothing is placed "
-                          "here until it is heard again")
-            else:
-                worker = (f"silent for {now - beat:.0f} s: once past {lease} its runs are crashed and queued again "
-                          "elsewhere" if now - beat <= snap.lease_s else
-                          f"silent for {now - beat:.0f} s, past {lease}: its runs were crashed and queued again "
-                          "elsewhere (with retries left); nothing starts here until its worker is heard again")
+        worker = worker_words(snap, node.name, now)
         use = [f"CPUs {sum(r.cpus for r in held)}/{node.cpus}",
                f"memory {gib(sum(r.memory for r in held))}/{gib(node.memory)}"]
         if node.gpus:
@@ -127,13 +175,17 @@ def crashed_line(run: Any, retries: int) -> str:
 
 
 def silent_note(snap: Any, node: str | None, now: float) -> str:
-    """``; node g's worker silent for 45 s`` for a run held or planned on a
-    node whose worker has been silent past :data:`SILENT_S` (what it says
-    may not happen there), else ''."""
+    """``; node g's worker is late: last heard 45 s ago`` (``lost`` past the
+    lease and its confirmation: :func:`worker_words`) for a run held or
+    planned on a node whose worker has been silent past :data:`SILENT_S`
+    (what it says may not happen there), else ''."""
+    from e31.flows.queue.cache import LOST_CONFIRM_S
+
     beat = snap.heard.get(node) if node else None
     if node is None or beat is None or now - beat <= SILENT_S:
         return ""
-    return f"; node {node}'s worker silent for {now - beat:.0f} s"
+    word = "lost" if now - beat > snap.lease_s + LOST_CONFIRM_S else "late"
+    return f"; node {node}'s worker is {word}: last heard {now - beat:.0f} s ago"
 
 
 #: How many of a pool's runs that ended last ``e31 cancel`` searches for a run id given by its first characters.

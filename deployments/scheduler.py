@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from e31.deployments import presence
 from e31.flows import queue
+from e31.flows.queue import clock
 from e31.flows.placement import plan
 from e31.specs.pool import PoolSpec
 
@@ -162,25 +163,25 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
     from e31.tasks.supervisor.busy import retry_busy_quickly
 
     with retry_busy_quickly(get_client(sync_client=True)) as client:
+        clock.measure(client)  # every server timestamp is judged on the server's clock (e31.flows.queue.clock)
         queue.ensure_pool(client, pool, E31Worker.get_default_base_job_template())
         me = presence.new_identity()
         presence.claim_pool(client, pool.name, me, lease_s, standby=not once)  # one scheduler per pool
-        beat_at = time.monotonic()
+        news, say = clock.SkewNews(), (lambda line: print(f"e31 scheduler: {line}", flush=True))
+        if (line := news.news()) is not None:
+            say(line)
+        # the pool's claim is renewed by a thread of its own: a long tick does not hold the beat back
+        beats = None if once else presence.scheduler_beats(pool.name, me, lease_s, say, news).start()
         past, read_at, holding, cache = None, 0.0, frozenset(), queue.RunCache(pool)
         overbooked: dict = {}
         wake = None if once else Wakeup(queue.work_pool_name(pool), SCHEDULER_EVENTS, ignore=own_rewrite)
         try:
             while True:
-                if time.monotonic() - beat_at >= presence.BEAT_S:
-                    try:
-                        ours = presence.beat(client, pool.name, me, lease_s)
-                    except Exception:  # the API is busy or away: the ticks say so; beat again at the next
-                        ours = True
-                    if not ours:  # another one serves the pool now: wait as its standby
-                        presence.claim_pool(client, pool.name, me, lease_s)
-                        cache.close()
-                        cache = queue.RunCache(pool)  # what changed while it waited: read all again
-                    beat_at = time.monotonic()
+                if beats is not None and beats.lost.is_set():  # another one serves the pool now: its standby
+                    presence.claim_pool(client, pool.name, me, lease_s)
+                    beats = presence.scheduler_beats(pool.name, me, lease_s, say, news).start()
+                    cache.close()
+                    cache = queue.RunCache(pool)  # what changed while it waited: read all again
                 if time.monotonic() - read_at > HISTORY_EVERY_S:
                     past, read_at = history(client, pool), time.monotonic()
                 if wake is not None:
@@ -210,6 +211,8 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
                 if not at_once(result.counts):
                     wake.wait(interval_s)
         finally:
+            if beats is not None:
+                beats.stop()
             cache.close()
             if wake is not None:
                 wake.close()

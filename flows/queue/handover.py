@@ -181,8 +181,11 @@ def fresh_crash(state: Any) -> bool:
 
     if state.type.value != "CRASHED":
         return False
-    stamp = state.timestamp.timestamp() if state.timestamp is not None else time.time()
-    return time.time() - stamp < SETTLE_S
+    from e31.flows.queue.clock import server_now
+
+    now = server_now()  # the state's timestamp is the server's
+    stamp = state.timestamp.timestamp() if state.timestamp is not None else now
+    return now - stamp < SETTLE_S
 
 
 def cut_return_ahead(run: Any) -> bool:
@@ -239,6 +242,9 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
 
         own = client = get_client(sync_client=True)
         client.__enter__()
+    from e31.flows.queue.clock import watch
+
+    watch(client)  # fresh_crash judges the run's state on the server's clock
     try:
         run, read_at, said, every, cut = None, float("-inf"), False, API_EVERY_S, False
         while not stop():

@@ -3,9 +3,10 @@ queued flow run of it."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
+from e31.flows.queue.clock import measure, offset_s, server_now
 from e31.flows.queue.mapping import AHEAD_S, QUEUED, WORKER_TYPE, deployment_name, work_pool_name
 from e31.specs.pool import PoolSpec
 
@@ -59,9 +60,11 @@ def submit(client: Any, pool: PoolSpec, parameters: dict[str, Any], tags: list[s
     if key not in _DEPLOYMENTS:
         _DEPLOYMENTS[key] = ensure_pool(client, pool, job_template)
     deployment_id = _DEPLOYMENTS[key]
+    if offset_s() is None:  # its scheduled time is on the server's clock: the cache's filters read it so
+        measure(client)
     return client.create_flow_run_from_deployment(
         deployment_id, parameters=parameters, tags=tags, name=str(parameters["spec"].get("name")),
         idempotency_key=f"e31-submit-{uuid.uuid4()}",
         state=Scheduled(name=QUEUED, message="Queued: waiting for the scheduler to place it",
-                        scheduled_time=datetime.now(timezone.utc) + timedelta(seconds=AHEAD_S)))
+                        scheduled_time=datetime.fromtimestamp(server_now() + AHEAD_S, timezone.utc)))
 

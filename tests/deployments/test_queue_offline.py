@@ -210,23 +210,22 @@ def test_e31_queue_says_what_each_node_holds_and_when_its_worker_was_heard():
                            lease_s=60.0, scheduler_heard=False)
     assert node_lines(snap, 1000.0) == [
         ("g", "GPUs 6/8, CPUs 3/16, memory 12 GiB/64 GiB; 1 run(s)", "heard 3 s ago"),
-        ("c", "CPUs 0/4, memory 0 B/1 GiB; 0 run(s)", "silent for 45 s (stopped, or unreachable); it holds no run; "
-              "once past the scheduler's lease (60 s unless e31 scheduler --lease says otherwise; no scheduler heard) "
-              "nothing is placed here until it is heard again"),
+        ("c", "CPUs 0/4, memory 0 B/1 GiB; 0 run(s)", "late: last heard 45 s ago; it holds no run; nothing new is "
+              "placed here from the lease's end at 00:16:55 UTC (60 s unless e31 scheduler --lease says otherwise; "
+              "no scheduler heard) until it is heard again"),
         ("new", "CPUs 0/4, memory 0 B/1 GiB; 0 run(s)",
          "no worker heard: nothing starts here until one runs (e31 worker --node new)")]
     snap.lease_s, snap.scheduler_heard = 20.0, True  # the live scheduler's --lease 20, read by e31 queue
-    assert node_lines(snap, 1000.0)[1][2] == ("silent for 45 s (stopped, or unreachable), past the scheduler's lease "
-                                              "(20 s): nothing is placed here until it is heard again")
-    snap.heard["g"] = 955.0  # a silent node with a run: what the lease does to it
+    assert node_lines(snap, 1000.0)[1][2] == ("lost: last heard 45 s ago, past the lease that ended at 00:16:15 "
+                                              "UTC: nothing is placed here until its worker is heard again")
+    snap.heard["g"], snap.lease_s = 955.0, 30.0  # a silent node with a run: what the lease does to it
     assert node_lines(snap, 1000.0)[0][2] == (
-        "silent for 45 s, past the scheduler's lease (20 s): its runs were crashed and queued again elsewhere (with "
-        "retries left); nothing starts here until its worker is heard again")
-    snap.lease_s = 30.0
+        "late: last heard 45 s ago, past the lease that ended at 00:16:25 UTC: nothing new is placed here; its runs "
+        "keep their resources unless it is still silent at 00:16:40 UTC, when it is lost")
     assert node_lines(snap, 980.0)[0][2] == (
-        "silent for 25 s: once past the scheduler's lease (30 s) its runs are crashed and queued again elsewhere")
+        "late: last heard 25 s ago; its runs keep their resources until the lease ends at 00:16:25 UTC")
     snap.heard["g"] = 997.0
-    assert silent_note(snap, "c", 1000.0) == "; node c's worker silent for 45 s"
+    assert silent_note(snap, "c", 1000.0) == "; node c's worker is late: last heard 45 s ago"
     assert silent_note(snap, "g", 1000.0) == ""
     assert silent_note(snap, "new", 1000.0) == ""  # never heard: the node is held, nothing is placed there
     snap.behind = {"b": "a"}  # found by a fresh user: a run handed over behind a was listed, but not counted

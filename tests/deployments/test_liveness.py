@@ -1,0 +1,270 @@
+"""How the queue judges liveness: on the Prefect server's clock, with
+heartbeats that a busy process does not hold back, in words that tell a
+late worker from a lost one.
+
+The clock skew is real for the processes that have it: their
+``CLOCK_REALTIME`` (``time.time()``, ``datetime.now()``) is shifted by a
+small ``LD_PRELOAD`` library compiled here (``SKEW_C``), the way
+``libfaketime`` shifts it; the monotonic clock and every timed wait are the
+kernel's own.  (``libfaketime`` 0.9.10, Debian's, breaks Python 3.11's
+``time.sleep`` and timed waits, so it is not used.)  Nothing of E31 reads
+the variable that sets the shift: only the library does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import stop_group
+from tests.deployments.test_queue import queue, wait_for
+
+SKEW_C = textwrap.dedent("""
+    /* Shifts this process's CLOCK_REALTIME by E31_TEST_SKEW_S seconds (tests only). */
+    #define _GNU_SOURCE
+    #include <dlfcn.h>
+    #include <stdlib.h>
+    #include <sys/time.h>
+    #include <time.h>
+
+    typedef int (*clock_gettime_t)(clockid_t, struct timespec *);
+
+    static long long skew_ns(void) {
+        static int read = 0;
+        static long long ns = 0;
+        if (!read) {
+            const char *text = getenv("E31_TEST_SKEW_S");
+            ns = text ? (long long)(atof(text) * 1e9) : 0;
+            read = 1;
+        }
+        return ns;
+    }
+
+    int clock_gettime(clockid_t id, struct timespec *ts) {
+        static clock_gettime_t real = 0;
+        if (!real) real = (clock_gettime_t)dlsym(RTLD_NEXT, "clock_gettime");
+        int done = real(id, ts);
+        if (done == 0 && (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE)) {
+            long long t = (long long)ts->tv_sec * 1000000000LL + ts->tv_nsec + skew_ns();
+            ts->tv_sec = t / 1000000000LL;
+            ts->tv_nsec = t % 1000000000LL;
+        }
+        return done;
+    }
+
+    int gettimeofday(struct timeval *tv, void *tz) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        if (tv) { tv->tv_sec = ts.tv_sec; tv->tv_usec = ts.tv_nsec / 1000; }
+        return 0;
+    }
+
+    time_t time(time_t *out) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        if (out) *out = ts.tv_sec;
+        return ts.tv_sec;
+    }
+""")
+
+
+@pytest.fixture(scope="module")
+def skew_library(tmp_path_factory) -> Path:
+    """The shifting library, compiled with the machine's C compiler."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the clock-shifting library (cc)")
+    folder = tmp_path_factory.mktemp("skew")
+    (folder / "skew.c").write_text(SKEW_C)
+    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(folder / "skew.so"), str(folder / "skew.c"),
+                    "-ldl"], check=True)
+    return folder / "skew.so"
+
+
+def skewed(library: Path, seconds: float) -> dict[str, str]:
+    """The environment that shifts a process's clock by ``seconds``."""
+    return {"LD_PRELOAD": str(library), "E31_TEST_SKEW_S": str(seconds)}
+
+
+def test_the_shifting_library_shifts_the_wall_clock_only(skew_library):
+    """The library itself: ``time.time()`` 75 s ahead, sleeps and timed
+    waits as long as asked."""
+    probe = ("import threading, time; t = time.time(); m = time.monotonic(); time.sleep(0.2); "
+             "threading.Event().wait(0.2); print(t, time.monotonic() - m)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                          env={**os.environ, **skewed(skew_library, 75)})
+    shifted, waited = map(float, done.stdout.split())
+    assert 74 < shifted - time.time() < 76 and 0.4 <= waited < 5
+
+
+def _skew_line(seconds: str, side: str) -> str:
+    return (f"this machine's clock is {seconds} s {side} the Prefect server's; leases are judged on the server's "
+            "clock; fix the clock (NTP)")
+
+
+def _said_skew(text: str, prefix: str, side: str) -> str | None:
+    """The skew line ``text`` holds (the Date header has whole seconds: 74-76 s for a 75 s shift), or None."""
+    found = re.search(rf"^{re.escape(prefix)}this machine's clock is (\d+) s {side} the Prefect server's; .*$",
+                      text, re.M)
+    if found is None:
+        return None
+    assert found.group(1) in ("74", "75", "76"), found.group(0)
+    assert found.group(0) == prefix + _skew_line(found.group(1), side)
+    return found.group(0)
+
+
+def test_a_scheduler_75_s_ahead_of_the_server_places_at_once_and_says_its_clock_is_off(prefect_api, tmp_path,
+                                                                                         skew_library):
+    """Issue 33 item 9: with the scheduler's clock 75 s ahead of the
+    server's, every worker looked silent past the 60 s lease and nothing was
+    placed.  Judged on the server's clock, a job is placed at once; the
+    scheduler, a worker whose clock is 75 s behind and ``e31 queue`` (ahead)
+    each say the skew in one line, and ``e31 queue`` neither calls the
+    worker silent nor the pool unserved."""
+    with queue(tmp_path, {"n1": 0}) as q:
+        q.start("scheduler", "scheduler", "--pool", str(q.pool), "--interval", "0.5", env=skewed(skew_library, 75))
+        q.start("worker-n1", "worker", "--pool", str(q.pool), "--node", "n1",
+                env={"E31_SCRATCH": str(q.root / "scratch-n1"), **skewed(skew_library, -75)})
+        wait_for(lambda: _said_skew((q.root / "scheduler.log").read_text(), "e31 scheduler: ", "ahead of"),
+                 timeout=120, what="the scheduler's word on its clock")
+        wait_for(lambda: _said_skew((q.root / "worker-n1.log").read_text(), "e31 worker: ", "behind"),
+                 timeout=120, what="the worker's word on its clock")
+        q.submit(q.job("skewed", 0, 0.5))
+        submitted = time.monotonic()
+        wait_for(lambda: (q.root / "out" / "skewed" / "record.json").exists(), timeout=120,
+                 what="the job placed by a scheduler 75 s ahead")
+        print(f"placed and run in {time.monotonic() - submitted:.1f} s")  # old code: never (each tick: lost node)
+        shown = subprocess.run([q.exe, "queue", "--pool", str(q.pool)], capture_output=True, text=True, cwd=q.root,
+                               env={**os.environ, **skewed(skew_library, 75)})
+        assert shown.returncode == 0, shown.stderr
+        [worker] = [line for line in shown.stdout.splitlines() if line.startswith("n1 ")]
+        heard = re.search(r"heard (\d+) s ago$", worker)
+        assert heard is not None and int(heard.group(1)) <= 20, worker
+        assert shown.stderr == f"e31: {_said_skew(shown.stderr, 'e31: ', 'ahead of')}\n", shown.stderr
+
+
+BUSY = textwrap.dedent("""
+    import sys, time
+    from e31.deployments import scheduler
+    from e31.specs.pool import load_pool
+
+    real_tick, busy_s = scheduler.tick, float(sys.argv[2])
+
+    def slow_tick(*args, **kwargs):  # a tick busy with its own work: a CPU-bound loop in this process
+        end, n = time.monotonic() + busy_s, 0
+        while time.monotonic() < end:
+            n += sum(i * i for i in range(1000))
+        return real_tick(*args, **kwargs)
+
+    scheduler.tick = slow_tick
+    scheduler.serve(load_pool(sys.argv[1]), interval_s=0.5)
+""")
+
+
+def test_a_scheduler_busy_with_a_long_tick_still_beats_within_its_interval(prefect_api, tmp_path):
+    """Issue 34 item 1: the pool's claim was renewed between ticks, so a
+    tick that took 30 s on a loaded machine let it go stale and ``e31
+    queue`` said no scheduler served the pool.  Its own thread beats every
+    :data:`BEAT_S` while each tick runs a CPU-bound loop for 35 s in the
+    scheduler's process."""
+    from prefect.client.orchestration import get_client
+
+    from e31.deployments.presence import BEAT_S, read_claim, scheduler_note
+
+    with queue(tmp_path, {"n1": 0}) as q:
+        (q.root / "busy.py").write_text(BUSY)
+        log = open(q.root / "scheduler.log", "wb")
+        q.procs["scheduler"] = subprocess.Popen([sys.executable, str(q.root / "busy.py"), str(q.pool), "35"],
+                                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        beats: list[float] = []
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: read_claim(client, q.name) is not None, what="the scheduler's claim")
+            notes = set()
+            until = time.monotonic() + 40  # the first tick (35 s of CPU) and beyond
+            while time.monotonic() < until:
+                beat = read_claim(client, q.name)["beat"]
+                if not beats or beat != beats[-1]:
+                    beats.append(beat)
+                notes.add(scheduler_note(client, q.name, str(q.pool)))
+                time.sleep(0.5)
+        gaps = [round(b - a, 1) for a, b in zip(beats, beats[1:])]
+        print(f"beats {len(beats)}, gaps (s) {gaps}")
+        assert len(beats) >= 4 and max(gaps) <= 1.5 * BEAT_S, gaps  # old code: one beat, then none for 35 s
+        assert notes == {None}, notes
+
+
+def _run(key: str, node: str, run_count: int):
+    """A Prefect flow run (the schema object the API returns) placed on ``node``."""
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.states import Running
+
+    return FlowRun(id=uuid.UUID(key), flow_id=uuid.uuid4(), run_count=run_count, state=Running(),
+                   parameters={"placement": {"e31_node": node, "gpu_devices": [0], "cpus": 1}})
+
+
+def test_e31_queue_tells_a_late_worker_from_a_lost_one():
+    """Issue 34 items 1 and 10: a worker just past two heartbeats is late
+    (its runs keep their resources until the lease's end), past the lease it
+    takes nothing new, and only past the lease and its confirmation is it
+    lost; only runs with retries left are said to be queued again."""
+    from e31.deployments.runwords import node_lines, silent_note
+    from e31.flows.placement import Node, RunningJob
+    from e31.flows.queue.cache import LOST_CONFIRM_S
+    from e31.flows.queue.snapshot import Snapshot
+    from e31.specs import JobSpec
+
+    def spec(retries: int) -> JobSpec:
+        return JobSpec.model_validate({
+            "name": f"job{retries}", "work": {"kind": "simulation", "command": ["true"]},
+            "request": {"gpus": 1, "cpus": 1, "duration": "1m", "retries": retries},
+            "output": {"kind": "results", "url": "/tmp/out", "files": ["r.json"]}})
+
+    a, b, c = (str(uuid.UUID(int=i)) for i in (1, 2, 3))
+    now = 1_796_300_000.0  # 2026-12-03 12:13:20 UTC
+    snap = Snapshot(now=now, nodes=[Node("g", gpus=2, cpus=4, memory=2**30), Node("idle", gpus=0, cpus=4,
+                                                                                     memory=2**30)],
+                    runs={a: _run(a, "g", 1), b: _run(b, "g", 1)}, specs={a: spec(1), b: spec(0)},
+                    running=[RunningJob(id=k, node="g", devices=(i,), cpus=1, memory=0, start=now - 100,
+                                        expected_end=now + 100) for i, k in enumerate((a, b))],
+                    lease_s=60.0, scheduler_heard=True, heard={"g": now - 21, "idle": now - 21})
+    assert node_lines(snap, now) == [
+        ("g", "GPUs 2/2, CPUs 2/4, memory 0 B/1 GiB; 2 run(s)",
+         "late: last heard 21 s ago; its runs keep their resources until the lease ends at 12:13:59 UTC"),
+        ("idle", "CPUs 0/4, memory 0 B/1 GiB; 0 run(s)",
+         "late: last heard 21 s ago; it holds no run; nothing new is placed here from the lease's end at "
+         "12:13:59 UTC until it is heard again")]
+    assert silent_note(snap, "g", now) == "; node g's worker is late: last heard 21 s ago"
+    snap.heard = {"g": now - 20, "idle": now - 3}
+    assert [w for _, _, w in node_lines(snap, now)] == ["heard 20 s ago", "heard 3 s ago"]
+    # past the lease: e31 queue's snapshot takes the node's runs for lost (they leave `running`)
+    snap.running, snap.lost, snap.heard = [], [a, b], {"g": now - 70, "idle": now - 70}
+    assert node_lines(snap, now)[0][2] == (
+        "late: last heard 70 s ago, past the lease that ended at 12:13:10 UTC: nothing new is placed here; its runs "
+        "keep their resources unless it is still silent at 12:13:25 UTC, when it is lost")
+    assert node_lines(snap, now)[1][2] == ("late: last heard 70 s ago, past the lease that ended at 12:13:10 UTC: "
+                                           "nothing is placed here until it is heard again")
+    gone = now - 60 - LOST_CONFIRM_S - 1
+    snap.heard = {"g": gone, "idle": gone}
+    assert node_lines(snap, now)[0][2] == (
+        "lost: last heard 76 s ago, past the lease that ended at 12:13:04 UTC: nothing is placed here until its "
+        "worker is heard again; its 2 run(s) are crashed: 1 queued again (retries left), 1 not queued again (no "
+        "retries left)")
+    assert node_lines(snap, now)[1][2] == ("lost: last heard 76 s ago, past the lease that ended at 12:13:04 UTC: "
+                                           "nothing is placed here until its worker is heard again")
+    assert silent_note(snap, "g", now) == "; node g's worker is lost: last heard 76 s ago"
+    snap.lost, snap.runs[c], snap.specs[c] = [b], _run(c, "g", 2), spec(0)
+    snap.scheduler_heard = False
+    assert node_lines(snap, now)[0][2] == (
+        "lost: last heard 76 s ago, past the lease that ended at 12:13:04 UTC (60 s unless e31 scheduler --lease "
+        "says otherwise; no scheduler heard): nothing is placed here until its worker is heard again; its 1 run(s) "
+        "are crashed once an e31 scheduler runs: 1 not queued again (no retries left)")
