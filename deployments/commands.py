@@ -305,13 +305,14 @@ def cmd_queue(args: argparse.Namespace) -> int:
     from e31.deployments.runwords import crashed_line, holding, node_lines, print_table, silent_note
     from e31.deployments.scheduler import snapshot
     from e31.flows.placement import plan
-    from e31.flows.queue import LEASE_S, NODE_VAR, humane, placement_of
+    from e31.flows.queue import DEVICES_VAR, LEASE_S, NODE_VAR, clock, humane, placement_of
 
     pool = _pool(args.pool)
     _need_api()
     from e31.deployments.prefetch import progress_of
 
     with get_client(sync_client=True) as client:
+        clock.measure(client)  # heartbeats and leases are judged on the server's clock
         lease_s, serving = lease_of(client, pool.name, LEASE_S)
         note = scheduler_note(client, pool.name, args.pool)
         snap = snapshot(client, pool, lease_s=lease_s)
@@ -335,6 +336,12 @@ def cmd_queue(args: argparse.Namespace) -> int:
                              ",".join(map(str, follower.get("gpu_devices") or ())) or "-", "-",
                              f"handed over behind {snap.specs[ahead].name} ({ahead[:8]}): its work starts once that "
                              "job has returned its output"))
+    for key in snap.lost:  # on a node silent past the lease: still holding until the scheduler crashes them
+        run, placed = snap.runs[key], placement_of(snap.runs[key])
+        rows.append((snap.specs[key].name, key[:8], run.state.name, placed.get(NODE_VAR) or "-",
+                     ",".join(map(str, placed.get(DEVICES_VAR) or ())) or "-", _hhmm(run.start_time.timestamp() if
+                                                                                run.start_time else None),
+                     holding(run.state) + silent_note(snap, placed.get(NODE_VAR), snap.now)))
     for p in placements:
         reason = humane(p.reason, snap) + (f"; {staging[p.job]}" if p.job in staging else "") + \
             (silent_note(snap, p.node, snap.now) if p.action == "start" else "")
@@ -351,6 +358,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
     print_table([("NODE", "IN USE", "WORKER"), *node_lines(snap, snap.now)])
     if note:
         print(f"e31: {note}", file=sys.stderr)
+    if (skew := clock.skew_line()) is not None:
+        print(f"e31: {skew}", file=sys.stderr)
     return EXIT_OK
 
 
