@@ -20,10 +20,10 @@ the class), the ``confusion`` matrix (true x predicted), the model's
 predicted by it), all computed from ``predictions.csv`` itself.
 
 Rows go in chunks; after each chunk is appended to ``predictions.csv`` a
-checkpoint ``{"rows_done": n, "attempts": [...]}`` is saved with step = n.
-A resumed attempt keeps the first ``rows_done`` lines already in
-``predictions.csv`` (the output folder is kept between attempts of a job)
-and goes on from there; on ``ctx.should_stop`` it returns after the current
+checkpoint ``{"rows_done": n, "rows": the n finished lines, "attempts":
+[...]}`` is saved with step = n.  A resumed attempt starts with an empty
+output folder (only the checkpoint carries over): it writes the
+checkpoint's ``rows`` back to ``predictions.csv`` and goes on from there; on ``ctx.should_stop`` it returns after the current
 chunk with the predictions finished so far.
 """
 
@@ -90,12 +90,13 @@ def read_predictions(path: Path) -> list[tuple[int, int, int, float]]:
     return rows
 
 
-def _keep_rows(path: Path, rows_done: int) -> int:
-    """Cut ``path`` down to its header and first ``rows_done`` whole rows
-    (fewer when fewer are there); returns how many rows it keeps."""
-    kept = read_predictions(path)[:rows_done]
+def _write_rows(path: Path, rows: str, rows_done: int) -> int:
+    """Write ``path`` anew: its header and the first ``rows_done`` lines of
+    ``rows`` (a checkpoint's finished rows; fewer when fewer are there);
+    returns how many rows it wrote."""
+    kept = rows.splitlines(keepends=True)[:rows_done]
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(f"{line}\n" for line in [HEADER, *(_format(r) for r in kept)]))
+    tmp.write_text(f"{HEADER}\n" + "".join(kept))
     os.replace(tmp, path)
     return len(kept)
 
@@ -143,13 +144,15 @@ def infer(ctx) -> dict | None:
     total = len(y)
 
     out = ctx.output_dir / PREDICTIONS
-    rows_done, attempts = 0, []
+    rows_done, attempts, rows = 0, [], ""  # rows: the finished lines of predictions.csv, kept in the checkpoint
     restored = ctx.restore()
     if restored is not None:
         state, _ = restored
         rows_done = int(state["rows_done"])
+        rows = str(state.get("rows", ""))
         attempts = [dict(a) for a in state.get("attempts", [])]
-    rows_done = _keep_rows(out, rows_done)  # a fresh start writes just the header
+    rows_done = _write_rows(out, rows, rows_done)  # a fresh start writes just the header
+    rows = "".join(rows.splitlines(keepends=True)[:rows_done])
     attempts.append({"start_row": rows_done, "rows": 0})
     ctx.progress(rows_done, total)
 
@@ -159,14 +162,16 @@ def infer(ctx) -> dict | None:
             predicted, confidence = predict(model, x[rows_done:end].to(device))
             if p["item_sleep"]:
                 time.sleep(float(p["item_sleep"]) * (end - rows_done))
-            fh.write("".join(
+            chunk_rows = "".join(
                 _format((i, int(y[i]), int(predicted[i - rows_done]), float(confidence[i - rows_done])))
                 + "\n" for i in range(rows_done, end)
-            ))
-            fh.flush()  # on disk before the checkpoint that counts these rows
+            )
+            fh.write(chunk_rows)
+            fh.flush()
+            rows += chunk_rows
             attempts[-1]["rows"] += end - rows_done
             rows_done = end
-            ctx.checkpoint({"rows_done": rows_done, "attempts": attempts}, step=rows_done)
+            ctx.checkpoint({"rows_done": rows_done, "rows": rows, "attempts": attempts}, step=rows_done)
             ctx.progress(rows_done, total)
             if ctx.should_stop and rows_done < total:
                 return None

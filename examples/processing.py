@@ -20,10 +20,12 @@ order: ``name``, ``attempt`` (1 = the first attempt of the job),
 (per attempt: ``skipped`` images already done and ``processed`` by it).
 
 After each image a checkpoint ``{"files": [...records...], "attempts":
-[...]}`` is saved with step = images done.  A resumed attempt skips the
-images its checkpoint lists whose outputs are still in the output folder
-unchanged; on ``ctx.should_stop`` it writes the report of the images
-finished so far (``"complete": false``) and returns.
+[...], "outputs": {path: PNG bytes}}`` is saved with step = images done.
+A resumed attempt starts with an empty output folder (only the checkpoint
+carries over): it writes the outputs its checkpoint holds back, each
+checked against its record's sha256, and skips those images; on
+``ctx.should_stop`` it writes the report of the images finished so far
+(``"complete": false``) and returns.
 """
 
 from __future__ import annotations
@@ -121,12 +123,16 @@ def process_one(path: Path, output_dir: Path, thumb_size: int) -> dict:
     return record
 
 
-def _intact(output_dir: Path, record: dict) -> bool:
-    """True when both outputs of ``record`` are in ``output_dir`` with the recorded sha256."""
-    for key in ("thumbnail", "edges"):
-        path = output_dir / record[key]["path"]
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != record[key]["sha256"]:
-            return False
+def _write_back(output_dir: Path, record: dict, outputs: dict[str, bytes]) -> bool:
+    """Write both outputs of ``record`` from a checkpoint's ``outputs`` into
+    ``output_dir``; False (nothing written) when one is missing there or
+    differs from its recorded sha256."""
+    paths = [record[key]["path"] for key in ("thumbnail", "edges")]
+    sums = [record[key]["sha256"] for key in ("thumbnail", "edges")]
+    if any(p not in outputs or hashlib.sha256(outputs[p]).hexdigest() != s for p, s in zip(paths, sums)):
+        return False
+    for path in paths:
+        _write(output_dir / path, outputs[path])
     return True
 
 
@@ -161,10 +167,13 @@ def process(ctx) -> dict:
 
     records: dict[str, dict] = {}
     attempts: list[dict] = []
+    outputs: dict[str, bytes] = {}  # the finished images' output files, kept in the checkpoint
     restored = ctx.restore()
     if restored is not None:
         state, _ = restored
-        records = {r["name"]: dict(r) for r in state["files"] if r["name"] in names and _intact(out, r)}
+        outputs = dict(state.get("outputs", {}))
+        records = {r["name"]: dict(r) for r in state["files"] if r["name"] in names and _write_back(out, r, outputs)}
+        outputs = {r[k]["path"]: outputs[r[k]["path"]] for r in records.values() for k in ("thumbnail", "edges")}
         attempts = [dict(a) for a in state["attempts"]]
     attempt = {"attempt": len(attempts) + 1, "skipped": len(records), "processed": 0}
     attempts.append(attempt)
@@ -180,7 +189,10 @@ def process(ctx) -> dict:
             time.sleep(float(p["item_sleep"]))
         record["attempt"] = attempt["attempt"]
         records[image.name] = record
+        for key in ("thumbnail", "edges"):
+            outputs[record[key]["path"]] = (out / record[key]["path"]).read_bytes()
         attempt["processed"] += 1
-        ctx.checkpoint({"files": [records[n] for n in names if n in records], "attempts": attempts}, step=len(records))
+        ctx.checkpoint({"files": [records[n] for n in names if n in records], "attempts": attempts,
+                        "outputs": outputs}, step=len(records))
         ctx.progress(len(records), len(names))
     return write_report(out, records, names, attempts)

@@ -29,9 +29,11 @@ attempt: ``skipped`` points already done and ``computed`` by it),
 ``seconds`` spent integrating in this attempt, the grid and the point of
 the highest peak.
 
-The set of finished points is checkpointed as the spec's policy asks
-(``ctx.checkpoint_due``) with step = points done; a resumed attempt skips the
-checkpointed points whose files are still in the output folder.  On
+The finished points' results are checkpointed as the spec's policy asks
+(``ctx.checkpoint_due``) with step = points done (``{"done": [names],
+"results": {name: result}, "attempts": [...]}``); a resumed attempt starts
+with an empty output folder (only the checkpoint carries over), writes the
+checkpointed points' files back from their results and skips them.  On
 ``ctx.should_stop`` it checkpoints, writes ``report.json`` with
 ``"complete": false`` and returns with the finished points.
 """
@@ -108,13 +110,6 @@ def _write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _read_point(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def plot_summary(betas: list[float], gammas: list[float], results: list[dict]) -> bytes:
     """PNG bytes of two heatmaps over the grid (beta across, gamma up):
     the peak infected fraction and the final recovered fraction."""
@@ -158,10 +153,14 @@ def sweep(ctx) -> dict:
 
     done: set[str] = set()
     attempts: list[dict] = []
+    results: dict[str, dict] = {}  # the finished points' results, kept in the checkpoint
     restored = ctx.restore()
     if restored is not None:
         state, _ = restored
-        done = {n for n in state["done"] if n in names and _read_point(folder / n) is not None}
+        results = {n: dict(r) for n, r in state.get("results", {}).items() if n in names}
+        for name, result in results.items():
+            _write(folder / name, json.dumps(result, indent=1).encode())
+        done = set(results)
         attempts = [dict(a) for a in state["attempts"]]
     attempt = {"attempt": len(attempts) + 1, "skipped": len(done), "computed": 0}
     attempts.append(attempt)
@@ -171,7 +170,7 @@ def sweep(ctx) -> dict:
     def save_checkpoint() -> None:
         nonlocal last_step
         if len(done) != last_step:
-            ctx.checkpoint({"done": sorted(done), "attempts": attempts}, step=len(done))
+            ctx.checkpoint({"done": sorted(done), "results": results, "attempts": attempts}, step=len(done))
             last_step = len(done)
 
     seconds = 0.0
@@ -186,6 +185,7 @@ def sweep(ctx) -> dict:
         if p["item_sleep"]:
             time.sleep(float(p["item_sleep"]))
         _write(folder / name, json.dumps(result, indent=1).encode())
+        results[name] = result
         done.add(name)
         attempt["computed"] += 1
         ctx.progress(len(done), len(points))

@@ -53,8 +53,11 @@ def _run_with_api(spec: JobSpec, plan, code_dir: str) -> int:
     from e31.flows.job import DELIVERED, JobFailedError, run_job
     from e31.flows.runlog import hide_tracebacks_on_console
     from e31.flows.statesync import apply_pending, remember
+    from e31.tasks.supervisor.loop import ON_RESUME
 
     hide_tracebacks_on_console()
+    if _say_resumed not in ON_RESUME:  # `resumed from step N (URL)` on stdout, whatever the log level
+        ON_RESUME.append(_say_resumed)
     apply_pending(Path(plan.scratch).parent)  # states the API missed earlier (it was down)
     DELIVERED.pop(spec.name, None)
     exitsignals.HOLD_SIGNALS_AFTER_RETURN = True  # once returned, a late signal does not change the exit code
@@ -85,6 +88,11 @@ def _run_with_api(spec: JobSpec, plan, code_dir: str) -> int:
         if manifest["status"] == "failed":
             print(f"e31: job {spec.name} failed: {manifest.get('message')}", file=sys.stderr)
     return print_manifest(manifest, spec.name, spec.output.url)
+
+
+def _say_resumed(line: str) -> None:
+    """Print ``resumed from step N (URL)`` (the URL masked) as the run's work starts from a checkpoint."""
+    print(line, flush=True)
 
 
 def _hold_signals_once_delivered(job: str) -> None:

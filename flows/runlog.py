@@ -113,9 +113,20 @@ def drop_explained_failures() -> None:
             logger.addFilter(ExplainedFailureFilter())
 
 
+class PrintedFilter(logging.Filter):
+    """Drops from the console a record whose text ``e31 run`` printed there
+    already (the attribute :data:`e31.tasks.supervisor.loop.PRINTED`, e.g.
+    ``resumed from step N (URL)``); the run's log in the Prefect UI keeps it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:  # noqa: A003 - logging's name
+        from e31.tasks.supervisor.loop import PRINTED
+
+        return not getattr(record, PRINTED, False)
+
+
 def hide_tracebacks_on_console() -> None:
-    """Install :class:`QuietFormatter` and :class:`ApiOutageFilter` on
-    Prefect's console handler(s)."""
+    """Install :class:`QuietFormatter`, :class:`ApiOutageFilter` and
+    :class:`PrintedFilter` on Prefect's console handler(s)."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
     from e31.tasks.storage.masking import install_log_masking
@@ -126,6 +137,7 @@ def hide_tracebacks_on_console() -> None:
         if isinstance(handler, PrefectConsoleHandler) and not isinstance(handler.formatter, QuietFormatter):
             handler.setFormatter(QuietFormatter(handler.formatter or logging.Formatter()))
             handler.addFilter(outage)
+            handler.addFilter(PrintedFilter())
     for handler in logging.getLogger("prefect._internal").handlers:  # Prefect's services log here, not propagated
         if not any(isinstance(f, ApiOutageFilter) for f in handler.filters):
             handler.addFilter(outage)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from prefect.logging import get_run_logger
 
@@ -139,6 +141,7 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     """The supervisor loop behind :func:`run_task`."""
     run_dir = Path(settings.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    empty_output(Path(settings.child.output_dir))  # nothing but the checkpoint carries over into a run's work
     config_path = run_dir / "child.json"
     settings.child.write(config_path)
     stdout_path, stderr_path = run_dir / "stdout.log", run_dir / "stderr.log"
@@ -299,17 +302,48 @@ def _run_log(stream: str, line: str) -> None:
         logger.warning("%s", line)
 
 
+def empty_output(folder: Path) -> None:
+    """Empty the work's output folder (created when missing) before its
+    work starts: a run's output holds what its own work writes, and only
+    the checkpoint (``E31_RESUME_DIR``, ``ctx.restore()``) carries over from
+    a stopped or lost attempt, as it does when the run resumes on another
+    machine (README, "What a resumed run keeps").  The stopped attempt's
+    files were returned already (a pending return is delivered before any
+    run starts).  Raises ``OSError`` when the folder cannot be emptied."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+#: Called with the line ``resumed from step N (URL)`` when a run's work resumes from a checkpoint
+#: (``e31 run`` prints it on its stdout); a hook that raises is skipped.
+ON_RESUME: list[Callable[[str], None]] = []
+
+#: A log record's attribute: its text was printed on the console by an :data:`ON_RESUME` hook already.
+PRINTED = "e31_printed"
+
+
 def _say_resume(resume_dir: str, checkpoint_url: str) -> int | None:
     """The step of the checkpoint folder ``resume_dir`` the work is given
     (``E31_RESUME_DIR``; empty: a fresh start, None), said in the run's log
-    as ``resumed from step N (URL)`` with the durable checkpoint's URL
-    (masked)."""
+    and to each of :data:`ON_RESUME` as ``resumed from step N (URL)`` with
+    the durable checkpoint's URL (masked)."""
     if not resume_dir:
         return None
     name = Path(resume_dir).name
     step = parse_step(name)
-    if step is not None:
-        get_run_logger().info("resumed from step %d (%s)", step, mask_url(storage.join(checkpoint_url, name)))
+    if step is None:
+        return None
+    line = f"resumed from step {step} ({mask_url(storage.join(checkpoint_url, name))})"
+    get_run_logger().info("%s", line, extra={PRINTED: bool(ON_RESUME)})
+    for hook in list(ON_RESUME):
+        try:
+            hook(line)
+        except Exception:
+            pass
     return step
 
 

@@ -3,7 +3,9 @@ grad scaler, dropout (so the RNG matters), shuffled mini-batches, and
 checkpoints every ``every_steps`` optimizer steps in the middle of epochs.
 
 Each optimizer step appends ``{"step", "epoch", "lr", "ids"}`` to
-``steps.jsonl`` in the output; the final weights go to ``model.pt``.  With
+``steps.jsonl`` in the output (its lines so far are kept in each checkpoint
+too: a resumed run's output folder starts empty, and it writes them back);
+the final weights go to ``model.pt``.  With
 ``kill_after_step`` the process SIGKILLs itself right after committing that
 step's checkpoint (first attempt only), standing in for a lost node.
 """
@@ -42,10 +44,10 @@ def train(ctx) -> None:
         scaler.load_state_dict(state["scaler"])
         epoch, pos, order = state["epoch"], state["pos"], state["order"]
         ctx.set_rng_state(state["rng"])
-        lines = log_path.read_text().splitlines() if log_path.exists() else []
-        log_path.write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= step))
+        logged = state["log"]
     else:
-        log_path.unlink(missing_ok=True)
+        logged = ""
+    log_path.write_text(logged)
     (ctx.output_dir / "resumed_from.txt").write_text(str(step))
 
     with open(log_path, "a") as log:
@@ -62,13 +64,15 @@ def train(ctx) -> None:
                 scaler.update()
                 scheduler.step()
                 step, pos = step + 1, pos + len(ids)
-                log.write(json.dumps({"step": step, "epoch": epoch, "lr": lr, "ids": ids.tolist()}) + "\n")
+                line = json.dumps({"step": step, "epoch": epoch, "lr": lr, "ids": ids.tolist()}) + "\n"
+                log.write(line)
                 log.flush()
+                logged += line
                 if step % int(p["every_steps"]) == 0:
                     state = {
                         "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-                        "epoch": epoch, "pos": pos, "order": order, "rng": ctx.rng_state(),
+                        "epoch": epoch, "pos": pos, "order": order, "rng": ctx.rng_state(), "log": logged,
                     }
                     ctx.checkpoint(state, step, wait=True)
                     if step == p["kill_after_step"] and restored is None:
