@@ -41,6 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from e31.flows.queue.clock import server_now
 from e31.flows.queue.mapping import AHEAD_S, QUEUED, STAGED, work_pool_name
 from e31.specs.pool import PoolSpec
 
@@ -95,7 +96,7 @@ class RunCache:
     def __init__(self, pool: PoolSpec, full_every_s: float = 60.0, margin_s: float = 10.0) -> None:
         self.pool, self.full_every_s, self.margin_s = pool, full_every_s, margin_s
         self.runs: dict[str, Any] = {}
-        self.read_at: float | None = None  # Unix seconds of the last read's start
+        self.read_at: float | None = None  # Unix seconds (the server's clock) of the last read's start
         self.full_at = float("-inf")  # monotonic seconds of the last full read's start
         self.full_reads = self.incremental_reads = 0
         self.last_full = False  # whether the last read read every run itself (not in the background)
@@ -118,7 +119,7 @@ class RunCache:
         a new one starts in the background (its own client: with 1,000
         runs queued it takes seconds) and replaces the kept runs at the
         first call after it ends, whose changes then reach back to its start."""
-        now = time.time() if now is None else now
+        now = server_now() if now is None else now
         if full or self.read_at is None:
             started = time.monotonic()
             self.runs = {str(r.id): r for r in self._read_every(client)}
@@ -139,7 +140,7 @@ class RunCache:
                 self.full_reads += 1
         elif self._pending is None and time.monotonic() - self.full_at >= self.full_every_s:
             self._executor = self._executor or ThreadPoolExecutor(1, thread_name_prefix="e31-full-read")
-            self._pending = self._executor.submit(self._read_in_background, time.time(), time.monotonic())
+            self._pending = self._executor.submit(self._read_in_background, server_now(), time.monotonic())
         self._changes(client, now)
         self.read_at = now
         self.incremental_reads += 1

@@ -14,6 +14,7 @@ from e31.flows.queue.mapping import (AFTER_VAR, AHEAD_S, ATTEMPT_VAR, CPUS_VAR, 
                                      PLACED,
                                      PLACEMENT_PARAM, QUEUED, placement_of, planned_node)
 from e31.flows.queue.cache import RunCache
+from e31.flows.queue.clock import server_now
 from e31.flows.queue.pace import (ENDER, DEEP_AHEAD_S, ESTIMATE_EVERY_S, REASON_DEPTH, REASON_EVERY_S, start_moved,
                                   planner_reason, same_but_clocks)
 from e31.flows.queue.snapshot import Snapshot
@@ -55,7 +56,8 @@ class _Logs:
         from prefect.client.schemas.actions import LogCreate
 
         self.lines.append(LogCreate(name="e31.scheduler", level=20, message=message,
-                                    timestamp=datetime.now(timezone.utc), flow_run_id=run_id))
+                                    timestamp=datetime.fromtimestamp(server_now(), timezone.utc),
+                                    flow_run_id=run_id))
 
     def send(self) -> None:
         if self.lines:

@@ -11,6 +11,7 @@ from typing import Any
 from e31.flows.placement import Node, QueuedJob, RunningJob
 from e31.flows.placement.estimates import estimate_runtime
 from e31.flows.placement.text import gib
+from e31.flows.queue.clock import server_now
 from e31.flows.queue.cache import ACTIVE, RunCache, flow_run_filter, read_all, state_filter
 from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, FENCED, LEASE_S, NODE_VAR, PLACED,
                                      QUEUED, SETTLE_S, inputs_key, nodes_of, placement_of, planned_node,
@@ -142,7 +143,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
     takes nothing new."""
     from prefect.client.schemas.objects import StateType
 
-    now = time.time() if now is None else now
+    now = server_now() if now is None else now  # server timestamps are judged on the server's clock
     snap = Snapshot(now=now, nodes=nodes_of(pool), lease_s=lease_s, pool=pool.name,
                     prefetching=frozenset(name for n in pool.nodes if n.scratch_budget for name in n.names()))
     snap.heard = heard(client, pool)
