@@ -44,8 +44,9 @@ def scrub(text: str) -> str:
     return _URL_IN_TEXT.sub(lambda m: mask_url(m.group(0)), text) if "://" in text else text
 
 
-#: A URL quoted inside free text (up to a space, quote or bracket).
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{}]+")
+#: A URL quoted inside free text (up to a space, quote or bracket; punctuation that ends a sentence or a
+#: clause, as in "data 'x': URL: not found", is not part of it, so masking a masked text changes nothing).
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{}]*[^\s'\"<>()\[\]{}.,;:!?]")
 
 
 def remember_secret(value: Any) -> None:
