@@ -9,7 +9,8 @@ hooks, then a forced ``Cancelled`` ("Flow run was cancelled
 successfully.").  For a run whose work had ended that sequence cut a long
 return at its SIGKILL and, even when the return finished, wrote
 ``Cancelled`` over a run whose manifest says ``completed``.
-:func:`install` makes the worker's process
+:func:`install` (:func:`e31.flows.cancelhook.guard_worker_cancel`) makes
+the worker's process
 
 - skip the sequence for a run tagged as having ended its work
   (:data:`e31.tasks.supervisor.cancel.WORK_ENDED`, written by the flow
@@ -25,48 +26,14 @@ ended, is set from its manifest by :func:`settle_late_cancel`."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-_log = logging.getLogger("e31.worker")
-
-_INSTALLED: list[bool] = []
 
 
 def install() -> None:
-    """Wrap Prefect's ``CancellationManager.cancel`` and
-    ``StateProposer.propose_cancelled`` in this process (once) as the
-    module docstring says.  Prefect 3.9's runner classes, which the process
-    worker (and so the ``e31 worker``) uses."""
-    if _INSTALLED:
-        return
-    from prefect.runner._cancellation_manager import CancellationManager
-    from prefect.runner._state_proposer import StateProposer
+    """Install the gate in this process (:func:`e31.flows.cancelhook.guard_worker_cancel`)."""
+    from e31.flows.cancelhook import guard_worker_cancel
 
-    from e31.tasks.supervisor.cancel import work_ended_at
-
-    cancel, propose_cancelled = CancellationManager.cancel, StateProposer.propose_cancelled
-
-    async def cancel_unless_ended(self: Any, flow_run: Any, state_msg: str | None = None) -> None:
-        ended = work_ended_at(getattr(flow_run, "tags", None))
-        if ended is not None:
-            _log.info("flow run %s was cancelled after its work had ended (%s UTC): its output is returned whole "
-                      "and the run ends as its manifest says", flow_run.id, ended.replace("T", " ").rstrip("Z"))
-            return
-        await cancel(self, flow_run, state_msg)
-
-    async def propose_unless_final(self: Any, flow_run: Any, state_updates: dict[str, Any] | None = None) -> bool:
-        try:
-            now = (await self._client.read_flow_run(flow_run.id)).state
-        except Exception:
-            now = None
-        if now is not None and now.is_final() and not now.is_cancelled():
-            return False  # (Prefect's finalizer then reads the run, sees it final and emits no cancelled event)
-        return await propose_cancelled(self, flow_run, state_updates)
-
-    CancellationManager.cancel = cancel_unless_ended  # type: ignore[method-assign]
-    StateProposer.propose_cancelled = propose_unless_final  # type: ignore[method-assign]
-    _INSTALLED.append(True)
+    guard_worker_cancel()
 
 
 def settle_late_cancel(flow_run: Any) -> bool:
@@ -85,7 +52,7 @@ def settle_late_cancel(flow_run: Any) -> bool:
     try:
         with get_client(sync_client=True) as client:
             run = client.read_flow_run(flow_run.id)
-        if run.state is None or not run.state.is_cancelling() or work_ended_at(run.tags) is None:
+        if run.state is None or not run.state.is_cancelling() or work_ended_at(run) is None:
             return False
         manifest = returned_by(run)
         if not isinstance(manifest, dict) or manifest.get("status") == "returning" or stopped_by_cancel(manifest):

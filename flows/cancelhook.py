@@ -75,19 +75,72 @@ def cancelled_message(returned: dict[str, Any] | None | object) -> str:
             f"{len(returned.get('files') or ())} file(s) {where} (see the manifest there)")
 
 
+def stopped_by_cancel(manifest: dict[str, Any]) -> bool:
+    """Whether ``manifest`` is a cancel's (``partial``, reason ``cancelled``:
+    the cancel stopped the work or kept it from starting).  Any other
+    verdict -- ``completed``, another stop's ``partial``, ``failed`` -- was
+    reached by the work's own end: a cancel that came after it changes
+    nothing, and the run ends in the manifest's state."""
+    return manifest.get("status") == "partial" and manifest.get("reason") == "cancelled"
+
+
+def keep_manifest_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
+    """A cancel came after the run's work had ended: when the flow run is
+    ``Cancelling`` (or was made ``Cancelled``), set it to the state its
+    ``manifest`` says (:func:`e31.flows.statesync.state_of`: ``completed`` ->
+    Completed, another stop's ``partial`` -> Completed named Partial,
+    ``failed`` -> Failed), forced (the server lets a ``Cancelling`` run go
+    only to ``Cancelled``).  One read, and one write when needed; returns
+    whether it wrote.  Raises what the Prefect client raises."""
+    from prefect import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import State
+
+    from e31.flows.statesync import state_of
+
+    with get_client(sync_client=True) as client:
+        now = client.read_flow_run(flow_run_id).state
+        if now is None or now.type not in (StateType.CANCELLING, StateType.CANCELLED):
+            return False
+        want = state_of(manifest)
+        client.set_flow_run_state(flow_run_id, State(type=StateType(want["type"]), name=want["name"],
+                                                     message=want["message"]), force=True)
+    return True
+
+
+def late_cancel_message(manifest: dict[str, Any]) -> str:
+    """The log line of a run whose cancel came after its work had ended."""
+    folder = manifest.get("folder") or "."
+    where = "at the top of the destination" if folder == "." else f"in {folder}/ at the destination"
+    return (f"the cancel came after the work had ended; it changes nothing: the run ends as its manifest says, "
+            f"{manifest.get('status')} ({manifest.get('reason')}): {len(manifest.get('files') or ())} file(s) {where}")
+
+
 def settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
     """Prefect ``on_cancellation`` hook (Prefect passes ``flow``, ``flow_run``
     and ``state`` by name): log what came back (:func:`cancelled_message`)
     and move a run still ``Cancelling`` to ``Cancelled`` with it.  Where no
     runner or worker owns the cancellation the server would otherwise
-    refuse the engine's final state and the run would stay ``Cancelling``."""
+    refuse the engine's final state and the run would stay ``Cancelling``.
+    When the run's manifest is not a cancel's (:func:`stopped_by_cancel`:
+    the cancel came after the work had ended), the run ends in the state
+    that manifest says instead (:func:`keep_manifest_state`)."""
     from prefect import get_client
     from prefect.logging.loggers import flow_run_logger
     from prefect.states import Cancelled
 
     from e31.tasks.storage import scrub
 
-    message = scrub(cancelled_message(returned_by(flow_run)))
+    guard_worker_cancel()  # (run by a worker: its forced Cancelled, next, does not overwrite the manifest's state)
+    returned = returned_by(flow_run)
+    if isinstance(returned, dict) and returned.get("status") != "returning" and not stopped_by_cancel(returned):
+        try:
+            flow_run_logger(flow_run).warning("%s", scrub(late_cancel_message(returned)))
+        except Exception:  # the log line is a courtesy
+            pass
+        keep_manifest_state(str(flow_run.id), returned)
+        return
+    message = scrub(cancelled_message(returned))
     try:
         flow_run_logger(flow_run).info("%s", message)
     except Exception:  # the log line is a courtesy
@@ -96,3 +149,59 @@ def settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
         now = client.read_flow_run(flow_run.id).state
         if now is not None and now.is_cancelling():
             client.set_flow_run_state(flow_run.id, Cancelled(message=message))
+
+
+_GUARDED: list[bool] = []
+
+
+def guard_worker_cancel() -> None:
+    """In a Prefect worker's process (once; the ``e31 worker`` calls it as it
+    starts, and :func:`settle_cancelled` in any worker that runs E31's
+    hook): wrap Prefect 3.9's ``CancellationManager.cancel`` and
+    ``StateProposer.propose_cancelled``, the runner classes its process
+    worker cancels a run with (SIGTERM to the flow process, SIGKILL 30 s
+    later, the ``on_cancellation`` hooks, then a forced ``Cancelled``), so
+    that a cancel after a run's work ended changes nothing:
+
+    - a run tagged as having ended its work
+      (:data:`e31.tasks.supervisor.cancel.WORK_ENDED`) is not signalled or
+      killed at all: its flow process finishes the return (a SIGKILL would
+      cut a long one) and sets the run's state from its manifest;
+    - ``Cancelled`` is never forced over a run already in another final
+      state (set from its manifest by the flow process or this hook), as
+      Prefect itself skips it when a cancelled flow process concluded on its
+      own (``should_skip_cancel_after_acked_process_exit``)."""
+    if _GUARDED:
+        return
+    from prefect.logging.loggers import flow_run_logger
+    from prefect.runner._cancellation_manager import CancellationManager
+    from prefect.runner._state_proposer import StateProposer
+
+    from e31.tasks.supervisor.cancel import work_ended_at
+
+    cancel, propose_cancelled = CancellationManager.cancel, StateProposer.propose_cancelled
+
+    async def cancel_unless_ended(self: Any, flow_run: Any, state_msg: str | None = None) -> None:
+        ended = work_ended_at(flow_run)
+        if ended is not None:
+            try:  # in the run's log, where the cancel's user looks
+                flow_run_logger(flow_run).warning(
+                    "flow run %s was cancelled after its work had ended (%s): the cancel changes nothing; its "
+                    "output is returned whole and the run ends as its manifest says", flow_run.id, ended)
+            except Exception:  # the log line is a courtesy
+                pass
+            return
+        await cancel(self, flow_run, state_msg)
+
+    async def propose_unless_final(self: Any, flow_run: Any, state_updates: dict[str, Any] | None = None) -> bool:
+        try:
+            now = (await self._client.read_flow_run(flow_run.id)).state
+        except Exception:
+            now = None
+        if now is not None and now.is_final() and not now.is_cancelled():
+            return False  # (Prefect's finalizer then reads the run, finds it final and emits no cancelled event)
+        return await propose_cancelled(self, flow_run, state_updates)
+
+    CancellationManager.cancel = cancel_unless_ended  # type: ignore[method-assign]
+    StateProposer.propose_cancelled = propose_unless_final  # type: ignore[method-assign]
+    _GUARDED.append(True)

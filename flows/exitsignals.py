@@ -9,6 +9,8 @@ import signal
 import sys
 from typing import Callable
 
+from e31.tasks.supervisor.process import SIGNALLED
+
 
 #: Set by the ``e31`` command (and true in a flow process started by a Prefect worker): once the
 #: output is delivered, SIGTERM and SIGINT no longer change how the process ends.
@@ -29,6 +31,7 @@ def hold_signals() -> None:
     told = []
 
     def note(signum, frame) -> None:
+        SIGNALLED.set()  # (a worker's SIGTERM after a cancel: the run reads its state before it ends)
         if not told:
             told.append(signum)
             print("e31: the output is returned; the signal is ignored and the run ends with its manifest",

@@ -23,7 +23,7 @@ from prefect.states import Cancelled, Completed, Failed
 from e31.errors import E31Error
 from e31.flows.compile import JobPlan, compile_plan, describe_markdown
 from e31.flows.admission import AdmissionError, check_fits
-from e31.flows.cancelhook import RETURNED, settle_cancelled
+from e31.flows.cancelhook import RETURNED, keep_manifest_state, late_cancel_message, settle_cancelled, stopped_by_cancel
 from e31.flows.deploy import FLOW_NAME
 from e31.flows.statesync import settle_earlier_run
 from e31.flows.workconfig import child_config
@@ -38,7 +38,8 @@ from e31.tasks.deliver import (ON_DELIVERED, ReturnTarget, check_destination, de
 from e31.tasks.manifest import step_text
 from e31.tasks.outcome import ChildLost, RunOutcome
 from e31.tasks.supervisor.api import api_answers
-from e31.tasks.supervisor.process import signals_deferred
+from e31.tasks.supervisor.fence import this_node
+from e31.tasks.supervisor.process import SIGNALLED, end_signal_deferral, signals_deferred
 from e31.tasks.supervisor.warm import discard, prestart
 from e31.flows.exitsignals import hold_signals
 from e31.flows.queue.handover import release, run_ahead, signals_end_wait, wait_for_run_ahead
@@ -115,15 +116,22 @@ def run_job(spec: JobSpec, code_dir: str | None = None, placement: dict[str, Any
     """
     install_log_masking()  # every log line of the run is masked, whoever writes it
     drop_explained_failures()  # an E31 error ends the run in one line, not with the engine's traceback too
+    SIGNALLED.clear()
     try:
         try:
             manifest = _run_job(spec, code_dir)
             RETURNED[str(flow_run.id)] = manifest
+            _late_cancel(manifest)
+        except JobFailedError as exc:
+            RETURNED[str(flow_run.id)] = exc.manifest
+            _late_cancel(exc.manifest)
+            raise
         except JobBusyError as exc:
             if flow_run.id and exc.holder_run == str(flow_run.id):
                 leave_to_first_process(exc)  # never returns: the release below is the first process's
             raise
         finally:  # the output is returned (or cannot be): a run handed over behind this one starts its work
+            end_signal_deferral()
             release(str(flow_run.id) if flow_run.id else None)  # (at the latest: the return released it already)
             fence_at_end(str(flow_run.id) if flow_run.id else None)
     except JobBusyError as exc:  # refused, not failed: the job's history shows no failure that never ran
@@ -137,6 +145,25 @@ def run_job(spec: JobSpec, code_dir: str | None = None, placement: dict[str, Any
     return Completed(name="Partial", data=manifest,
                      message=f"partial ({manifest['reason']}): {step_text(manifest['step'])}; "
                              f"{manifest.get('message') or ''}".rstrip("; "))
+
+
+def _late_cancel(manifest: dict[str, Any]) -> None:
+    """A cancel that came after the work had ended changes nothing: the run
+    ends in its manifest's state (:func:`e31.flows.cancelhook.keep_manifest_state`),
+    set here when the run is ``Cancelling`` now.  Read in a flow process an
+    ``e31 worker`` started (which skips the cancel of a run whose work had
+    ended: :mod:`e31.deployments.cancelgate`), or after a signal was held
+    back for the return (a worker's, after a cancel); elsewhere the engine's
+    final state meets the cancel and the ``on_cancellation`` hook
+    (:func:`e31.flows.cancelhook.settle_cancelled`) does the same.  Best
+    effort: an API error leaves it to that hook and the worker."""
+    if not flow_run.id or stopped_by_cancel(manifest) or not (SIGNALLED.is_set() or this_node() is not None):
+        return
+    try:
+        if keep_manifest_state(str(flow_run.id), manifest):
+            get_run_logger().warning("%s", scrub(late_cancel_message(manifest)))
+    except Exception:
+        pass
 
 
 def _run_job(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:

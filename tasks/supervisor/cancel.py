@@ -46,36 +46,38 @@ def cancel_requested(flow_run_id: str | None) -> bool:
     return state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED)
 
 
-#: The tag a flow run gets once its work has ended without a cancel stopping it (``e31-work-ended:`` and the
-#: time, ISO 8601 UTC): a cancel from then on changes nothing, and ``e31 cancel`` says it came too late.
+#: The tag a flow run gets once its work has ended without a cancel stopping it: ``e31-work-ended:``, the
+#: attempt (the run's ``run_count`` then) and the time (ISO 8601 UTC), e.g. ``e31-work-ended:1:2026-12-03T18:41:37Z``.
+#: A cancel of that attempt from then on changes nothing, and ``e31 cancel`` says it came too late; a later
+#: attempt of the run (requeued after a crash: ``run_count`` grows) is not concerned.
 WORK_ENDED = "e31-work-ended:"
 #: Seconds the return waits at most for :func:`mark_work_ended`'s write (a slow API does not hold the output back).
 MARK_WAIT_S = 5.0
 
 
 def mark_work_ended(flow_run_id: str | None, at: float | None = None) -> bool:
-    """Tag the flow run ``flow_run_id`` :data:`WORK_ENDED` with the time
-    ``at`` (Unix seconds; now when None), in a flow process an ``e31 worker``
-    started (``E31_NODE`` set: a run of a pool, which ``e31 cancel`` may
-    reach).  A PATCH of the run's tags alone, as the prefetcher's
-    (``e31.deployments.prefetch_runs.tag_staged``): one read and one write,
-    made in a thread that the caller waits for at most :data:`MARK_WAIT_S`
-    seconds.  Returns whether the tag was written by then; an API error
-    only loses the words of a late ``e31 cancel`` (the run still ends as its
-    manifest says)."""
+    """Tag the flow run ``flow_run_id`` :data:`WORK_ENDED` with its attempt
+    and the time ``at`` (Unix seconds; now when None), in a flow process an
+    ``e31 worker`` started (``E31_NODE`` set: a run of a pool, which ``e31
+    cancel`` may reach).  A PATCH of the run's tags alone, as the
+    prefetcher's (``e31.deployments.prefetch_runs.tag_staged``): one read
+    and one write, made in a thread that the caller waits for at most
+    :data:`MARK_WAIT_S` seconds.  Returns whether the tag was written by
+    then; an API error only loses the words of a late ``e31 cancel`` (the
+    run still ends as its manifest says)."""
     if flow_run_id is None or this_node() is None:
         return False
     from datetime import datetime, timezone
 
-    tag = WORK_ENDED + datetime.fromtimestamp(time.time() if at is None else at, timezone.utc).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
+    when = datetime.fromtimestamp(time.time() if at is None else at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     done = threading.Event()
 
     def write() -> None:
         try:
             with get_client(sync_client=True) as client:
-                tags = [t for t in client.read_flow_run(flow_run_id).tags or [] if not t.startswith(WORK_ENDED)]
-                client.update_flow_run(flow_run_id, tags=[*tags, tag])
+                run = client.read_flow_run(flow_run_id)
+                tags = [t for t in run.tags or [] if not t.startswith(WORK_ENDED)]
+                client.update_flow_run(flow_run_id, tags=[*tags, f"{WORK_ENDED}{run.run_count}:{when}"])
             done.set()
         except Exception:  # the API is away: the manifest is still the job's word
             pass
@@ -85,12 +87,16 @@ def mark_work_ended(flow_run_id: str | None, at: float | None = None) -> bool:
     return done.wait(MARK_WAIT_S)
 
 
-def work_ended_at(tags: object) -> str | None:
-    """The time (``YYYY-MM-DDTHH:MM:SSZ``) a flow run's tags say its work
-    ended (:func:`mark_work_ended`), or None."""
-    for tag in tags or ():  # type: ignore[union-attr]
+def work_ended_at(run: object) -> str | None:
+    """The time (``YYYY-MM-DDTHH:MM:SSZ``) the tags of ``run`` (a Prefect
+    ``FlowRun``) say the work of its current attempt ended
+    (:func:`mark_work_ended`), or None (no such tag, or an earlier
+    attempt's)."""
+    for tag in getattr(run, "tags", None) or ():
         if isinstance(tag, str) and tag.startswith(WORK_ENDED):
-            return tag[len(WORK_ENDED):]
+            attempt, _, when = tag[len(WORK_ENDED):].partition(":")
+            if attempt == str(getattr(run, "run_count", None)) and when:
+                return when
     return None
 
 

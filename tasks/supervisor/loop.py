@@ -28,13 +28,13 @@ from prefect.logging import get_run_logger
 
 from e31.tasks.deliver import ReturnTarget, deliver, publish_artifacts
 from e31.tasks.outcome import RunOutcome
-from e31.tasks.pending import recorded_return
+from e31.tasks.pending import RETURNING_FIRST, recorded_return
 from e31.tasks.storage import scrub
 from e31.tasks.storage.local import disk_full, human_size
-from e31.tasks.supervisor.cancel import CancelWatcher
+from e31.tasks.supervisor.cancel import CancelWatcher, mark_work_ended
 from e31.tasks.supervisor.fence import step_aside
 from e31.tasks.supervisor.output import OutputForwarder, tail_lines
-from e31.tasks.supervisor.process import WorkTree, set_subreaper
+from e31.tasks.supervisor.process import SIGNALLED, WorkTree, defer_signals_after_work, set_subreaper
 from e31.tasks.supervisor.progress import ProgressReporter
 from e31.tasks.supervisor.uploader import Uploader
 from e31.tasks.supervisor.warm import child_environment, go, import_torch_here, kill, spawn, take
@@ -234,12 +234,17 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
                 proc.wait(timeout=POLL_S)  # wakes as soon as the child exits
             except subprocess.TimeoutExpired:
                 pass
+        ended = True
     finally:
         if proc.poll() is None:  # the supervisor itself is being torn down
             _signal_group(proc, signal.SIGKILL)
             proc.wait()
         restore()
+        if ended:  # from the work's end on, its output is returned: a signal (a worker's, after a late cancel) waits
+            defer_signals_after_work(RETURNING_FIRST)
         cancel.stop()
+    if ended and cancel.moved_to() is None and _ended_by_itself(stop, proc.returncode, settings, stop_seen):
+        mark_work_ended(settings.flow_run_id)  # a cancel from now on changes nothing (e31 cancel: too late)
     run_s = time.time() - started
     _signal_group(proc, signal.SIGKILL)  # leftovers of the child's process group ...
     tree.kill(spare=proc.pid)  # ... and every process the work started, in any session
@@ -388,6 +393,15 @@ def _outcome(code: int, stop: _Stop, killed: bool, run_s: float, tail: str) -> R
     return RunOutcome(reason=reason, exit_code=code, run_s=run_s, killed=killed, message=message, stderr_tail=tail)
 
 
+def _ended_by_itself(stop: _Stop, code: int | None, settings: SupervisorConfig, stop_seen: Path) -> bool:
+    """Whether the work ended without a cancel stopping it: no cancel was
+    requested, or a Python work finished within the grace period without
+    ever reading ``ctx.should_stop`` as true (counted as finished below)."""
+    if stop.reason != "cancelled":
+        return True
+    return code == 0 and not settings.child.command and not stop_seen.exists()
+
+
 def _install_signal_handlers(stop: _Stop):
     """SIGTERM/SIGINT to the flow process (preemption, Ctrl-C) request a
     stop with reason ``signal``.  Only possible from the main thread; returns
@@ -397,7 +411,7 @@ def _install_signal_handlers(stop: _Stop):
     previous = {}
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous[sig] = signal.getsignal(sig)
-        signal.signal(sig, lambda signum, frame: stop.request("signal"))
+        signal.signal(sig, lambda signum, frame: (SIGNALLED.set(), stop.request("signal")))
 
     def restore() -> None:
         for sig, handler in previous.items():

@@ -36,6 +36,7 @@ def signals_deferred(message: str) -> Iterator[None]:
     told = []
 
     def note(signum, frame) -> None:
+        SIGNALLED.set()
         if not told:
             told.append(signum)
             print(message, file=sys.stderr)
@@ -47,6 +48,63 @@ def signals_deferred(message: str) -> Iterator[None]:
         for sig, handler in previous.items():
             if signal.getsignal(sig) is note:
                 signal.signal(sig, handler)
+
+
+#: Set when a SIGTERM or SIGINT was noted and not obeyed because the output was on its way
+#: (:func:`signals_deferred`, :func:`defer_signals_after_work`; ``e31.flows.exitsignals.hold_signals``):
+#: a Prefect worker sends one to the flow process of a run that was cancelled, so the flow then reads
+#: its run's state before it ends (``e31.flows.job``).
+SIGNALLED = threading.Event()
+
+#: The handlers :func:`defer_signals_after_work` replaced (signal -> handler), and its own handler.
+_AFTER_WORK: dict[int, object] = {}
+_AFTER_WORK_NOTE: list[Callable[..., None]] = []
+
+
+def defer_signals_after_work(message: str) -> None:
+    """Once the work's child process has ended, its output is returned
+    whatever comes: from now until :func:`end_signal_deferral`, SIGTERM and
+    SIGINT print ``message`` (once) to stderr and set :data:`SIGNALLED`
+    instead of interrupting.  Without it a signal between the work's end
+    and the return (the newest checkpoint's upload, the run task's end, the
+    return task's start) took the engine's default action and ended the
+    flow process with the output undelivered: a Prefect worker SIGTERMs the
+    flow process of every run it sees ``Cancelling``, also one whose work
+    had finished.  Blocks set up later (the return's
+    :func:`signals_deferred`, ``hold_signals``) put their own handlers on
+    top.  Once per ended work (a retried run task sets it again); a no-op
+    outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    told = []
+
+    def note(signum, frame) -> None:
+        SIGNALLED.set()
+        if not told:
+            told.append(signum)
+            print(message, file=sys.stderr)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        current = signal.getsignal(sig)
+        if not _AFTER_WORK_NOTE or current is not _AFTER_WORK_NOTE[0]:
+            _AFTER_WORK.setdefault(sig, current)
+        signal.signal(sig, note)
+    _AFTER_WORK_NOTE[:] = [note]
+
+
+def end_signal_deferral() -> None:
+    """End :func:`defer_signals_after_work`: the handlers it replaced come
+    back unless another has been set since (``hold_signals``, which holds
+    them for good once the output is returned).  A no-op when none is
+    deferred, or outside the main thread."""
+    if threading.current_thread() is not threading.main_thread() or not _AFTER_WORK_NOTE:
+        return
+    note = _AFTER_WORK_NOTE[0]
+    for sig, handler in _AFTER_WORK.items():
+        if signal.getsignal(sig) is note:
+            signal.signal(sig, handler)
+    _AFTER_WORK.clear()
+    _AFTER_WORK_NOTE.clear()
 
 
 #: The environment variable that marks every process of one run of a work (inherited by all it starts).
