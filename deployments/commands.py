@@ -364,10 +364,13 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.responses import SetStateStatus
     from prefect.states import Cancelled, Cancelling
 
+    from prefect.client.orchestration import get_client
+
     from e31.flows.queue import read
+    from e31.tasks.supervisor.cancel import work_ended_at
 
     pool = _pool(args.pool)
     _need_api()
@@ -381,6 +384,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             print(f"e31: cancel: no queued or running job {args.job!r} in pool {pool.name}: "
                   f"{ended_line(client, pool.name, args.job, snap.now)}", file=sys.stderr)
             return EXIT_FAILED
+        late = 0
         for key in targets:
             # One write whatever the run's state is now (it may have started since it was read): the server
             # turns the Cancelling of a run still scheduled (queued or placed) into Cancelled itself, in the
@@ -389,17 +393,49 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             # that started in between be forced Cancelled while it ran on, to its end.
             # A crashed run waits to be requeued and runs nowhere (a requeue, placement and start in between
             # would take seconds): it is cancelled outright.
+            name = snap.specs[key].name
             if snap.runs[key].state.type.value == "CRASHED":
                 client.set_flow_run_state(key, Cancelled(
                     message="cancelled after a crash, before it was queued again (e31 cancel)"), force=True)
-                print(f"cancelled {snap.specs[key].name} ({key}): it had crashed; it will not be queued again")
+                print(f"cancelled {name} ({key}): it had crashed; it will not be queued again")
                 continue
-            result = client.set_flow_run_state(key, Cancelling(message="cancel requested (e31 cancel)"), force=True)
-            if result.state is not None and result.state.type.value == "CANCELLED":
+            # A run whose work has ended (its flow process tags it so, before the return starts) is not
+            # cancelled: its output comes back whole and the run ends as its manifest says.  Not forced, so
+            # the server refuses (aborts) a cancel of a run that ended meanwhile, in the same transaction.
+            ended = work_ended_at(snap.runs[key])
+            result = None if ended else client.set_flow_run_state(
+                key, Cancelling(message="cancel requested (e31 cancel)"))
+            if result is not None and result.status == SetStateStatus.ABORT:
+                now = client.read_flow_run(key)
+                print(f"e31: cancel: run {name} ({key}) had already ended {now.state.name if now.state else ''} "
+                      f"at {_ended_at(now)}: nothing to cancel", file=sys.stderr)
+                late += 1
+                continue
+            if ended is None and (result.state is None or result.state.type.value != "CANCELLED"):
+                ended = work_ended_at(client.read_flow_run(key))  # its work ended as the cancel was written
+            if ended is not None:
+                print(f"e31: cancel: run {name} ({key}) had already finished its work (at {_utc(ended)}): "
+                      f"nothing to cancel; its output is returned whole and the run ends as its manifest says",
+                      file=sys.stderr)
+                late += 1
+            elif result.state is not None and result.state.type.value == "CANCELLED":
                 client.set_flow_run_state(key, Cancelled(message="cancelled while queued (e31 cancel)"),
                                           force=True)  # the reason in E31's words; Cancelled is final: no race
-                print(f"cancelled {snap.specs[key].name} ({key}): removed from the queue")
+                print(f"cancelled {name} ({key}): removed from the queue")
             else:
-                print(f"cancelling {snap.specs[key].name} ({key}): its work is stopped (or never starts, if it has "
+                print(f"cancelling {name} ({key}): its work is stopped (or never starts, if it has "
                       "not yet) and what it has is returned, with its manifest")
-    return EXIT_OK
+    return EXIT_FAILED if late == len(targets) else EXIT_OK
+
+
+def _utc(stamp: str) -> str:
+    """``2026-12-03T18:41:37Z`` as ``18:41:37 UTC`` (the day too when it is not today)."""
+    day, _, rest = stamp.partition("T")
+    today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    return f"{rest.rstrip('Z')} UTC" + ("" if day == today else f" on {day}")
+
+
+def _ended_at(run: Any) -> str:
+    """When the flow run ``run`` ended, as :func:`_utc` writes it ("an unknown time" when its state has none)."""
+    when = run.state.timestamp if run.state is not None else None
+    return _utc(when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")) if when else "an unknown time"
