@@ -181,8 +181,28 @@ def _kill_all(pids: list[int], wait_s: float = 10.0) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+def _warm_forks_above(pids: list[int], spare: set[int] | frozenset[int]) -> list[int]:
+    """The parents of ``pids`` that are forks of a warm flow process (their
+    command line is :mod:`e31.deployments.warmstart`'s): a flow process
+    forked warm keeps its warm process's environment in ``/proc`` (its
+    run's is set after the fork), so only its work names the run; not this
+    process, nor those in ``spare`` (this worker's own warm process)."""
+    found = []
+    for pid in pids:
+        try:
+            parent = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            command = open(f"/proc/{parent}/cmdline", "rb").read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent > 1 and parent != os.getpid() and parent not in spare and parent not in pids and \
+                b"e31.deployments.warmstart" in command and parent not in found:
+            found.append(parent)
+    return found
+
+
 async def clear_fences(client: Any, work_pool: str, node: str, logger: logging.Logger | logging.LoggerAdapter,
-                       own: set[str] | frozenset[str] = frozenset()) -> list[str]:
+                       own: set[str] | frozenset[str] = frozenset(),
+                       spare: set[int] | frozenset[int] = frozenset()) -> list[str]:
     """Kill the processes on this machine of ``node``'s runs that no longer
     hold it, then lift the fences of ``node`` whose run has no process left
     here (:mod:`e31.tasks.supervisor.fence`): the scheduler gives a fenced
@@ -193,7 +213,8 @@ async def clear_fences(client: Any, work_pool: str, node: str, logger: logging.L
     ``Running`` or ``Cancelling`` placed on ``node`` (crashed, queued again,
     placed elsewhere, or final for :data:`FINAL_GRACE_S` seconds).  Runs in
     ``own`` (those whose flow process this worker started and still
-    watches) are left alone.  ``client``: Prefect's async client.  Returns
+    watches) are left alone, and so are the pids in ``spare`` (its warm
+    process).  ``client``: Prefect's async client.  Returns
     the ids of the runs whose fence was lifted.  A fence whose run still
     has a process here (one that did not die within 10 s of SIGKILL) stays,
     and is tried again at the next call.  Best effort: a failure is logged."""
@@ -218,6 +239,7 @@ async def clear_fences(client: Any, work_pool: str, node: str, logger: logging.L
                 if kind in ("COMPLETED", "FAILED", "CANCELLED") and state.timestamp is not None and \
                         time.time() - state.timestamp.timestamp() < FINAL_GRACE_S:
                     continue  # its flow process is ending by itself
+            pids = pids + _warm_forks_above(pids, spare)
             left = _kill_all(pids)
             logger.warning("flow run %s no longer holds node %s%s: its processes here (pids %s) killed%s", run, node,
                            " (lost with it while its worker was silent)" if run in fences else "", sorted(pids),

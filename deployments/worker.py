@@ -206,7 +206,8 @@ class E31Worker(ProcessWorker):
         from e31.deployments.leftovers import clear_fences
 
         with anyio.CancelScope(shield=True):
-            await clear_fences(self._client, self._work_pool_name, self.node, self._logger, set(self.flows.values()))
+            await clear_fences(self._client, self._work_pool_name, self.node, self._logger, set(self.flows.values()),
+                               {self._warm.pid} if self._warm is not None else set())
 
     async def _crash_orphans(self) -> None:
         """End the runs left holding this node with no flow process, and finish

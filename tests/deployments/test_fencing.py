@@ -1,0 +1,111 @@
+"""A run's devices are free only once its processes are gone: a node taken
+for lost while its run's work lives on is fenced (e31.tasks.supervisor.fence).
+Real server, scheduler and workers (tests/deployments/test_queue.py's
+Queue); real kills.  The node's GPUs are told with E31_NODE_GPUS (this
+machine has none): the works record the CUDA_VISIBLE_DEVICES they got."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from tests.deployments.test_queue import _gone, _warm_listening, queue, wait_for
+
+
+class _Deaths:
+    """Polls pids every 20 ms in a thread: the time each was first seen gone."""
+
+    def __init__(self, pids: list[int]):
+        self.pids, self.gone_at, self._stop = list(pids), {}, threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set() and len(self.gone_at) < len(self.pids):
+            for pid in self.pids:
+                if pid not in self.gone_at and _gone(pid):
+                    self.gone_at[pid] = time.time()
+            time.sleep(0.02)
+
+    def last(self) -> float | None:
+        """When the last of them was seen gone; None while one lives."""
+        return max(self.gone_at.values()) if len(self.gone_at) == len(self.pids) else None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _started(q, name: str, node: str) -> dict | None:
+    try:
+        return json.loads((q.root / f"scratch-{node}" / name / "output" / "started.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _state(client, run_id: str):
+    return client.read_flow_run(run_id).state
+
+
+def test_a_lost_run_s_node_takes_no_job_until_its_worker_started_again_kills_its_processes(prefect_api, tmp_path):
+    """kill -9 of n1's worker alone while a 2-GPU job runs, its flow process
+    hung (SIGSTOP: its own fence read cannot act) and its work running on.
+    Past the lease the run is Crashed; a second 2-GPU job waits, naming the
+    fence, and is not placed on n1 while the first work runs.  A worker
+    started again on n1 kills the lost run's flow process and work (their
+    pids gone), lifts the fence, and only then is the second job placed:
+    its work starts after the first one's processes died, on the same
+    devices.  Before, the worker started again looked only at runs still
+    Pending/Running, and the second job ran beside the first work on the
+    same devices."""
+    from prefect.client.orchestration import get_client
+
+    with queue(tmp_path, {"n1": 2}) as q:
+        q.scheduler("--lease", "10")
+        worker = q.worker("n1", 2)
+        wait_for(lambda: _warm_listening(worker), what="n1's warm process")
+        first = q.submit(q.job("first", 2, 200)).split("flow run ")[1].split()[0]
+        wait_for(lambda: _started(q, "first", "n1") is not None, what="the first job's work")
+        work = _started(q, "first", "n1")["pid"]
+        flow = _parent(work)
+        os.kill(flow, signal.SIGSTOP)  # a hung flow process: it reads nothing, its work runs on
+        os.kill(worker.pid, signal.SIGKILL)  # the worker alone
+        worker.wait()
+        deaths = _Deaths([work, flow])
+        try:
+            with get_client(sync_client=True) as client:
+                wait_for(lambda: _state(client, first).type.value == "CRASHED", timeout=120, what="the run lost")
+                second = q.submit(q.job("second", 2, 1)).split("flow run ")[1].split()[0]
+                wait_for(lambda: "e31 worker" in (_state(client, second).message or ""), timeout=60,
+                         what="the second job's reason")
+                assert _state(client, second).message.endswith(
+                    "once the runs lost on node n1 are confirmed ended (by node n1's e31 worker, started again "
+                    "there)"), _state(client, second).message
+                assert not _gone(work) and _started(q, "second", "n1") is None
+                q.start("worker-n1-again", "worker", "--pool", str(q.pool), "--node", "n1",
+                        env={"E31_NODE_GPUS": "2", "E31_SCRATCH": str(q.root / "scratch-n1")})
+                wait_for(lambda: _started(q, "second", "n1") is not None, timeout=120, what="the second job's work")
+                second_start = _started(q, "second", "n1")
+                wait_for(lambda: deaths.last() is not None, timeout=5, what="the first job's processes to be gone")
+                assert deaths.last() < second_start["start"], (deaths.gone_at, second_start)
+                assert second_start["devices"] == "0,1"
+                assert _state(client, first).type.value == "CRASHED"
+        finally:
+            deaths.stop()
+            for pid in (flow, work):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        log = (q.root / "worker-n1-again.log").read_text()
+        assert f"flow run {first} no longer holds node n1 (lost with it while its worker was silent)" in log, log
+        assert f"flow run {first} (first), lost with node n1: no process of it remains on this machine; the " \
+               "node's fence is lifted" in log
