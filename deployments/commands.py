@@ -73,8 +73,22 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
                                                                                     "a running one stops")
     c.add_argument("job", help="the job's name or its flow run id")
     c.add_argument("--pool", required=True, help="pool file (YAML)")
+    n = sub.add_parser("node", help="show a node's fences; --down: the machine is off, its lost runs ended",
+                       description="a node taken for lost while its jobs ran takes no new job until their processes "
+                                   "are confirmed gone; --down says the machine is off for good")
+    n.add_argument("node", help="the node's name in the pool file")
+    n.add_argument("--pool", required=True, help="pool file (YAML)")
+    n.add_argument("--down", action="store_true", help="declare the machine off: its lost runs' retries may start "
+                                                       "elsewhere")
     return {"scheduler": cmd_scheduler, "worker": cmd_worker, "submit": cmd_submit, "queue": cmd_queue,
-            "cancel": cmd_cancel}
+            "cancel": cmd_cancel, "node": cmd_node}
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    from e31.deployments.nodes import cmd_node as node
+
+    _need_api()
+    return node(args)
 
 
 def _pool(path: str):

@@ -109,3 +109,39 @@ def test_a_lost_run_s_node_takes_no_job_until_its_worker_started_again_kills_its
         assert f"flow run {first} no longer holds node n1 (lost with it while its worker was silent)" in log, log
         assert f"flow run {first} (first), lost with node n1: no process of it remains on this machine; the " \
                "node's fence is lifted" in log
+
+
+def test_a_requeued_run_waits_for_its_lost_attempt_until_the_operator_declares_its_node_down(prefect_api, tmp_path):
+    """A run lost with n1 (no worker: lost at once without a run cache) is
+    fenced; queued again, it is held back with the fence's reason (its
+    attempt on n1 may still run) while n1 is held by the fence's stand-in.
+    ``e31 node n1 --down`` (the machine is off) lets it be planned; n1 stays
+    fenced until its worker confirms."""
+    from datetime import datetime, timedelta, timezone
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running, Scheduled
+
+    from e31.deployments.nodes import declare_down
+    from e31.flows.queue import apply, read
+    from tests.conftest import place_by_hand
+    from tests.deployments.test_run_cache import _Pool
+
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        run = made.submit(client, "lost")
+        place_by_hand(client, run, "n1")
+        client.set_flow_run_state(run, Running(), force=True)
+        assert apply(client, read(client, made.spec), [])["lost"] == 1
+        client.set_flow_run_state(run, Scheduled(name="Queued", scheduled_time=datetime.now(timezone.utc) + timedelta(
+            seconds=120)), force=True)  # as the scheduler requeues it
+        snap = read(client, made.spec)
+        assert [j.id for j in snap.queued] == [] and snap.blocked == {run: (
+            "waiting for its attempt on node n1, lost while it ran, to be confirmed ended: by that attempt's flow "
+            "process or node n1's e31 worker (started again there); if that machine is off for good: e31 node n1 "
+            "--down --pool POOL")}
+        assert [r.id for r in snap.running] == ["~fenced~n1"]
+        assert [(f["run"], f["down"]) for f in declare_down(client, made.spec.name, "n1")] == [(run, True)]
+        snap = read(client, made.spec)
+        assert [j.id for j in snap.queued] == [run] and snap.blocked == {}
+        assert [r.id for r in snap.running] == ["~fenced~n1"]
