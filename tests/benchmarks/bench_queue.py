@@ -50,6 +50,11 @@ that gap: on a machine loaded 13-23 by other work, consecutive 6-GPU jobs on a n
 child start, each slowed by the starved CPU, outlast the ``--handover`` lead; measure it
 under the load the pool will have.  1,000 jobs of 3 s take about 25 min (4 of them submitting);
 150 jobs about 5.
+
+Stopped (SIGTERM, Ctrl-C) or failing, it stops everything it started (the
+server, the scheduler, the workers, their flow processes and works, the
+baseline's workers) and removes its temporary folder (kept with ``--keep``),
+then exits; 143 or 130 after a signal (``tests/benchmarks/cleanup.py``).
 """
 
 from __future__ import annotations
@@ -57,17 +62,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import re
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from e31.tasks.supervisor.api import api_ready
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run as a script: the repository's tests package
+    sys.path.insert(0, str(REPO))
+from tests.benchmarks.cleanup import Cleanup, spawn  # noqa: E402
 
 WORK = ("import json, os, pathlib, sys, time; t = time.time(); time.sleep(float(sys.argv[1])); "
         "pathlib.Path(os.environ['E31_OUTPUT_DIR'], 'r.json').write_text(json.dumps({'start': t, 'end': time.time()}))")
@@ -109,6 +117,11 @@ def _tree_cpu(pid: int) -> float:
 
 
 def main() -> int:
+    with Cleanup("bench_queue") as cleanup:
+        return _main(cleanup)
+
+
+def _main(cleanup: Cleanup) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--nodes", type=int, default=3)
@@ -130,7 +143,7 @@ def main() -> int:
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the baseline (the same jobs on plain Prefect: tests/benchmarks/queue_baseline.py)")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="e31-bench-queue-"))
+    root = cleanup.tempdir("e31-bench-queue-", keep=bool(args.keep or args.count_api))
     port = _port()
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(root / "home"), "PREFECT_API_URL": api, "PREFECT_UI_ENABLED": "false",
@@ -146,25 +159,17 @@ def main() -> int:
     os.environ.update(env)
     if args.keep:
         print(f"kept: {root}")
-    procs = [subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                               str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)]
-    try:
-        while not api_ready(api):
-            time.sleep(0.5)
-        return _run(args, root, env, procs)
-    finally:  # the scheduler and the workers first, while the server answers their last calls (with the
-        for proc in procs[1:] + procs[:1]:  # server gone first, a worker spent ~2 min retrying: a next bench's CPU)
-            try:
-                os.killpg(proc.pid, 15)
-                proc.wait(timeout=60)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
+    # The server is stopped last, once the scheduler and the workers have made their last calls (with the server
+    # gone first, a worker spent ~2 min retrying: a next bench's CPU); the Cleanup stops all of them, and the flow
+    # processes and works still running, on any end (tests/benchmarks/cleanup.py)
+    procs = [spawn([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                   server=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    while not api_ready(api):
+        time.sleep(0.5)
+    return _run(args, root, env, procs, cleanup)
 
 
-def _run(args, root: Path, env: dict, procs: list) -> int:
+def _run(args, root: Path, env: dict, procs: list, cleanup: Cleanup) -> int:
     from prefect.client.orchestration import get_client
 
     from e31.deployments.scheduler import MAX_WAIT_S, MAX_WAITS, tick
@@ -216,16 +221,14 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
             return 0
     exe = str(Path(sys.executable).with_name("e31"))
     t0, cpu0, server0 = time.time(), _cpu(), _tree_cpu(procs[0].pid)
-    procs.append(subprocess.Popen([exe, "scheduler", "--pool", str(root / "pool.yaml"), "--interval",
-                                   str(args.interval), "--handover", str(args.handover)], env=env,
-                                  stdout=open(root / "scheduler.log", "wb"), stderr=subprocess.STDOUT,
-                                  start_new_session=True))
-    for i in range(1, args.nodes + 1):
-        procs.append(subprocess.Popen([exe, "worker", "--pool", str(root / "pool.yaml"), "--node", f"n-{i}"],
-                                      env={**env, "E31_SCRATCH": str(root / f"scratch-{i}"),
-                                           **({"PREFECT_WORKER_QUERY_SECONDS": str(args.poll)} if args.poll else {})},
-                                      stdout=open(root / f"worker-{i}.log", "wb"), stderr=subprocess.STDOUT,
-                                      start_new_session=True))
+    procs.append(spawn([exe, "scheduler", "--pool", str(root / "pool.yaml"), "--interval", str(args.interval),
+                        "--handover", str(args.handover)], env=env, stdout=open(root / "scheduler.log", "wb"),
+                       stderr=subprocess.STDOUT))
+    for i, (node, _) in enumerate(pool.node_lines(), 1):  # n-1 .. n-N; a single node is named n
+        procs.append(spawn([exe, "worker", "--pool", str(root / "pool.yaml"), "--node", node],
+                           env={**env, "E31_SCRATCH": str(root / f"scratch-{i}"),
+                                **({"PREFECT_WORKER_QUERY_SECONDS": str(args.poll)} if args.poll else {})},
+                           stdout=open(root / f"worker-{i}.log", "wb"), stderr=subprocess.STDOUT))
     done = lambda: sum((root / "out" / s.name / "r.json").exists() for s in specs)  # noqa: E731
     while done() < len(specs):
         time.sleep(1)
@@ -332,11 +335,7 @@ def _run(args, root: Path, env: dict, procs: list) -> int:
     if args.no_baseline:
         return 0
     for proc in procs[1:]:  # E31's scheduler and workers end: the baseline has the machine to itself
-        try:
-            os.killpg(proc.pid, 15)
-            proc.wait(timeout=60)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
+        cleanup.stop_group(proc, grace=60)
     from queue_baseline import run_baseline
 
     base = run_baseline(len(specs), args.nodes, args.work_s, WORK, inputs, root, env, procs[0].pid, _tree_cpu, _cpu)

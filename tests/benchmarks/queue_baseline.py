@@ -83,6 +83,8 @@ def run_baseline(jobs: int, nodes: int, work_s: float, work: str, inputs: list[P
     from prefect.deployments.runner import RunnerDeployment
     from prefect.workers.process import ProcessWorker
 
+    from tests.benchmarks.cleanup import spawn  # here: this module is also the flow processes' entrypoint
+
     name = f"plain-{os.getpid()}"
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name=name, type="process",
@@ -95,10 +97,10 @@ def run_baseline(jobs: int, nodes: int, work_s: float, work: str, inputs: list[P
                 "src": str(inputs[i % len(inputs)]), "scratch": str(root / "plain-scratch" / f"job-{i:04d}"),
                 "dest": str(root / "plain-out" / f"job-{i:04d}"), "work": work, "seconds": work_s})
     server0, cpu0, t0 = tree_cpu(server_pid), machine_cpu(), time.time()
-    workers = [subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", name, "--type",
-                                 "process", "--limit", "1"], env={**env, "PREFECT_WORKER_QUERY_SECONDS": "1"},
-                                stdout=open(root / f"plain-worker-{k}.log", "wb"), stderr=subprocess.STDOUT,
-                                start_new_session=True) for k in range(nodes)]
+    workers = [spawn([sys.executable, "-m", "prefect", "worker", "start", "--pool", name, "--type", "process",
+                      "--limit", "1"], env={**env, "PREFECT_WORKER_QUERY_SECONDS": "1"},
+                     stdout=open(root / f"plain-worker-{k}.log", "wb"), stderr=subprocess.STDOUT)
+               for k in range(nodes)]
     try:
         records = [root / "plain-out" / f"job-{i:04d}" / "r.json" for i in range(jobs)]
         while not all(r.exists() for r in records):
