@@ -10,10 +10,13 @@ happen; it exits 0 without running anything.  Exit codes: 0 when the function re
 1 when it raised (traceback on stderr), 2 when the entrypoint cannot be
 imported.  SIGTERM sets ``ctx.should_stop`` instead of killing the process.
 
-The child imports torch only when the work does (its entrypoint's module,
-or a checkpoint read or written through the context): a work that never
-uses torch does not pay for it, and the meter (:mod:`e31.tasks.meter`)
-starts only when the function is called.  torch's threads follow
+The child imports torch only when the work needs it: its entrypoint's
+module imports it, or the job declares a checkpoint policy (``every`` or
+``every_steps``: its checkpoints are torch files, so torch is imported
+with the entrypoint, before the work starts); else a checkpoint saved or
+restored through the context imports it then.  A work that never uses
+torch does not pay for it, and the meter (:mod:`e31.tasks.meter`) starts
+only when the function is called.  torch's threads follow
 ``OMP_NUM_THREADS`` (= ``request.cpus``), which torch reads as it loads.
 """
 
@@ -52,8 +55,14 @@ def load_entrypoint(spec: str, code_dirs: list[str]):
 
 
 def _load(cfg: ChildConfig, quiet: bool = False):
-    """The entrypoint's callable; None (said on stderr unless ``quiet``)
-    when the entrypoint cannot be loaded."""
+    """The entrypoint's callable, torch loaded first when the job declares
+    a checkpoint policy; None (said on stderr unless ``quiet``) when the
+    entrypoint cannot be loaded."""
+    if cfg.checkpoint_every_s or cfg.checkpoint_every_steps:  # its checkpoints are torch files
+        try:
+            import torch  # noqa: F401
+        except ImportError:  # said by the first checkpoint, which needs it
+            pass
     try:
         return load_entrypoint(cfg.entrypoint or "", cfg.code_dirs)
     except Exception as exc:
