@@ -22,13 +22,18 @@ def meter(gpus: int, cpus: int, work_started_at: float | None, released_at: floa
     Returns ``{"started_at", "released_at"}`` (Unix seconds, None when no
     work started), ``seconds`` (the metered wall time, >= 0),
     ``gpu_seconds`` = gpus x seconds and ``cpu_seconds`` = cpus x seconds,
-    each rounded to milliseconds.
+    each rounded to milliseconds (``seconds`` from the rounded ends).
     """
-    seconds = 0.0 if work_started_at is None else max(0.0, released_at - work_started_at)
+    if work_started_at is None:
+        start = end = None
+        seconds = 0.0
+    else:  # seconds from the rounded ends, so that seconds == round(released_at - started_at, 3) as shown
+        start, end = round(work_started_at, 3), round(released_at, 3)
+        seconds = round(max(0.0, end - start), 3)
     return {
-        "started_at": None if work_started_at is None else round(work_started_at, 3),
-        "released_at": None if work_started_at is None else round(released_at, 3),
-        "seconds": round(seconds, 3),
+        "started_at": start,
+        "released_at": end,
+        "seconds": seconds,
         "gpu_seconds": round(gpus * seconds, 3),
         "cpu_seconds": round(cpus * seconds, 3),
     }
