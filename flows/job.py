@@ -51,6 +51,7 @@ from e31.tasks.storage.transfer_markers import transferring
 from e31.tasks.storage import describe_error, scrub
 from e31.flows.runlog import drop_explained_failures
 from e31.tasks.storage.masking import install_log_masking
+from e31.tasks.storage.masked_errors import masked_exception
 from e31.tasks.storage.options import register_destination, register_inputs
 
 
@@ -117,6 +118,7 @@ def run_job(spec: JobSpec, code_dir: str | None = None, placement: dict[str, Any
     install_log_masking()  # every log line of the run is masked, whoever writes it
     drop_explained_failures()  # an E31 error ends the run in one line, not with the engine's traceback too
     SIGNALLED.clear()
+    leaving = None
     try:
         try:
             manifest = _run_job(spec, code_dir)
@@ -139,7 +141,11 @@ def run_job(spec: JobSpec, code_dir: str | None = None, placement: dict[str, Any
         return Cancelled(name="Refused", message=f"refused: {scrub(str(exc))}", data=exc)
     except E31Error as exc:  # explained in one line: the flow run fails with it, no traceback in the logs
         get_run_logger().error("%s", scrub(str(exc)))
-        return Failed(message=scrub(str(exc)), data=exc)  # a caller (Python, a parent flow) gets exc raised
+        return Failed(message=scrub(str(exc)), data=masked_exception(exc))  # a caller gets it raised
+    except Exception as exc:  # Prefect makes the state's message of its text: a client's may quote a signed URL
+        leaving = masked_exception(exc)
+    if leaving is not None:
+        raise leaving  # (outside the handler: nothing is chained to it)
     if manifest["status"] != "partial" or manifest["reason"] == "cancelled":
         return manifest  # (a cancelled run's state is Prefect's: a State returned here would make the call raise)
     return Completed(name="Partial", data=manifest,

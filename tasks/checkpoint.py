@@ -19,6 +19,7 @@ from e31.tasks.retrying import retry_unless
 from e31.tasks.storage.local import regular_files
 from e31.tasks.work.local_checkpoints import MARKER, PENDING, parse_step, step_dir_name, verify
 from e31.tasks.work.state import CheckpointError
+from e31.tasks.storage.masked_errors import masks_failures
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ def latest_durable(durable_root: str) -> DurableCheckpoint | None:
 
 @task(name="checkpoint", retries=2, retry_delay_seconds=[1, 5],
       retry_condition_fn=retry_unless(CheckpointError, ValueError))
+@masks_failures
 def checkpoint_task(local_dir: Path, durable_root: str, keep: int, work_sha256: str | None = None,
                     run_id: str | None = None) -> DurableCheckpoint:
     """Prefect task wrapper of :func:`upload` (retried twice after a store

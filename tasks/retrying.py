@@ -19,11 +19,12 @@ def _retry_if(decide: Callable[[BaseException], bool]) -> Callable:
     return condition
 
 
-def retry_unless(*permanent: type[BaseException]) -> Callable:
+def retry_unless(*permanent: type[BaseException], but: tuple[type[BaseException], ...] = ()) -> Callable:
     """Retry a failed task run after any ``Exception`` except the
     ``permanent`` ones (a bad input, a refused destination: retrying cannot
-    help)."""
-    return _retry_if(lambda exc: isinstance(exc, Exception) and not isinstance(exc, permanent))
+    help), unless it is also one of ``but`` (a transient kind of a permanent
+    family)."""
+    return _retry_if(lambda exc: isinstance(exc, Exception) and (isinstance(exc, but) or not isinstance(exc, permanent)))
 
 
 def retry_only(*transient: type[BaseException]) -> Callable:

@@ -16,6 +16,7 @@ from prefect import task
 from e31.tasks.outcome import ChildLost, RunOutcome
 from e31.tasks.retrying import retry_only
 from e31.tasks.supervisor.loop import SupervisorConfig, supervise
+from e31.tasks.storage.masked_errors import masks_failures
 
 __all__ = ["SupervisorConfig", "run_task", "supervise"]
 
@@ -25,6 +26,7 @@ _lost_retry = retry_only(ChildLost)
 
 
 @task(name="run", task_run_name="run", retry_condition_fn=_lost_retry)
+@masks_failures
 def run_task(settings: SupervisorConfig) -> RunOutcome:
     """Run the work to the end or to its stop; see the module docstring.
     Returns a :class:`RunOutcome`; raises :class:`ChildLost` for a lost child."""

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +39,7 @@ from e31.errors import E31Error
 from e31.specs import DataInput, mask_url
 from e31.tasks import settings, storage
 from e31.tasks.storage import transfer
+from e31.tasks.storage.masked_errors import masks_failures
 from e31.tasks.storage.scratch_cache import touch_record
 from e31.tasks.storage.local import SCRATCH_FIX, disk_full, human_size, mount_point, space
 from e31.tasks.supervisor.cancel import staging_gate, staging_stop
@@ -53,6 +55,12 @@ BACKOFF_S = settings.value("E31_TRANSFER_BACKOFF_S")  # first retry delay (s); d
 class StageError(E31Error, RuntimeError):
     """An input cannot be staged and retrying will not help: missing,
     unreadable, a sha256 mismatch, or a source that keeps changing."""
+
+
+class CopyFailed(StageError):
+    """A copy failed in a way a retry may cure (the network, a server
+    error): the stage task retries it; after the last retry it fails the job.
+    Its text is masked (a client's error quotes the request's URL)."""
 
 
 class StagingCancelled(StageError):
@@ -145,7 +153,8 @@ def list_one(item: DataInput) -> Listing:
     except FileNotFoundError as exc:
         raise StageError(f"data '{item.name}': {shown}: {_not_found(exc)}") from None
     except Exception as exc:
-        raise StageError(f"data '{item.name}': {shown}: cannot read ({storage.describe_error(exc)})") from None
+        why = unreachable(exc) or f"cannot read ({storage.describe_error(exc)})"
+        raise StageError(f"data '{item.name}': {shown}: {why}") from None
     if item.sha256 and listing.kind != "file":
         raise StageError(f"data '{item.name}': {shown}: sha256 is declared but the URL is a {listing.kind} of "
                          f"{len(listing.entries)} file(s); declare sha256 for single files")
@@ -159,7 +168,38 @@ def _not_found(exc: FileNotFoundError) -> str:
     status = getattr(exc.__cause__, "status", None)
     if isinstance(status, int) and status != 404:
         return _http_answer(status, getattr(exc.__cause__, "message", ""))
-    return "not found"
+    return unreachable(exc) or "not found"
+
+
+#: getaddrinfo's answers for a name that does not exist (as opposed to a resolver that failed).
+_NO_SUCH_NAME = frozenset(code for code in (getattr(socket, "EAI_NONAME", None), getattr(socket, "EAI_NODATA", None))
+                          if code is not None)
+
+
+def unreachable(exc: BaseException) -> str | None:
+    """Why a request never reached a server -- its host name does not
+    resolve, or the host did not answer (connection refused, unreachable,
+    timed out) -- with the fix; None for any other error.  Reads an
+    ``aiohttp`` connector error (``host``, ``port``, ``os_error``), raised
+    or chained (fsspec's HTTP filesystem raises ``FileNotFoundError`` from
+    it for any failed request)."""
+    for err in (exc, exc.__cause__, exc.__context__):
+        host, os_error = getattr(err, "host", None), getattr(err, "os_error", None)
+        if not isinstance(host, str) or not isinstance(os_error, OSError):
+            continue
+        port = getattr(err, "port", None)
+        where = f"{host}:{port}" if port else host
+        if isinstance(os_error, socket.gaierror):
+            if os_error.errno in _NO_SUCH_NAME:
+                return f"the host {host} does not resolve (no such name); check the host name in the URL"
+            return (f"the host {host} could not be resolved ({os_error.strerror or os_error.errno}); check this "
+                    "machine's DNS and the host name in the URL")
+        if isinstance(os_error, ConnectionRefusedError):
+            return (f"the host {where} did not answer (connection refused); check that its server is running "
+                    "and the URL's host and port")
+        return (f"the host {where} did not answer ({os_error.strerror or type(os_error).__name__}); check that it "
+                "is up and reachable from this machine, and the URL's host and port")
+    return None
 
 
 def _http_answer(status: int, reason: str | None) -> str:
@@ -341,12 +381,25 @@ def _log(line: str) -> None:
 
 
 @task(name="stage", retries=RETRIES, retry_delay_seconds=exponential_backoff(backoff_factor=BACKOFF_S),
-      retry_jitter_factor=0.5, retry_condition_fn=retry_unless(StageError), cache_policy=NO_CACHE)
+      retry_jitter_factor=0.5, retry_condition_fn=retry_unless(StageError, but=(CopyFailed,)), cache_policy=NO_CACHE)
+@masks_failures
 def stage_task(item: DataInput, data_dir: str, listing: Listing | None = None) -> Staged:
     """Prefect task wrapper of :func:`stage_input`; logs what was copied, at
     what rate.  Retried (``E31_TRANSFER_RETRIES``, default 3, backoff from
-    ``E31_TRANSFER_BACKOFF_S`` = 2 s doubling) after transient errors."""
-    result = stage_input(item, Path(data_dir), listing)
+    ``E31_TRANSFER_BACKOFF_S`` = 2 s doubling) after transient errors, each
+    raised as :class:`CopyFailed` naming the input (masked, with nothing
+    chained: its text becomes the task run's state message)."""
+    try:
+        result = stage_input(item, Path(data_dir), listing)
+    except StageError:
+        raise
+    except Exception as exc:
+        why = unreachable(exc) or f"cannot copy it ({storage.describe_error(exc)})"
+        failure = CopyFailed(f"data '{item.name}': {mask_url(item.url)}: {why}")
+    else:
+        failure = None
+    if failure is not None:
+        raise failure  # (outside the handler: the client's error, with its URL, is not chained to it)
     if result.copied:
         rate = result.bytes / max(result.seconds, 1e-9) / 2**20
         get_run_logger().info("staged %s: %d file(s), %d bytes in %.2f s (%.1f MiB/s)", item.name, result.files,
