@@ -31,6 +31,10 @@ bench_queue's counts (30 jobs), the scheduler's placements as
 ``job_variables`` (3.3 sends per job: 1 + 2.3 resends after 503) were its
 largest item, ~270 ms of server CPU per job; they are the runs'
 ``placement`` parameter now (one plain update per placement).
+
+Stopped (SIGTERM, Ctrl-C) or failing, it stops its server and removes its
+temporary folder, then exits; 143 or 130 after a signal
+(``tests/benchmarks/cleanup.py``).
 """
 
 from __future__ import annotations
@@ -39,9 +43,7 @@ import argparse
 import collections
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -52,6 +54,7 @@ from e31.tasks.supervisor.api import api_ready
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script: the repository's tests package
     sys.path.insert(0, str(REPO))
+from tests.benchmarks.cleanup import Cleanup  # noqa: E402
 from tests.benchmarks.server import start_server  # noqa: E402
 
 
@@ -95,16 +98,12 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=100, help="calls of each kind")
     parser.add_argument("--counts", type=Path, default=None, help="a bench_queue.py --count-api folder")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="e31-bench-api-"))
-    api, _, server = start_server(root)
-    try:
+    with Cleanup("bench_api_costs") as cleanup:  # on any end, a signal too: the server stopped, the folder removed
+        root = cleanup.tempdir("e31-bench-api-")
+        api, _, server = start_server(root)
         while not api_ready(api):
             time.sleep(0.5)
         return _run(args, server.pid)
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=60)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _run(args: argparse.Namespace, pid: int) -> int:

@@ -13,6 +13,9 @@ reference, the same in one process with commits done inline
 (:meth:`e31.tasks.work.context.WorkContext.local`).  ``--job`` adds the whole job
 under ``e31 run`` against a ``prefect server start`` it starts (wall time,
 checkpoints uploaded by checkpoint tasks included).
+Stopped (SIGTERM, Ctrl-C) or failing, it stops what it started and removes
+its temporary folder, then exits; 143 or 130 after a signal
+(``tests/benchmarks/cleanup.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ from pathlib import Path
 
 from e31.tasks.work.local_checkpoints import commit_pending
 from e31.tasks.work.context import ChildConfig
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run as a script: the repository's tests package
+    sys.path.insert(0, str(REPO))
+from tests.benchmarks.cleanup import Cleanup, active  # noqa: E402
 
 HIDDEN = [64]  # the example's hidden units; --hidden changes it
 DIGITS = Path(__file__).resolve().parents[2] / "specs" / "examples" / "data" / "digits.csv.gz"
@@ -76,6 +84,11 @@ def _job(root: Path, every: int, url: str) -> float:
 
 
 def main() -> None:
+    with Cleanup("bench_checkpoint_overhead"):
+        _main()
+
+
+def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--epochs", type=int, default=30)
@@ -83,7 +96,7 @@ def main() -> None:
     parser.add_argument("--job", action="store_true", help="also time the whole job under e31 run")
     args = parser.parse_args()
     HIDDEN[0] = args.hidden
-    root = Path(tempfile.mkdtemp(prefix="e31-bench-ckpt-"))
+    root = active().tempdir("e31-bench-ckpt-")
     print(f"example training, {args.epochs} epochs, hidden {args.hidden}, median of {args.repeat} (training loop seconds)")
     for label, fn in (("child process + committing supervisor (as E31 runs it)", _supervised),
                       ("one process, commit inline (WorkContext.local)", _inline)):
@@ -97,7 +110,7 @@ def main() -> None:
         print(f"  {'no checkpoints (final only)':34s} {a:7.3f} s   1.00x")
         print(f"  {'checkpoint every epoch':34s} {b:7.3f} s   {b / a:5.3f}x   (target <= 1.05)")
     if args.job:
-        from bench_example_job import _start_server
+        from tests.benchmarks.bench_example_job import _start_server
 
         proc, url = _start_server(root / "prefect-home")
         try:

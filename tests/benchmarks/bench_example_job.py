@@ -11,24 +11,29 @@ folders.  ``e31 run`` uses the Prefect API in ``PREFECT_API_URL`` when set,
 else Prefect starts a temporary local one (its start-up is part of the
 measured time; the script reports both set-ups when ``--server`` is given).
 Prints wall seconds (best of N) and the ratio.
+Stopped (SIGTERM, Ctrl-C) or failing, it stops what it started and removes
+its temporary folder, then exits; 143 or 130 after a signal
+(``tests/benchmarks/cleanup.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from e31.tasks.supervisor.api import api_ready
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run as a script: the repository's tests package
+    sys.path.insert(0, str(REPO))
+from tests.benchmarks.cleanup import Cleanup, active, spawn  # noqa: E402
+
 SPEC = REPO / "specs" / "examples" / "digits-nightly-retrain.yaml"
 DIGITS = REPO / "specs" / "examples" / "data" / "digits.csv.gz"
 PLAIN = (
@@ -49,15 +54,17 @@ def _timed(cmd: list[str], env: dict[str, str]) -> float:
 
 
 def _start_server(home: Path) -> tuple[subprocess.Popen, str]:
+    """Start ``prefect server start`` with its home in ``home``, registered
+    as a server with the :class:`~tests.benchmarks.cleanup.Cleanup` entered,
+    and wait until it answers; returns its process and API URL.  Exits when
+    it does not answer within 120 s."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
-    )
+    proc = spawn([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                 server=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     for _ in range(240):
         if api_ready(url):
             return proc, url
@@ -67,11 +74,16 @@ def _start_server(home: Path) -> tuple[subprocess.Popen, str]:
 
 
 def main() -> None:
+    with Cleanup("bench_example_job"):
+        _main()
+
+
+def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per side; the best is reported (default 3)")
     parser.add_argument("--server", action="store_true", help="also measure against a running `prefect server start`")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="e31-bench-"))
+    work = active().tempdir("e31-bench-")
     base_env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING", "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     base_env.setdefault("PREFECT_HOME", str(work / "prefect-home"))
     e31 = str(Path(sys.executable).with_name("e31"))
@@ -104,7 +116,6 @@ def main() -> None:
     print(f"{'plain Python: python -c train(WorkContext.local(...))':58s} {plain_s:7.2f} s   1.00x")
     for label, seconds in rows:
         print(f"{label:58s} {seconds:7.2f} s  {seconds / plain_s:5.2f}x")
-    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

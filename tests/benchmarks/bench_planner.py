@@ -29,10 +29,17 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import sys
 import time
+from pathlib import Path
 
 from e31.flows.placement import Node, QueuedJob, RunningJob, plan
 from e31.flows.placement.simulate import SimJob, simulate
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run as a script: the repository's tests package
+    sys.path.insert(0, str(REPO))
+from tests.benchmarks.cleanup import Cleanup  # noqa: E402
 
 GIB = 1024**3
 DAY = 86400.0
@@ -164,9 +171,10 @@ def main() -> None:
     parser.add_argument("--policies", default="fcfs,easy,edf,e31")
     parser.add_argument("--skip-full-plan", action="store_true")
     args = parser.parse_args()
-    if not args.skip_full_plan:
-        full_plan(args.seed, args.jobs)
-    compare(args.seed, args.jobs, args.policies.split(","))
+    with Cleanup("bench_planner"):  # nothing to stop (no process, no folder); a signal ends it with 128 + its number
+        if not args.skip_full_plan:
+            full_plan(args.seed, args.jobs)
+        compare(args.seed, args.jobs, args.policies.split(","))
 
 
 if __name__ == "__main__":

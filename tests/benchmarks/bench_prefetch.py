@@ -26,6 +26,11 @@ Printed for each run, and as ratios:
   rate of the jobs that staged in their run (the first ones) with prefetch
   against without (a prefetch pauses while a run on its node stages or
   returns; ratio ~1.0 means it did not slow them).
+
+Stopped (SIGTERM, Ctrl-C) or failing, it stops everything it started (both
+servers, the schedulers, the workers, their flow processes and works) and
+removes its temporary folder (kept with ``--keep``), then exits; 143 or 130
+after a signal (``tests/benchmarks/cleanup.py``).
 """
 
 from __future__ import annotations
@@ -33,11 +38,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -46,6 +49,7 @@ from e31.tasks.supervisor.api import api_ready
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from tests.benchmarks.cleanup import Cleanup, active, spawn  # noqa: E402
 from tests.benchmarks.server import start_server  # noqa: E402
 
 
@@ -61,21 +65,18 @@ def main() -> int:
     parser.add_argument("--work-s", type=float, default=15.0)
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, scratch, outputs)")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="e31-bench-prefetch-"))
-    api, env, server = start_server(root)
     from tests.s3server import seaweed
 
-    try:
+    with Cleanup("bench_prefetch") as cleanup:  # the store, two scratch copies per node and the outputs: ~3x
+        root = cleanup.tempdir("e31-bench-prefetch-", keep=args.keep)  # --jobs x --size
+        api, env, server = start_server(root)
         with seaweed(root / "seaweed", key="benchkey", secret="bench-secret", bucket="bench") as s3:
+            cleanup.adopt(s3.proc, server=True)
             os.environ.update(s3.env())
             env.update(s3.env())
             while not api_ready(api):
                 time.sleep(0.5)
             return _bench(args, root, env, s3)
-    finally:
-        os.killpg(server.pid, 15)
-        if not args.keep:  # the store, two scratch copies per node and the outputs: ~3x --jobs x --size
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def _bench(args, root: Path, env: dict, s3) -> int:
@@ -131,14 +132,13 @@ def _queue(args, root: Path, env: dict, urls: list[str], size: int, prefetch: bo
     pool_file = root / "pool.yaml"
     pool_file.write_text(json.dumps({"pool_version": 1, "name": name, "nodes": [node]}))
     exe = str(Path(sys.executable).with_name("e31"))
-    procs = [subprocess.Popen([exe, "scheduler", "--pool", str(pool_file), "--interval", "0.5"], env=env,
-                              stdout=open(root / "scheduler.log", "wb"), stderr=subprocess.STDOUT,
-                              start_new_session=True)]
+    procs = [spawn([exe, "scheduler", "--pool", str(pool_file), "--interval", "0.5"], env=env,
+                   stdout=open(root / "scheduler.log", "wb"), stderr=subprocess.STDOUT)]
     for i in range(1, args.nodes + 1):
-        procs.append(subprocess.Popen([exe, "worker", "--pool", str(pool_file), "--node", f"n-{i}"],
-                                      env={**env, "E31_SCRATCH": str(root / f"scratch-{i}")},
-                                      stdout=open(root / f"worker-{i}.log", "wb"), stderr=subprocess.STDOUT,
-                                      start_new_session=True))
+        node = f"n-{i}" if args.nodes > 1 else "n"  # a pool's single node is named n
+        procs.append(spawn([exe, "worker", "--pool", str(pool_file), "--node", node],
+                           env={**env, "E31_SCRATCH": str(root / f"scratch-{i}")},
+                           stdout=open(root / f"worker-{i}.log", "wb"), stderr=subprocess.STDOUT))
     try:
         time.sleep(8)  # the scheduler has made the work pool; the workers answer
         jobs = []
@@ -175,12 +175,9 @@ def _queue(args, root: Path, env: dict, urls: list[str], size: int, prefetch: bo
                 held += final - placed
                 starting += running - placed
                 end = max(end, final)
-    finally:
+    finally:  # this run's services end before the next run starts
         for proc in procs:
-            try:
-                os.killpg(proc.pid, 15)
-            except ProcessLookupError:
-                pass
+            active().stop_group(proc)
     manifests = [json.loads((root / "out" / f"{i:02d}" / "manifest.json").read_text()) for i in range(len(urls))]
     bad = [m["status"] for m in manifests if m["status"] != "completed"]
     if bad:

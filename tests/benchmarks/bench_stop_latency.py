@@ -10,6 +10,9 @@ work that saves and returns when warned, and work that ignores the warning
 minus ``stop_requested_at`` from the manifest, less the grace period.  The
 baseline is ``cp`` of the same bytes (the returned checkpoint and files) to a
 fresh folder, in the same run; the target is latency - grace <= 2 s + cp.
+Stopped (SIGTERM, Ctrl-C) or failing, it stops what it started and removes
+its temporary folder, then exits; 143 or 130 after a signal
+(``tests/benchmarks/cleanup.py``).
 """
 
 from __future__ import annotations
@@ -17,16 +20,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run as a script: the repository's tests package
+    sys.path.insert(0, str(REPO))
+from tests.benchmarks.cleanup import Cleanup, active  # noqa: E402
+
 WORK = REPO / "tests" / "flows"
 
 
@@ -64,12 +69,17 @@ def _measure(root: Path, spec: dict) -> tuple[float, int, float]:
 
 
 def main() -> None:
+    with Cleanup("bench_stop_latency"):
+        _main()
+
+
+def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--state-mib", type=float, default=64.0, help="checkpoint size in MiB (default 64)")
     parser.add_argument("--grace", type=float, default=3.0, help="grace period, seconds (default 3)")
     parser.add_argument("--limit", type=float, default=12.0, help="time limit, seconds (default 12)")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="e31-bench-stop-"))
+    root = active().tempdir("e31-bench-stop-")
     print(f"stop latency, checkpoint {args.state_mib:g} MiB, grace {args.grace:g} s, limit {args.limit:g} s")
     print(f"{'case':36s} {'latency':>8s} {'- grace':>8s} {'bytes':>12s} {'cp+sync':>8s} {'target':>8s}")
     for label, params in (("work saves and returns when warned", {}),
@@ -79,7 +89,6 @@ def main() -> None:
         over = latency - args.grace
         print(f"{label:36s} {latency:7.2f}s {over:7.2f}s {size:12,d} {cp_s:7.2f}s {2 + cp_s:7.2f}s"
               f"   ratio {(over) / (2 + cp_s):5.2f}")
-    shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ the flow run's times on the API.  ``--count-api`` adds one more run of each
 side with its Prefect API calls counted (HTTP requests by route, events
 sent).  Targets (issue "Per-job overhead"):
 warm-server ratio at most 1.05; no API at most the baseline + 1 s.
+Stopped (SIGTERM, Ctrl-C) or failing, it stops what it started and removes
+its temporary folder, then exits; 143 or 130 after a signal
+(``tests/benchmarks/cleanup.py``).
 """
 
 from __future__ import annotations
@@ -24,12 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -40,6 +41,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests.benchmarks.bench_example_job import _start_server as _server  # noqa: E402
+from tests.benchmarks.cleanup import Cleanup  # noqa: E402
 SPEC = REPO / "specs" / "examples" / "digits-nightly-retrain.yaml"
 DIGITS = REPO / "specs" / "examples" / "data" / "digits.csv.gz"
 HANDWRITTEN = Path(__file__).with_name("handwritten_flow.py")
@@ -163,24 +165,25 @@ def main() -> None:
     parser.add_argument("--count-api", action="store_true",
                         help="also count each side's Prefect API calls in one more run (warm server)")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="e31-bench-vs-prefect-"))
+    with Cleanup("bench_vs_prefect") as cleanup:
+        _main(args, cleanup.tempdir("e31-bench-vs-prefect-"))
+
+
+def _main(args: argparse.Namespace, work: Path) -> None:
     base = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     base.update({"PREFECT_LOGGING_LEVEL": "WARNING", "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                  "PREFECT_HOME": str(work / "prefect-home"), "OMP_NUM_THREADS": "1"})
     results, counts = {}, None
-    try:
-        if args.only in (None, "warm"):
-            proc, url = _server(work / "server-home")
-            try:
-                results["warm server"] = _side_by_side("warm", {**base, "PREFECT_API_URL": url}, work, args.pairs, url)
-                counts = _count_api({**base, "PREFECT_API_URL": url}, work) if args.count_api else None
-            finally:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=30)
-        if args.only in (None, "none"):
-            results["no API (temporary server)"] = _side_by_side("none", base, work, args.pairs, None)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    if args.only in (None, "warm"):
+        proc, url = _server(work / "server-home")
+        try:
+            results["warm server"] = _side_by_side("warm", {**base, "PREFECT_API_URL": url}, work, args.pairs, url)
+            counts = _count_api({**base, "PREFECT_API_URL": url}, work) if args.count_api else None
+        finally:  # before the set-up without an API: it measures an idle machine
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+    if args.only in (None, "none"):
+        results["no API (temporary server)"] = _side_by_side("none", base, work, args.pairs, None)
     print(f"example job digits-nightly-retrain (30 epochs), {args.pairs} alternating pairs per set-up, medians")
     for label, r in results.items():
         print(f"\n{label}:")
