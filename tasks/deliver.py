@@ -40,6 +40,7 @@ from e31.tasks.retrying import retry_unless
 from e31.tasks.storage.local import regular_files
 from e31.tasks.storage.progress import TransferProgress
 from e31.tasks.supervisor.api import api_answers
+from e31.tasks.storage.masked_errors import masks_failures
 
 UPLOAD_THREADS = 8  # files uploaded at once by the return step
 RETURN_RETRIES = settings.value("E31_TRANSFER_RETRIES")  # Prefect retries of the return task
@@ -246,6 +247,7 @@ def write_failure_manifest(req: ReturnTarget, message: str) -> dict[str, Any] | 
 @task(name="return", task_run_name="return", retries=RETURN_RETRIES,
       retry_delay_seconds=exponential_backoff(backoff_factor=RETURN_BACKOFF_S), retry_jitter_factor=0.5,
       retry_condition_fn=retry_unless(DestinationError), cache_policy=NO_CACHE)
+@masks_failures
 def return_task(req: ReturnTarget, outcome: RunOutcome) -> dict[str, Any]:
     """Prefect task wrapper of :func:`deliver`, retried with exponential
     backoff after store errors (``E31_TRANSFER_RETRIES``, default 3; first
@@ -273,41 +275,68 @@ def delivered(run_id: str | None) -> None:
             pass
 
 
-def publish_artifacts(req: ReturnTarget, manifest: dict[str, Any]) -> bool:
+#: Seconds between tries of the manifest artifacts while the Prefect API does not answer (a busy or
+#: restarting server): 5 tries over ~15 s (plus up to 2 s per health check), then the run goes on without them.
+ARTIFACT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)
+
+
+def publish_artifacts(req: ReturnTarget, manifest: dict[str, Any],
+                      backoff_s: tuple[float, ...] = ARTIFACT_BACKOFF_S) -> bool:
     """Show a delivered manifest in the Prefect UI: a ``manifest`` table
     artifact (each returned file with the job's status, reason, step and
     meter) and an ``output`` link artifact to the destination (masked).
-    Returns False -- the output is delivered all the same -- when the
-    Prefect API cannot take them (logged as a warning)."""
-    try:
-        if not api_answers():  # Prefect's client would retry for minutes: the output is delivered all the same
-            raise ConnectionError("the Prefect API does not answer")
-        _artifacts(req, manifest)
-        return True
-    except Exception as exc:
+    While the Prefect API does not answer or refuses, tries again after each
+    of ``backoff_s`` seconds (an artifact already made is not made twice);
+    returns False -- the output is delivered all the same -- when the last
+    try failed too (each failure logged as a warning, masked)."""
+    made: set[str] = set()
+    for attempt in range(len(backoff_s) + 1):
         try:
-            get_run_logger().warning("manifest artifacts not created (%s: %s)", type(exc).__name__,
-                                     storage.scrub(str(exc))[:300])
-        except Exception:
-            pass
-        return False
+            if not api_answers():  # Prefect's client would retry for minutes: the output is delivered all the same
+                raise ConnectionError("the Prefect API does not answer")
+            _artifacts(req, manifest, made)
+            return True
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {storage.scrub(str(exc))[:300]}"
+        if attempt == len(backoff_s):
+            _warn(f"manifest artifacts not created ({why}) after {attempt + 1} tries; the output is delivered, "
+                  f"its manifest.json says the same")
+            return False
+        _warn(f"manifest artifacts not created yet ({why}); trying again in {backoff_s[attempt]:g} s "
+              f"(try {attempt + 2} of {len(backoff_s) + 1})")
+        time.sleep(backoff_s[attempt])
+    return False
 
 
-def _artifacts(req: ReturnTarget, manifest: dict[str, Any]) -> None:
+def _warn(line: str) -> None:
+    try:
+        get_run_logger().warning("%s", line)
+    except Exception:
+        pass
+
+
+def _artifacts(req: ReturnTarget, manifest: dict[str, Any], made: set[str]) -> None:
+    """Create the ``manifest`` and ``output`` artifacts not in ``made`` yet,
+    adding each key to ``made`` once created."""
     meter = manifest["meter"]
     verdict_columns = {"status": manifest["status"], "reason": manifest["reason"], "step": manifest["step"], **meter}
     files = manifest["files"] or [{"path": "(none)", "bytes": 0, "sha256": ""}]
     rows = [{**f, **verdict_columns} for f in files]
-    create_table_artifact(
-        rows,
-        key="manifest",
-        description=f"{manifest['job']}: {manifest['status']} ({manifest['reason']}), {step_text(manifest['step'])}, "
-        f"{meter['cpu_seconds']:g} cpu-s, {meter['gpu_seconds']:g} gpu-s -> {mask_url(req.output_url)}",
-    )
+    if "manifest" not in made:
+        create_table_artifact(
+            rows,
+            key="manifest",
+            description=f"{manifest['job']}: {manifest['status']} ({manifest['reason']}), "
+            f"{step_text(manifest['step'])}, {meter['cpu_seconds']:g} cpu-s, {meter['gpu_seconds']:g} gpu-s -> "
+            f"{mask_url(req.output_url)}",
+        )
+        made.add("manifest")
     shown = mask_url(req.output_url)
-    create_link_artifact(
-        link=shown if "://" in shown else Path(shown).resolve().as_uri(),
-        link_text=shown,
-        key="output",
-        description=f"{manifest['job']}: output ({manifest['status']})",
-    )
+    if "output" not in made:
+        create_link_artifact(
+            link=shown if "://" in shown else Path(shown).resolve().as_uri(),
+            link_text=shown,
+            key="output",
+            description=f"{manifest['job']}: output ({manifest['status']})",
+        )
+        made.add("output")
