@@ -12,11 +12,11 @@ Every benchmark under ``tests/benchmarks/`` runs its ``main`` inside one
 On entry it puts a marker of its own in ``os.environ`` (``E31_BENCH_RUN``,
 a fresh token), so every process the benchmark starts inherits it, also
 those that leave its process group or session: the flow processes a warm
-``e31 worker`` forks (each in a session of its own), their works'
-children, a SeaweedFS server started by :mod:`tests.s3server`.  It also
-makes the benchmark the reaper of its orphaned descendants
-(``PR_SET_CHILD_SUBREAPER``), so a descendant that cleared its environment
-is still found below it.
+``e31 worker`` forks (each in a session of its own; ``/proc/PID/environ``
+keeps the environment a process was started with), their works' children,
+a SeaweedFS server started by :mod:`tests.s3server`.  A process started
+with an environment of its own (``env={...}``) is found while it descends
+from the benchmark.
 
 Its stop, in this order (each step also on a normal end):
 
@@ -39,9 +39,8 @@ Its stop, in this order (each step also on a normal end):
 On SIGTERM or SIGINT the benchmark then prints ``NAME: stopped by SIGTERM``
 on stderr and exits with 128 + the signal's number (143, 130; the shell's
 convention for a death by signal); a second signal during the stop skips
-the grace periods left.  Linux only (``/proc``); a process that cleared its
-environment *and* was re-parented to init before the benchmark became a
-subreaper escapes it.
+the grace periods left.  Linux only (``/proc``); a process started without
+the marker whose parent died before the stop (re-parented to init) escapes it.
 """
 
 from __future__ import annotations
@@ -58,7 +57,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from e31.tasks.supervisor.process import processes_where, set_subreaper
+from e31.tasks.supervisor.process import processes_where
 
 #: The environment variable that marks every process of one benchmark run.
 MARK_VAR = "E31_BENCH_RUN"
@@ -124,8 +123,8 @@ class Cleanup:
     def spawn(self, command: list[str], *, server: bool = False, **popen: Any) -> subprocess.Popen:
         """``subprocess.Popen(command, **popen)`` as the leader of a new
         session (``start_new_session=True``: a group kill reaches its
-        descendants, and a Ctrl-C at the terminal reaches only the
-        benchmark, which stops it in order), with the run's marker in its
+        descendants, and a Ctrl-C at the terminal does not reach it: the
+        benchmark stops it, in order), with the run's marker in its
         environment (``env``, default ``os.environ``); registered for the
         stop, as a server (stopped last) when ``server``.  Raises what
         ``Popen`` raises (``OSError``: the command cannot be started)."""
@@ -273,7 +272,6 @@ class Cleanup:
         if _ACTIVE:
             raise RuntimeError(f"a Cleanup is already entered in this process ({_ACTIVE[0].name})")
         os.environ[MARK_VAR] = self.token
-        set_subreaper()
         if threading.current_thread() is threading.main_thread():
             self._previous = {sig: signal.signal(sig, self._on_signal) for sig in SIGNALS}
         _ACTIVE.append(self)
