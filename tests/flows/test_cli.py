@@ -276,3 +276,20 @@ def test_memory_outputs_are_refused_by_run_and_deploy_but_validate(e31, tmp_path
         assert result.stderr == (f"e31: output.url: memory://results/digits/: {reason}"
                                  f"e31: output.checkpoint.url: memory://ck/digits/: {reason}")
     assert not (tmp_path / "scratch").exists()
+
+
+def test_compile_says_an_input_host_does_not_resolve_or_answer(e31):
+    """Found by a fresh user: a host that is down or unknown read 'not found'."""
+    import socket
+
+    unknown = e31("compile", str(EXAMPLE), "--set", "data[0].url=http://no-such-host.invalid/x.csv")
+    assert (unknown.returncode, unknown.stderr) == (1, (
+        "e31: data 'digits': http://no-such-host.invalid/x.csv: the host no-such-host.invalid does not resolve "
+        "(no such name); check the host name in the URL\n"))
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = e31("compile", str(EXAMPLE), "--set", f"data[0].url=http://127.0.0.1:{port}/x.csv")
+    assert (down.returncode, down.stderr) == (1, (
+        f"e31: data 'digits': http://127.0.0.1:{port}/x.csv: the host 127.0.0.1:{port} did not answer (connection "
+        "refused); check that its server is running and the URL's host and port\n"))
