@@ -369,7 +369,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
                      "-", "-", crashed_line(run, snap.specs[key].request.retries)))
     print_table(rows)
     print()
-    print_table([("NODE", "IN USE", "WORKER"), *node_lines(snap, snap.now)])
+    print_table([("NODE", "IN USE", "WORKER"), *node_lines(snap, snap.now, args.pool)])
     if note:
         print(f"e31: {note}", file=sys.stderr)
     if (skew := clock.skew_line()) is not None:

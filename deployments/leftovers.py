@@ -220,12 +220,17 @@ async def clear_fences(client: Any, work_pool: str, node: str, logger: logging.L
     and is tried again at the next call.  Best effort: a failure is logged."""
     import time
 
-    from e31.tasks.supervisor.fence import fence_name, read_fences_async
+    from prefect.exceptions import ObjectNotFound
+
+    from e31.tasks.supervisor.fence import read_fences_async
 
     lifted: list[str] = []
     try:
-        fences = {run: f for run, f in (await read_fences_async(client, work_pool)).items() if f["node"] == node}
+        # the processes first, then the fences: a fence read after them was there when they were listed, so
+        # they are the lost attempt's (the run can start here again only once its fence is lifted)
         found = {run: pids for run, pids in node_processes(node).items() if run not in own}
+        named = {name: f for name, f in (await read_fences_async(client, work_pool)).items() if f["node"] == node}
+        fences = {str(f["run"]): f for f in named.values()}
         for run, pids in found.items():
             if run not in fences:
                 try:
@@ -245,10 +250,14 @@ async def clear_fences(client: Any, work_pool: str, node: str, logger: logging.L
                            " (lost with it while its worker was silent)" if run in fences else "", sorted(pids),
                            f"; pids {left} did not end" if left else "")
         rest = node_processes(node)
-        for run, fence in fences.items():
+        for name, fence in named.items():
+            run = str(fence["run"])
             if rest.get(run):
                 continue
-            await client.delete_variable_by_name(fence_name(run))
+            try:
+                await client.delete_variable_by_name(name)
+            except ObjectNotFound:  # lifted meanwhile by the run's own flow process
+                pass
             lifted.append(run)
             logger.warning("flow run %s (%s), lost with node %s: no process of it remains on this machine; the "
                            "node's fence is lifted", run, fence.get("job"), node)

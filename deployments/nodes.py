@@ -25,17 +25,20 @@ def declare_down(client: Any, pool: str, node: str) -> list[dict]:
     (``client``: Prefect's sync client); returns the fences' values."""
     from prefect.client.schemas.actions import VariableUpdate
 
-    from e31.tasks.supervisor.fence import fence_name, read_fences
+    from e31.tasks.supervisor.fence import read_fences
 
-    fences = [f for f in read_fences(client, pool).values() if f["node"] == node]
-    for fence in fences:
+    fences = {name: f for name, f in read_fences(client, pool).items() if f["node"] == node}
+    for name, fence in fences.items():
         fence["down"] = True
-        client.update_variable(VariableUpdate(name=fence_name(fence["run"]), value=fence))
-    return fences
+        client.update_variable(VariableUpdate(name=name, value=fence))
+    return list(fences.values())
 
 
 def cmd_node(args: argparse.Namespace) -> int:
-    """Print the node's fences; with ``--down``, declare them ended first."""
+    """Print the node's fences; with ``--down``, declare them ended first.
+    A node no longer in the pool file is accepted while fences name it (a
+    machine taken out of the file after it was lost still holds its runs'
+    retries back)."""
     from prefect.client.orchestration import get_client
 
     from e31.specs.pool import load_pool
@@ -43,15 +46,14 @@ def cmd_node(args: argparse.Namespace) -> int:
 
     pool = load_pool(args.pool)
     names = {name for n in pool.nodes for name in n.names()}
-    if args.node not in names:
-        print(f"e31: node: no node {args.node!r} in pool {pool.name} (its nodes: {', '.join(sorted(names))}); "
-              "give one of them", file=sys.stderr)
-        return EXIT_FAILED
     with get_client(sync_client=True) as client:
+        fences = [f for f in read_fences(client, pool.name).values() if f["node"] == args.node]
+        if args.node not in names and not fences:
+            print(f"e31: node: no node {args.node!r} in pool {pool.name} (its nodes: {', '.join(sorted(names))}); "
+                  "give one of them", file=sys.stderr)
+            return EXIT_FAILED
         if args.down:
             fences = declare_down(client, pool.name, args.node)
-        else:
-            fences = [f for f in read_fences(client, pool.name).values() if f["node"] == args.node]
     if not fences:
         print(f"node {args.node}: not fenced (no run was lost there with processes unaccounted for)")
         return EXIT_OK

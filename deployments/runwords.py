@@ -139,7 +139,35 @@ def worker_words(snap: Any, node: str, now: float) -> str:
     return f"{words}; its {len(runs)} run(s) {crashed}: {', '.join(parts)}"
 
 
-def node_lines(snap: Any, now: float) -> list[tuple[str, str, str]]:
+def fence_words(snap: Any, node: str, now: float, pool_file: str = "POOL.yaml") -> str:
+    """What ``e31 queue`` adds to a fenced node's worker column (''
+    when no fence names it; ``snap.fences``:
+    :attr:`e31.flows.queue.Snapshot.fences`): since when (the earliest
+    fence's ``since``, server-clock Unix seconds, said against ``now``), by
+    which lost run(s) (job and the first 8 characters of the run id), and
+    what lifts it: the runs' processes confirmed gone (by their own flow
+    processes, or by the e31 worker started again there), or for a machine
+    off for good ``e31 node NODE --pool POOL --down`` (``pool_file``: the
+    pool file as the user gave it), after which only that worker lifts it
+    (:mod:`e31.tasks.supervisor.fence`)."""
+    from e31.flows.placement.text import clock
+
+    fences = sorted((f for f in getattr(snap, "fences", {}).values() if f.get("node") == node),
+                    key=lambda f: (f.get("since") or 0, str(f.get("run"))))
+    if not fences:
+        return ""
+    runs = ", ".join(f"{f.get('job')} ({str(f.get('run'))[:8]})" for f in fences)
+    many = len(fences) > 1
+    head = f"; fenced since {clock(fences[0].get('since') or now, now)} by {runs}, lost there while running"
+    if all(f.get("down") for f in fences):
+        return (f"{head}, declared down: nothing is placed here until the e31 worker started again there finds "
+                f"nothing of {'them' if many else 'it'} left")
+    return (f"{head}: nothing is placed here until {'their' if many else 'its'} processes are confirmed gone (by "
+            f"{'their flow processes' if many else 'its flow process'}, or by the e31 worker started again there); "
+            f"if the machine is off for good: e31 node {node} --pool {pool_file} --down")
+
+
+def node_lines(snap: Any, now: float, pool_file: str = "POOL.yaml") -> list[tuple[str, str, str]]:
     """What ``e31 queue`` says of each node of the pool: (node, what its
     runs hold, its worker).  What its runs hold: GPUs (when it has some),
     CPUs and memory in use of the node's, and how many runs (``GPUs 6/8,
@@ -148,13 +176,14 @@ def node_lines(snap: Any, now: float) -> list[tuple[str, str, str]]:
     ``snap.behind``; a node whose runs hold
     more than it has says so, with what they hold:
     :attr:`e31.flows.queue.Snapshot.overbooked`).  Its worker:
-    :func:`worker_words`."""
+    :func:`worker_words`, then :func:`fence_words` for a fenced node
+    (``pool_file``: the pool file as the user gave it)."""
     from e31.flows.placement.text import gib
 
     rows = []
     for node in snap.nodes:
         held = [r for r in snap.running if r.node == node.name and r.id in snap.runs]
-        worker = worker_words(snap, node.name, now)
+        worker = worker_words(snap, node.name, now) + fence_words(snap, node.name, now, pool_file)
         use = [f"CPUs {sum(r.cpus for r in held)}/{node.cpus}",
                f"memory {gib(sum(r.memory for r in held))}/{gib(node.memory)}"]
         if node.gpus:

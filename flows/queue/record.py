@@ -249,22 +249,24 @@ def _crashes_before_start(client: Any, key: str) -> int:
 
 def _fence(client: Any, snap: Snapshot, key: str, node: str) -> bool:
     """Write the fence of the lost run ``key`` on ``node``
-    (:func:`e31.tasks.supervisor.fence.fence_value`); True when it exists
-    now (written, or already there)."""
+    (:func:`e31.tasks.supervisor.fence.fence_value`, named per run and
+    node: :func:`~e31.tasks.supervisor.fence.fence_name`); True when it
+    exists now (written, or already there)."""
     from prefect.client.schemas.actions import VariableCreate
 
     from e31.tasks.supervisor.fence import fence_name, fence_value
 
-    if key in snap.fences:
+    name = fence_name(key, node)
+    if name in snap.fences:
         return True
     spec = snap.specs.get(key)
     try:
-        client.create_variable(VariableCreate(name=fence_name(key), value=fence_value(
+        client.create_variable(VariableCreate(name=name, value=fence_value(
             snap.pool, node, key, spec.name if spec is not None else None, snap.now)))
         return True
     except Exception:  # already there (an earlier tick wrote it), or the API is busy: read it to know
         try:
-            return client.read_variable_by_name(fence_name(key)) is not None
+            return client.read_variable_by_name(name) is not None
         except Exception:
             return False
 
@@ -322,11 +324,13 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
         node = placement_of(run).get(NODE_VAR)
         lost = (f"node {node} stopped answering (no worker heartbeat for {snap.lease_s:g} s); its resources are "
                 "free again once its processes there are confirmed ended")
-        if not _fence(client, snap, key, node):  # first: a run marked lost always has its node fenced
+        # still as seen (a run that ended by itself meanwhile is left, and no fence outlives it), then the fence
+        # (a run marked lost always has its node fenced), then the crash
+        if not write.current(key) or not _fence(client, snap, key, node):
             continue
         ending = Cancelled(message=f"cancelled (a cancel was requested); {lost}") \
             if run.state.type.value == "CANCELLING" else Crashed(message=lost)  # a cancelled run is never requeued
-        if write.state(key, ending):
+        if write.state(key, ending, check=False):
             counts["lost"] += 1  # requeued by a later tick, once the crash has settled, when it has retries left
     for key in snap.requeue:
         run = snap.runs[key]

@@ -18,6 +18,7 @@ from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, FEN
                                      staged_tags, work_pool_name)
 from e31.specs import JobSpec
 from e31.specs.pool import PoolSpec
+from e31.tasks.supervisor.fence import fences_of_run
 
 
 @dataclass
@@ -38,7 +39,7 @@ class Snapshot:
     nothing of its own: the planner sees the run ahead holding its
     resources until its planned end plus the handed-over run's estimate.
     ``heard``: node -> its worker's last heartbeat (Unix seconds).
-    ``fences``: flow run id -> its fence (a run lost with its node whose
+    ``fences``: fence Variable name -> its value (a run lost with a node whose
     processes may remain there: :mod:`e31.tasks.supervisor.fence`); a
     fenced node is held whole by a stand-in job (``~fenced~NODE``) and a
     fenced run that was queued again is ``blocked`` until its fence is
@@ -67,7 +68,7 @@ class Snapshot:
     overbooked: dict[str, str] = field(default_factory=dict)
     #: The pool's name (its fences name it).
     pool: str = ""
-    #: Flow run id -> its fence's value (:func:`e31.tasks.supervisor.fence.fence_value`).
+    #: Fence Variable name -> its value (:func:`e31.tasks.supervisor.fence.fence_value`): one per lost run and node.
     fences: dict[str, dict] = field(default_factory=dict)
 
 
@@ -155,7 +156,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
     reserve = _return_reserve_s()
     lost_nodes = cache.confirm_lost(silent) if cache is not None else silent
     snap.fences = read_fences(client, pool, cache)
-    fenced = {f["node"]: f for f in snap.fences.values() if f["node"] in known}
+    fenced = {f["node"] for f in snap.fences.values() if f["node"] in known}
     for run in runs:
         key = str(run.id)
         snap.runs[key] = run
@@ -213,8 +214,8 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                                                     if n in known)),
                 locality_wait_s=wait_s, planned_node=planned_node(state), return_s=reserve))
     for job in list(snap.queued):  # its attempt on a lost node may still run: not a second one beside it
-        fence = snap.fences.get(job.id)
-        if fence is not None and not fence.get("down"):
+        fence = next((f for f in fences_of_run(snap.fences, job.id) if not f.get("down")), None)
+        if fence is not None:
             snap.blocked[job.id] = _fence_wait(fence)
     snap.queued = [j for j in snap.queued if j.id not in snap.blocked]
     if cache is not None and snap.lost:

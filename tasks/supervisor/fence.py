@@ -24,7 +24,7 @@ finds the job's lock held by the first and leaves the run to it
 
 A run's devices are free only once its processes are gone.  When the
 scheduler takes a node for lost it first writes a *fence* for each of the
-node's runs (a Prefect Variable per run, :func:`fence_name`, holding
+node's runs (a Prefect Variable per run and node, :func:`fence_name`, holding
 :func:`fence_value`), then marks the run ``Crashed``.  While a fence names a
 node, the scheduler places nothing new on that node, and the run's requeued
 attempt does not start elsewhere.  The fence is lifted (its variable
@@ -68,9 +68,18 @@ FENCE_PREFIX = "e31-fence-"
 ENDED_MARK = "~ended~"
 
 
-def fence_name(run_id: str) -> str:
-    """The Prefect Variable fencing the node of the lost flow run ``run_id``: ``e31-fence-<run id>``."""
-    return f"{FENCE_PREFIX}{str(run_id).lower()}"
+def fence_name(run_id: str, node: str) -> str:
+    """The Prefect Variable fencing ``node`` for the lost flow run
+    ``run_id``: ``e31-fence-<run id>-<node key>``, the node key being the
+    first 12 hex digits of the SHA-256 of the node's name (a Variable name
+    takes lowercase letters, digits, ``-`` and ``_`` only; a node's name
+    may hold capitals and dots).  One per run *and* node: a run lost on n1
+    (declared down, its fence kept until n1's worker confirms) and lost
+    again on n2 has both nodes fenced, and a process on one node lifts
+    only its own node's fence."""
+    import hashlib
+
+    return f"{FENCE_PREFIX}{str(run_id).lower()}-{hashlib.sha256(node.encode()).hexdigest()[:12]}"
 
 
 def fence_value(pool: str, node: str, run_id: str, job: str | None, since: float) -> dict[str, Any]:
@@ -81,21 +90,35 @@ def fence_value(pool: str, node: str, run_id: str, job: str | None, since: float
     return {"pool": pool, "node": node, "run": str(run_id), "job": job, "since": since, "down": False}
 
 
+#: Variables read per page of ``POST /variables/filter`` (Prefect's largest page is 200).
+PAGE = 200
+
+
 def read_fences(client: Any, pool: str) -> dict[str, dict[str, Any]]:
-    """Flow run id -> fence value (see :func:`fence_value`) of every fence
-    of the pool named ``pool``; ``client``: Prefect's sync client.  Raises
-    what the API raises (a caller that cannot read them must not take the
-    nodes for free)."""
-    response = client.request("POST", "/variables/filter", json={
-        "variables": {"name": {"like_": FENCE_PREFIX}}, "limit": 200})
-    return _fences_of(response.json(), pool)
+    """Variable name -> fence value (see :func:`fence_value`) of every
+    fence of the pool named ``pool``, all pages of them; ``client``:
+    Prefect's sync client.  Raises what the API raises (a caller that
+    cannot read them must not take the nodes for free)."""
+    found: list = []
+    while True:
+        page = client.request("POST", "/variables/filter", json={
+            "variables": {"name": {"like_": FENCE_PREFIX}}, "sort": "NAME_ASC", "limit": PAGE,
+            "offset": len(found)}).json() or []
+        found += page
+        if len(page) < PAGE:
+            return _fences_of(found, pool)
 
 
 async def read_fences_async(client: Any, pool: str) -> dict[str, dict[str, Any]]:
     """:func:`read_fences` with Prefect's async client."""
-    response = await client.request("POST", "/variables/filter", json={
-        "variables": {"name": {"like_": FENCE_PREFIX}}, "limit": 200})
-    return _fences_of(response.json(), pool)
+    found: list = []
+    while True:
+        page = (await client.request("POST", "/variables/filter", json={
+            "variables": {"name": {"like_": FENCE_PREFIX}}, "sort": "NAME_ASC", "limit": PAGE,
+            "offset": len(found)})).json() or []
+        found += page
+        if len(page) < PAGE:
+            return _fences_of(found, pool)
 
 
 def _fences_of(found: Any, pool: str) -> dict[str, dict[str, Any]]:
@@ -104,21 +127,32 @@ def _fences_of(found: Any, pool: str) -> dict[str, dict[str, Any]]:
         value = variable.get("value") if isinstance(variable, dict) else None
         if isinstance(variable, dict) and str(variable.get("name", "")).startswith(FENCE_PREFIX) and \
                 isinstance(value, dict) and value.get("pool") == pool and isinstance(value.get("node"), str):
-            fences[str(value.get("run"))] = value
+            fences[str(variable["name"])] = value
     return fences
 
 
-def lift_fence(run_id: str | None) -> bool:
-    """Delete the fence of the flow run ``run_id`` (this process has
-    ended the run's work on this machine); True when the API answered (a
-    run with no fence counts).  Best effort: False on any error."""
-    if not run_id:
+def fences_of_run(fences: dict[str, dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+    """The values of ``fences`` (as :func:`read_fences` answers) that fence the flow run ``run_id``."""
+    return [f for f in fences.values() if str(f.get("run")) == str(run_id)]
+
+
+def lift_fence(run_id: str | None, node: str | None = None) -> bool:
+    """Delete the fence of the flow run ``run_id`` on ``node`` (default:
+    this process's node, :func:`this_node`): this process has ended the
+    run's work on that machine.  True when the API answered (a run with no
+    fence counts).  Best effort: False on any error."""
+    node = node or this_node()
+    if not run_id or not node:
         return False
     try:
         from prefect.client.orchestration import get_client
+        from prefect.exceptions import ObjectNotFound
 
         with get_client(sync_client=True) as client:
-            client.delete_variable_by_name(fence_name(run_id))
+            try:
+                client.delete_variable_by_name(fence_name(run_id, node))
+            except ObjectNotFound:
+                pass
         return True
     except Exception:
         return False
