@@ -139,6 +139,8 @@ def settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
         except Exception:  # the log line is a courtesy
             pass
         keep_manifest_state(str(flow_run.id), returned)
+        if _hook_process():  # Prefect's worker forces Cancelled after the hooks, from a process E31 cannot guard
+            _restore_after_worker(str(flow_run.id), returned)
         return
     message = scrub(cancelled_message(returned))
     try:
@@ -205,3 +207,67 @@ def guard_worker_cancel() -> None:
     CancellationManager.cancel = cancel_unless_ended  # type: ignore[method-assign]
     StateProposer.propose_cancelled = propose_unless_final  # type: ignore[method-assign]
     _GUARDED.append(True)
+
+
+#: Seconds :func:`restore_manifest_state` watches a run for the ``Cancelled`` its worker forces after the hooks.
+RESTORE_WITHIN_S = 60.0
+
+
+def _hook_process() -> bool:
+    """Whether this process runs the hook alone, away from the process that
+    cancels the run: Prefect 3.9's process worker runs the hooks of a run
+    it did not start from a module path in a process of their own
+    (``WorkspaceHookRunner``: ``python .../_workspace_runtime_bootstrap.py
+    hook ...``), then forces ``Cancelled`` from its own process, where
+    :func:`guard_worker_cancel` never ran.  The ``e31 worker``, a runner
+    (``flow.serve``) and the flow process itself run the hooks in-process."""
+    import sys
+
+    return bool(sys.argv) and sys.argv[0].replace("\\", "/").endswith("/_workspace_runtime_bootstrap.py")
+
+
+def _restore_after_worker(flow_run_id: str, manifest: dict[str, Any]) -> None:
+    """Start :func:`restore_manifest_state` in a process of its own (its own
+    session: the hook's process ends at once, and the worker waits for it)."""
+    import json
+    import subprocess
+    import sys
+
+    from e31.flows.statesync import state_of
+
+    code = "import sys, json; from e31.flows.cancelhook import restore_manifest_state as r; " \
+           "r(sys.argv[1], json.loads(sys.argv[2]))"
+    try:
+        subprocess.Popen([sys.executable, "-c", code, flow_run_id, json.dumps(state_of(manifest))],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    except OSError:
+        pass
+
+
+def restore_manifest_state(flow_run_id: str, want: dict[str, str], within_s: float = RESTORE_WITHIN_S) -> bool:
+    """Under Prefect's own process worker, whose ``Cancelled`` comes after
+    the hooks and from a process E31's code does not run in: watch the run
+    (a read every 0.5 s, at most ``within_s`` seconds) and, once it is
+    ``Cancelled``, set it back to ``want`` (:func:`e31.flows.statesync.state_of`
+    of its manifest: ``type``, ``name``, ``message``), forced.  The run
+    shows ``Cancelled`` for that moment.  Returns whether it set it."""
+    import time
+
+    from prefect import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import State
+
+    deadline = time.monotonic() + within_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            try:
+                now = client.read_flow_run(flow_run_id).state
+                if now is not None and now.type == StateType.CANCELLED:
+                    client.set_flow_run_state(flow_run_id, State(type=StateType(want["type"]), name=want["name"],
+                                                                 message=want["message"]), force=True)
+                    return True
+            except Exception:  # the API is busy or away: try again
+                pass
+            time.sleep(0.5)
+    return False
