@@ -20,7 +20,6 @@ is 0: the server runs on this machine's clock.
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from collections import deque
@@ -29,20 +28,24 @@ from typing import Any
 
 #: Seconds of difference between this machine's clock and the server's beyond which the commands say so.
 SKEW_WARN_S = 5.0
-#: Samples the offset is the median of (the newest): a stepped clock is followed within half of them.
-SAMPLES = 15
-#: Seconds an answer may take and still be a sample (its time is known within half of it, plus 1 s).
+#: Answers the offset is taken from (the newest): a clock stepped forward is followed once they are all newer.
+SAMPLES = 30
+#: Seconds an answer may take and still be a sample (the offset it gives may be low by as much).
 SLOW_S = 2.0
 _SENT = "e31_sent"  # the request's extension holding time.time() as it was sent
 
 
 class ServerClock:
-    """This process's estimate of the server's clock: the median of the
-    offsets (server minus local, seconds) of the last :data:`SAMPLES`
-    answers.  One answer bounds the server's time at its generation between
-    its ``Date`` and ``Date + 1 s``, and the local time between the request's
-    sending and the answer's arrival: the sample is the middle of both, off
-    by at most half a second plus half the round trip."""
+    """This process's estimate of the server's clock: the offset (server
+    minus local, seconds) as the largest lower bound that the last
+    :data:`SAMPLES` answers give.  An answer was generated at a server time
+    of at least its ``Date`` (whole seconds, and a server may write a
+    ``Date`` it computed a moment before: uvicorn renews it about every
+    0.1 s), before the local time of its arrival: the offset is at least
+    ``Date - arrival``.  Each bound is low by the fraction of a second
+    past ``Date`` plus the time the answer travelled; the largest of many,
+    taken at all fractions of the second, is within the quickest answer's
+    travel time of the offset."""
 
     def __init__(self) -> None:
         self._offsets: deque[float] = deque(maxlen=SAMPLES)
@@ -59,13 +62,13 @@ class ServerClock:
         except (TypeError, ValueError, IndexError, OverflowError):
             return
         with self._lock:
-            self._offsets.append(server + 0.5 - (sent + received) / 2)
+            self._offsets.append(server - received)
 
     def offset(self) -> float | None:
         """Seconds the server's clock is ahead of this machine's (negative:
         behind), or None before any sample."""
         with self._lock:
-            return statistics.median(self._offsets) if self._offsets else None
+            return max(self._offsets) if self._offsets else None
 
     def now(self) -> float:
         """The server's time now (Unix seconds), as far as it is known."""
