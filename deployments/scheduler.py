@@ -79,6 +79,9 @@ class History:
 
     runtimes: dict[str, list[float]]
     staged: dict[tuple[str, ...], list[str]]
+    #: Job name -> the median seconds from its work's end to its run's end (its output's return), over its
+    #: recent completed runs (e31.flows.queue.overheads).
+    returns: dict[str, float] = field(default_factory=dict)
 
 
 def history(client: Any, pool: PoolSpec, limit: int = 200) -> History:
@@ -93,13 +96,19 @@ def history(client: Any, pool: PoolSpec, limit: int = 200) -> History:
         flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
             type=FlowRunFilterStateType(any_=[StateType.COMPLETED]))),
         sort=FlowRunSort.START_TIME_DESC, limit=limit)
-    found = History({}, {})
+    from e31.flows.queue.overheads import Overheads, return_seconds
+    from e31.tasks.supervisor.cancel import WORK_ENDED
+
+    found, returns = History({}, {}), Overheads()
     for run in reversed(runs):  # oldest first
         spec = (run.parameters or {}).get("spec") or {}
         if not isinstance(spec, dict):
             continue
         if run.total_run_time:
             found.runtimes.setdefault(str(spec.get("name")), []).append(run.total_run_time.total_seconds())
+        back = return_seconds(run.tags, run.run_count, run.end_time, WORK_ENDED)
+        if back is not None:
+            returns.returned(str(spec.get("name")), back)
         node, key = queue.placement_of(run).get(queue.NODE_VAR), queue.inputs_key(spec)
         prefetched, _ = queue.staged_tags(run.tags)  # nodes whose prefetcher staged them too (where it did not run)
         for held in (*prefetched, node):  # the node it ran on last: most recent first
@@ -108,6 +117,7 @@ def history(client: Any, pool: PoolSpec, limit: int = 200) -> History:
                 if held in nodes:
                     nodes.remove(held)
                 nodes.insert(0, held)
+    found.returns = {name: returns.output_s(name) for name in returns.returns}
     return found
 
 
@@ -117,7 +127,8 @@ def snapshot(client: Any, pool: PoolSpec, past: History | None = None, now: floa
     locality (``past``: read now when not given; ``cache``: the runs kept
     between ticks, else all are read)."""
     past = past or history(client, pool)
-    return queue.read(client, pool, now=now, history=past.runtimes, staged=past.staged, lease_s=lease_s, cache=cache)
+    return queue.read(client, pool, now=now, history=past.runtimes, staged=past.staged, lease_s=lease_s, cache=cache,
+                      returns=past.returns)
 
 
 def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None = None,

@@ -42,6 +42,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from e31.flows.queue.clock import server_now
+from e31.flows.queue.overheads import Overheads
 from e31.flows.queue.mapping import AHEAD_S, QUEUED, STAGED, work_pool_name
 from e31.specs.pool import PoolSpec
 
@@ -104,6 +105,7 @@ class RunCache:
         self.silent_since: dict[str, float] = {}  # node -> time.monotonic() its worker was first seen past the lease
         self.ended_at: dict[str, float] = {}  # run id -> Unix seconds of its end, for runs seen ending (the last 1,000)
         self.heard: set[str] = set()  # runs the server's events named since the last read (:meth:`hear`)
+        self.overheads = Overheads()  # start latencies per node, as the runs are seen (e31.flows.queue.overheads)
         self.fences: dict[str, dict] | None = None  # the pool's fences as last read (e31.flows.queue.snapshot)
         self.fences_at = -1  # the full_reads count at that read
         self._executor: ThreadPoolExecutor | None = None

@@ -78,6 +78,11 @@ class Overheads:
         kept = self.starts.get(node or "")
         return float(statistics.median(kept)) if kept else 0.0
 
+    def start_s_most(self) -> float:
+        """The largest of the nodes' median start latencies (0.0 when none was measured): a queued
+        job is not yet on a node, and its occupancy must hold wherever it goes."""
+        return max((self.start_s(node) for node in self.starts), default=0.0)
+
     def output_s(self, job: str) -> float:
         """The median return time of ``job``'s completed runs (0.0 when none was measured)."""
         kept = self.returns.get(job)

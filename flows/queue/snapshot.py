@@ -12,6 +12,7 @@ from e31.flows.placement import Node, QueuedJob, RunningJob
 from e31.flows.placement.estimates import estimate_runtime
 from e31.flows.placement.text import gib
 from e31.flows.queue.clock import server_now
+from e31.flows.queue.overheads import from_run
 from e31.flows.queue.cache import ACTIVE, RunCache, flow_run_filter, read_all, state_filter
 from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, FENCED, LEASE_S, NODE_VAR, PLACED,
                                      QUEUED, SETTLE_S, inputs_key, nodes_of, placement_of, planned_node,
@@ -130,10 +131,13 @@ def read_fences(client: Any, pool: PoolSpec, cache: RunCache | None = None) -> d
 
 def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[str, list[float]] | None = None,
          lease_s: float = LEASE_S, staged: dict[tuple[str, ...], list[str]] | None = None,
-         cache: RunCache | None = None) -> Snapshot:
+         cache: RunCache | None = None, returns: dict[str, float] | None = None) -> Snapshot:
     """Read every non-final flow run of the pool's work pool (and crashed ones
     that may be retried) as planner input.  ``history``: job name -> past run
-    times in seconds (for jobs without a ``duration``); ``staged``: inputs
+    times in seconds (for jobs without a ``duration``); ``returns``: job name
+    -> seconds its output's return takes (:mod:`e31.flows.queue.overheads`;
+    counted in the time a job holds its node, unless its estimate comes from
+    its past runs, whose time includes it); ``staged``: inputs
     key -> nodes holding those inputs staged (data locality); ``cache``: the
     runs kept since the last read, brought up to date (else all are read).
     With a ``cache``, the runs of a node whose worker is silent past the
@@ -157,6 +161,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
     lost_nodes = cache.confirm_lost(silent) if cache is not None else silent
     snap.fences = read_fences(client, pool, cache)
     fenced = {f["node"] for f in snap.fences.values() if f["node"] in known}
+    start_s = cache.overheads.start_s_most() if cache is not None else 0.0  # placement to Running, measured
     for run in runs:
         key = str(run.id)
         snap.runs[key] = run
@@ -168,6 +173,8 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
         snap.specs[key] = spec
         state, variables = run.state, placement_of(run)
         node = variables.get(NODE_VAR)
+        if cache is not None:
+            cache.overheads.saw(key, *from_run(run), node)
         req = spec.request
         crashed = state.type == StateType.CRASHED
         if crashed:
@@ -195,7 +202,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
             snap.running.append(RunningJob(
                 id=key, node=node, devices=tuple(int(d) for d in variables.get(DEVICES_VAR) or ()),
                 cpus=int(variables.get(CPUS_VAR) or req.cpus), memory=req.memory or 0,
-                start=start, expected_end=start + estimate.runtime_s))
+                start=start, expected_end=start + estimate.runtime_s + _output_s(returns, spec.name, estimate)))
             continue
         due = state.name == QUEUED or (_ts(run.expected_start_time) or now) <= now
         if state.type == StateType.SCHEDULED and due:
@@ -212,7 +219,8 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 runtime_source=estimate.source, runtime_note=estimate.note,
                 preferred_nodes=tuple(dict.fromkeys(n for n in (*prefetched, *(staged or {}).get(inputs_key(spec), ()))
                                                     if n in known)),
-                locality_wait_s=wait_s, planned_node=planned_node(state), return_s=reserve))
+                locality_wait_s=wait_s, planned_node=planned_node(state), return_s=reserve,
+                start_s=start_s, output_s=_output_s(returns, spec.name, estimate)))
     for job in list(snap.queued):  # its attempt on a lost node may still run: not a second one beside it
         fence = next((f for f in fences_of_run(snap.fences, job.id) if not f.get("down")), None)
         if fence is not None:
@@ -359,6 +367,12 @@ def _one_run_per_job(snap: Snapshot) -> None:
         snap.blocked[job.id] = (f"waiting for the run {job.name} ({other[:8]}) of this job, {state}, to end: one run "
                                 "of a job at a time")
     snap.queued = keep
+
+
+def _output_s(returns: dict[str, float] | None, name: str, estimate: Any) -> float:
+    """Seconds job ``name``'s output takes to return, unless its estimate is its past runs' time
+    (which holds the return already)."""
+    return 0.0 if estimate.source == "history" else float((returns or {}).get(name, 0.0))
 
 
 def _secs(value: timedelta | None) -> float | None:

@@ -534,3 +534,51 @@ def test_a_submission_the_filters_miss_is_read_by_the_id_its_event_named(prefect
         cache.hear({late, first})
         assert {str(r.id) for r in cache.read(client)} == {first, late} and cache.heard == set()
         assert cache.full_reads == 1
+
+
+def test_the_start_after_placement_and_the_return_are_measured_and_planned(prefect_api, tmp_path):
+    """A run seen ``Placed`` then ``Running`` gives its node's start latency; a completed run's work-ended tag
+    and end give its job's return time; a queued job's occupancy then holds both (a running one, the return)."""
+    from datetime import timedelta
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Completed, Running, Scheduled
+
+    from e31.deployments.scheduler import history
+    from e31.flows.queue import RunCache, read
+    from e31.tasks.supervisor.cancel import WORK_ENDED
+
+    made = _Pool(tmp_path)
+    pool = made.spec
+    with get_client(sync_client=True) as client:
+        done = made.submit(client, "done")
+        place_by_hand(client, done, "n1")
+        client.set_flow_run_state(done, Running(), force=True)
+        run = client.read_flow_run(done)
+        ended = run.state.timestamp  # the work "ended" as it started; the run ends 42 s later by the tags' clock
+        client.set_flow_run_state(done, Completed(), force=True)
+        end = client.read_flow_run(done).end_time
+        work_end = (end - timedelta(seconds=42)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        client.update_flow_run(done, tags=[*run.tags, f"{WORK_ENDED}{run.run_count}:{work_end}"])
+        assert ended is not None
+        past = history(client, pool)
+        name = f"done-{made.tag}"
+        assert 42.0 <= past.returns[name] < 43.0, past.returns
+
+        cache = RunCache(pool, full_every_s=3600)
+        moving = made.submit(client, "moving")
+        place_by_hand(client, moving, "n1")
+        placed = client.set_flow_run_state(moving, Scheduled(name="Placed"), force=True).state
+        read(client, pool, cache=cache)  # sees it Placed
+        running = client.set_flow_run_state(moving, Running(), force=True).state
+        read(client, pool, cache=cache)  # sees it Running: one start latency for n1
+        latency = running.timestamp.timestamp() - placed.timestamp.timestamp()
+        assert cache.overheads.start_s("n1") == latency > 0
+
+        queued = made.submit(client, "done")  # the job measured above, queued again
+        snap = read(client, pool, cache=cache, returns=past.returns)
+        (job,) = [j for j in snap.queued if j.id == queued]
+        assert (job.start_s, job.output_s) == (latency, past.returns[name])
+        assert job.occupancy_s == latency + 5.0 + past.returns[name]  # duration 5s
+        (held,) = [r for r in snap.running if r.id == moving]
+        assert held.expected_end == held.start + 5.0  # no return measured for its job
