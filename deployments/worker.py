@@ -150,6 +150,9 @@ class E31Worker(ProcessWorker):
         self._gate = PollGate()  # which polls ask the server (all until the event stream is up)
         self.flows: dict[int, str] = {}  # pid -> flow run id of each flow process this worker started, while it runs
         self.draining = False  # stopping: no new run is taken (see drain())
+        self._beats: Any = None  # the heartbeat's own thread (e31.deployments.presence.worker_beats)
+        self._loop_seen = 0.0  # time.monotonic() when this worker's event loop last polled
+        self._prefetch_base: float | None = None  # the prefetch seconds asked for, before the clock's skew
         self._told: set[int] = set()  # flow processes drain() signalled
 
     async def setup(self) -> None:
@@ -167,6 +170,9 @@ class E31Worker(ProcessWorker):
         try:
             await super().setup()
             retry_busy_quickly(self._client)
+            from e31.flows.queue.clock import watch
+
+            watch(self._client)  # the server's clock, from its answers (e31.flows.queue.clock)
             self._depth += 1
             if self._depth == 1:
                 await self._crash_orphans()
@@ -193,6 +199,27 @@ class E31Worker(ProcessWorker):
         if self._client is not None:
             await self._clear_fences()
         await super().sync_with_backend()
+        self._beat_apart()
+
+    def _beat_apart(self) -> None:
+        """After the first heartbeat: say the clock's skew against the
+        server's (:func:`e31.flows.queue.clock.skew_line`) and start the
+        heartbeat's own thread (:func:`e31.deployments.presence.worker_beats`),
+        which beats while this worker's event loop has polled within
+        :data:`e31.deployments.presence.LOOP_STUCK_S`."""
+        import time
+
+        from e31.deployments.presence import LOOP_STUCK_S, worker_beats
+
+        self._loop_seen = time.monotonic()
+        if self._beats is not None or not getattr(self, "_has_successfully_synced", False):
+            return
+        say = lambda line: print(f"e31 worker: {line}", flush=True)  # noqa: E731
+        self._beats = worker_beats(self._work_pool_name, self.name, self.heartbeat_interval_seconds,
+                                   lambda: time.monotonic() - self._loop_seen < LOOP_STUCK_S, say)
+        if (line := self._beats.news.news()) is not None:
+            say(line)
+        self._beats.start()
 
     async def _clear_fences(self) -> None:
         """Kill the processes on this machine of runs that no longer hold
@@ -243,6 +270,9 @@ class E31Worker(ProcessWorker):
             with anyio.CancelScope(shield=True):  # a teardown under cancellation still waits for them
                 await asyncio.gather(*self._followers, return_exceptions=True)
             self._followers = []
+        if self._beats is not None and self._depth == 0:
+            self._beats.stop()
+            self._beats = None
         if self._warm is not None and self._depth == 0:
             if self._listened is not self._warm and not (_WARM_SOCKET and os.path.exists(_WARM_SOCKET[0])):
                 self._warm.kill()  # never listened (stuck at import): it has no run of its own
@@ -388,10 +418,20 @@ class E31Worker(ProcessWorker):
         """Prefect's scheduled runs of the pool, less those not placed on this
         node (each poll also restarts a warm process that died); none, without
         asking the server, when :class:`PollGate` says this poll need not."""
+        import time
+
+        from e31.flows.queue.clock import offset_s
+
+        self._loop_seen = time.monotonic()
         self._keep_warm()
         await self._warm_ready()
         if self.draining or not self._gate.ask():
             return []
+        if self._prefetch_base is None:
+            self._prefetch_base = self._prefetch_seconds
+        # Prefect asks for runs scheduled before this machine's now + prefetch; a run is placed at the server's
+        # now: a clock behind the server's would leave it unseen for the skew
+        self._prefetch_seconds = self._prefetch_base + max(0.0, offset_s() or 0.0)
         runs = await super()._get_scheduled_flow_runs()
         return [r for r in runs if placement_of(r.flow_run).get(NODE_VAR) == self.node]
 
