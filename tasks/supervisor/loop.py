@@ -243,6 +243,8 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
         if ended:  # from the work's end on, its output is returned: a signal (a worker's, after a late cancel) waits
             defer_signals_after_work(RETURNING_FIRST)
         cancel.stop()
+    if ended and stop.warned_at is None:  # asked for as the work ended, never acted on: the work ended by itself
+        stop.reason = None
     if ended and cancel.moved_to() is None and _ended_by_itself(stop, proc.returncode, settings, stop_seen):
         mark_work_ended(settings.flow_run_id)  # a cancel from now on changes nothing (e31 cancel: too late)
     run_s = time.time() - started

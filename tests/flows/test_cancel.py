@@ -4,6 +4,7 @@ on a real Prefect server, picked up by a real process worker."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import subprocess
 import sys
@@ -150,3 +151,68 @@ def test_a_signal_during_the_return_of_a_cancelled_run_does_not_cut_it(prefect_a
         _wait_for(lambda: client.read_flow_run(run.id).state.is_final(), timeout=30)
         assert client.read_flow_run(run.id).state.type.value == "CANCELLED"
 
+
+
+def test_a_cancel_and_its_sigterm_between_the_works_end_and_the_return_change_nothing(prefect_api, scratch, tmp_path):
+    """``e31 run`` of a command work: the moment its child has exited, before
+    the return starts, the flow process is held (a real SIGSTOP), cancelled
+    through the API and sent SIGTERM, as a Prefect worker does after a
+    cancel; then let go (SIGCONT).  The work had ended by itself: its output
+    comes back whole, ``completed``, the run ends ``Completed`` and the
+    command exits 0, the signal noted and not obeyed."""
+    import signal
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.states import Cancelling
+
+    from tests.flows.test_stops import _pid_gone, _start_cli
+
+    (tmp_path / "ends.py").write_text(
+        "import json, os, pathlib\n"
+        "out = pathlib.Path(os.environ['E31_OUTPUT_DIR'])\n"
+        "for i in range(3):\n"
+        "    (out / f'part-{i}.bin').write_bytes(os.urandom(4096))\n"
+        "(out / 'record.json').write_text(json.dumps({'pid': os.getpid(), 'flow_pid': os.getppid()}))\n")
+    name = f"ends-{uuid.uuid4().hex[:6]}"
+    out = tmp_path / "out"
+    proc = _start_cli(tmp_path, {"name": name, "work": {"kind": "simulation", "command": [sys.executable, "ends.py"]},
+                                 "request": {"limit": "60s", "grace": "2s"},
+                                 "output": {"kind": "results", "url": str(out), "files": ["record.json"]}})
+    record = scratch / name / "output" / "record.json"
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # the work's record, then its end: the flow process is held at once
+            try:
+                seen = json.loads(record.read_text())
+            except (OSError, ValueError):
+                seen = None
+            if seen is not None and _pid_gone(seen["pid"]):
+                os.kill(seen["flow_pid"], signal.SIGSTOP)
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, "the work's end was not seen"
+            time.sleep(0.001)
+        held_manifest = (out / "manifest.json").exists()
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))[0]
+            client.set_flow_run_state(run.id, Cancelling(message="cancel from the UI"))
+        os.kill(seen["flow_pid"], signal.SIGTERM)  # what a worker sends after a cancel
+    finally:
+        os.kill(seen["flow_pid"], signal.SIGCONT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert not held_manifest  # held before the return began
+    assert proc.returncode == 0, stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["status"], manifest["reason"], manifest["run_id"]) == ("completed", "finished", str(run.id))
+    assert sorted(f["path"] for f in manifest["files"]) == ["part-0.bin", "part-1.bin", "part-2.bin", "record.json"]
+    assert not (out / "partial").exists()
+    assert list(scratch.rglob("return-pending.json")) == []
+    # the signal met the supervisor (the work had ended: never acted on) or the hold for the return (noted)
+    rest = stderr.replace("e31: returning the output first (kill -9 abandons it)\n", "")
+    assert rest == (
+        f"{rest[:12]} | WARNING | Flow run '{name}' - the cancel came after the work had ended; it changes "
+        "nothing: the run ends as its manifest says, completed (finished): 4 file(s) at the top of the destination\n")
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(run.id).state
+    assert (state.type.value, state.name) == ("COMPLETED", "Completed")
