@@ -187,7 +187,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import anyio
     from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
 
-    from e31.deployments.nodecheck import check_node, node_gpus_override
+    from e31.deployments.nodecheck import check_node, node_overrides
     from e31.deployments.worker import E31Worker
     from e31.flows.queue import nodes_of, work_pool_name
 
@@ -198,7 +198,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         names = ", ".join(n.name for n in nodes_of(pool)[:10])
         print(f"e31: worker: no node {args.node!r} in pool {pool.name} (nodes: {names})", file=sys.stderr)
         return EXIT_INVALID
-    check_node(declared, node_gpus_override())
+    check_node(declared, *node_overrides())
     query = float(os.environ.get("PREFECT_WORKER_QUERY_SECONDS") or 1)  # released runs start within a second or two
 
     async def run() -> None:  # Prefect's start() enters the worker itself (setup, then teardown at its end)

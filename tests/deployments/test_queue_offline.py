@@ -27,12 +27,43 @@ def test_a_worker_refuses_a_node_bigger_than_this_machine_and_names_the_fix():
         f"{here.cpus + 1} CPUs declared, {here.cpus} here; {(here.memory + 2**30) / 2**30:.1f} GiB of memory declared, "
         f"{here.memory / 2**30:.1f} GiB here; start the worker on a machine that has them, or declare what this one "
         "has in the pool file; to try GPU placement on a machine without them, E31_NODE_GPUS=N makes the worker take "
-        "N GPUs as found")
+        "N GPUs as found; to try a pool's placement on a smaller machine, E31_NODE_CPUS=N and E31_NODE_MEMORY=SIZE "
+        "make the worker take them as found (for trying only: the work gets what this machine has)")
     with pytest.raises(NodeMismatch) as info:
         check_node(Node("big", gpus=8, cpus=1, memory=2**20), gpus=4)  # told 4 GPUs: no hint, the count is given
     assert str(info.value).endswith("8 GPUs declared, 4 here; start the worker on a machine that has them, or "
                                     "declare what this one has in the pool file")
     check_node(Node("small", gpus=8, cpus=1, memory=2**20), gpus=8)  # fits: no error
+
+
+def test_cpus_and_memory_can_be_taken_as_found_to_try_a_larger_pool_node(monkeypatch):
+    from e31.deployments.nodecheck import node_overrides
+    from e31.errors import InvalidInput
+
+    here = this_node()
+    big = Node("big", gpus=0, cpus=here.cpus + 62, memory=(here.memory // 2**20 + 65536) * 2**20)
+    with pytest.raises(NodeMismatch) as info:
+        check_node(big, cpus=here.cpus + 62)  # CPUs given, memory not: only memory's variable is named
+    assert str(info.value).endswith(
+        "GiB here; start the worker on a machine that has them, or declare what this one has in the pool file; to try "
+        "a pool's placement on a smaller machine, E31_NODE_MEMORY=SIZE make the worker take them as found (for "
+        "trying only: the work gets what this machine has)")
+    monkeypatch.setenv("E31_NODE_GPUS", "4")
+    monkeypatch.setenv("E31_NODE_CPUS", str(here.cpus + 62))
+    monkeypatch.setenv("E31_NODE_MEMORY", f"{big.memory // 2**20}MiB")
+    assert node_overrides() == (4, here.cpus + 62, big.memory)
+    check_node(big, *node_overrides())  # taken as found: no error
+    monkeypatch.setenv("E31_NODE_CPUS", "lots")
+    with pytest.raises(InvalidInput) as info:
+        node_overrides()
+    assert str(info.value) == ("E31_NODE_CPUS: must be a whole number of cpus (got 'lots'); set e.g. E31_NODE_CPUS=8, "
+                               "or unset it to detect them")
+    monkeypatch.setenv("E31_NODE_CPUS", "8")
+    monkeypatch.setenv("E31_NODE_MEMORY", "much")
+    with pytest.raises(InvalidInput) as info:
+        node_overrides()
+    assert str(info.value) == ("E31_NODE_MEMORY: must be a size such as 64GiB or 512MB (got 'much'); set it so, or "
+                               "unset it to detect the memory")
 
 
 def test_a_queue_command_whose_server_does_not_answer_says_how_to_fix_it(tmp_path):
