@@ -111,7 +111,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> int:
     """The spec's summary and notes; a spec larger than this machine is valid (a pool may hold it), with a
-    note saying what ``e31 run`` would refuse here and how to check it against a pool (found by a fresh user)."""
+    note saying what ``e31 run`` would refuse here and how to check it against a pool."""
     from e31.flows.admission import AdmissionError, check_fits
     from e31.flows.compile import compile_plan
 

@@ -84,8 +84,8 @@ class Explainer:
         text, i, room, short = self._short_now(job, eligible)
         name = cap.nodes[node].name
         if short is not None and node != i and self.free[node][short] == self.free[i][short]:
-            # as much free on the node it is planned on: that node is named (found by a fresh user: "(0 free on
-            # g-1); earliest start ... on g-2")
+            # as much free on the node it is planned on: that node is named, so the reason does not say "(0 free
+            # on g-1); earliest start ... on g-2"
             text = f"{text.rsplit(' free on ', 1)[0]} free on {name})"
         local = name in job.preferred_nodes
         if not text and local and start > now:  # room is free elsewhere, but its inputs wait on this node

@@ -87,7 +87,7 @@ def deadline_refusal(job: QueuedJob, now: float) -> str | None:
     if now + need > by:
         where = (f"after its deadline {clock(job.deadline, now)}" if now + need > job.deadline else
                  f"within the {job.return_s:g} s before its deadline {clock(job.deadline, now)} kept to return its "
-                 "output")  # (an attack: it said "after" its deadline for an end before it)
+                 "output")  # an end within the reserve is before the deadline: not "after" it
         return (f"deadline became infeasible while queued: started now ({clock(now, now)}) it would end "
                 f"{clock(now + need, now)}, {where} ({run_time(job)})")
     return None
