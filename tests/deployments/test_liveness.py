@@ -228,6 +228,65 @@ def test_a_scheduler_busy_with_a_long_tick_still_beats_within_its_interval(prefe
         assert notes == {None}, notes
 
 
+BUSY_WORKER = textwrap.dedent("""
+    import sys, time
+    from e31.deployments.worker import E31Worker
+    from e31.flows.cli import main
+
+    real_poll, busy_s, once = E31Worker._get_scheduled_flow_runs, float(sys.argv[3]), []
+
+    async def busy_poll(self):  # a poll that blocks the worker's event loop with a CPU-bound loop, once
+        ready = getattr(self, "_beats", None) is not None if hasattr(self, "_beats") else \\
+            getattr(self, "_has_successfully_synced", False)  # (a worker without a heartbeat thread: once synced)
+        if not once and ready:
+            once.append(1)
+            print("busy", time.time(), flush=True)
+            end = time.monotonic() + busy_s
+            while time.monotonic() < end:
+                sum(i * i for i in range(1000))
+            print("free", time.time(), flush=True)
+        return await real_poll(self)
+
+    E31Worker._get_scheduled_flow_runs = busy_poll
+    sys.exit(main(["worker", "--pool", sys.argv[1], "--node", sys.argv[2]]))
+""")
+
+
+def test_a_worker_whose_event_loop_is_blocked_still_heartbeats(prefect_api, tmp_path):
+    """Issue 34 item 1: a worker's heartbeat is sent from its event loop
+    (Prefect's), so a loop held by the worker's own work for 35 s left its
+    node silent past two heartbeats and it looked late (past a short lease,
+    lost).  Its own thread beats every 10 s meanwhile."""
+    from prefect.client.orchestration import get_client
+
+    from e31.flows.queue import work_pool_name
+    from e31.specs.pool import load_pool
+
+    with queue(tmp_path, {"n1": 0}) as q:
+        q.scheduler()  # creates the work pool
+        (q.root / "busy_worker.py").write_text(BUSY_WORKER)
+        log = open(q.root / "worker-n1.log", "wb")
+        q.procs["worker-n1"] = subprocess.Popen(
+            [sys.executable, str(q.root / "busy_worker.py"), str(q.pool), "n1", "35"], stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True, cwd=q.root,
+            env={**os.environ, "E31_SCRATCH": str(q.root / "scratch-n1")})
+        said = q.root / "worker-n1.log"
+        wait_for(lambda: "busy " in said.read_text(), what="the worker's blocked poll")
+        pool = work_pool_name(load_pool(q.pool))
+        beats: list[float] = []
+        with get_client(sync_client=True) as client:
+            while "free " not in said.read_text():
+                [worker] = [w for w in client.read_workers_for_work_pool(pool) if w.name == "n1"]
+                beat = worker.last_heartbeat_time.timestamp()
+                if not beats or beat != beats[-1]:
+                    beats.append(beat)
+                time.sleep(0.5)
+        busy, free = (float(re.search(rf"^{w} (\S+)$", said.read_text(), re.M).group(1)) for w in ("busy", "free"))
+        gaps = [round(b - a, 1) for a, b in zip(beats, beats[1:])]
+        print(f"loop blocked {free - busy:.1f} s; heartbeats {len(beats)}, gaps (s) {gaps}")
+        assert free - busy >= 35 and len(beats) >= 3 and max(gaps) <= 15, gaps  # old code: none while blocked
+
+
 def _run(key: str, node: str, run_count: int):
     """A Prefect flow run (the schema object the API returns) placed on ``node``."""
     from prefect.client.schemas.objects import FlowRun
