@@ -32,6 +32,7 @@ import logging
 import os
 from typing import Any, Callable
 
+from e31.flows.queue.clock import server_now
 from e31.flows.queue.handover import flow_process_alive
 from e31.flows.queue.mapping import NODE_VAR, placement_of
 
@@ -242,7 +243,7 @@ async def clear_fences(client: Any, work_pool: str, node: str, logger: logging.L
                 if kind in ("PENDING", "RUNNING", "CANCELLING") and placement_of(flow_run).get(NODE_VAR) == node:
                     continue  # holds the node: a run its predecessor started, running on
                 if kind in ("COMPLETED", "FAILED", "CANCELLED") and state.timestamp is not None and \
-                        time.time() - state.timestamp.timestamp() < FINAL_GRACE_S:
+                        server_now() - state.timestamp.timestamp() < FINAL_GRACE_S:  # the server's clock
                     continue  # its flow process is ending by itself
             pids = pids + _warm_forks_above(pids, spare)
             left = _kill_all(pids)
