@@ -141,7 +141,13 @@ def node_processes(node: str) -> dict[str, list[int]]:
     environment names that run (``PREFECT__FLOW_RUN_ID``) and ``node``
     (``E31_NODE``, which ``e31 worker`` gives each flow process and its
     work inherits): a run's flow process and its work.  Linux (``{}``
-    without ``/proc``); a process that cleared its environment is not found."""
+    without ``/proc``); a process that cleared its environment is not found.
+    A warm process and its forks (:mod:`e31.deployments.warmstart`) are
+    never counted: ``/proc`` shows the warm process's own environment for
+    each of them (a fork's run environment is set after the fork), so a
+    run named there (the worker's, inherited: ``e31 worker`` started from
+    a flow run) is none of theirs; a warm fork is reached through its
+    work (:func:`_warm_forks_above`)."""
     from e31.tasks.supervisor.process import processes_where
 
     run_mark, node_mark, found = b"PREFECT__FLOW_RUN_ID=", f"E31_NODE={node}".encode(), {}
@@ -157,8 +163,17 @@ def node_processes(node: str) -> dict[str, list[int]]:
         return True
 
     for i, pid in enumerate(processes_where(match)):
+        try:
+            if WARM_MARK in open(f"/proc/{pid}/cmdline", "rb").read():
+                continue
+        except OSError:  # ended since
+            continue
         found.setdefault(marked[i], []).append(pid)
     return found
+
+
+#: What the command line of a warm flow process, and so of each of its forks, holds.
+WARM_MARK = b"e31.deployments.warmstart"
 
 
 def _kill_all(pids: list[int], wait_s: float = 10.0) -> list[int]:
@@ -184,20 +199,28 @@ def _kill_all(pids: list[int], wait_s: float = 10.0) -> list[int]:
 
 def _warm_forks_above(pids: list[int], spare: set[int] | frozenset[int]) -> list[int]:
     """The parents of ``pids`` that are forks of a warm flow process (their
-    command line is :mod:`e31.deployments.warmstart`'s): a flow process
-    forked warm keeps its warm process's environment in ``/proc`` (its
-    run's is set after the fork), so only its work names the run; not this
-    process, nor those in ``spare`` (this worker's own warm process)."""
+    command line is :mod:`e31.deployments.warmstart`'s, and so is their own
+    parent's): a flow process forked warm keeps its warm process's
+    environment in ``/proc`` (its run's is set after the fork), so only its
+    work names the run.  Never a warm process itself (a warmstart process
+    whose parent is not one: any worker's, this one's or a predecessor's
+    still serving its last runs), this process, or those in ``spare``."""
+    def parent_of(pid: int) -> int:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+    def warm(pid: int) -> bool:
+        return WARM_MARK in open(f"/proc/{pid}/cmdline", "rb").read()
+
     found = []
     for pid in pids:
         try:
-            parent = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-            command = open(f"/proc/{parent}/cmdline", "rb").read()
+            parent = parent_of(pid)
+            if parent <= 1 or parent == os.getpid() or parent in spare or parent in pids or parent in found:
+                continue
+            if warm(parent) and warm(parent_of(parent)):
+                found.append(parent)
         except (OSError, IndexError, ValueError):
             continue
-        if parent > 1 and parent != os.getpid() and parent not in spare and parent not in pids and \
-                b"e31.deployments.warmstart" in command and parent not in found:
-            found.append(parent)
     return found
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
 from pathlib import Path
 
-from tests.deployments.test_queue import _gone, _warm_listening, queue, wait_for
+from tests.deployments.test_queue import STEPS, _done, _durable_step, _gone, _warm_listening, queue, wait_for
 
 
 class _Deaths:
@@ -76,6 +77,7 @@ def test_a_lost_run_s_node_takes_no_job_until_its_worker_started_again_kills_its
         wait_for(lambda: _started(q, "first", "n1") is not None, what="the first job's work")
         work = _started(q, "first", "n1")["pid"]
         flow = _parent(work)
+        warm = _parent(flow)  # the warm process the flow process was forked from: never killed by the fence
         os.kill(flow, signal.SIGSTOP)  # a hung flow process: it reads nothing, its work runs on
         os.kill(worker.pid, signal.SIGKILL)  # the worker alone
         worker.wait()
@@ -107,6 +109,9 @@ def test_a_lost_run_s_node_takes_no_job_until_its_worker_started_again_kills_its
                     pass
         log = (q.root / "worker-n1-again.log").read_text()
         assert f"flow run {first} no longer holds node n1 (lost with it while its worker was silent)" in log, log
+        killed = [int(p) for p in re.search(rf"flow run {first} no longer holds node n1 .*?\(pids \[([0-9, ]+)\]\)",
+                                            log).group(1).split(", ")]
+        assert flow in killed and work in killed and warm not in killed, (killed, warm)
         assert f"flow run {first} (first), lost with node n1: no process of it remains on this machine; the " \
                "node's fence is lifted" in log
 
@@ -145,6 +150,111 @@ def test_a_requeued_run_waits_for_its_lost_attempt_until_the_operator_declares_i
         snap = read(client, made.spec)
         assert [j.id for j in snap.queued] == [run] and snap.blocked == {}
         assert [r.id for r in snap.running] == ["~fenced~n1"]
+
+
+def _attempt(q, name: str, node: str) -> list[str] | None:
+    """The last line of job ``name``'s ``attempts.txt`` on ``node`` (STEPS: start step, the work's pid, node,
+    Unix time of its start), or None before its work starts."""
+    try:
+        return (q.root / f"scratch-{node}" / name / "output" / "attempts.txt").read_text().splitlines()[-1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _retried_job_lost_on_n1(q, name: str) -> tuple[str, int, int]:
+    """Start the scheduler (``--lease 10``) and n1's worker, submit job
+    ``name`` (STEPS, 240 steps of 0.5 s, one retry) and wait until it has
+    three durable steps on n1; then start n2's worker.  Returns the run
+    id, its work's pid and its flow process's pid."""
+    q.scheduler("--lease", "10")
+    worker = q.worker("n1", 0)
+    wait_for(lambda: _warm_listening(worker), what="n1's warm process")
+    run = q.submit(q.job(name, 0, 240, work="steps.py", cpus=2, retries=1)).split("flow run ")[1].split()[0]
+    wait_for(lambda: _durable_step(q.root / "out" / name / "checkpoints") >= 3, what="three durable steps on n1")
+    work = int(_attempt(q, name, "n1")[1])
+    q.worker("n2", 0)  # ready for the retry from the moment it is queued
+    return run, work, _parent(work)
+
+
+def test_a_requeued_run_starts_elsewhere_only_after_its_lost_attempt_s_processes_are_gone(prefect_api, tmp_path):
+    """kill -9 of n1's worker alone while a job with a retry runs there:
+    its flow process and work live on.  Past the lease the run is crashed,
+    n1 fenced, and the run queued again; n2's worker runs all along.  The
+    first attempt's flow process sees its run crashed and stops itself
+    (kills its work, lifts its fence): the second attempt's work on n2
+    starts after both processes are gone (timestamps), resumes from the
+    first's newest durable checkpoint, and no fence is left.  Before
+    fencing, the attempt on n2 started while the first still ran (0.6 s
+    overlap on a loaded machine, up to the flow process's 10 s read)."""
+    from prefect.client.orchestration import get_client
+
+    from e31.tasks.supervisor.fence import read_fences
+
+    with queue(tmp_path, {"n1": 0, "n2": 0}) as q:
+        (q.root / "steps.py").write_text(STEPS)
+        run, work, flow = _retried_job_lost_on_n1(q, "moved")
+        deaths = _Deaths([work, flow])
+        try:
+            os.kill(q.procs["worker-n1"].pid, signal.SIGKILL)  # the worker alone
+            q.procs["worker-n1"].wait()
+            wait_for(lambda: _attempt(q, "moved", "n2") is not None, timeout=180, what="the attempt on n2")
+            started = float(_attempt(q, "moved", "n2")[3])
+            wait_for(lambda: deaths.last() is not None, timeout=5, what="the first attempt's processes to be gone")
+            assert deaths.last() < started, (deaths.gone_at, started)
+        finally:
+            deaths.stop()
+            for pid in (flow, work):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        wait_for(lambda: _done(q, "moved"), timeout=300, what="the job")
+        record = json.loads((q.root / "out" / "moved" / "record.json").read_text())
+        assert record["node"] == "n2" and record["resumed_from"] >= 3
+        with get_client(sync_client=True) as client:
+            assert read_fences(client, q.name) == {}  # lifted by the first flow process (n1's worker never came back)
+            wait_for(lambda: client.read_flow_run(run).state.is_final(), what="its final state")
+            assert client.read_flow_run(run).state.type.value == "COMPLETED"
+
+
+def test_a_requeued_run_whose_lost_attempt_hangs_starts_elsewhere_only_once_its_node_is_declared_down(
+        prefect_api, tmp_path, e31):
+    """As above, but the first attempt's flow process hangs (SIGSTOP: it
+    reads nothing, its work runs on) and n1's worker never comes back: the
+    requeued run waits, saying why, and nothing of it starts on n2 however
+    long; ``e31 node n1 --down`` (the operator: the machine is off) lets
+    it start on n2, after the word (timestamps); n1 stays fenced."""
+    from prefect.client.orchestration import get_client
+
+    from e31.tasks.supervisor.fence import read_fences
+
+    with queue(tmp_path, {"n1": 0, "n2": 0}) as q:
+        (q.root / "steps.py").write_text(STEPS)
+        run, work, flow = _retried_job_lost_on_n1(q, "hung")
+        try:
+            os.kill(flow, signal.SIGSTOP)  # a hung flow process: its own fence read cannot act
+            os.kill(q.procs["worker-n1"].pid, signal.SIGKILL)
+            q.procs["worker-n1"].wait()
+            with get_client(sync_client=True) as client:
+                wait_for(lambda: (_state(client, run).message or "").startswith(
+                    "Queued: waiting for its attempt on node n1, lost while it ran, to be confirmed ended"),
+                    timeout=180, what="the run queued again, waiting for the fence")
+                assert _attempt(q, "hung", "n2") is None and not _gone(work)
+                down_at = time.time()
+                done = e31("node", "n1", "--pool", str(q.pool), "--down")
+                assert done.returncode == 0 and done.stdout.startswith("node n1: declared down: "), done
+                wait_for(lambda: _attempt(q, "hung", "n2") is not None, timeout=180, what="the attempt on n2")
+                assert float(_attempt(q, "hung", "n2")[3]) > down_at
+                assert [(f["node"], f["run"], f["down"]) for f in read_fences(client, q.name).values()] == [
+                    ("n1", run, True)]
+        finally:
+            for pid in (flow, work):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        wait_for(lambda: _done(q, "hung"), timeout=300, what="the job")
+        assert json.loads((q.root / "out" / "hung" / "record.json").read_text())["node"] == "n2"
 
 
 def _two_node_pool(root: Path):
@@ -310,3 +420,37 @@ def test_e31_queue_and_e31_node_say_a_node_is_fenced_since_when_by_which_run_and
     done = e31("node", "n3", "--pool", str(only_n2))
     assert (done.returncode, done.stdout, done.stderr) == (1, "", (
         f"e31: node: no node 'n3' in pool {pool.name} (its nodes: n2); give one of them\n"))
+
+
+def test_a_run_named_in_the_worker_s_own_environment_does_not_get_its_warm_process_or_forks_killed(prefect_api,
+                                                                                                   tmp_path):
+    """``e31 worker`` started from a flow run on its node (its environment
+    names that run and the node: PREFECT__FLOW_RUN_ID, E31_NODE), the run
+    queued in another pool: ``/proc`` shows that environment for its warm
+    process and every fork of it, whatever run each fork runs.  The
+    worker's fence checks (at its start and each heartbeat) kill neither
+    its warm process nor the flow process of the job it runs: the job
+    completes, forked warm, and the warm process lives on.  Before, both
+    were taken for that other run's processes and killed."""
+    from prefect.client.orchestration import get_client
+
+    from tests.deployments.test_queue import _warm_processes
+
+    (tmp_path / "other").mkdir()
+    other, _, template = _two_node_pool(tmp_path / "other")
+    with get_client(sync_client=True) as client:
+        decoy = _submit(client, other, template, tmp_path, "decoy")  # queued, placed nowhere: no scheduler there
+    with queue(tmp_path, {"n1": 0}) as q:
+        q.scheduler()
+        worker = q.start("worker-n1", "worker", "--pool", str(q.pool), "--node", "n1", env={
+            "E31_NODE_GPUS": "0", "E31_SCRATCH": str(q.root / "scratch-n1"), "E31_NODE": "n1",
+            "PREFECT__FLOW_RUN_ID": decoy})
+        wait_for(lambda: _warm_listening(worker), what="the worker's warm process")
+        (warm,) = _warm_processes(worker)
+        q.submit(q.job("kept", 0, 25))
+        wait_for(lambda: _started(q, "kept", "n1") is not None, what="the job's work")
+        assert _parent(_parent(_started(q, "kept", "n1")["pid"])) == warm  # its flow process is a fork of it
+        wait_for(lambda: _done(q, "kept"), timeout=240, what="the job")  # 25 s: two heartbeats at least
+        assert json.loads((q.root / "out" / "kept" / "record.json").read_text())["node"] == "n1"
+        assert not _gone(warm) and _warm_processes(worker) == [warm]
+        assert "no longer holds node" not in (q.root / "worker-n1.log").read_text()

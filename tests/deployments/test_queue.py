@@ -241,7 +241,7 @@ STEPS = textwrap.dedent("""
     out, ck = pathlib.Path(os.environ["E31_OUTPUT_DIR"]), pathlib.Path(os.environ["E31_CHECKPOINT_DIR"])
     resume = os.environ.get("E31_RESUME_DIR") or ""
     start = int(pathlib.Path(resume, "step").read_text()) if resume else 0
-    (out / "attempts.txt").open("a").write(f"{start} {os.getpid()} {os.environ.get('E31_NODE')}\\n")
+    (out / "attempts.txt").open("a").write(f"{start} {os.getpid()} {os.environ.get('E31_NODE')} {time.time()}\\n")
     for step in range(start + 1, int(float(sys.argv[1])) + 1):
         time.sleep(0.5)
         folder = ck / f"step-{step}"
@@ -734,42 +734,66 @@ def test_a_worker_killed_alone_leaves_its_running_job_to_finish_and_return_its_o
         assert "had no flow process left" not in (q.root / "worker-n1-again.log").read_text()
 
 
-def test_a_run_started_again_while_its_first_flow_process_still_runs_is_left_to_that_process(prefect_api, tmp_path):
+def test_a_run_lost_with_its_node_starts_again_there_only_once_its_first_processes_are_gone(prefect_api, tmp_path):
     """kill -9 of the worker alone, and its node taken for lost (``--lease
-    10``) while the job runs on: the job (one retry) is queued again and,
-    once a worker is started on the node, placed back there.  That second
-    start finds the job's lock held by the first flow process of the same
-    run and ends without writing a state (its ``Refused`` used to reach the
-    first process as a cancel: the work was stopped and the run still ended
-    ``Completed``, with no output); the first process returns the whole
-    output, and its work is not killed as a leftover."""
+    10``) while the job runs on: the job (one retry) is crashed, its node
+    fenced, and queued again; a worker started again on the node takes it
+    back.  Its second attempt's work starts only after the first attempt's
+    flow process and work are gone (the first flow process stops itself on
+    seeing its run crashed, or the worker started again kills it): never
+    two attempts of one run on one node.  (Before fencing, the second start
+    found the job's lock held by the first flow process and left the run to
+    it.)  The second attempt resumes from the first's newest durable
+    checkpoint and returns the output."""
     from prefect.client.orchestration import get_client
 
+    from e31.tasks.supervisor.fence import read_fences
+    from tests.deployments.test_fencing import _Deaths
+
     with queue(tmp_path, {"n1": 0}) as q:
-        (q.root / "prints.py").write_text(PRINTS)
+        (q.root / "steps.py").write_text(STEPS)
         q.scheduler("--lease", "10")
-        info = {"E31_NODE_GPUS": "0", "E31_SCRATCH": str(q.root / "scratch-n1"), "PREFECT_LOGGING_LEVEL": "INFO"}
+        info = {"E31_NODE_GPUS": "0", "E31_SCRATCH": str(q.root / "scratch-n1")}
         worker = q.start("worker-n1", "worker", "--pool", str(q.pool), "--node", "n1", env=info)
         wait_for(lambda: _warm_listening(worker), what="the worker's warm process")
-        run_id = q.submit(q.job("twice", 0, 160, work="prints.py", cpus=2, retries=1)).split("flow run ")[1].split()[0]
-        wait_for(lambda: any((q.root / "scratch-n1").glob("twice/output/started.json")), what="the job's work")
-        os.kill(worker.pid, signal.SIGKILL)
-        worker.wait()
-        with get_client(sync_client=True) as client:
-            wait_for(lambda: any((s.message or "").startswith("Queued: retry 1 of 1") for s in
-                                 client.read_flow_run_states(run_id)), timeout=90, what="the job queued again")
-        q.start("worker-n1-again", "worker", "--pool", str(q.pool), "--node", "n1", env=info)
+        run_id = q.submit(q.job("twice", 0, 120, work="steps.py", cpus=2, retries=1)).split("flow run ")[1].split()[0]
+        durable = q.root / "out" / "twice" / "checkpoints"
+        wait_for(lambda: _durable_step(durable) >= 3, what="three durable steps")
+        attempts = q.root / "scratch-n1" / "twice" / "output" / "attempts.txt"
+        work = int(attempts.read_text().split()[1])
+        deaths = _Deaths([work, _flow_process(q, "twice", "n1")])
+        try:
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait()
+            with get_client(sync_client=True) as client:
+                wait_for(lambda: any((s.message or "").startswith("Queued: retry 1 of 1") for s in
+                                     client.read_flow_run_states(run_id)), timeout=90, what="the job queued again")
+            q.start("worker-n1-again", "worker", "--pool", str(q.pool), "--node", "n1", env=info)
+
+            def second() -> list[str] | None:
+                try:
+                    line = attempts.read_text().splitlines()[-1].split()
+                except (OSError, IndexError):  # the output folder emptied for the second attempt
+                    return None
+                return line if int(line[1]) != work else None
+
+            wait_for(lambda: second() is not None, timeout=120, what="the second attempt's work")
+            started = float(second()[3])
+            wait_for(lambda: deaths.last() is not None, timeout=5, what="the first attempt's processes to be gone")
+            assert deaths.last() < started, (deaths.gone_at, started)
+        finally:
+            deaths.stop()
         wait_for(lambda: _done(q, "twice"), timeout=240, what="the job")
         with get_client(sync_client=True) as client:
             wait_for(lambda: client.read_flow_run(run_id).state.is_final(), what="its final state")
             states = [s.type.value for s in client.read_flow_run_states(run_id)]
+            assert read_fences(client, q.name) == {}
         again = (q.root / "worker-n1-again.log").read_text()
         assert final_manifest(q.root / "out" / "twice")["status"] == "completed"
-        assert json.loads((q.root / "out" / "twice" / "record.json").read_text()) == {"lines": 160}
+        record = q.record("twice")
+        assert record["node"] == "n1" and record["resumed_from"] >= 3
         assert states.count("RUNNING") == 2 and states[-1] == "COMPLETED" and "CANCELLED" not in states, states
-        assert f"flow run {run_id} is still run by its first flow process on this machine" in again
-        assert "ended with its work still running" not in again
-
+        assert "is still run by its first flow process" not in again
 
 
 def test_a_flow_process_left_on_a_lost_node_stops_once_its_run_is_placed_elsewhere(prefect_api, tmp_path):
