@@ -6,10 +6,13 @@ exception_to_failed_state``), stored in the run's state history and its
 database, and the exception itself is the state's data (pickled with its
 ``args`` when results are persisted).  A client library's exception quotes
 the request's URL, a presigned URL's signature included.  So every E31 task
-and the job flow raise through :func:`masks_failures`: an exception whose
-text, arguments or chained exceptions (``__cause__``, ``__context__``) hold
-a credential (what :func:`e31.tasks.storage.masking.scrub` masks) leaves as
-a masked one with no chain.
+raises through :func:`masks_failures`, and the job flow
+(:func:`e31.flows.job.run_job`) through :func:`masked_exception`: an
+exception whose text, arguments or chained exceptions (``__cause__``,
+``__context__``) hold a credential (what :func:`e31.tasks.storage.masking.scrub`
+masks) leaves as a masked one with no chain.  (The decorator cannot wrap
+the flow's function: Prefect's parameter model then resolves the string
+annotations in this module, which does not define ``JobSpec``.)
 """
 
 from __future__ import annotations
