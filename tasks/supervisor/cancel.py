@@ -60,8 +60,9 @@ def mark_work_ended(flow_run_id: str | None, at: float | None = None) -> bool:
     and the time ``at`` (Unix seconds; now when None), in a flow process an
     ``e31 worker`` started (``E31_NODE`` set: a run of a pool, which ``e31
     cancel`` may reach).  A PATCH of the run's tags alone, as the
-    prefetcher's (``e31.deployments.prefetch_runs.tag_staged``): one read
-    and one write, made in a thread that the caller waits for at most
+    prefetcher's (``e31.deployments.prefetch_runs.tag_staged``), onto the
+    tags the run's reader (:class:`_Reader`) read last (one read more
+    without one), made in a thread that the caller waits for at most
     :data:`MARK_WAIT_S` seconds.  Returns whether the tag was written by
     then; an API error only loses the words of a late ``e31 cancel`` (the
     run still ends as its manifest says)."""
@@ -72,10 +73,13 @@ def mark_work_ended(flow_run_id: str | None, at: float | None = None) -> bool:
     when = datetime.fromtimestamp(time.time() if at is None else at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     done = threading.Event()
 
+    reader = _READERS.get(flow_run_id)
+    known = reader.last if reader is not None else None  # the run as its reader read it last (<= 10 s ago)
+
     def write() -> None:
         try:
             with get_client(sync_client=True) as client:
-                run = client.read_flow_run(flow_run_id)
+                run = known or client.read_flow_run(flow_run_id)
                 tags = [t for t in run.tags or [] if not t.startswith(WORK_ENDED)]
                 client.update_flow_run(flow_run_id, tags=[*tags, f"{WORK_ENDED}{run.run_count}:{when}"])
             done.set()
@@ -115,6 +119,7 @@ class _Reader:
         self.users = 0  # watchers attached (guarded by _READERS_LOCK)
         self.seen = threading.Event()
         self.moved_to: str | None = None  # the other node the run was placed on (fencing: e31.tasks.supervisor.fence)
+        self.last = None  # the flow run as last read (a Prefect FlowRun: its tags and run_count)
         self.wake = threading.Event()
         self.polled = threading.Condition()
         self.polls = 0
@@ -134,6 +139,7 @@ class _Reader:
                         entered.__enter__()
                         client = entered
                     run = client.read_flow_run(self.flow_run_id)
+                    self.last = run
                     self.failures_in_row = 0
                     self.moved_to = self.moved_to or superseded(run, self.node)  # fencing: placed elsewhere, or lost
                     if run.state is not None and run.state.type in (StateType.CANCELLING, StateType.CANCELLED):
