@@ -170,3 +170,16 @@ def test_a_cancel_from_the_api_during_the_return_ends_completed_with_the_whole_o
     assert again.returncode == 1 and re.fullmatch(
         rf"e31: cancel: no queued or running job '{run_id}' in pool {q.name}: the run \({run_id[:8]}\) ended "
         r"Completed at \d\d:\d\d(:\d\d)? UTC: nothing to cancel\n", again.stderr), again.stderr
+
+
+def test_the_work_ended_tag_counts_only_for_the_attempt_that_wrote_it():
+    """A run requeued after a crash (its ``run_count`` grew) can be cancelled
+    again: the tag of an earlier attempt's ended work does not count."""
+    from types import SimpleNamespace
+
+    from e31.tasks.supervisor.cancel import work_ended_at
+
+    tags = ["e31", "gpus:0", "e31-work-ended:1:2026-12-03T18:41:37Z"]
+    assert work_ended_at(SimpleNamespace(tags=tags, run_count=1)) == "2026-12-03T18:41:37Z"
+    assert work_ended_at(SimpleNamespace(tags=tags, run_count=2)) is None
+    assert work_ended_at(SimpleNamespace(tags=["e31"], run_count=1)) is None
