@@ -30,45 +30,58 @@ from typing import Any
 SKEW_WARN_S = 5.0
 #: Answers the offset is taken from (the newest): a clock stepped forward is followed once they are all newer.
 SAMPLES = 30
-#: Seconds an answer may take and still be a sample (the offset it gives may be low by as much).
+#: Seconds an answer may take and still be a sample (the bounds it gives are as far apart, plus 1 s).
 SLOW_S = 2.0
+#: Seconds of offset below which the clocks count as one: the ``Date`` header has whole seconds.
+RESOLUTION_S = 1.0
 _SENT = "e31_sent"  # the request's extension holding time.time() as it was sent
 
 
 class ServerClock:
     """This process's estimate of the server's clock: the offset (server
-    minus local, seconds) as the largest lower bound that the last
-    :data:`SAMPLES` answers give.  An answer was generated at a server time
-    of at least its ``Date`` (whole seconds, and a server may write a
-    ``Date`` it computed a moment before: uvicorn renews it about every
-    0.1 s), before the local time of its arrival: the offset is at least
-    ``Date - arrival``.  Each bound is low by the fraction of a second
-    past ``Date`` plus the time the answer travelled; the largest of many,
-    taken at all fractions of the second, is within the quickest answer's
-    travel time of the offset."""
+    minus local, seconds) between the bounds that the last :data:`SAMPLES`
+    answers give.  An answer was generated at a server time from its
+    ``Date`` (whole seconds) to ``Date + 1 s``, between the local times of
+    its request's sending and its arrival: the offset is at least ``Date -
+    arrival`` and at most ``Date + 1 - sending``.  The largest lower bound
+    and the smallest upper bound of many answers, taken at all fractions
+    of the second, close in on it; the estimate is their middle.  A server
+    may write a ``Date`` computed a moment before (uvicorn renews it about
+    every 0.1 s; later when it is busy), which can only lower the upper
+    bound: when the bounds cross, the lower one, always valid, is the
+    estimate.  An offset within :data:`RESOLUTION_S` counts as none."""
 
     def __init__(self) -> None:
-        self._offsets: deque[float] = deque(maxlen=SAMPLES)
+        self._bounds: deque[tuple[float, float]] = deque(maxlen=SAMPLES)
         self._lock = threading.Lock()
 
     def observe(self, date: str | None, sent: float, received: float) -> None:
         """Add the answer whose ``Date`` header is ``date`` (None or bad:
         ignored), for a request sent at ``sent`` and answered at ``received``
-        (Unix seconds of this machine)."""
-        if not date or received - sent > SLOW_S:
+        (Unix seconds of this machine); an answer slower than
+        :data:`SLOW_S` is ignored."""
+        if not date or not 0 <= received - sent <= SLOW_S:
             return
         try:
             server = parsedate_to_datetime(date).timestamp()
         except (TypeError, ValueError, IndexError, OverflowError):
             return
         with self._lock:
-            self._offsets.append(server - received)
+            self._bounds.append((server - received, server + 1.0 - sent))
+
+    def estimate(self) -> float | None:
+        """The offset as measured (seconds the server's clock is ahead of
+        this machine's; negative: behind), or None before any sample."""
+        with self._lock:
+            if not self._bounds:
+                return None
+            low, high = max(b[0] for b in self._bounds), min(b[1] for b in self._bounds)
+        return low if high < low else (low + high) / 2
 
     def offset(self) -> float | None:
-        """Seconds the server's clock is ahead of this machine's (negative:
-        behind), or None before any sample."""
-        with self._lock:
-            return max(self._offsets) if self._offsets else None
+        """:meth:`estimate`, 0 when within :data:`RESOLUTION_S`."""
+        found = self.estimate()
+        return None if found is None else (found if abs(found) >= RESOLUTION_S else 0.0)
 
     def now(self) -> float:
         """The server's time now (Unix seconds), as far as it is known."""
@@ -77,7 +90,7 @@ class ServerClock:
     def reset(self) -> None:
         """Forget every sample (a test's fresh start)."""
         with self._lock:
-            self._offsets.clear()
+            self._bounds.clear()
 
 
 #: This process's clock of the Prefect server.
@@ -91,7 +104,8 @@ def server_now() -> float:
 
 
 def offset_s() -> float | None:
-    """Seconds the server's clock is ahead of this machine's (None: not measured)."""
+    """Seconds the server's clock is ahead of this machine's (None: not
+    measured; 0 within :data:`RESOLUTION_S`)."""
     return CLOCK.offset()
 
 

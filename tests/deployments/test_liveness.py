@@ -113,36 +113,43 @@ def _skew_line(seconds: str, side: str) -> str:
 
 
 def _said_skew(text: str, prefix: str, side: str) -> str | None:
-    """The skew line ``text`` holds, or None: 75 s for a 75 s shift, or 76 s (the server's ``Date`` has whole
-    seconds; the offset taken from it is low by the fraction of a second and the answer's travel time)."""
+    """The skew line ``text`` holds, or None: 74-76 s for a 75 s shift (the server's ``Date`` has whole
+    seconds)."""
     found = re.search(rf"^{re.escape(prefix)}this machine's clock is (\d+) s {side} the Prefect server's; .*$",
                       text, re.M)
     if found is None:
         return None
-    assert found.group(1) in ("75", "76"), found.group(0)
+    assert found.group(1) in ("74", "75", "76"), found.group(0)
     assert found.group(0) == prefix + _skew_line(found.group(1), side)
     return found.group(0)
 
 
 def test_the_server_s_clock_is_read_from_the_date_of_its_answers():
-    """``ServerClock``: each answer bounds the offset from below (``Date``
-    minus the arrival); the largest bound is the offset.  No ``Date``, a bad
-    one or a slow answer (over ``SLOW_S``) is no sample.  The skew line
-    beyond ``SKEW_WARN_S``."""
+    """``ServerClock``: each answer bounds the offset (from ``Date`` minus
+    its arrival to ``Date`` + 1 s minus its sending); the estimate is the
+    middle of the tightest bounds, the lower one when a ``Date`` written a
+    moment early crosses them, and none within ``RESOLUTION_S``.  No
+    ``Date``, a bad one or a slow answer (over ``SLOW_S``) is no sample.
+    The skew line beyond ``SKEW_WARN_S``."""
     from e31.flows.queue.clock import SKEW_WARN_S, SLOW_S, ServerClock, skew_line
 
     clock = ServerClock()
     assert clock.offset() is None
     noon = 1_796_300_000.0  # Thu, 03 Dec 2026 12:13:20 GMT
     clock.observe("Thu, 03 Dec 2026 12:13:20 GMT", noon + 74.9, noon + 75.3)  # this machine 75 s ahead
-    assert clock.offset() == pytest.approx(-75.3)
+    assert clock.offset() == pytest.approx(-74.6)  # between -75.3 and -73.9
     clock.observe("Thu, 03 Dec 2026 12:13:22 GMT", noon + 77.0, noon + 77.05)  # just past the server's second
-    assert clock.offset() == pytest.approx(-75.05)
-    clock.observe("Thu, 03 Dec 2026 12:13:25 GMT", noon + 79.0, noon + 80.5)  # a lower bound: changes nothing
-    assert clock.offset() == pytest.approx(-75.05)
+    assert clock.offset() == pytest.approx(-74.525)  # between -75.05 and -74.0
+    clock.observe("Thu, 03 Dec 2026 12:13:25 GMT", noon + 80.9, noon + 80.95)  # just before its next second
+    assert clock.offset() == pytest.approx(-74.975)  # between -75.05 and -74.9
+    clock.observe("Thu, 03 Dec 2026 12:13:25 GMT", noon + 81.5, noon + 81.6)  # a Date written 0.6 s early
+    assert clock.offset() == pytest.approx(-75.05)  # the bounds crossed: the lower one
     for date, took in ((None, 0.1), ("yesterday", 0.1), ("Thu, 03 Dec 2026 12:14:20 GMT", SLOW_S + 0.1)):
         clock.observe(date, noon, noon + took)
     assert clock.offset() == pytest.approx(-75.05)
+    same = ServerClock()
+    same.observe("Thu, 03 Dec 2026 12:13:20 GMT", noon + 0.1, noon + 0.3)  # between -0.3 and 0.9: one clock
+    assert same.estimate() == pytest.approx(0.3) and same.offset() == 0.0
     assert skew_line(-75.05) == _skew_line("75", "ahead of")
     assert skew_line(75.6) == _skew_line("76", "behind")
     assert skew_line(-SKEW_WARN_S) is None and skew_line(SKEW_WARN_S) is None
