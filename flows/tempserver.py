@@ -50,8 +50,11 @@ def prefect_api() -> Iterator[str | None]:
     """Yield the Prefect API URL to use: the configured ``PREFECT_API_URL``
     (environment or profile; then nothing is started), else a temporary
     server's, set as Prefect's API URL for this process (and exported to its
-    children) until the block ends.  Raises ``RuntimeError`` when the server
-    does not come up within :data:`STARTUP_TIMEOUT_S` seconds."""
+    children) until the block ends; while another server sets up the same
+    ``PREFECT_HOME``'s database, waits for it first (:func:`_first_start`).
+    Raises ``RuntimeError`` when the server does not come up within
+    :data:`STARTUP_TIMEOUT_S` seconds, or the other one holds the database
+    lock longer than that."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     if PREFECT_API_URL.value():
