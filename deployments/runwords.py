@@ -199,8 +199,18 @@ def crashed_line(run: Any, retries: int) -> str:
     """What ``e31 queue`` says of a crashed run with retries left, between
     its crash and its requeue (the scheduler's next tick queues it again):
     its attempts so far (Prefect's ``run_count``) of ``retries`` + 1."""
-    return (f"crashed ({(run.state.message or '').strip()[:80] or 'no message'}); queued again at the scheduler's "
-            f"next tick: attempt {(run.run_count or 0) + 1} of {retries + 1}")
+    return (f"crashed ({clip((run.state.message or '').strip(), 80) or 'no message'}); queued again at the "
+            f"scheduler's next tick: attempt {(run.run_count or 0) + 1} of {retries + 1}")
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` cut to at most ``width`` characters at a word's end, with ``...`` where it was cut (a
+    single word longer than that is cut inside it); whitespace kept as it is."""
+    if len(text) <= width:
+        return text
+    head = text[:max(width - 3, 0)]
+    cut = head.rstrip().rfind(" ")
+    return (head[:cut].rstrip(" ,;:") if cut > 0 else head) + "..."
 
 
 def silent_note(snap: Any, node: str | None, now: float) -> str:
