@@ -209,8 +209,10 @@ def clip(text: str, width: int) -> str:
     if len(text) <= width:
         return text
     head = text[:max(width - 3, 0)]
-    cut = head.rstrip().rfind(" ")
-    return (head[:cut].rstrip(" ,;:") if cut > 0 else head) + "..."
+    if not (head.endswith(" ") or text[len(head)].isspace()):  # the cut falls inside a word: drop that word
+        cut = head.rfind(" ")
+        head = head[:cut] if cut > 0 else head
+    return head.rstrip(" ,;:") + "..."
 
 
 def silent_note(snap: Any, node: str | None, now: float) -> str:
