@@ -12,7 +12,7 @@ def test_a_long_crash_message_is_cut_at_a_word_end():
                "again")
     run = SimpleNamespace(state=SimpleNamespace(message=message), run_count=1)  # a run as e31 queue reads it
     assert crashed_line(run, 2) == (
-        "crashed (node n1's e31 worker has not answered for 75 s (past the scheduler's...); queued again at the "
+        "crashed (node n1's e31 worker has not answered for 75 s (past the scheduler's lease)...); queued again at the "
         "scheduler's next tick: attempt 2 of 3")
     assert clip("short", 80) == "short"
     assert clip("x" * 100, 10) == "xxxxxxx..."
