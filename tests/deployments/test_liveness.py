@@ -359,3 +359,51 @@ def test_e31_queue_tells_a_late_worker_from_a_lost_one():
         "lost: last heard 76 s ago, past the lease that ended at 12:13:04 UTC (60 s unless e31 scheduler --lease "
         "says otherwise; no scheduler heard): nothing is placed here until its worker is heard again; its 1 run(s) "
         "are crashed once an e31 scheduler runs: 1 not queued again (no retries left)")
+
+
+def test_e31_queue_calls_a_stopped_worker_late_and_its_run_keeps_its_node(prefect_api, tmp_path):
+    """A real silent worker (SIGSTOP) with a running job: past two
+    heartbeats ``e31 queue`` calls it late, not lost, with the lease's end
+    (its last heartbeat, as the server recorded it, plus the 60 s lease);
+    heard again once it goes on (SIGCONT)."""
+    import signal
+
+    from prefect.client.orchestration import get_client
+
+    from e31.flows.placement.text import clock
+    from e31.flows.queue import work_pool_name
+    from e31.specs.pool import load_pool
+
+    with queue(tmp_path, {"n1": 0}) as q:
+        q.scheduler()
+        worker = q.worker("n1", 0)
+        q.submit(q.job("long", 0, 240))
+        wait_for(lambda: (q.root / "out" / "long").exists() or
+                 (q.root / "scratch-n1" / "long" / "output" / "started.json").exists(), what="the job's start")
+
+        def shown() -> tuple[str, str]:
+            done = subprocess.run([q.exe, "queue", "--pool", str(q.pool)], capture_output=True, text=True,
+                                  cwd=q.root)
+            assert done.returncode == 0, done.stderr
+            [node] = [line for line in done.stdout.splitlines() if line.startswith("n1 ")]
+            [job] = [line for line in done.stdout.splitlines() if line.startswith("long ")]
+            return node, job
+
+        os.kill(worker.pid, signal.SIGSTOP)  # the worker process alone: its flow process and the work go on
+        try:
+            seen: list[tuple[str, str]] = []
+            wait_for(lambda: seen.append(shown()) or "late: " in seen[-1][0], timeout=120, what="a late worker")
+            with get_client(sync_client=True) as client:
+                [me] = [w for w in client.read_workers_for_work_pool(work_pool_name(load_pool(q.pool)))
+                        if w.name == "n1"]
+                beat = me.last_heartbeat_time.timestamp()
+            node, job = seen[-1]
+            late = re.search(r"late: last heard (\d+) s ago; its runs keep their resources until the lease ends at "
+                             r"(.+)$", node)
+            assert late is not None and 20 < int(late.group(1)) <= 60, node
+            assert late.group(2) == clock(beat + 60, beat + 60), node
+            assert job.endswith(f"; node n1's worker is late: last heard {late.group(1)} s ago"), job
+            assert " Running " in job, job  # it keeps its node
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+        wait_for(lambda: re.search(r"heard \d+ s ago$", shown()[0]) is not None, timeout=60, what="heard again")
