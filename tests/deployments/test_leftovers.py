@@ -45,7 +45,7 @@ def test_a_run_being_cancelled_on_a_lost_node_ends_cancelled_and_is_never_requeu
 
     from e31.flows.queue import apply, read, work_pool_name
     from e31.flows.queue.record import humane
-    from e31.tasks.supervisor.fence import read_fences
+    from e31.tasks.supervisor.fence import fence_name, read_fences
 
     made = _Pool(tmp_path)
     with get_client(sync_client=True) as client:
@@ -61,7 +61,7 @@ def test_a_run_being_cancelled_on_a_lost_node_ends_cancelled_and_is_never_requeu
         assert _state(client, running) == ("CRASHED", "Crashed", lost)
         assert _state(client, cancelling) == ("CANCELLED", "Cancelled", f"cancelled (a cancel was requested); {lost}")
         fences = read_fences(client, made.spec.name)
-        assert sorted(fences) == sorted([running, cancelling])
+        assert sorted(fences) == sorted([fence_name(running, "n1"), fence_name(cancelling, "n1")])
         assert {(f["node"], f["job"], f["down"]) for f in fences.values()} == {
             ("n1", f"running-{made.tag}", False), ("n1", f"cancelling-{made.tag}", False)}
         client.send_worker_heartbeat(work_pool_name(made.spec), "n1")  # its worker answers again: still fenced
