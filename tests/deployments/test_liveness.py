@@ -13,7 +13,6 @@ the variable that sets the shift: only the library does.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -26,7 +25,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import stop_group
 from tests.deployments.test_queue import queue, wait_for
 
 SKEW_C = textwrap.dedent("""
