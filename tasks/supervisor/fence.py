@@ -61,7 +61,7 @@ NODE_VAR = "e31_node"
 NODE_ENV = "E31_NODE"
 
 
-#: Prefix of the Prefect Variables that fence a lost run's node (one per run: :func:`fence_name`).
+#: Prefix of the Prefect Variables that fence a lost run's node (one per run and node: :func:`fence_name`).
 FENCE_PREFIX = "e31-fence-"
 #: What :func:`superseded` answers, before the state's name, when the run is no longer this process's to run
 #: on this node (ended, crashed, queued again), as opposed to placed on another node (the node's name).
