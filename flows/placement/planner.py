@@ -51,10 +51,12 @@ first, earliest deadline first, then arrival order, EASY backfilling.
    1997).
 4. The first ``depth`` waiting jobs (64 by default) hold reservations
    (conservative backfilling); deeper jobs only backfill.  A job ranked
-   after a reservation is planned on its limit
-   (:attr:`.model.QueuedJob.hard_occupancy_s`), so a backfilled job that
-   overruns its estimate still cannot delay the reservations ahead of it
-   (EASY's guarantee rests on the limit, as Slurm's backfill does).  Every
+   after a reservation starts now only where it could run to its limit
+   (:attr:`.model.QueuedJob.hard_occupancy_s`) without touching the
+   reservations ahead of it, and holds the node that long in the plan, so
+   a backfilled job that overruns its estimate cannot delay them (EASY's
+   guarantee rests on the limit, as Slurm's backfill does); its later
+   reservations are on its estimate (:func:`_behind`).  Every
    job is re-planned at every event, so a reservation moves earlier when a
    running job ends early, and a job of higher priority that arrives can
    take it.
@@ -121,36 +123,36 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
            promoted: dict[str, Promotion]) -> dict[str, _Slot]:
     """One pass: reservations for the first ``depth`` waiting jobs, backfilling for the rest.
 
-    A job ranked after a reservation is planned on its limit (:attr:`Ranked.hard`): it starts now
-    only where it could run to its hard stop without touching that reservation, which is EASY's
-    guarantee kept for a job that overruns its estimate."""
+    A job ranked after a reservation starts now only on its limit (:func:`_behind`)."""
     now = cap.now
     slots: dict[str, _Slot] = {}
     held: dict[str, float] = {}  # job id -> seconds its slot holds the node (estimate or limit)
     reservations, floor, blocked, deep, late = 0, now, False, [], False
     for j in ranked:
         job = j.job
-        size = j.hard if reservations else j.req
+        length = j.req[3]
         hit = None
         promotion = promoted.get(job.id)
         if promotion is not None and promotion.start_by > now:  # no earlier than needed
             by = promotion.start_by
-            hit = cap.earliest(size, j.eligible, now + SLACK_USE * (by - now), by, preferred=j.preferred)
+            hit = cap.earliest(j.req, j.eligible, now + SLACK_USE * (by - now), by, preferred=j.preferred)
             late = late or hit is not None
         if hit is not None:
             start, i, mask = hit
+        elif reservations < depth and reservations:
+            start, i, mask, length = _behind(cap, j, floor if fcfs else now)
         elif reservations < depth:
-            start, i, mask = cap.earliest(size, j.eligible, floor if fcfs else now, preferred=j.preferred,
+            start, i, mask = cap.earliest(j.req, j.eligible, floor if fcfs else now, preferred=j.preferred,
                                           wait_s=job.locality_wait_s)
-        elif not (fcfs and blocked) and (hit := cap.start_now(size, j.eligible, j.kind, j.preferred)):
-            start, (i, mask) = now, hit
+        elif not (fcfs and blocked) and (hit := cap.start_now(j.hard, j.eligible, j.kind, j.preferred)):
+            (start, (i, mask)), length = (now, hit), j.hard[3]
         else:
             deep.append(j)
             blocked = True  # first come, first served: nothing after it starts before it
             continue
         devices = lowest_bits(mask, job.gpus)
-        cap.reserve(i, start, start + size[3], devices, job.cpus, job.memory, job.id)
-        slots[job.id], held[job.id] = (start, i, devices, True), size[3]
+        cap.reserve(i, start, start + length, devices, job.cpus, job.memory, job.id)
+        slots[job.id], held[job.id] = (start, i, devices, True), length
         if start > now:
             reservations += 1
             blocked = True
@@ -167,6 +169,25 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
         insort(tails, (start + j.req[3], i))
         slots[j.job.id] = (start, i, lowest_bits((1 << cap.nodes[i].gpus) - 1, j.job.gpus), False)
     return slots
+
+
+def _behind(cap: Capacity, j: Ranked, after: float) -> tuple[float, int, int, float]:
+    """Where a job ranked after a reservation goes: ``(start, node index, device mask, seconds held)``.
+
+    It starts now only where it could run to its limit (:attr:`Ranked.hard`) without touching any
+    reservation ahead of it, and then holds the node that long: a job that overruns its estimate
+    cannot delay them (EASY's guarantee rests on the limit, as Slurm's backfill does).  A later
+    start is a reservation on its estimate, as any other (it is planned again at every event); where
+    its estimate fits now but its limit does not, that start is the earliest at which its limit
+    fits."""
+    now = cap.now
+    if after <= now and (hit := cap.start_now(j.hard, j.eligible, j.kind, j.preferred)):
+        return now, hit[0], hit[1], j.hard[3]
+    start, i, mask = cap.earliest(j.req, j.eligible, after, preferred=j.preferred, wait_s=j.job.locality_wait_s)
+    if start > now:
+        return start, i, mask, j.req[3]
+    start, i, mask = cap.earliest(j.hard, j.eligible, now + 1e-3, preferred=j.preferred)
+    return start, i, mask, j.req[3]
 
 
 def _fill_now(cap: Capacity, ranked: list[Ranked], slots: dict[str, _Slot], held: dict[str, float],

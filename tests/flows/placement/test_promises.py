@@ -99,9 +99,9 @@ def _fits_now_around_the_rest(nodes, running_, queued_, placements, target) -> b
         j = by_id[p.job]
         if p.job == target.id:
             ahead_waits = waits
-        elif p.action == "start" or p.reserved:  # what it holds: its limit once a job ahead of it waits
+        elif p.action == "start" or p.reserved:  # what it holds: its limit when it started behind a waiting job
             mask = sum(1 << d for d in p.devices)
-            size = j.hard_occupancy_s if waits else j.occupancy_s
+            size = j.hard_occupancy_s if waits and p.action == "start" else j.occupancy_s
             cap.reserve(where[p.node], p.start, p.start + size, mask, j.cpus, j.memory, p.job)
         waits = waits or (p.action == "wait" and p.reserved)
     size = target.hard_occupancy_s if ahead_waits else target.occupancy_s
