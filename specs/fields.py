@@ -65,10 +65,37 @@ def password_error():
     )
 
 
+_FILE_ONE_SLASH = re.compile(r"^file:/(?!/)", re.IGNORECASE)
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def _file_url(value: str) -> str:
+    """A ``file:`` URL as RFC 8089 writes it: ``file:/p`` (section 2, the one-slash form) is ``file:///p``;
+    the host must be empty or ``localhost`` (a file URL with another host names a file on that host, which
+    E31 does not reach); every ``%`` starts an escape of two hex digits (RFC 3986 section 2.1)."""
+    if _FILE_ONE_SLASH.match(value):
+        value = "file://" + value[len("file:"):]
+    if file_url_path(value) is None:
+        return value
+    host = value[len("file://"):].split("/", 1)[0]
+    if host and host.lower() != "localhost":
+        raise spec_error("a file:// URL names a file on this machine: its host must be empty or localhost",
+                         fix=f"write file:///{value[len('file://'):]} (three slashes) for an absolute path, or a "
+                             "plain path; for another machine's files use a protocol it serves (s3://, http://, ...)",
+                         got=f"host {host!r}")
+    bad = _BAD_ESCAPE.search(value)
+    if bad:
+        raise spec_error("a % in a file:// URL must start an escape of two hex digits (RFC 3986)",
+                         fix="write %25 for a literal %, or give a plain path",
+                         got=f"{value[bad.start():bad.start() + 3]!r} at character {bad.start() + 1}")
+    return value
+
+
 def _url(value: str) -> str:
     _nonempty(value)
     _text(value)
     _visible(value)
+    value = _file_url(value)
     local = file_url_path(value)
     if local is not None:  # the path a file:// URL names once decoded (%0A is a line break)
         _visible(local, " of its decoded path")
@@ -86,7 +113,7 @@ def _text(value: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise spec_error("must be valid Unicode text", got=f"a lone surrogate {value[exc.start]!a} at character "
-                         f"{exc.start}") from None
+                         f"{exc.start + 1}") from None
     return value
 
 
@@ -106,7 +133,7 @@ def _visible(value: str, where: str = "") -> str:
             raise spec_error("must not hold control characters or bidirectional-text controls: a name holding "
                              "them shows differently from what it is",
                              fix="remove it and write the name with visible characters only",
-                             got=f"U+{ord(char):04X} ({name}) at character {index}{where}")
+                             got=f"U+{ord(char):04X} ({name}) at character {index + 1}{where}")
     return value
 
 

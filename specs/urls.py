@@ -105,6 +105,8 @@ def resolve_path(url: str, base_dir: str | os.PathLike[str] | None) -> str:
     """
     if not isinstance(url, str) or not url.strip() or has_protocol(url):
         return url
+    if url[:6].lower() == "file:/":  # RFC 8089's one-slash form, file:/p: a URL, not a relative name
+        return "file://" + url[len("file:"):]
     path = os.path.expanduser(url) if url.startswith("~") else url
     if os.path.isabs(path):
         return path

@@ -93,11 +93,11 @@ def test_control_and_right_to_left_characters_in_names_and_urls_are_refused(e31,
     path = tmp_path / "hidden.json"
     path.write_text(json.dumps(spec))
     _refusal(e31, path, [
-        "data[0].url: " + HIDDEN.format(got="U+000A (a control character) at character 9 of its decoded path"),
-        "data[1].url: " + HIDDEN.format(got="U+001B (a control character) at character 8"),
-        "output.url: " + HIDDEN.format(got="U+202E (RIGHT-TO-LEFT OVERRIDE) at character 13"),
-        "output.files[0]: " + HIDDEN.format(got="U+202E (RIGHT-TO-LEFT OVERRIDE) at character 6"),
-        "output.files[1]: " + HIDDEN.format(got="U+000A (a control character) at character 1"),
+        "data[0].url: " + HIDDEN.format(got="U+000A (a control character) at character 10 of its decoded path"),
+        "data[1].url: " + HIDDEN.format(got="U+001B (a control character) at character 9"),
+        "output.url: " + HIDDEN.format(got="U+202E (RIGHT-TO-LEFT OVERRIDE) at character 14"),
+        "output.files[0]: " + HIDDEN.format(got="U+202E (RIGHT-TO-LEFT OVERRIDE) at character 7"),
+        "output.files[1]: " + HIDDEN.format(got="U+000A (a control character) at character 2"),
     ])
 
 
