@@ -311,12 +311,19 @@ def test_a_killed_flow_process_frees_its_node_and_a_retried_job_resumes(prefect_
     assert json.loads((q.root / "out" / "resumer" / "manifest.json").read_text())["status"] == "completed"
 
 
-def test_a_lost_node_releases_its_jobs_within_the_lease_and_they_resume_elsewhere(prefect_api, tmp_path):
+def test_a_lost_node_s_jobs_resume_elsewhere_once_it_is_declared_down(prefect_api, tmp_path):
+    """The machine n1 gone (its worker and every process it started
+    killed) while a job with a retry runs there: past the lease n1 is
+    taken for lost and fenced, and the job, queued again, waits for the
+    fence (a silent machine promises nothing: its work may still run).
+    ``e31 node n1 --down`` (the operator: the machine is off) releases it:
+    it starts on n2 within a tick and a worker's poll, resuming from its
+    newest durable checkpoint."""
     with queue(tmp_path, {"n1": 4, "n2": 4}) as q:
         (q.root / "steps.py").write_text(STEPS)
         q.scheduler("--lease", "25")
         doomed = q.worker("n1", 4)
-        q.submit(q.job("survivor", 4, 40, work="steps.py", retries=1))
+        run_id = q.submit(q.job("survivor", 4, 40, work="steps.py", retries=1)).split("flow run ")[1].split()[0]
         durable = q.root / "out" / "survivor" / "checkpoints"
         wait_for(lambda: _durable_step(durable) >= 3, what="three durable steps on n1")
         os.killpg(doomed.pid, signal.SIGKILL)  # the worker and everything it started: the machine is gone
@@ -325,16 +332,24 @@ def test_a_lost_node_releases_its_jobs_within_the_lease_and_they_resume_elsewher
             os.kill(flow, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        lost_at = time.monotonic()
         q.worker("n2", 4)
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: (client.read_flow_run(run_id).state.message or "").startswith(
+                "Queued: waiting for its attempt on node n1, lost while it ran, to be confirmed ended"), timeout=180,
+                what="the job queued again, waiting for n1's fence")
+        assert not (q.root / "scratch-n2" / "survivor" / "output" / "attempts.txt").exists()
+        down_at = time.monotonic()
+        done = subprocess.run([q.exe, "node", "n1", "--pool", str(q.pool), "--down"], capture_output=True, text=True,
+                              cwd=q.root)
+        assert done.returncode == 0 and done.stdout.startswith("node n1: declared down: "), done
         wait_for(lambda: (q.root / "scratch-n2" / "survivor" / "output" / "attempts.txt").exists(), timeout=120,
                  what="the job to start again on n2")
-        released_s = time.monotonic() - lost_at
+        released_s = time.monotonic() - down_at
         wait_for(lambda: _done(q, "survivor"), timeout=240, what="the job")
         record = q.record("survivor")
-    from e31.flows.queue.cache import LOST_CONFIRM_S
-
-    assert released_s < 25 + LOST_CONFIRM_S + 30  # the lease and its confirmation, a worker's poll, a process start
+    assert released_s < 60  # a scheduler tick, a worker's poll, a process start on a loaded machine
     assert record["node"] == "n2" and record["resumed_from"] >= 3
 
 
