@@ -1144,7 +1144,10 @@ def test_the_next_job_is_handed_over_behind_the_running_one_and_its_work_waits_f
     assert manifest["status"] == "completed" and manifest["staged_before_allocation"] is True
     assert manifest["timings"]["staging_s"] == 0.0 and manifest["timings"]["handover_wait_s"] > 0
     assert manifest["timings"]["handover_staging_s"] > 0  # its own staging, made before the allocation
-    assert abs(manifest["meter"]["gpu_seconds"] - 2 * manifest["timings"]["run_s"]) <= 0.002  # the work alone
+    # billed from its work's start to its release (e31.tasks.meter): not its staging nor its wait behind the job ahead
+    meter = manifest["meter"]
+    assert returned - 0.01 <= meter["started_at"] <= second["start"] and meter["released_at"] >= second["end"]
+    assert meter["gpu_seconds"] == round(2 * meter["seconds"], 3)
     lines = listed.stdout.split("\n\n")[0].splitlines()
     assert [line.split()[:4] for line in lines[1:]] == [["ahead", ahead[:8], "Running", "n1"],
                                                        ["behind", behind[:8], "Running", "n1"]]
