@@ -48,9 +48,24 @@ def detect_gpus() -> int:
 
 
 def this_node() -> Node:
-    """This machine as a :class:`Node`."""
+    """This machine as a :class:`Node`.  ``E31_NODE_CPUS`` and ``E31_NODE_MEMORY`` (``64GiB``), set to
+    try a pool's placement on a smaller machine (``e31 worker`` checks them and passes them on to the
+    runs it starts), are taken as found, so a run placed by the pool file is admitted; a value that
+    does not parse is ignored here (the worker refuses it at its start)."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return Node(name=os.uname().nodename, gpus=detect_gpus(), cpus=os.cpu_count() or 1, memory=memory)
+    cpus = os.cpu_count() or 1
+    text = (os.environ.get("E31_NODE_CPUS") or "").strip()
+    if text.isdigit():
+        cpus = int(text)
+    text = (os.environ.get("E31_NODE_MEMORY") or "").strip()
+    if text:
+        from e31.specs.units import parse_memory
+
+        try:
+            memory = parse_memory(text)
+        except ValueError:
+            pass
+    return Node(name=os.uname().nodename, gpus=detect_gpus(), cpus=cpus, memory=memory)
 
 
 def check_fits(plan: JobPlan, node: Node | None = None) -> Node:
