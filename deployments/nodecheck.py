@@ -61,7 +61,7 @@ def node_overrides() -> tuple[int | None, int | None, int | None]:
     found: list[int | None] = []
     for name in ("E31_NODE_GPUS", "E31_NODE_CPUS"):
         text = (os.environ.get(name) or "").strip()
-        if text and not text.isdigit():
+        if text and not (text.isascii() and text.isdigit()):
             raise InvalidInput(f"{name}: must be a whole number of {name[9:].lower()} (got {text!r}); set e.g. "
                                f"{name}=8, or unset it to detect them")
         found.append(int(text) if text else None)
@@ -80,4 +80,4 @@ def node_gpus_override() -> int | None:
     """``E31_NODE_GPUS``: the GPU count a worker declares for its node
     instead of detecting it (for tests on machines without GPUs)."""
     text = os.environ.get("E31_NODE_GPUS")
-    return int(text) if text and text.strip().isdigit() else None
+    return int(text) if text and text.strip().isascii() and text.strip().isdigit() else None

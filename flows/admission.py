@@ -55,7 +55,7 @@ def this_node() -> Node:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     cpus = os.cpu_count() or 1
     text = (os.environ.get("E31_NODE_CPUS") or "").strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         cpus = int(text)
     text = (os.environ.get("E31_NODE_MEMORY") or "").strip()
     if text:

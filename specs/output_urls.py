@@ -54,13 +54,20 @@ _READ_ONLY = ("zip", "tar", "libarchive", "github", "gist", "git", "data", "refe
 _SYSTEM = ("/proc", "/sys", "/dev", "/etc", "/boot", "/bin", "/sbin", "/usr", "/lib", "/lib32", "/lib64", "/run")
 
 
+def _realpath(path: str) -> str:
+    """``path`` (``~`` expanded) with symbolic links resolved where they exist; a path holding a NUL
+    byte, which no file system takes (its field's own check refuses it), only normalised."""
+    path = os.path.expanduser(path)
+    return os.path.normpath(os.path.abspath(path)) if "\x00" in path else os.path.realpath(path)
+
+
 def _problem(url: str) -> Any:
     """The refusal of an output URL that cannot work, or None."""
     got = short_repr(mask_url(url))
     last_protocol, last_rest = _split(url.split("::")[-1])
     last_rest = _decoded(url.split("::")[-1], last_rest)
     if last_protocol in ("", *_LOCAL) and last_rest.strip():
-        place = os.path.realpath(os.path.expanduser(last_rest))
+        place = _realpath(last_rest)
         system = next((d for d in _SYSTEM if place == d or place.startswith(d + "/")), None)
         if place == "/" or system:
             return spec_error(f"must not be {'the root folder' if place == '/' else f'a system folder ({system})'}: "
@@ -122,7 +129,7 @@ def _place(url: str) -> tuple[str, str]:
     if wildcard >= 0:  # a glob input: the folder before its wildcard
         rest = rest[: rest.rfind("/", 0, wildcard) + 1]
     if protocol in ("", "file"):
-        return "", os.path.realpath(os.path.expanduser(rest or "."))  # symbolic links resolved where they exist
+        return "", _realpath(rest or ".")  # symbolic links resolved where they exist
     return protocol, (rest.lstrip("/") if protocol == "memory" else rest).rstrip("/")
 
 

@@ -50,6 +50,10 @@ def _factor(text: str) -> float:
     return value
 
 
+_EARLIEST = datetime(1971, 1, 1, tzinfo=timezone.utc)
+_LATEST = datetime(9000, 1, 1, tzinfo=timezone.utc)
+
+
 def _instant(text: str) -> float:
     try:
         at = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -57,6 +61,8 @@ def _instant(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be an ISO 8601 time such as 2026-01-01T06:00:00Z (got {text!r})") from None
     if at.tzinfo is None:
         raise argparse.ArgumentTypeError(f"needs a timezone, e.g. {text}Z or {text}+00:00")
+    if not _EARLIEST <= at <= _LATEST:  # plans reach past it by their jobs' run times: keep within datetime's years
+        raise argparse.ArgumentTypeError(f"must be between {_EARLIEST.date()} and {_LATEST.date()} (got {text!r})")
     return at.timestamp()
 
 

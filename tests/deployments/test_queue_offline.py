@@ -58,6 +58,11 @@ def test_cpus_and_memory_can_be_taken_as_found_to_try_a_larger_pool_node(monkeyp
         node_overrides()
     assert str(info.value) == ("E31_NODE_CPUS: must be a whole number of cpus (got 'lots'); set e.g. E31_NODE_CPUS=8, "
                                "or unset it to detect them")
+    for digits in ("\u00b2", "\u0663"):  # a superscript two and an Arabic-Indic three: digits, not ASCII ones
+        monkeypatch.setenv("E31_NODE_CPUS", digits)
+        with pytest.raises(InvalidInput) as info:
+            node_overrides()
+        assert str(info.value).startswith("E31_NODE_CPUS: must be a whole number of cpus")
     monkeypatch.setenv("E31_NODE_CPUS", "8")
     monkeypatch.setenv("E31_NODE_MEMORY", "much")
     with pytest.raises(InvalidInput) as info:

@@ -46,3 +46,20 @@ def test_a_percent_that_starts_no_escape_is_refused(tmp_path):
         "character 15); write %25 for a literal %, or give a plain path"]
     assert validate(tmp_path, "file:///tmp/a%20b/").returncode == 0
     assert validate(tmp_path, "/tmp/100%/").returncode == 0  # a plain path is a name: its % is a %
+
+
+def test_a_nul_in_a_decoded_path_is_named_with_its_field_beside_the_other_problems(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text('name: j\nwork: {kind: processing, command: ["true"]}\nrequest: {limit: 1m}\n'
+                    'data: [{name: d, url: "file:///tmp/a.txt%00.png"}]\n'
+                    'output: {kind: files, url: "file:///tmp/o%00ut/", files: []}\n')
+    out = subprocess.run([str(Path(sys.executable).with_name("e31")), "validate", str(spec)], text=True,
+                         capture_output=True, timeout=120)
+    assert out.returncode == 2
+    hidden = ("must not hold control characters or bidirectional-text controls: a name holding them shows "
+              "differently from what it is (got U+0000 (a control character) at character {} of its decoded path); "
+              "remove it and write the name with visible characters only")
+    assert out.stderr.splitlines()[1:] == [
+        "  data[0].url: " + hidden.format(11), "  output.url: " + hidden.format(7),
+        "  output.files: must list at least one file (got []); list the files whose existence marks the job "
+        "complete, e.g. [model.pt, metrics.json]"]

@@ -210,3 +210,15 @@ def test_plan_now_judges_a_deadline_as_of_now(e31, tmp_path):
     assert out.returncode == 2, out.stdout
     assert ("request.deadline: must be after the planning time 2099-06-01T00:00:00+00:00 (--now); this deadline has "
             "passed by then (got '2099-01-01T00:00:00+00:00')") in out.stderr, out.stderr
+
+
+def test_plan_now_outside_the_years_a_plan_can_reach_is_refused_in_one_line(e31, tmp_path):
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("pool_version: 1\nname: p\nnodes:\n  - {name: c1, cpus: 2, memory: 1GiB}\n")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC.format(deadline="2099-01-01T00:00:00+00:00").replace(', deadline: "2099-01-01T00:00:00+00:00"', ""))
+    for when in ("9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00"):
+        out = e31("plan", str(spec), "--pool", str(pool), "--now", when)
+        assert out.returncode == 2, out.stdout
+        assert out.stderr.strip().endswith(
+            f"argument --now: must be between 1971-01-01 and 9000-01-01 (got '{when}')"), out.stderr
