@@ -73,6 +73,10 @@ class Snapshot:
     fences: dict[str, dict] = field(default_factory=dict)
 
 
+#: The name of the ``Pending`` state a worker holds a run in while it finishes a return its flow process cut
+#: (:data:`e31.deployments.cutreturn.RETURNING`, which a lower layer cannot import).
+RETURNING = "Returning"
+
 _SPECS: dict[str, JobSpec] = {}  # flow run id -> parsed spec (a run's parameters never change)
 
 
@@ -92,6 +96,26 @@ def _deadline(spec: JobSpec, start: datetime) -> float | None:
 
     deadline, _ = resolve_deadline(spec, start)
     return deadline.timestamp() if deadline else None
+
+
+def attempt_start(run: Any) -> float | None:
+    """When the current attempt of the flow run ``run`` started (Unix
+    seconds on the server's clock; None when its state has no time).
+    Prefect's ``start_time`` is the first attempt's: a run queued again
+    after a crash and placed anew (``Placed``, ``Pending``, or ``Running``
+    with ``run_count`` 2+) starts its attempt at its current state's time,
+    else the planner would plan it as ending a whole attempt early (its
+    planned end past, the next job handed over behind it at once).  A
+    first attempt that runs (``Running``, ``Cancelling``, or a fresh
+    ``Crashed``) keeps ``start_time``, and so does a run held ``Pending``
+    while its worker finishes a cut return (:data:`RETURNING`: its work
+    has ended; its state's time is the return's)."""
+    state = run.state
+    if state is None:
+        return _ts(run.start_time)
+    kind, count = state.type.value, run.run_count or 0
+    anew = kind == "SCHEDULED" or (kind == "PENDING" and state.name != RETURNING) or (kind == "RUNNING" and count > 1)
+    return (None if anew else _ts(run.start_time)) or _ts(state.timestamp)
 
 
 def heard(client: Any, pool: PoolSpec) -> dict[str, float]:
@@ -193,10 +217,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
             if node in lost_nodes:
                 snap.lost.append(key)
                 continue
-            # Prefect's start_time is the first attempt's: a run queued again and started anew (run_count 2+)
-            # started when it entered its current Running state
-            start = (_ts(state.timestamp) if state.type == StateType.RUNNING and (run.run_count or 0) > 1 else
-                     _ts(run.start_time)) or _ts(state.timestamp) or now
+            start = attempt_start(run) or now
             estimate = estimate_runtime(_secs(req.duration), _secs(req.limit or req.duration),
                                         (history or {}).get(spec.name, ()))
             snap.running.append(RunningJob(
