@@ -95,8 +95,9 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
                    help="what a trace job's processors are on the pool (default cpus)")
     s.add_argument("--deadlines", type=_factor, metavar="FACTOR",
                    help="give jobs a deadline of submit time + FACTOR x their limit")
-    s.add_argument("--deadline-every", type=_positive, default=1, metavar="K",
-                   help="with --deadlines, only every K-th job of the trace gets one (default 1: all)")
+    s.add_argument("--deadline-every", type=_positive, default=None, metavar="K",
+                   help="with --deadlines, only every K-th job of the trace gets one, from the first: jobs 1, "
+                        "K+1, 2K+1, ... in trace order (default 1: all)")
     return {"pool": cmd_pool, "plan": cmd_plan, "simulate": cmd_simulate}
 
 
@@ -199,13 +200,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     nodes = nodes_of(pool)
     if args.unit == "gpus" and not any(n.gpus for n in nodes):
         raise InvalidInput(f"--as gpus: pool {pool.name} has no GPUs; use --as cpus or a pool with gpus")
+    if args.deadline_every is not None and args.deadlines is None:
+        raise InvalidInput("--deadline-every gives deadlines to every K-th job only with --deadlines FACTOR; add "
+                           "--deadlines (e.g. --deadlines 2), or drop --deadline-every")
+    every = args.deadline_every or 1
     trace = read_swf(args.trace, args.jobs)
     jobs = []
     for k, t in enumerate(trace.jobs):
         gpus, cpus = (t.procs, 1) if args.unit == "gpus" else (0, t.procs)
         submitted = trace.start + t.submit
         deadline = None
-        if args.deadlines is not None and k % args.deadline_every == 0:
+        if args.deadlines is not None and k % every == 0:
             deadline = submitted + args.deadlines * t.limit_s
         job = QueuedJob(id=t.id, name=t.id, gpus=gpus, cpus=cpus, memory=0, submitted=submitted,
                         runtime_s=t.limit_s, limit_s=t.limit_s, deadline=deadline, runtime_source="limit")

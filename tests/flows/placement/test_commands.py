@@ -175,3 +175,10 @@ def test_plan_reports_an_invalid_pool_with_every_problem(e31, tmp_path):
         "  nodes[0].cpus: must be >= 1 (got 0)",
         "  nodes[0].memory: required field is missing; add e.g. memory: 512GiB",
     ]
+
+
+def test_deadline_every_without_deadlines_is_refused_in_one_line(e31):
+    out = e31("simulate", TRACE, "--pool", ONE_NODE, "--deadline-every", "2")
+    assert out.returncode == 2
+    assert out.stderr == ("e31: --deadline-every gives deadlines to every K-th job only with --deadlines FACTOR; add "
+                          "--deadlines (e.g. --deadlines 2), or drop --deadline-every\n")
