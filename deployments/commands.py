@@ -109,6 +109,14 @@ class _NoServer(E31Error):
     exit_code = EXIT_FAILED
 
 
+def _server_clock() -> datetime:
+    """Now on the Prefect server's clock (:func:`e31.flows.queue.clock.server_now`, UTC): the scheduler's
+    lines are stamped as the runs' states and the workers' heartbeats they speak of."""
+    from e31.flows.queue.clock import server_now
+
+    return datetime.fromtimestamp(server_now(), timezone.utc)
+
+
 def cmd_scheduler(args: argparse.Namespace) -> int:
     from e31.deployments.presence import SchedulerRunning
     from e31.deployments.scheduler import serve
@@ -119,7 +127,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     def report(t) -> None:
         done = ", ".join(f"{v} {k}" for k, v in t.counts.items() if v and k != "unchanged")
         busy = f"; {t.resent} request(s) sent again, the database was busy" if t.resent else ""
-        print(f"{datetime.now(timezone.utc):%H:%M:%S} {t.queued} queued, {t.running} running: {done} "
+        print(f"{_server_clock():%H:%M:%S} {t.queued} queued, {t.running} running: {done} "
               f"(read {t.read_s * 1000:.0f} ms {'full' if t.full else 'changes'}, plan {t.plan_s * 1000:.0f} ms, "
               f"cycle {t.cycle_s * 1000:.0f} ms{busy})", flush=True)
         for node, what in t.overbooked.items():  # planned as full until the runs that hold it longest end
@@ -445,7 +453,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def _utc(stamp: str) -> str:
     """``2026-12-03T18:41:37Z`` as ``18:41:37 UTC`` (the day too when it is not today)."""
     day, _, rest = stamp.partition("T")
-    today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    today = _server_clock().strftime("%Y-%m-%d")  # the stamp is the server's
     return f"{rest.rstrip('Z')} UTC" + ("" if day == today else f" on {day}")
 
 

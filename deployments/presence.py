@@ -116,7 +116,7 @@ def claim_pool(client: Any, pool_name: str, me: str, lease_s: float, standby: bo
                 time.sleep(SETTLE_S)  # another one starting at the same moment: the claim written last serves
                 if _other(read_claim(client, pool_name), me, server_now()) is None:
                     if told:
-                        say(f"{datetime.now(timezone.utc):%H:%M:%S} e31 scheduler: the pool's scheduler has "
+                        say(f"{datetime.fromtimestamp(server_now(), timezone.utc):%H:%M:%S} e31 scheduler: the pool's scheduler has "
                             f"stopped; this one serves pool {pool_name} now", flush=True)
                     return
                 continue

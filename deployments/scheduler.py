@@ -205,7 +205,8 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
                         raise
                     cache.close()
                     cache = queue.RunCache(pool)
-                    print(f"{datetime.now(timezone.utc):%H:%M:%S} e31 scheduler: tick failed "
+                    stamp = datetime.fromtimestamp(clock.server_now(), timezone.utc)  # the server's clock
+                    print(f"{stamp:%H:%M:%S} e31 scheduler: tick failed "
                           f"({type(exc).__name__}: {str(exc)[:300]}); next tick in "
                           f"{interval_s:g} s", flush=True)
                     time.sleep(interval_s)

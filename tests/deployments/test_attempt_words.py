@@ -8,11 +8,13 @@ the Snapshot from real Prefect ``FlowRun`` objects."""
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from datetime import datetime, timezone
 
 from tests.conftest import place_by_hand
+from tests.deployments.test_liveness import skew_library  # noqa: F401 (a fixture)
 from tests.deployments.test_run_cache import _Pool
 
 
@@ -77,3 +79,27 @@ def _utc(hms: str) -> float:
 def _uuid(i: int) -> str:
     return str(uuid.UUID(int=i))
 
+
+
+def test_the_scheduler_stamps_its_tick_lines_with_the_server_s_clock(prefect_api, tmp_path, skew_library):
+    """A scheduler whose machine's clock is 75 s ahead of the Prefect
+    server's stamps each tick line with the server's time (as the runs'
+    states and the heartbeats it speaks of are), not its own."""
+    import re
+    import subprocess
+
+    from tests.deployments.test_liveness import skewed
+    from tests.deployments.test_queue import queue
+
+    with queue(tmp_path, {"n1": 0}) as q:  # no worker: the job waits, and the tick that says so is reported
+        q.submit(q.job("stamped", 0, 1))
+        before = time.time()  # this machine's clock is the server's (the server runs here)
+        done = subprocess.run([q.exe, "scheduler", "--pool", str(q.pool), "--once"], capture_output=True, text=True,
+                              cwd=q.root, env={**os.environ, **skewed(skew_library, 75)}, timeout=300)
+        after = time.time()
+        assert done.returncode == 0, done.stderr
+        [stamp] = re.findall(r"^(\d\d):(\d\d):(\d\d) 1 queued, 0 running: 1 wait ", done.stdout, re.M)
+        said = int(stamp[0]) * 3600 + int(stamp[1]) * 60 + int(stamp[2])
+        day = 86400
+        low, high = int(before) % day - 1, int(after) % day + 1  # whole seconds; the server's Date has whole ones
+        assert (said - low) % day <= (high - low) % day, (done.stdout, before, after)  # old code: 75 s later
