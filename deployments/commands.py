@@ -316,18 +316,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _hhmm(ts: float | None) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%H:%M UTC") if ts else "-"
-
-
 def cmd_queue(args: argparse.Namespace) -> int:
     from prefect.client.orchestration import get_client
 
     from e31.deployments.presence import lease_of, scheduler_note
-    from e31.deployments.runwords import crashed_line, holding, node_lines, print_table, silent_note
+    from e31.deployments.runwords import job_rows, node_lines, print_table
     from e31.deployments.scheduler import snapshot
     from e31.flows.placement import plan
-    from e31.flows.queue import DEVICES_VAR, LEASE_S, NODE_VAR, clock, humane, placement_of
+    from e31.flows.queue import LEASE_S, clock
 
     pool = _pool(args.pool)
     _need_api()
@@ -344,37 +340,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
             staging = progress_of(client, [p.job for p in placements if p.action == "wait"])
         except Exception:  # the progress is a courtesy: the queue is listed without it
             staging = {}
-    rows = [("JOB", "RUN", "STATE", "NODE", "GPUS", "START", "REASON")]
-    for r in sorted(snap.running, key=lambda j: (j.node, j.start)):
-        if r.id not in snap.runs:  # a node held for want of a live worker
-            continue
-        run = snap.runs[r.id]
-        rows.append((snap.specs[r.id].name, r.id[:8], run.state.name, r.node, ",".join(map(str, r.devices)) or "-",
-                     _hhmm(r.start), holding(run.state) + silent_note(snap, r.node, snap.now)))
-        for key, ahead in snap.behind.items():  # handed over behind it: flow process started, work not yet
-            run, follower = snap.runs[key], placement_of(snap.runs[key])
-            if ahead == r.id:
-                rows.append((snap.specs[key].name, key[:8], run.state.name, r.node,
-                             ",".join(map(str, follower.get("gpu_devices") or ())) or "-", "-",
-                             f"handed over behind {snap.specs[ahead].name} ({ahead[:8]}): its work starts once that "
-                             "job has returned its output"))
-    for key in snap.lost:  # on a node silent past the lease: still holding until the scheduler crashes them
-        run, placed = snap.runs[key], placement_of(snap.runs[key])
-        rows.append((snap.specs[key].name, key[:8], run.state.name, placed.get(NODE_VAR) or "-",
-                     ",".join(map(str, placed.get(DEVICES_VAR) or ())) or "-", _hhmm(run.start_time.timestamp() if
-                                                                                run.start_time else None),
-                     holding(run.state) + silent_note(snap, placed.get(NODE_VAR), snap.now)))
-    for p in placements:
-        reason = humane(p.reason, snap) + (f"; {staging[p.job]}" if p.job in staging else "") + \
-            (silent_note(snap, p.node, snap.now) if p.action == "start" else "")
-        rows.append((snap.specs[p.job].name, p.job[:8], "Queued", p.node or "-",
-                     ",".join(map(str, p.devices)) or "-", _hhmm(p.start), reason))
-    for key, why in sorted(snap.blocked.items(), key=lambda kv: snap.runs[kv[0]].created or 0):  # a job's later runs
-        rows.append((snap.specs[key].name, key[:8], "Queued", "-", "-", "-", humane(why, snap)))
-    for key in snap.requeue:  # crashed, with retries left: queued again at the scheduler's next tick
-        run = snap.runs[key]
-        rows.append((snap.specs[key].name, key[:8], run.state.name, placement_of(run).get(NODE_VAR) or "-",
-                     "-", "-", crashed_line(run, snap.specs[key].request.retries)))
+    rows = job_rows(snap, placements, staging)
     print_table(rows)
     print()
     print_table([("NODE", "IN USE", "WORKER"), *node_lines(snap, snap.now, args.pool)])

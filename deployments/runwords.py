@@ -3,6 +3,7 @@ it is doing while it holds its node (read from the scheduler's snapshot)."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 
@@ -64,6 +65,58 @@ def holding(state: Any) -> str:
     if kind == "SCHEDULED":
         return "placed: its worker starts it within seconds"
     return "running"
+
+
+def _hhmm(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%H:%M UTC") if ts else "-"
+
+
+def job_rows(snap: Any, placements: list[Any], staging: dict[str, str] | None = None) -> list[tuple[str, ...]]:
+    """The rows of ``e31 queue``'s job table (a header, then one per run):
+    JOB, RUN (the id's first 8 characters), STATE, NODE, GPUS, START (the
+    start of the run's current attempt, ``HH:MM UTC``:
+    :func:`e31.flows.queue.snapshot.attempt_start`; or its planned start),
+    REASON.  The runs that hold a node (those it plans with, each followed
+    by the runs handed over behind it, then those it took for lost with
+    their node), then ``placements`` (the planner's answer for the queued
+    runs; ``staging``: run id -> its inputs' staging progress), the runs
+    held back behind another run of their job, and the crashed runs about
+    to be queued again."""
+    from e31.flows.queue import DEVICES_VAR, NODE_VAR, humane, placement_of
+    from e31.flows.queue.snapshot import attempt_start
+
+    staging = staging or {}
+    rows = [("JOB", "RUN", "STATE", "NODE", "GPUS", "START", "REASON")]
+    for r in sorted(snap.running, key=lambda j: (j.node, j.start)):
+        if r.id not in snap.runs:  # a node held for want of a live worker
+            continue
+        run = snap.runs[r.id]
+        rows.append((snap.specs[r.id].name, r.id[:8], run.state.name, r.node, ",".join(map(str, r.devices)) or "-",
+                     _hhmm(r.start), holding(run.state) + silent_note(snap, r.node, snap.now)))
+        for key, ahead in snap.behind.items():  # handed over behind it: flow process started, work not yet
+            run, follower = snap.runs[key], placement_of(snap.runs[key])
+            if ahead == r.id:
+                rows.append((snap.specs[key].name, key[:8], run.state.name, r.node,
+                             ",".join(map(str, follower.get("gpu_devices") or ())) or "-", "-",
+                             f"handed over behind {snap.specs[ahead].name} ({ahead[:8]}): its work starts once that "
+                             "job has returned its output"))
+    for key in snap.lost:  # on a node silent past the lease: still holding until the scheduler crashes them
+        run, placed = snap.runs[key], placement_of(snap.runs[key])
+        rows.append((snap.specs[key].name, key[:8], run.state.name, placed.get(NODE_VAR) or "-",
+                     ",".join(map(str, placed.get(DEVICES_VAR) or ())) or "-", _hhmm(attempt_start(run)),
+                     holding(run.state) + silent_note(snap, placed.get(NODE_VAR), snap.now)))
+    for p in placements:
+        reason = humane(p.reason, snap) + (f"; {staging[p.job]}" if p.job in staging else "") + \
+            (silent_note(snap, p.node, snap.now) if p.action == "start" else "")
+        rows.append((snap.specs[p.job].name, p.job[:8], "Queued", p.node or "-",
+                     ",".join(map(str, p.devices)) or "-", _hhmm(p.start), reason))
+    for key, why in sorted(snap.blocked.items(), key=lambda kv: snap.runs[kv[0]].created or 0):  # a job's later runs
+        rows.append((snap.specs[key].name, key[:8], "Queued", "-", "-", "-", humane(why, snap)))
+    for key in snap.requeue:  # crashed, with retries left: queued again at the scheduler's next tick
+        run = snap.runs[key]
+        rows.append((snap.specs[key].name, key[:8], run.state.name, placement_of(run).get(NODE_VAR) or "-",
+                     "-", "-", crashed_line(run, snap.specs[key].request.retries)))
+    return rows
 
 
 #: Seconds of silence after which ``e31 queue`` calls a node's worker late: two missed heartbeats (every 10 s).
@@ -167,6 +220,25 @@ def fence_words(snap: Any, node: str, now: float, pool_file: str = "POOL.yaml") 
             f"if the machine is off for good: e31 node {node} --pool {pool_file} --down")
 
 
+def _holdings(snap: Any, node: str) -> list[tuple[str, tuple[int, ...], int, int]]:
+    """(run id, GPU devices, CPUs, memory bytes) of each run holding
+    ``node``, whatever its worker's liveness: those the snapshot plans with
+    (as planned), and those it took for lost with the node, which hold
+    what their placement says until they are crashed (their ``placement``
+    parameter; their spec's request where it says nothing)."""
+    from e31.flows.queue import CPUS_VAR, DEVICES_VAR, NODE_VAR, placement_of
+
+    held = [(r.id, tuple(r.devices), r.cpus, r.memory) for r in snap.running if r.node == node and r.id in snap.runs]
+    for key in getattr(snap, "lost", ()):
+        run, spec = snap.runs.get(key), getattr(snap, "specs", {}).get(key)
+        placed = placement_of(run) if run is not None else {}
+        if spec is None or placed.get(NODE_VAR) != node:
+            continue
+        held.append((key, tuple(int(d) for d in placed.get(DEVICES_VAR) or ()),
+                     int(placed.get(CPUS_VAR) or spec.request.cpus), spec.request.memory or 0))
+    return held
+
+
 def node_lines(snap: Any, now: float, pool_file: str = "POOL.yaml") -> list[tuple[str, str, str]]:
     """What ``e31 queue`` says of each node of the pool: (node, what its
     runs hold, its worker).  What its runs hold: GPUs (when it has some),
@@ -182,14 +254,14 @@ def node_lines(snap: Any, now: float, pool_file: str = "POOL.yaml") -> list[tupl
 
     rows = []
     for node in snap.nodes:
-        held = [r for r in snap.running if r.node == node.name and r.id in snap.runs]
+        held = _holdings(snap, node.name)
         worker = worker_words(snap, node.name, now) + fence_words(snap, node.name, now, pool_file)
-        use = [f"CPUs {sum(r.cpus for r in held)}/{node.cpus}",
-               f"memory {gib(sum(r.memory for r in held))}/{gib(node.memory)}"]
+        use = [f"CPUs {sum(cpus for _, _, cpus, _ in held)}/{node.cpus}",
+               f"memory {gib(sum(memory for _, _, _, memory in held))}/{gib(node.memory)}"]
         if node.gpus:
-            use.insert(0, f"GPUs {sum(len(r.devices) for r in held)}/{node.gpus}")
+            use.insert(0, f"GPUs {sum(len(devices) for _, devices, _, _ in held)}/{node.gpus}")
         over = getattr(snap, "overbooked", {}).get(node.name)  # what they hold as they said, not as planned
-        behind = sum(1 for ahead in getattr(snap, "behind", {}).values() if any(r.id == ahead for r in held))
+        behind = sum(1 for ahead in getattr(snap, "behind", {}).values() if any(k == ahead for k, _, _, _ in held))
         runs = f"; {len(held)} run(s)" + (f" and {behind} handed over behind (holding nothing yet)" if behind else "")
         rows.append((node.name, f"more than it has: {over}" if over else ", ".join(use) + runs, worker))
     return rows

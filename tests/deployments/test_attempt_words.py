@@ -103,3 +103,58 @@ def test_the_scheduler_stamps_its_tick_lines_with_the_server_s_clock(prefect_api
         day = 86400
         low, high = int(before) % day - 1, int(after) % day + 1  # whole seconds; the server's Date has whole ones
         assert (said - low) % day <= (high - low) % day, (done.stdout, before, after)  # old code: 75 s later
+
+
+def _spec(name: str, gpus: int = 0, cpus: int = 1, memory: str = "256MiB", retries: int = 1):
+    from e31.specs import JobSpec
+
+    return JobSpec.model_validate({
+        "name": name, "work": {"kind": "simulation", "command": ["true"]},
+        "request": {"gpus": gpus, "cpus": cpus, "memory": memory, "duration": "100s", "retries": retries},
+        "output": {"kind": "results", "url": "/tmp/out", "files": ["r.json"]}})
+
+
+def _flow_run(key: str, node: str | None, state, run_count: int, start: str | None = None, devices=(), cpus=1):
+    """A Prefect flow run (the schema object the API returns), placed on ``node``."""
+    from prefect.client.schemas.objects import FlowRun
+
+    placement = {"e31_node": node, "gpu_devices": list(devices), "cpus": cpus} if node else {}
+    return FlowRun(id=uuid.UUID(key), flow_id=uuid.uuid4(), run_count=run_count, state=state,
+                   start_time=datetime.fromtimestamp(_utc(start), timezone.utc) if start else None,
+                   parameters={"placement": placement})
+
+
+def _at(state, hms: str):
+    state.timestamp = datetime.fromtimestamp(_utc(hms), timezone.utc)
+    return state
+
+
+def test_e31_queue_counts_what_a_silent_node_s_runs_hold_and_shows_their_current_attempt():
+    """A node silent past the lease (its runs taken for lost by ``e31
+    queue``'s snapshot, not yet crashed) still has them holding it: the node
+    table counts their GPUs, CPUs and memory and the runs, as the job table
+    lists them; a run in its second attempt (``run_count`` 2, ``Running``
+    since 12:10) shows 12:10 as its START, not its first attempt's 11:00."""
+    from prefect.states import Running
+
+    from e31.deployments.runwords import node_lines
+    from e31.flows.placement import Node
+    from e31.flows.queue.snapshot import Snapshot
+
+    a, b = _uuid(1), _uuid(2)
+    now = _utc("12:13:20")
+    snap = Snapshot(now=now, nodes=[Node("g", gpus=2, cpus=4, memory=2**30)],
+                    runs={a: _flow_run(a, "g", _at(Running(), "12:10:00"), 2, "11:00:00", devices=(0,), cpus=2),
+                          b: _flow_run(b, "g", _at(Running(), "12:05:00"), 1, "12:05:00", devices=(1,))},
+                    specs={a: _spec("again", gpus=1, cpus=2), b: _spec("first", gpus=1)},
+                    lost=[a, b], lease_s=60.0, scheduler_heard=True, heard={"g": now - 70})
+    assert node_lines(snap, now) == [
+        ("g", "GPUs 2/2, CPUs 3/4, memory 512 MiB/1 GiB; 2 run(s)",
+         "late: last heard 70 s ago, past the lease that ended at 12:13:10 UTC: nothing new is placed here; its runs "
+         "keep their resources unless it is still silent at 12:13:25 UTC, when it is lost")]
+    from e31.deployments.runwords import job_rows  # (the job table was cmd_queue's own before)
+
+    assert job_rows(snap, []) == [
+        ("JOB", "RUN", "STATE", "NODE", "GPUS", "START", "REASON"),
+        ("again", a[:8], "Running", "g", "0", "12:10 UTC", "running; node g's worker is late: last heard 70 s ago"),
+        ("first", b[:8], "Running", "g", "1", "12:05 UTC", "running; node g's worker is late: last heard 70 s ago")]
