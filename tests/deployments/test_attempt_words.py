@@ -158,3 +158,64 @@ def test_e31_queue_counts_what_a_silent_node_s_runs_hold_and_shows_their_current
         ("JOB", "RUN", "STATE", "NODE", "GPUS", "START", "REASON"),
         ("again", a[:8], "Running", "g", "0", "12:10 UTC", "running; node g's worker is late: last heard 70 s ago"),
         ("first", b[:8], "Running", "g", "1", "12:05 UTC", "running; node g's worker is late: last heard 70 s ago")]
+
+
+def _pool_with_a_silent_node(idle_cpus_short: bool, heard_c2: float | None):
+    """c-1 (2 CPUs, live; a run holds 1 of them, planned to end at 19:35, before c-2's lease ends) and
+    c-2 (4 CPUs, its worker silent: ``heard_c2`` seconds ago, None: never
+    heard), held whole by the snapshot's stand-in until the lease's end;
+    a job needing 4 CPUs (2 when not ``idle_cpus_short``) waits."""
+    from prefect.states import Running
+
+    from e31.flows.placement import Node, QueuedJob, RunningJob
+    from e31.flows.queue import DOWN
+    from e31.flows.queue.snapshot import Snapshot
+
+    busy, waiting = _uuid(1), _uuid(2)
+    now = _utc("19:34:49")
+    need = 4 if idle_cpus_short else 2
+    heard = {"c-1": now - 3, **({"c-2": now - heard_c2} if heard_c2 is not None else {})}
+    snap = Snapshot(now=now, nodes=[Node("c-1", gpus=0, cpus=2, memory=2**30), Node("c-2", gpus=0, cpus=4,
+                                                                                        memory=2**30)],
+                    runs={busy: _flow_run(busy, "c-1", _at(Running(), "19:30:00"), 1, "19:30:00",
+                                          cpus=1 + (not idle_cpus_short))},
+                    specs={busy: _spec("busy", cpus=1 + (not idle_cpus_short)), waiting: _spec("big", cpus=need)},
+                    running=[RunningJob(id=busy, node="c-1", devices=(), cpus=1 + (not idle_cpus_short), memory=0,
+                                        start=_utc("19:30:00"), expected_end=_utc("19:35:00")),
+                             RunningJob(id=f"{DOWN}c-2", node="c-2", devices=(), cpus=4, memory=2**30, start=now,
+                                        expected_end=now + 60)],
+                    queued=[QueuedJob(id=waiting, name="big", gpus=0, cpus=need, memory=0, submitted=now - 30,
+                                      runtime_s=100, limit_s=300)],
+                    lease_s=60.0, scheduler_heard=True, heard=heard)
+    return snap, busy, waiting
+
+
+def test_a_job_waiting_for_a_node_without_a_live_worker_says_so_and_no_start_time_there():
+    """A job that fits only on a node whose worker is silent is not said to
+    want a resource ("(0 free on c-2)") nor given a start there that slides
+    at every read: the reason names the node without a live worker and
+    plans no start there until it answers.  A node really short keeps the
+    planner's words."""
+    from e31.deployments.runwords import job_rows, submitted_line
+    from e31.flows.placement import plan
+
+    snap, busy, waiting = _pool_with_a_silent_node(True, 75)  # 4 CPUs: only c-2 has them; its worker is late
+    placements = plan(snap.nodes, snap.running, snap.queued, snap.now)
+    said = ("waiting for 4 CPUs on one node (1 free on c-1); c-2 has room but no live e31 worker (last heard 75 s "
+            "ago): no start planned there until its worker answers")
+    assert job_rows(snap, placements)[-1][-1] == said  # old code: "...; earliest start 19:35:49 UTC on c-2, once
+    assert submitted_line(snap, placements, waiting) == said  # node c-2's e31 worker answers"
+
+    snap, busy, waiting = _pool_with_a_silent_node(False, None)  # 2 CPUs: c-1 frees at 19:35; c-2 never started
+    placements = plan(snap.nodes, snap.running, snap.queued, snap.now)
+    assert job_rows(snap, placements)[-1][-1] == (
+        "waiting for 2 CPUs on one node (0 free on c-1); c-2 has room but no live e31 worker (never heard); earliest "
+        f"start 19:35 UTC on c-1, after job busy ({busy[:8]}) ends")  # old code: "(0 free on c-2)"
+
+    snap.nodes[1] = type(snap.nodes[1])("c-2", gpus=0, cpus=1, memory=2**30)  # c-2 too small: short for real
+    snap.running[1] = type(snap.running[1])(id=snap.running[1].id, node="c-2", devices=(), cpus=1, memory=2**30,
+                                            start=snap.now, expected_end=snap.now + 60)
+    [p] = plan(snap.nodes, snap.running, snap.queued, snap.now)
+    assert job_rows(snap, [p])[-1][-1] == (
+        f"waiting for 2 CPUs on one node (0 free on c-1); earliest start 19:35 UTC on c-1, after job busy "
+        f"({busy[:8]}) ends")
