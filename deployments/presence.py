@@ -300,3 +300,48 @@ def worker_beats(work_pool: str, worker: str, every_s: float, alive: Callable[[]
     return Beats("e31-worker-beats", every_s,
                  lambda client: client.send_worker_heartbeat(work_pool, worker, heartbeat_interval_seconds=every_s),
                  alive=alive, say=say)
+
+
+def stopped_name(pool_name: str, node: str) -> str:
+    """The Prefect Variable an ``e31 worker`` of ``node`` writes as it stops
+    on purpose (SIGINT/SIGTERM): ``e31-stopped-<pool>-<node>``, spelt as
+    :func:`variable_name` spells a pool (hashed when a character does not fit)."""
+    return variable_name(f"{pool_name}/{node}").replace("e31-scheduler-", "e31-stopped-", 1)
+
+
+def mark_stopped(client: Any, pool_name: str, node: str) -> None:
+    """Say that ``node``'s worker stopped on purpose, now on the server's
+    clock (``{"node", "at"}``; Unix seconds).  Best effort."""
+    from prefect.client.schemas.actions import VariableCreate, VariableUpdate
+
+    name, value = stopped_name(pool_name, node), {"node": node, "at": server_now()}
+    try:
+        if client.read_variable_by_name(name) is None:
+            client.create_variable(VariableCreate(name=name, value=value))
+        else:
+            client.update_variable(VariableUpdate(name=name, value=value))
+    except Exception:  # the API is away: e31 queue calls the node late, then lost, as for a crash
+        pass
+
+
+def clear_stopped(client: Any, pool_name: str, node: str) -> None:
+    """Forget ``node``'s stop as its worker starts again.  Best effort."""
+    try:
+        client.delete_variable_by_name(stopped_name(pool_name, node))
+    except Exception:
+        pass
+
+
+def stopped_workers(client: Any, pool_name: str, nodes: list[str]) -> dict[str, float]:
+    """Node -> when its worker stopped on purpose (Unix seconds, server's
+    clock), for the ``nodes`` whose worker said so (one read per node;
+    a node that cannot be read is left out)."""
+    found: dict[str, float] = {}
+    for node in nodes:
+        try:
+            value = getattr(client.read_variable_by_name(stopped_name(pool_name, node)), "value", None)
+        except Exception:
+            continue
+        if isinstance(value, dict) and isinstance(value.get("at"), (int, float)):
+            found[node] = float(value["at"])
+    return found
