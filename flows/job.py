@@ -30,7 +30,7 @@ from e31.flows.workconfig import child_config
 from e31.flows.resume import JobBusyError, Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
 from e31.specs import JobSpec, mask_url
 from e31.tasks.checkpoint import latest_durable
-from e31.tasks.supervisor.cancel import cancel_requested, cancel_seen, cancel_stops_staging, watching
+from e31.tasks.supervisor.cancel import cancel_requested, cancel_seen, cancel_stops_staging, mark_work_started, watching
 from e31.flows.attempt import attempt_token, fence, fence_at_end, leave_to_first_process
 from e31.tasks.storage.credentials import CredentialError
 from e31.tasks.deliver import (ON_DELIVERED, ReturnTarget, check_destination, deliver, delivered,
@@ -316,6 +316,8 @@ def _attempt(spec: JobSpec, plan: JobPlan, resume: Resume, code_dir: str | None)
     late = _too_late(spec, plan, resume, target)
     if late is not None:  # its staging or its wait behind the job ahead took the time its deadline left
         return late
+    if ahead:  # its work starts now: a crash from here on uses a retry (work_never_started)
+        mark_work_started(target.run_id)
     if resume.step is None:  # a fresh run starts now: an earlier run's durable checkpoints make way
         remove_stale_checkpoints(plan)
     outcome = _run(spec, plan, staged, code_dir, target, time.time())

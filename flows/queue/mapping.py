@@ -33,6 +33,10 @@ PLACED_ON = re.compile(r"^(?:starts now|handed over behind .*? \([0-9a-f]{8}\)) 
 #: The run a handed-over run waits behind, in its ``placement``: its flow process starts (and stages its
 #: inputs) while that run ends, and its work starts once that run's flow process has ended (see HANDOVER_S).
 AFTER_VAR = "e31_after"
+#: How many attempts of a run that ran (Prefect counted them in ``run_count``) crashed before their work
+#: started (handed over behind another run, lost while they waited): in its ``placement``, carried by each
+#: placement the scheduler writes; they use none of its retries.
+FREE_VAR = "e31_unstarted"
 #: Seconds before a running job's planned end within which the scheduler hands its resources over to the
 #: next job planned on them: that job's flow run is released at once, its flow process starts, stages its
 #: inputs and waits (holding nothing) until the job ahead has returned its output; 0 turns it off.

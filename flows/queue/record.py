@@ -10,16 +10,17 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from e31.flows.placement import Placement, RunningJob
-from e31.flows.queue.mapping import (AFTER_VAR, AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, FENCED, NODE_VAR,
-                                     PLACED,
+from e31.flows.queue.mapping import (AFTER_VAR, AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, FENCED, FREE_VAR,
+                                     NODE_VAR, PLACED,
                                      PLACEMENT_PARAM, QUEUED, placement_of, planned_node)
 from e31.flows.queue.cache import RunCache
 from e31.flows.queue.clock import server_now
 from e31.flows.queue.pace import (ENDER, DEEP_AHEAD_S, ESTIMATE_EVERY_S, REASON_DEPTH, REASON_EVERY_S, start_moved,
                                   planner_reason, same_but_clocks)
 from e31.flows.queue.silent import wait_reason
-from e31.flows.queue.snapshot import Snapshot
+from e31.flows.queue.snapshot import Snapshot, unstarted_of
 from e31.specs import JobSpec
+from e31.tasks.supervisor.cancel import work_never_started
 
 
 def humane(reason: str, snap: Snapshot) -> str:
@@ -248,6 +249,13 @@ def _crashes_before_start(client: Any, key: str) -> int:
     return sum(1 for s in client.read_flow_run_states(key) if s.type.value == "CRASHED")
 
 
+def _free(run: Any) -> dict[str, int]:
+    """The run's count of attempts that crashed before their work started (:data:`FREE_VAR`), for its next
+    placement (empty when none)."""
+    free = unstarted_of(run)
+    return {FREE_VAR: free} if free else {}
+
+
 def _fence(client: Any, snap: Snapshot, key: str, node: str) -> bool:
     """Write the fence of the lost run ``key`` on ``node``
     (:func:`e31.tasks.supervisor.fence.fence_value`, named per run and
@@ -323,6 +331,17 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
     for key in snap.lost:
         run = snap.runs[key]
         node = placement_of(run).get(NODE_VAR)
+        if run.state.type.value == "SCHEDULED":  # Placed: its worker had not taken it, so no process of it
+            # exists there (Prefect's worker proposes Pending before it starts a flow process): no fence, and it
+            # is queued again at once, as a run that crashed before its work started
+            message = (f"Queued again: node {node} stopped answering (no worker heartbeat for {snap.lease_s:g} s) "
+                       "before its worker took the run; nothing of it ran there, which uses none of its retries")
+            requeued = Scheduled(name=QUEUED, scheduled_time=now + timedelta(seconds=AHEAD_S), message=message)
+            kept = {k: v for k, v in placement_of(run).items() if k in (ATTEMPT_VAR, FREE_VAR)}
+            if write.state(key, requeued) and write.place(key, run, kept, check=False):
+                logs.add(key, message)
+                counts["requeued"] += 1
+            continue
         lost = (f"node {node} stopped answering (no worker heartbeat for {snap.lease_s:g} s); its resources are "
                 "free again once its processes there are confirmed ended")
         # still as seen (a run that ended by itself meanwhile is left, and no fence outlives it), then the fence
@@ -335,19 +354,25 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             counts["lost"] += 1  # requeued by a later tick, once the crash has settled, when it has retries left
     for key in snap.requeue:
         run = snap.runs[key]
-        crashes = 0 if run.run_count else _crashes_before_start(client, key)
+        startless, free = work_never_started(run), unstarted_of(run)
+        # a run that ran but crashed before its work started (handed over, lost while it waited) counts itself
+        free_now = free + (1 if startless and run.run_count else 0)
+        crashes = 0 if not startless else free_now if run.run_count else _crashes_before_start(client, key)
         if crashes > MAX_STARTLESS_CRASHES:
-            if write.state(key, Failed(message=f"refused: it crashed {crashes} times before its work started (see "
-                                               "its logs); submit it again once that is fixed")):
+            why = (f"it crashed {crashes} times before its work started (see its logs); submit it again once that "
+                   "is fixed")
+            if write.state(key, Failed(message=f"refused: {why}")):
+                refuse_at_destination(snap.specs[key], key, why)  # nothing of it ran: its destination says why
                 counts["refuse"] += 1
             continue
         attempt = run.run_count or 1
-        message = (f"Queued: retry {attempt} of {snap.specs[key].request.retries} after a crash (resumes from its "
-                   "newest durable checkpoint)") if run.run_count else \
+        message = (f"Queued: retry {attempt - free} of {snap.specs[key].request.retries} after a crash (resumes from "
+                   "its newest durable checkpoint)") if not startless else \
             "Queued again: it crashed before its work started, which uses none of its retries"
         requeued = Scheduled(name=QUEUED, scheduled_time=now + timedelta(seconds=AHEAD_S), message=message)
+        kept = {ATTEMPT_VAR: attempt, **({FREE_VAR: free_now} if free_now else {})}
         # the state first: a crashed run's job variables cannot be changed
-        if write.state(key, requeued) and write.place(key, run, {ATTEMPT_VAR: attempt}, check=False):
+        if write.state(key, requeued) and write.place(key, run, kept, check=False):
             counts["requeued"] += 1
     for key, why in snap.bad.items():
         run = snap.runs[key]
@@ -372,7 +397,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
         if lead is not None:
             attempt = int(placement_of(run).get(ATTEMPT_VAR, 0))
             if not write.place(p.job, run, {NODE_VAR: p.node, DEVICES_VAR: list(p.devices), CPUS_VAR: p.cpus,
-                                            ATTEMPT_VAR: attempt, AFTER_VAR: lead.id}):
+                                            ATTEMPT_VAR: attempt, AFTER_VAR: lead.id, **_free(run)}):
                 continue
             ahead = snap.specs[lead.id].name
             local = _local(snap, p)
@@ -388,7 +413,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
         if p.action == "start":
             attempt = int(placement_of(run).get(ATTEMPT_VAR, 0))
             if not write.place(p.job, run, {NODE_VAR: p.node, DEVICES_VAR: list(p.devices), CPUS_VAR: p.cpus,
-                                            ATTEMPT_VAR: attempt}):
+                                            ATTEMPT_VAR: attempt, **_free(run)}):
                 continue
             local = _local(snap, p)
             if not write.state(p.job, Scheduled(name=PLACED, scheduled_time=now,

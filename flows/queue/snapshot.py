@@ -14,11 +14,12 @@ from e31.flows.placement.text import gib
 from e31.flows.queue.clock import server_now
 from e31.flows.queue.overheads import from_run
 from e31.flows.queue.cache import ACTIVE, RunCache, flow_run_filter, read_all, state_filter
-from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, FENCED, LEASE_S, NODE_VAR, PLACED,
-                                     QUEUED, SETTLE_S, inputs_key, nodes_of, placement_of, planned_node,
+from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, FENCED, FREE_VAR, LEASE_S, NODE_VAR,
+                                     PLACED, QUEUED, SETTLE_S, inputs_key, nodes_of, placement_of, planned_node,
                                      staged_tags, work_pool_name)
 from e31.specs import JobSpec
 from e31.specs.pool import PoolSpec
+from e31.tasks.supervisor.cancel import work_never_started
 from e31.tasks.supervisor.fence import fences_of_run
 
 
@@ -207,7 +208,8 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
         if crashed:
             settled = now - (_ts(state.timestamp) or now) >= SETTLE_S  # the worker may still be reporting the crash
             if settled or node in lost_nodes:
-                if settled and (run.run_count or 0) <= req.retries:  # run_count: the attempts that started
+                # run_count: the attempts that ran, less those that crashed before their work started
+                if settled and (work_never_started(run) or (run.run_count or 0) - unstarted_of(run) <= req.retries):
                     snap.requeue.append(key)
                 continue
             # Not settled: Prefect's worker reports a flow process that exited non-zero as Crashed a moment before
@@ -267,6 +269,14 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 cpus=max(0, node.cpus - sum(r.cpus for r in held)),
                 memory=max(0, node.memory - sum(r.memory for r in held)), start=now, expected_end=now + lease_s))
     return snap
+
+
+def unstarted_of(run: Any) -> int:
+    """How many earlier attempts of ``run`` that Prefect counted in its
+    ``run_count`` crashed before their work started (:data:`FREE_VAR` in its
+    placement; 0 when absent or not a count)."""
+    value = placement_of(run).get(FREE_VAR, 0)
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 def _fence_wait(fence: dict) -> str:

@@ -91,6 +91,61 @@ def mark_work_ended(flow_run_id: str | None, at: float | None = None) -> bool:
     return done.wait(MARK_WAIT_S)
 
 
+#: The tag a handed-over flow run gets as its work starts, once the job ahead of it has ended:
+#: ``e31-work-started:`` and the attempt (the run's ``run_count`` then).  A run handed over behind another
+#: (``e31_after`` in its placement) is ``Running`` while it only waits; one lost with its node before this tag
+#: (and before :data:`WORK_ENDED`) crashed before its work started, which uses none of its retries.
+WORK_STARTED = "e31-work-started:"
+
+
+def mark_work_started(flow_run_id: str | None) -> bool:
+    """Tag the flow run ``flow_run_id`` :data:`WORK_STARTED` with its
+    attempt, in a flow process an ``e31 worker`` started (``E31_NODE``
+    set), before its work starts; the tags are those its reader read last,
+    as :func:`mark_work_ended` writes them.  Waits for the write at most
+    :data:`MARK_WAIT_S` seconds; returns whether it was written by then (a
+    write lost to an API error lets a crash of this attempt be taken for
+    one before its work started: queued again without a retry used, its
+    fence still keeping the two attempts apart)."""
+    if flow_run_id is None or this_node() is None:
+        return False
+    done = threading.Event()
+    reader = _READERS.get(flow_run_id)
+    known = reader.last if reader is not None else None
+
+    def write() -> None:
+        try:
+            with get_client(sync_client=True) as client:
+                run = known or client.read_flow_run(flow_run_id)
+                tags = [t for t in run.tags or [] if not t.startswith(WORK_STARTED)]
+                client.update_flow_run(flow_run_id, tags=[*tags, f"{WORK_STARTED}{run.run_count}"])
+            done.set()
+        except Exception:
+            pass
+
+    threading.Thread(target=contextvars.copy_context().run, args=(write,), name="e31-work-started",
+                     daemon=True).start()
+    return done.wait(MARK_WAIT_S)
+
+
+def work_never_started(run: object) -> bool:
+    """Whether the current attempt of ``run`` (a Prefect ``FlowRun``, ended
+    ``Crashed``) never started its work: Prefect's ``run_count`` is 0 (it
+    never ran), or it was handed over behind another run (``e31_after`` in
+    its placement: Prefect counts it ``Running`` while it waits) and its
+    tags hold neither :data:`WORK_STARTED` nor :data:`WORK_ENDED` for this
+    attempt."""
+    from e31.tasks.supervisor.fence import placement_of
+
+    count = getattr(run, "run_count", None) or 0
+    if count == 0:
+        return True
+    if not placement_of(run).get("e31_after"):
+        return False
+    marks = (f"{WORK_STARTED}{count}", f"{WORK_ENDED}{count}:")
+    return not any(isinstance(t, str) and (t == marks[0] or t.startswith(marks[1])) for t in run.tags or ())
+
+
 def work_ended_at(run: object) -> str | None:
     """The time (``YYYY-MM-DDTHH:MM:SSZ``) the tags of ``run`` (a Prefect
     ``FlowRun``) say the work of its current attempt ended

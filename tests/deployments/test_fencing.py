@@ -454,3 +454,35 @@ def test_a_run_named_in_the_worker_s_own_environment_does_not_get_its_warm_proce
         assert json.loads((q.root / "out" / "kept" / "record.json").read_text())["node"] == "n1"
         assert not _gone(warm) and _warm_processes(worker) == [warm]
         assert "no longer holds node" not in (q.root / "worker-n1.log").read_text()
+
+
+def test_a_placed_run_lost_with_its_node_is_queued_again_at_once_without_a_fence(prefect_api, tmp_path):
+    """A run only Placed on n1 (its worker had not taken it: Prefect's
+    worker proposes Pending before it starts a flow process) when n1 is
+    taken for lost has no process anywhere: it is queued again at the same
+    tick, saying so, with no fence, and planned at the next read.  Before,
+    n1 was fenced as if the run had been lost there while running, and the
+    requeued run waited for that fence."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Scheduled
+
+    from e31.flows.queue import apply, read
+    from e31.tasks.supervisor.fence import read_fences
+    from tests.conftest import place_by_hand
+
+    pool, _, template = _two_node_pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        run = _submit(client, pool, template, tmp_path, "only-placed")
+        place_by_hand(client, run, "n1")
+        client.set_flow_run_state(run, Scheduled(name="Placed", message="starts now on n1"), force=True)
+        counts = apply(client, read(client, pool), [])
+        assert (counts["lost"], counts["requeued"]) == (0, 1)
+        assert read_fences(client, pool.name) == {}
+        state = client.read_flow_run(run).state
+        assert (state.type.value, state.name, state.message) == ("SCHEDULED", "Queued", (
+            "Queued again: node n1 stopped answering (no worker heartbeat for 60 s) before its worker took the run; "
+            "nothing of it ran there, which uses none of its retries"))
+        assert client.read_flow_run(run).parameters["placement"] == {"e31_attempt": 0}
+        snap = read(client, pool)
+        assert [j.id for j in snap.queued] == [run] and snap.blocked == {}
+        assert sorted(r.id for r in snap.running) == ["~down~n1", "~down~n2"]
