@@ -682,7 +682,7 @@ def test_a_return_cut_with_its_worker_killed_too_is_finished_by_the_worker_start
         q.scheduler()
         worker = q.worker("n1", 0)
         wait_for(lambda: _warm_listening(worker), what="n1's warm process")
-        run_id = q.submit(q.job("cut", 0, 400, work="blobs.py", cpus=2, duration="1m")).split("flow run ")[1].split()[0]
+        run_id = q.submit(q.job("cut", 0, BLOB_COUNT, work="blobs.py", cpus=2, duration="1m")).split("flow run ")[1].split()[0]
         out = q.root / "out" / "cut"
         _wait_returning(out)
         _kill_worker_and_run(worker, run_id)  # the worker first: it does not see its flow process end
@@ -697,7 +697,7 @@ def test_a_return_cut_with_its_worker_killed_too_is_finished_by_the_worker_start
             states = [(s.type.value, s.name) for s in client.read_flow_run_states(run_id)]
     manifest = final_manifest(out)
     assert (manifest["status"], manifest["run_id"]) == ("completed", run_id)
-    assert sorted(f["path"] for f in manifest["files"]) == [f"blob-{i:03d}.bin" for i in range(400)] + ["record.json"]
+    assert sorted(f["path"] for f in manifest["files"]) == [f"blob-{i:03d}.bin" for i in range(BLOB_COUNT)] + ["record.json"]
     assert all(f["sha256"] == _sha256(out / f["path"]) for f in manifest["files"])
     assert list((q.root / "scratch-n1").rglob("return-pending.json")) == []
     after = states[[s[0] for s in states].index("RUNNING") + 1:]
@@ -875,6 +875,10 @@ BLOBS = textwrap.dedent("""
 """)
 
 
+#: Files of 1 MiB the cut job returns: enough that a return on a busy machine is seen under way before it ends.
+BLOB_COUNT = 900
+
+
 def _wait_returning(out: Path) -> None:
     """Wait until the destination ``out`` says ``returning`` (a return under way, its files in flux)."""
     def returning() -> bool:
@@ -919,7 +923,7 @@ def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(pr
         q.scheduler()
         worker = q.worker("n1", 0)
         wait_for(lambda: _warm_listening(worker), what="n1's warm process")
-        spec = q.job("cut", 0, 400, work="blobs.py", cpus=2, duration="2s" if handover else "1m")
+        spec = q.job("cut", 0, BLOB_COUNT, work="blobs.py", cpus=2, duration="2s" if handover else "1m")
         run_id = q.submit(spec).split("flow run ")[1].split()[0]
         out = q.root / "out" / "cut"
         waiting = q.submit(q.job("next", 0, 0.5, cpus=2)).split("flow run ")[1].split()[0]  # the node's 2 CPUs
@@ -934,12 +938,12 @@ def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(pr
             states = [s.type.value for s in client.read_flow_run_states(run_id)]
             attempts = client.read_flow_run(run_id).run_count  # the worker's return uses none of its retries
             said = (f"the return of flow run {run_id} was cut when its flow process ended; the worker finished it: "
-                    "completed, 401 file(s)")
+                    f"completed, {BLOB_COUNT + 1} file(s)")
             wait_for(lambda: said in [entry.message for entry in client.read_logs(
                 LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))], timeout=30, what="the worker's log line")
         manifest = final_manifest(out)
         assert (manifest["status"], manifest["run_id"]) == ("completed", run_id)
-        assert sorted(f["path"] for f in manifest["files"]) == [f"blob-{i:03d}.bin" for i in range(400)] + ["record.json"]
+        assert sorted(f["path"] for f in manifest["files"]) == [f"blob-{i:03d}.bin" for i in range(BLOB_COUNT)] + ["record.json"]
         assert all(f["sha256"] == _sha256(out / f["path"]) for f in manifest["files"])
         assert list((q.root / "scratch-n1").rglob("return-pending.json")) == []
         # Prefect's worker marks the run Crashed as the flow process ends; E31's holds it Pending while it returns
