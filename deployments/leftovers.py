@@ -255,6 +255,10 @@ async def clear_fences(client: Any, work_pool: str, node: str, logger: logging.L
         found = {run: pids for run, pids in node_processes(node).items() if run not in own}
         named = {name: f for name, f in (await read_fences_async(client, work_pool)).items() if f["node"] == node}
         fences = {str(f["run"]): f for f in named.values()}
+        for run, pid in _lock_holders(fences, own).items():  # a warm fork with no work: /proc names no run for it
+            if pid not in found.get(run, ()):
+                found.setdefault(run, []).append(pid)
+        left_of: dict[str, list[int]] = {}
         for run, pids in found.items():
             if run not in fences:
                 try:
@@ -269,14 +273,15 @@ async def clear_fences(client: Any, work_pool: str, node: str, logger: logging.L
                         server_now() - state.timestamp.timestamp() < FINAL_GRACE_S:  # the server's clock
                     continue  # its flow process is ending by itself
             pids = pids + _warm_forks_above(pids, spare)
-            left = _kill_all(pids)
+            left = left_of[run] = _kill_all(pids)
             logger.warning("flow run %s no longer holds node %s%s: its processes here (pids %s) killed%s", run, node,
                            " (lost with it while its worker was silent)" if run in fences else "", sorted(pids),
                            f"; pids {left} did not end" if left else "")
         rest = node_processes(node)
+        holders = _lock_holders(fences, own)
         for name, fence in named.items():
             run = str(fence["run"])
-            if rest.get(run):
+            if rest.get(run) or left_of.get(run) or run in holders:  # every process it was found with is gone
                 continue
             try:
                 await client.delete_variable_by_name(name)
@@ -288,6 +293,47 @@ async def clear_fences(client: Any, work_pool: str, node: str, logger: logging.L
     except Exception as exc:
         logger.warning("could not check this node's lost runs: %s: %s", type(exc).__name__, exc)
     return lifted
+
+
+def _lock_holders(fences: dict[str, dict], own: set[str] | frozenset[str]) -> dict[str, int]:
+    """Fenced run id -> the pid of the live process on this machine that
+    holds its job's lock (``$E31_SCRATCH/<job>/job.lock`` naming that run:
+    :func:`e31.flows.joblock.lock_holder`, the pid checked to hold the lock
+    file open, as :func:`job_runs_elsewhere` does): its flow process from
+    before its work starts (staging, or waiting behind the job ahead) to
+    its end.  A flow process forked from a warm process shows the warm
+    process's environment in ``/proc``, so without a work below it
+    :func:`node_processes` cannot name its run.  Runs in ``own`` are
+    left out, and so is a zombie (gone)."""
+    from e31.flows.compile import default_scratch_root
+    from e31.flows.joblock import lock_holder
+
+    found: dict[str, int] = {}
+    for run, fence in fences.items():
+        job = fence.get("job")
+        if run in own or not isinstance(job, str) or not job or "/" in job or job.startswith("."):
+            continue
+        lock = default_scratch_root() / job / "job.lock"
+        pid, holder = lock_holder(str(lock.parent))
+        if pid is None or holder != run or pid == os.getpid() or not _running(pid):
+            continue
+        try:
+            if any(os.path.realpath(f"/proc/{pid}/fd/{fd}") == str(lock.resolve()) for fd in os.listdir(
+                    f"/proc/{pid}/fd")):
+                found[run] = pid
+        except OSError:  # gone meanwhile, or not ours to read (then not ours to kill either)
+            continue
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has: killed, not yet reaped)."""
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _job_of(run: Any) -> str | None:

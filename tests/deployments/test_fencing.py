@@ -486,3 +486,73 @@ def test_a_placed_run_lost_with_its_node_is_queued_again_at_once_without_a_fence
         snap = read(client, pool)
         assert [j.id for j in snap.queued] == [run] and snap.blocked == {}
         assert sorted(r.id for r in snap.running) == ["~down~n1", "~down~n2"]
+
+
+def _lock_pid(q, name: str, node: str, run: str) -> int | None:
+    """The pid that holds job ``name``'s lock on ``node`` for flow run ``run`` (its flow process), or None."""
+    from e31.flows.joblock import lock_holder
+
+    pid, holder = lock_holder(str(q.root / f"scratch-{node}" / name))
+    return pid if holder == run and pid is not None and not _gone(pid) else None
+
+
+def test_a_handed_over_run_lost_while_it_waits_is_queued_again_without_a_retry_and_its_stopped_fork_is_killed(
+        prefect_api, tmp_path):
+    """H2 (no retries) handed over behind H1 (checkpointing, 2 retries) on
+    n1 waits, Running in Prefect, holding nothing; both flow processes are
+    hung (SIGSTOP: warm forks; H2's has no work below it) and n1's worker
+    killed (-9).  Past the lease both runs are Crashed; H2's work never
+    started, so it is queued again without using a retry (it was left
+    Crashed: Prefect had counted its wait as an attempt).  n1's worker
+    started again kills H1's and H2's stopped flow processes (H2's found
+    by its job's lock: /proc shows a warm fork the warm process's
+    environment) before it lifts their fences (it said 'no process of it
+    remains' while H2's fork lived); both jobs then complete on n1, H1
+    resuming from its checkpoint."""
+    from prefect.client.orchestration import get_client
+
+    with queue(tmp_path, {"n1": 2}) as q:
+        (q.root / "steps.py").write_text(STEPS)
+        q.scheduler("--lease", "10")
+        worker = q.worker("n1", 2)
+        wait_for(lambda: _warm_listening(worker), what="n1's warm process")
+        h1 = q.submit(q.job("H1", 2, 30, work="steps.py", duration="6s", retries=2)).split("flow run ")[1].split()[0]
+        wait_for(lambda: _durable_step(q.root / "out" / "H1" / "checkpoints") >= 1, what="a durable step of H1")
+        h2 = q.submit(q.job("H2", 2, 1, retries=0)).split("flow run ")[1].split()[0]
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: _lock_pid(q, "H2", "n1", h2) is not None and _state(client, h2).type.value == "RUNNING",
+                     what="H2 handed over, its flow process waiting")
+            assert client.read_flow_run(h2).parameters["placement"]["e31_after"] == h1
+            work = int(_attempt(q, "H1", "n1")[1])
+            flows = [_parent(work), _lock_pid(q, "H2", "n1", h2)]
+            try:
+                for pid in flows:
+                    os.kill(pid, signal.SIGSTOP)
+                os.kill(worker.pid, signal.SIGKILL)
+                worker.wait()
+                assert _started(q, "H2", "n1") is None  # its work never started
+                wait_for(lambda: (_state(client, h2).message or "").startswith(
+                    "Queued: waiting for its attempt on node n1, lost while it ran, to be confirmed ended"),
+                    timeout=120, what="H2 queued again, waiting for its fence")
+                assert "Queued again: it crashed before its work started, which uses none of its retries" in [
+                    s.message for s in client.read_flow_run_states(h2)]
+                assert not any(_gone(pid) for pid in flows)
+                q.start("worker-n1-again", "worker", "--pool", str(q.pool), "--node", "n1",
+                        env={"E31_NODE_GPUS": "2", "E31_SCRATCH": str(q.root / "scratch-n1")})
+                wait_for(lambda: _done(q, "H1", "H2"), timeout=150, what="both jobs")
+                assert all(_gone(pid) for pid in flows)
+            finally:
+                for pid in (*flows, work):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except (ProcessLookupError, TypeError):
+                        pass
+            wait_for(lambda: all(_state(client, r).is_final() for r in (h1, h2)), what="final states")
+            assert [_state(client, r).type.value for r in (h1, h2)] == ["COMPLETED", "COMPLETED"]
+        assert json.loads((q.root / "out" / "H1" / "record.json").read_text())["resumed_from"] >= 1
+        log = (q.root / "worker-n1-again.log").read_text()
+        killed = re.search(rf"flow run {h2} no longer holds node n1 \(lost with it while its worker was silent\): "
+                           r"its processes here \(pids \[([0-9, ]+)\]\) killed\n", log)
+        assert killed and flows[1] in [int(p) for p in killed.group(1).split(", ")], log
+        assert log.index(f"flow run {h2} no longer holds node n1") < log.index(
+            f"flow run {h2} (H2), lost with node n1: no process of it remains on this machine")
