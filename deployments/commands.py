@@ -214,7 +214,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                             heartbeat_interval_seconds=10))
 
     print(f"e31 worker: node {args.node} of pool {pool.name}", flush=True)
-    _say_stopped(pool.name, args.node, False)
     prefetcher = _start_prefetch(args.pool, args.node, pool)
     try:
         with temporary_settings(updates={PREFECT_WORKER_QUERY_SECONDS: query}):
@@ -222,28 +221,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
                 anyio.run(run)
             except KeyboardInterrupt:
                 pass
-        _say_stopped(pool.name, args.node, True)  # stopped on purpose: e31 queue says so, not "late", "lost"
     finally:
         if prefetcher is not None:
             prefetcher.kill()  # a copy cut short leaves only a temporary folder, which no run reuses
             prefetcher.wait()
     return EXIT_OK
-
-
-def _say_stopped(pool_name: str, node: str, stopped: bool) -> None:
-    """Write (``stopped``) or clear the word that ``node``'s worker stopped on purpose
-    (:func:`e31.deployments.presence.mark_stopped`). Best effort."""
-    from prefect.client.orchestration import get_client
-
-    from e31.deployments.presence import clear_stopped, mark_stopped
-    from e31.flows.queue import clock
-
-    try:
-        with get_client(sync_client=True) as client:
-            clock.measure(client)
-            (mark_stopped if stopped else clear_stopped)(client, pool_name, node)
-    except Exception:
-        pass
 
 
 def _start_prefetch(pool_path: str, node: str, pool: Any) -> Any:
@@ -337,7 +319,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_queue(args: argparse.Namespace) -> int:
     from prefect.client.orchestration import get_client
 
-    from e31.deployments.presence import lease_of, scheduler_note, stopped_workers
+    from e31.deployments.presence import lease_of, scheduler_note
     from e31.deployments.runwords import job_rows, node_lines, print_table
     from e31.deployments.scheduler import snapshot
     from e31.flows.placement import plan
@@ -353,7 +335,6 @@ def cmd_queue(args: argparse.Namespace) -> int:
         note = scheduler_note(client, pool.name, args.pool)
         snap = snapshot(client, pool, lease_s=lease_s)
         snap.scheduler_heard = serving
-        snap.stopped = stopped_workers(client, pool.name, [n.name for n in snap.nodes])
         placements = plan(snap.nodes, snap.running, snap.queued, snap.now)
         try:
             staging = progress_of(client, [p.job for p in placements if p.action == "wait"])

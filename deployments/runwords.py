@@ -164,10 +164,6 @@ def worker_words(snap: Any, node: str, now: float) -> str:
     if beat is None:
         return "no worker heard: nothing starts here until one runs (e31 worker --node " + node + ")"
     age, lease_s = max(0.0, now - beat), snap.lease_s
-    stopped = getattr(snap, "stopped", {}).get(node)
-    if stopped is not None and stopped >= beat - 1.0:  # said as it stopped, after its last heartbeat (a worker
-        # started again clears it before it beats)
-        return f"stopped (its worker was stopped at {datetime.fromtimestamp(stopped, timezone.utc):%H:%M:%S} UTC)"
     if age <= SILENT_S:
         return f"heard {age:.0f} s ago"
     runs = _runs_on(snap, node)

@@ -72,9 +72,6 @@ class Snapshot:
     pool: str = ""
     #: Fence Variable name -> its value (:func:`e31.tasks.supervisor.fence.fence_value`): one per lost run and node.
     fences: dict[str, dict] = field(default_factory=dict)
-    #: Node -> when its worker said it stopped on purpose (Unix seconds, server's clock; ``e31 queue`` reads it:
-    #: :func:`e31.deployments.presence.stopped_workers`).
-    stopped: dict[str, float] = field(default_factory=dict)
 
 
 #: The name of the ``Pending`` state a worker holds a run in while it finishes a return its flow process cut

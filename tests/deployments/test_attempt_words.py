@@ -219,37 +219,3 @@ def test_a_job_waiting_for_a_node_without_a_live_worker_says_so_and_no_start_tim
     assert job_rows(snap, [p])[-1][-1] == (
         f"waiting for 2 CPUs on one node (0 free on c-1); earliest start 19:35 UTC on c-1, after job busy "
         f"({busy[:8]}) ends")
-
-
-def test_e31_queue_says_a_worker_stopped_on_purpose_is_stopped_not_late(prefect_api, tmp_path):
-    """A worker stopped by SIGTERM (its drain) says so as it exits: ``e31
-    queue`` shows its node ``stopped (its worker was stopped at HH:MM:SS
-    UTC)``, not late then lost as a crashed machine; started again, it is
-    heard."""
-    import re
-    import signal
-    import subprocess
-
-    from tests.deployments.test_queue import queue, wait_for
-
-    with queue(tmp_path, {"n1": 0}) as q:
-        q.scheduler()
-
-        def n1() -> str:
-            done = subprocess.run([q.exe, "queue", "--pool", str(q.pool)], capture_output=True, text=True, cwd=q.root)
-            assert done.returncode == 0, done.stderr
-            [line] = [line for line in done.stdout.splitlines() if line.startswith("n1 ")]
-            return line
-
-        worker = q.worker("n1", 0)
-        wait_for(lambda: re.search(r"heard \d+ s ago$", n1()) is not None, what="n1's worker heard")
-        os.kill(worker.pid, signal.SIGTERM)
-        worker.wait(timeout=120)
-        stopped = time.time()
-        line = n1()
-        said = re.search(r"stopped \(its worker was stopped at (\d\d):(\d\d):(\d\d) UTC\)$", line)
-        assert said is not None, line  # old code: "heard 2 s ago", then late, then lost
-        at = int(said.group(1)) * 3600 + int(said.group(2)) * 60 + int(said.group(3))
-        assert 0 <= (int(stopped) % 86400 - at) % 86400 <= 30, line
-        q.worker("n1", 0)
-        wait_for(lambda: re.search(r"heard \d+ s ago$", n1()) is not None, what="n1's worker heard again")
