@@ -15,11 +15,10 @@ def submitted_line(snap: Any, placements: list[Any], key: str) -> str | None:
     and this read), or handed over behind a running job; None when the run
     is in none of them (it ended already)."""
     from e31.flows.queue import humane
-    from e31.flows.queue.silent import wait_reason
 
     mine = next((p for p in placements if p.job == key), None)
-    if mine is not None:  # a node without a live worker said so (wait_reason), not as a resource short
-        return humane(wait_reason(mine, snap) if mine.action == "wait" else describe(mine), snap)
+    if mine is not None:
+        return humane(describe(mine), snap)
     if key in snap.blocked:
         return humane(snap.blocked[key], snap)  # "waiting for the run ... of this job, ..., to end"
     if key in snap.behind:
@@ -84,7 +83,6 @@ def job_rows(snap: Any, placements: list[Any], staging: dict[str, str] | None = 
     held back behind another run of their job, and the crashed runs about
     to be queued again."""
     from e31.flows.queue import DEVICES_VAR, NODE_VAR, humane, placement_of
-    from e31.flows.queue.silent import wait_reason
     from e31.flows.queue.snapshot import attempt_start
 
     staging = staging or {}
@@ -108,7 +106,7 @@ def job_rows(snap: Any, placements: list[Any], staging: dict[str, str] | None = 
                      ",".join(map(str, placed.get(DEVICES_VAR) or ())) or "-", _hhmm(attempt_start(run)),
                      holding(run.state) + silent_note(snap, placed.get(NODE_VAR), snap.now)))
     for p in placements:
-        reason = humane(wait_reason(p, snap), snap) + (f"; {staging[p.job]}" if p.job in staging else "") + \
+        reason = humane(p.reason, snap) + (f"; {staging[p.job]}" if p.job in staging else "") + \
             (silent_note(snap, p.node, snap.now) if p.action == "start" else "")
         rows.append((snap.specs[p.job].name, p.job[:8], "Queued", p.node or "-",
                      ",".join(map(str, p.devices)) or "-", _hhmm(p.start), reason))

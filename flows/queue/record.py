@@ -17,7 +17,6 @@ from e31.flows.queue.cache import RunCache
 from e31.flows.queue.clock import server_now
 from e31.flows.queue.pace import (ENDER, DEEP_AHEAD_S, ESTIMATE_EVERY_S, REASON_DEPTH, REASON_EVERY_S, start_moved,
                                   planner_reason, same_but_clocks)
-from e31.flows.queue.silent import wait_reason
 from e31.flows.queue.snapshot import Snapshot, unstarted_of
 from e31.specs import JobSpec
 from e31.tasks.supervisor.cancel import work_never_started
@@ -429,8 +428,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
         else:
             waits_seen += 1
             deep = cache is not None and waits_seen > REASON_DEPTH
-            reason = wait_reason(p, snap)  # a node without a live worker said so, not as a resource short
-            message = f"Queued: {humane(ENDER.sub('', reason) if deep else reason, snap)}"
+            message = f"Queued: {humane(ENDER.sub('', p.reason) if deep else p.reason, snap)}"
             start_s = p.start or snap.now
             planned = datetime.fromtimestamp(max(start_s, snap.now + (DEEP_AHEAD_S if deep else AHEAD_S)), timezone.utc)
             current = run.state
