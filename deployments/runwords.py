@@ -26,7 +26,7 @@ def submitted_line(snap: Any, placements: list[Any], key: str) -> str | None:
         return f"handed over behind {snap.specs[ahead].name} ({ahead[:8]}): its work starts once that job has ended"
     held = next((r for r in snap.running if r.id == key), None)
     if held is not None:
-        state = holding(snap.runs[key].state)  # not "placed ... already: placed: ..." (found by a fresh user)
+        state = holding(snap.runs[key].state)  # not "placed ... already: placed: ..."
         return f"placed on {held.node}{_gpus(held.devices)} by the scheduler already: {state.removeprefix('placed: ')}"
     return None
 

@@ -244,8 +244,8 @@ def _too_late(spec: JobSpec, plan: JobPlan, resume: Resume, target: ReturnTarget
     if stop_at - plan.grace_s > now:
         return None
     if not (resume.crashed or resume.step is not None):
-        # said at the destination too (found by a fresh user: a queued run placed too late for its deadline
-        # ended Failed with no manifest); an earlier complete output stays as it was
+        # said at the destination too, so a queued run placed too late for its deadline does not end Failed
+        # with no manifest; an earlier complete output stays as it was
         why = _no_time(spec, plan, now, stop_at)
         write_failure_manifest(target, why)
         raise AdmissionError(why)

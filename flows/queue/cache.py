@@ -151,10 +151,10 @@ class RunCache:
     def hear(self, runs: set[str]) -> None:
         """Flow run ids the server's events named (a submission, an end):
         the next incremental read also reads, by id, those it neither
-        returns nor keeps.  Found by an attack: on a busy server a
-        submission committed 52 s after its scheduled time was computed fell
-        outside the filter for new runs (its expected start too early) and
-        waited for the next full read, ~60 s."""
+        returns nor keeps: on a busy server a submission committed long
+        after its scheduled time was computed falls outside the filter for
+        new runs (its expected start too early) and would wait for the next
+        full read, ~60 s."""
         self.heard |= set(runs)
 
     def _merged(self, found: list[Any], read_at: float) -> dict[str, Any]:

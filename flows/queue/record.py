@@ -151,7 +151,7 @@ class _Writer:
         if not index:
             return False
         if history[-1].id != mine and history[-1].is_final():  # ended again since: not overwritten with the
-            self.counts["undone"] += 1  # state before the write, which had no message (found by an attack)
+            self.counts["undone"] += 1  # state before the write, which had no message
             self.cache.forget(key)
             return True
         before = history[index - 1]
