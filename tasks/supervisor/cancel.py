@@ -71,22 +71,29 @@ def mark_work_ended(flow_run_id: str | None, at: float | None = None) -> bool:
     from datetime import datetime, timezone
 
     when = datetime.fromtimestamp(time.time() if at is None else at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    done = threading.Event()
+    return _tag_attempt(flow_run_id, WORK_ENDED, f":{when}")
 
+
+def _tag_attempt(flow_run_id: str, prefix: str, suffix: str = "") -> bool:
+    """Tag the flow run ``prefix`` + its attempt (``run_count``) + ``suffix``, replacing an older tag of
+    that prefix, from a daemon thread; the other tags are those its reader read last (<= 10 s ago), else
+    read now.  Waits at most :data:`MARK_WAIT_S` seconds; returns whether it was written by then.  A
+    write the API does not take is dropped: the manifest is still the job's word."""
+    done = threading.Event()
     reader = _READERS.get(flow_run_id)
-    known = reader.last if reader is not None else None  # the run as its reader read it last (<= 10 s ago)
+    known = reader.last if reader is not None else None
 
     def write() -> None:
         try:
             with get_client(sync_client=True) as client:
                 run = known or client.read_flow_run(flow_run_id)
-                tags = [t for t in run.tags or [] if not t.startswith(WORK_ENDED)]
-                client.update_flow_run(flow_run_id, tags=[*tags, f"{WORK_ENDED}{run.run_count}:{when}"])
+                tags = [t for t in run.tags or [] if not t.startswith(prefix)]
+                client.update_flow_run(flow_run_id, tags=[*tags, f"{prefix}{run.run_count}{suffix}"])
             done.set()
-        except Exception:  # the API is away: the manifest is still the job's word
+        except Exception:
             pass
 
-    threading.Thread(target=contextvars.copy_context().run, args=(write,), name="e31-work-ended",
+    threading.Thread(target=contextvars.copy_context().run, args=(write,), name=f"e31-{prefix.strip(':')}",
                      daemon=True).start()
     return done.wait(MARK_WAIT_S)
 
@@ -109,23 +116,7 @@ def mark_work_started(flow_run_id: str | None) -> bool:
     fence still keeping the two attempts apart)."""
     if flow_run_id is None or this_node() is None:
         return False
-    done = threading.Event()
-    reader = _READERS.get(flow_run_id)
-    known = reader.last if reader is not None else None
-
-    def write() -> None:
-        try:
-            with get_client(sync_client=True) as client:
-                run = known or client.read_flow_run(flow_run_id)
-                tags = [t for t in run.tags or [] if not t.startswith(WORK_STARTED)]
-                client.update_flow_run(flow_run_id, tags=[*tags, f"{WORK_STARTED}{run.run_count}"])
-            done.set()
-        except Exception:
-            pass
-
-    threading.Thread(target=contextvars.copy_context().run, args=(write,), name="e31-work-started",
-                     daemon=True).start()
-    return done.wait(MARK_WAIT_S)
+    return _tag_attempt(flow_run_id, WORK_STARTED)
 
 
 def work_never_started(run: object) -> bool:
