@@ -146,8 +146,12 @@ def handoff_path(folder: Path) -> Path:
 
 def written(folder: Path) -> bool:
     """Whether the checkpoint of ``folder`` exists in any state: committed,
-    noted, being written, or handed over."""
-    return folder.is_dir() or handoff_path(folder).is_file()
+    noted, being written, or handed over.
+
+    The hand-over file is looked at first: the supervisor makes the folder
+    before it removes that file, so a conversion finishing between the two
+    looks is still seen (the other order could see neither)."""
+    return handoff_path(folder).is_file() or folder.is_dir()
 
 
 def _convert_handoff(folder: Path) -> bool:

@@ -398,7 +398,7 @@ def test_e31_queue_calls_a_stopped_worker_late_and_its_run_keeps_its_node(prefec
             node, job = seen[-1]
             late = re.search(r"late: last heard (\d+) s ago; its runs keep their resources until the lease ends at "
                              r"(.+)$", node)
-            assert late is not None and 20 < int(late.group(1)) <= 60, node
+            assert late is not None and 20 <= int(late.group(1)) <= 60, node  # past 20 s, shown rounded
             assert late.group(2) == clock(beat + 60, beat + 60), node
             assert job.endswith(f"; node n1's worker is late: last heard {late.group(1)} s ago"), job
             assert " Running " in job, job  # it keeps its node

@@ -224,3 +224,31 @@ def test_prune_keeps_the_newest_committed_and_never_touches_unmarked_folders(tmp
     assert prune(str(tmp_path), 2) == [1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "step-2", "step-4", "step-9"]
     assert prune(str(tmp_path), 2) == []
+
+
+def test_a_conversion_finishing_between_the_two_looks_still_counts_as_written(tmp_path, monkeypatch):
+    """The supervisor makes ``step-<N>/`` and only then removes the
+    hand-over file; ``written`` must not see neither when that happens
+    between its looks (the work's ``flush`` would raise 'not committed')."""
+    from pathlib import Path
+
+    from e31.tasks.work import local_checkpoints as lc
+
+    folder = lc.write_state(tmp_path, {"w": torch.zeros(4)}, 3, handoff=True)
+    raw = lc.handoff_path(folder)
+    assert raw.is_file() and not folder.exists()
+    real_is_dir, real_is_file = Path.is_dir, Path.is_file
+
+    def convert_then(look):
+        def patched(self):
+            seen = look(self)
+            if self in (folder, raw) and raw.exists():
+                lc._convert_handoff(folder)  # the supervisor converts right after this look
+            return seen
+        return patched
+
+    monkeypatch.setattr(Path, "is_dir", convert_then(real_is_dir))
+    monkeypatch.setattr(Path, "is_file", convert_then(real_is_file))
+    assert lc.written(folder)
+    monkeypatch.undo()
+    assert folder.is_dir() and not raw.exists()
