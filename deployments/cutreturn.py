@@ -84,8 +84,8 @@ def close_cut_return(job: Any, flow_run_id: str, held: bool, say: Callable[[str]
     (:func:`hold_cut_return`) that could not be finished is crashed
     (:func:`give_up_returning`): the node is free again, and a run with
     retries left is queued again; unless another process here holds the
-    job's lock (a second worker for the node finishing the same return: an
-    attack saw it crashed, and its retry run twice).  Raises what the state
+    job's lock (a second worker for the node finishing the same return:
+    crashing it there would run its retry twice).  Raises what the state
     writes raise."""
     from e31.flows.compile import default_scratch_root
     from e31.flows.joblock import lock_busy

@@ -104,8 +104,8 @@ async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Lo
             job = _job_of(run)
             if job is not None and cut_return_of(default_scratch_root() / job, str(run.id)) and \
                     lock_busy(str(default_scratch_root() / job)):
-                # another process here delivers it (a second worker for this node, e31 return): left to it (an
-                # attack: two workers started at once both took the run, and the second crashed it)
+                # another process here delivers it (a second worker for this node, e31 return): left to it, since
+                # two workers started at once both take the run and the second would crash it
                 logger.warning("flow run %s (%s) has no flow process left but its return is being finished here by "
                                "another process: left to it", run.id, run.name)
                 continue

@@ -147,7 +147,7 @@ def beat(client: Any, pool_name: str, me: str, lease_s: float) -> bool:
 
 
 #: Seconds a stopping scheduler gives the deletion of its claim: a server that is down or frozen would
-#: otherwise hold its stop for the client's retries and timeouts (an attack: 16 s after a SIGTERM, then kill -9).
+#: otherwise hold its stop for the client's retries and timeouts (16 s measured after a SIGTERM, then the operator's kill -9).
 RELEASE_WAIT_S = 5.0
 
 

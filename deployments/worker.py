@@ -189,8 +189,8 @@ class E31Worker(ProcessWorker):
         live for the scheduler); the first one waits for the warm process to
         listen (:meth:`_warm_ready`) unless a run holds this node: a worker
         started again is heard from at once, before the lease since its
-        predecessor's last heartbeat runs out (an attack's stuck warm
-        process: 64 s, its node taken for lost)."""
+        predecessor's last heartbeat runs out (a stuck warm process would
+        otherwise hold it silent for 64 s, and its node be taken for lost)."""
         if not getattr(self, "_has_successfully_synced", False) and self._client is not None:
             from e31.deployments.leftovers import node_held
 

@@ -237,8 +237,8 @@ def _too_late(spec: JobSpec, plan: JobPlan, resume: Resume, target: ReturnTarget
     now: a fresh run writes a failed manifest and raises :class:`AdmissionError`; a run an earlier attempt
     began returns what that attempt left (its manifest).  None while there is time.  Checked as the run
     starts and again as its work is about to start (after its staging and any wait behind the job ahead,
-    which may overrun: an attack saw such a work start after its deadline less the reserve, and be killed
-    at once)."""
+    which may overrun, so a work would otherwise start after its deadline less the reserve and be killed at
+    once)."""
     now = time.time()
     stop_at, stop_reason = plan.stop_at(now)
     if stop_at - plan.grace_s > now:
