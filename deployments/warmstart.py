@@ -321,12 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m e31.deployments.warmstart SOCKET [WORK_POOL]``."""
     import importlib
 
-    from e31.lazytls import install
+    from e31.prefect_compat.lazytls import install
 
     args = argv if argv is not None else sys.argv[1:]
     path = args[0]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops this process by closing stdin
-    install()  # its runs' Prefect clients load no trust store until they make a TLS connection (e31.lazytls)
+    install()  # its runs' Prefect clients load no trust store until they make a TLS connection (e31.prefect_compat.lazytls)
     for name in PRELOAD:
         importlib.import_module(name)
     for name in PRELOAD_OPTIONAL:

@@ -240,7 +240,7 @@ _WITH_SPEC: dict[str, Callable[[argparse.Namespace, JobSpec, list[str]], int]] =
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``e31`` console script; returns the exit code."""
-    from e31.lazytls import install
+    from e31.prefect_compat.lazytls import install
 
     install()  # Prefect's clients stop paying ~30 ms of CPU each for a trust store a plain http:// API never uses
     try:

@@ -1,4 +1,4 @@
-"""e31.lazytls: client TLS contexts whose trust store is read at their first
+"""e31.prefect_compat.lazytls: client TLS contexts whose trust store is read at their first
 connection.  Real TLS connections to a local HTTPS server with a
 self-signed certificate (made with the ``openssl`` command), through
 ``ssl`` sockets, ``httpx`` and ``asyncio``."""
@@ -15,7 +15,7 @@ import certifi
 import httpx
 import pytest
 
-from e31.lazytls import _STDLIB, LazyTrustContext, create_default_context, install
+from e31.prefect_compat.lazytls import _STDLIB, LazyTrustContext, create_default_context, install
 
 
 @pytest.fixture(scope="module")
