@@ -292,7 +292,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from e31.flows.deploy import job_tags, parameters
     from e31.flows.queue import submit
     from e31.specs import load_spec
-    from e31.tasks.supervisor.busy import retry_busy_quickly
+    from e31.prefect_compat.busy import retry_busy_quickly
 
     pool = _pool(args.pool)
     _need_api()

@@ -254,7 +254,7 @@ class Beats:
         from prefect.client.orchestration import get_client
 
         from e31.flows.queue.clock import watch
-        from e31.tasks.supervisor.busy import retry_busy_quickly
+        from e31.prefect_compat.busy import retry_busy_quickly
 
         with retry_busy_quickly(get_client(sync_client=True)) as client:
             watch(client)

@@ -54,7 +54,7 @@ class Tick:
     seconds, ``cycle_s`` the whole tick's, ``read_s`` its read's (``full``:
     every active run was read, not only the changes), the ids of the runs
     holding resources (``holding``), and ``resent``: the requests the tick
-    sent again after a busy database's 503 (:mod:`e31.tasks.supervisor.busy`)."""
+    sent again after a busy database's 503 (:mod:`e31.prefect_compat.busy`)."""
 
     queued: int
     running: int
@@ -140,7 +140,7 @@ def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None 
     tick then reads only what changed), else every active run is read;
     ``max_waits``, ``max_wait_s``, ``handover_s`` (seconds; 0: no
     handovers): see :func:`e31.flows.queue.apply`."""
-    from e31.tasks.supervisor.busy import busy_retries
+    from e31.prefect_compat.busy import busy_retries
 
     started, resent = time.monotonic(), busy_retries(client)[0]
     snap = snapshot(client, pool, past, now, lease_s, cache)
@@ -171,7 +171,7 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
 
     from e31.deployments.runevents import SCHEDULER_EVENTS, Wakeup, own_rewrite
     from e31.deployments.worker import E31Worker
-    from e31.tasks.supervisor.busy import retry_busy_quickly
+    from e31.prefect_compat.busy import retry_busy_quickly
 
     with retry_busy_quickly(get_client(sync_client=True)) as client:
         clock.measure(client)  # every server timestamp is judged on the server's clock (e31.flows.queue.clock)

@@ -158,11 +158,11 @@ class E31Worker(ProcessWorker):
     async def setup(self) -> None:
         """Start the warm flow process (unless ``E31_WARM_START=0``), then
         Prefect's setup, then quick retries of the API's 503s
-        (:mod:`e31.tasks.supervisor.busy`).  Prefect's ``start`` enters the
+        (:mod:`e31.prefect_compat.busy`).  Prefect's ``start`` enters the
         worker again: one warm process serves both, ended by the outer teardown."""
         import time
 
-        from e31.tasks.supervisor.busy import retry_busy_quickly
+        from e31.prefect_compat.busy import retry_busy_quickly
 
         if self._warm is None and os.environ.get(WARM_VAR, "1") != "0" and sys.platform != "win32":
             self._warm, self._warm_at = start_warm_process(self._work_pool_name), time.monotonic()  # importing while
@@ -382,7 +382,7 @@ class E31Worker(ProcessWorker):
         """Prefect's labels naming this worker on the run, written beside the
         run's start instead of before it: the write is a read-then-write
         transaction that a busy SQLite database answers with 503, and the
-        run's start waited for its resends (:mod:`e31.tasks.supervisor.busy`).
+        run's start waited for its resends (:mod:`e31.prefect_compat.busy`).
         A label write that fails is logged; the run goes on."""
         parent = super()._give_worker_labels_to_flow_run
 

@@ -182,7 +182,7 @@ class RunCache:
     def _read_in_background(self, read_at: float, full_at: float) -> tuple[list[Any], float, float]:
         from prefect.client.orchestration import get_client
 
-        from e31.tasks.supervisor.busy import retry_busy_quickly
+        from e31.prefect_compat.busy import retry_busy_quickly
 
         with retry_busy_quickly(get_client(sync_client=True)) as client:
             return self._read_every(client), read_at, full_at

@@ -50,7 +50,7 @@ def submit(client: Any, pool: PoolSpec, parameters: dict[str, Any], tags: list[s
     """Create the queued flow run of a job (``parameters``: the flow's
     ``spec`` and ``code_dir``); returns the flow run.  The request carries
     a fresh idempotency key: sent again after a 503 (a busy database, by
-    Prefect's client or :mod:`e31.tasks.supervisor.busy`), it cannot create
+    Prefect's client or :mod:`e31.prefect_compat.busy`), it cannot create
     a second run."""
     import uuid
 

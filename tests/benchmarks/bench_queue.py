@@ -326,7 +326,7 @@ def _run(args, root: Path, env: dict, procs: list, cleanup: Cleanup) -> int:
     print(f"scheduler ticks that failed (each then reads every active run again): {len(failed)}"
           + (f" ({', '.join(sorted(set(failed)))}; see scheduler.log with --keep)" if failed else ""))
     resent = sum(int(n) for n in re.findall(r"(\d+) request\(s\) sent again", (root / "scheduler.log").read_text()))
-    print(f"scheduler requests sent again after a busy database's 503 (e31.tasks.supervisor.busy): {resent}")
+    print(f"scheduler requests sent again after a busy database's 503 (e31.prefect_compat.busy): {resent}")
     reused = sum(1 for s in specs if (root / "out" / s.name / "manifest.json").exists() and json.loads(
         (root / "out" / s.name / "manifest.json").read_text()).get("staged_before_allocation"))
     print(f"stagings saved by locality: {reused} of {len(specs)} runs found their inputs staged (manifest "

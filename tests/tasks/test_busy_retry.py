@@ -1,4 +1,4 @@
-"""Quick retries of a busy Prefect API's 503 (e31.tasks.supervisor.busy),
+"""Quick retries of a busy Prefect API's 503 (e31.prefect_compat.busy),
 against a real HTTP server on 127.0.0.1 that answers 503 a set number of
 times per path before answering 200, through Prefect's own clients.
 
@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from e31.tasks.supervisor.busy import DELAYS_S, busy_retries, retry_busy_quickly
+from e31.prefect_compat.busy import DELAYS_S, busy_retries, retry_busy_quickly
 
 
 class _Server:
@@ -162,7 +162,7 @@ def test_quick_resends_are_budgeted_per_client(server, monkeypatch):
     resends per window from one client: the rest go to Prefect's back-off."""
     from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-    from e31.tasks.supervisor import busy
+    from e31.prefect_compat import busy
 
     monkeypatch.setattr(busy, "DELAYS_S", (0.0, 0.0, 0.0))
     monkeypatch.setattr(busy, "BUDGET", 5)
