@@ -11,7 +11,7 @@ the run ends and submissions (:data:`SCHEDULER_EVENTS`), the workers the
 placements (:data:`WORKER_EVENTS`); both still poll at their interval (a
 worker asks the server only every :data:`QUIET_POLL_S` while the stream is
 up: :class:`PollGate`), so a lost stream (a server restart, a proxy that
-drops websockets) costs only latency.  Measured with ``tests/benchmarks/bench_queue.py``: see the README.
+drops websockets) costs only latency.  Measured with ``tests/benchmarks/bench_queue.py``: see docs/performance.md.
 
 A ``Queued`` state entered from ``Queued`` is a waiting run's reason or
 planned start rewritten (the scheduler's own writes, :func:`own_rewrite`):

@@ -1,4 +1,4 @@
-"""The meter: what a run is billed, in one place (README, "The meter")."""
+"""The meter: what a run is billed, in one place (docs/output.md, "The meter")."""
 
 from __future__ import annotations
 

@@ -314,7 +314,7 @@ def empty_output(folder: Path) -> None:
     work starts: a run's output holds what its own work writes, and only
     the checkpoint (``E31_RESUME_DIR``, ``ctx.restore()``) carries over from
     a stopped or lost attempt, as it does when the run resumes on another
-    machine (README, "What a resumed run keeps").  The stopped attempt's
+    machine (docs/stops-and-resumes.md, "What a resumed run keeps").  The stopped attempt's
     files were returned already (a pending return is delivered before any
     run starts).  Raises ``OSError`` when the folder cannot be emptied."""
     folder.mkdir(parents=True, exist_ok=True)

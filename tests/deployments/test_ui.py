@@ -85,5 +85,5 @@ def test_a_queued_run_shows_why_it_waits_in_the_ui(prefect_api, tmp_path):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 30_000
     for text in ("waiter", "Queued", "waiting for 6 GPUs on one node (0 free on n1)"):
         assert text in dom, text
-    if os.environ.get("E31_UI_SHOTS"):  # refresh the README's picture: E31_UI_SHOTS=docs pytest -k queued_run
+    if os.environ.get("E31_UI_SHOTS"):  # refresh the pictures in docs/: E31_UI_SHOTS=docs pytest -k queued_run
         shutil.copy(shot, REPO / os.environ["E31_UI_SHOTS"] / "ui-queued-run.png")
