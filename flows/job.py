@@ -37,7 +37,7 @@ from e31.tasks.deliver import (ON_DELIVERED, ReturnTarget, check_destination, de
                            publish_artifacts, return_task, write_failure_manifest)
 from e31.tasks.manifest import step_text
 from e31.tasks.outcome import ChildLost, RunOutcome
-from e31.tasks.supervisor.api import api_answers
+from e31.prefect_compat.api import api_answers
 from e31.tasks.supervisor.fence import this_node
 from e31.tasks.supervisor.process import SIGNALLED, end_signal_deferral, signals_deferred
 from e31.tasks.supervisor.warm import discard, prestart

@@ -138,7 +138,7 @@ def _leave_when_the_api_stays_down(spec: JobSpec, plan) -> None:
     (:mod:`e31.flows.statesync`), print the manifest and exit with its code."""
     from e31.flows.job import DELIVERED
     from e31.flows.statesync import remember
-    from e31.tasks.supervisor.api import api_ready
+    from e31.prefect_compat.api import api_ready
 
     url = os.environ.get("PREFECT_API_URL", "")
     down_since = None

@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from e31.tasks.supervisor.api import api_ready
+from e31.prefect_compat.api import api_ready
 from e31.tasks.supervisor.process import die_with_parent
 
 STARTUP_TIMEOUT_S = 120.0  # a fresh PREFECT_HOME migrates its database first (~25 s on 2 cores)

@@ -39,7 +39,7 @@ from e31.tasks.outcome import RunOutcome
 from e31.tasks.retrying import retry_unless
 from e31.tasks.storage.local import regular_files
 from e31.tasks.storage.progress import TransferProgress
-from e31.tasks.supervisor.api import api_answers
+from e31.prefect_compat.api import api_answers
 from e31.tasks.storage.masked_errors import masks_failures
 
 UPLOAD_THREADS = 8  # files uploaded at once by the return step

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from e31.tasks.supervisor.api import api_ready
+from e31.prefect_compat.api import api_ready
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "specs" / "examples" / "digits-nightly-retrain.yaml"

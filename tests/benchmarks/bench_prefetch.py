@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 from e31.specs.units import parse_memory
-from e31.tasks.supervisor.api import api_ready
+from e31.prefect_compat.api import api_ready
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))

@@ -70,7 +70,7 @@ import sys
 import time
 from pathlib import Path
 
-from e31.tasks.supervisor.api import api_ready
+from e31.prefect_compat.api import api_ready
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script: the repository's tests package

@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def _server(home: Path, port: int) -> subprocess.Popen:
-    from e31.tasks.supervisor.api import api_ready
+    from e31.prefect_compat.api import api_ready
 
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from e31.tasks.supervisor.api import api_ready
+from e31.prefect_compat.api import api_ready
 from tests.conftest import REPO
 
 WAITING = "e31: waiting for another temporary Prefect server to set up the database in "
