@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     from e31.flows.deploy import ENTRYPOINT
 
     _load_flow_from_runtime_entrypoint(ENTRYPOINT)
-    from e31.flows.runlog import drop_explained_failures
+    from e31.prefect_compat.runlog import drop_explained_failures
 
     drop_explained_failures()  # in every fork from its start: a run cancelled as it starts ends in one line
     from e31.deployments.warmprep import build_models, prefill

@@ -49,7 +49,7 @@ from e31.tasks.stage import StageError, StagingCancelled, preflight, stage_task
 from e31.tasks.storage.scratch_cache import data_wait_s, prefetched_seconds
 from e31.tasks.storage.transfer_markers import transferring
 from e31.tasks.storage import describe_error, scrub
-from e31.flows.runlog import drop_explained_failures
+from e31.prefect_compat.runlog import drop_explained_failures
 from e31.tasks.storage.masking import install_log_masking
 from e31.tasks.storage.masked_errors import masked_exception
 from e31.tasks.storage.options import register_destination, register_inputs

@@ -51,7 +51,7 @@ def _run_with_api(spec: JobSpec, plan, code_dir: str) -> int:
     from e31.flows.deploy import job_tags
     from e31.flows import exitsignals
     from e31.flows.job import DELIVERED, JobFailedError, run_job
-    from e31.flows.runlog import hide_tracebacks_on_console
+    from e31.prefect_compat.runlog import hide_tracebacks_on_console
     from e31.flows.statesync import apply_pending, remember
     from e31.tasks.supervisor.loop import ON_RESUME
 

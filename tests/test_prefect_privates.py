@@ -38,7 +38,9 @@ class Private:
     - ``callable``: a function or method whose parameters are ``params``
       (names, in order, ``self``/``cls`` left out);
     - ``module``: an importable module;
-    - ``logger``: a logger that Prefect's logging configuration defines.
+    - ``logger``: a logger that Prefect's logging configuration defines;
+    - ``text``: a log text that the source of module ``owner`` still writes
+      (E31's log filters match it).
 
     ``read_by``: a function of Prefect's that must still read the member
     (E31 sets it for that function to see).  ``used_by``: the E31 module and
@@ -98,9 +100,17 @@ PRIVATES: tuple[Private, ...] = (
     Private("httpx:Client", "_transport", "attribute", "e31/prefect_compat/busy.py: wrapped by the quick 503 resends"),
     Private("httpx:Client", "_mounts", "attribute", "e31/prefect_compat/busy.py: proxies' transports, wrapped too"),
     Private("httpx:AsyncClient", "_transport", "attribute", "e31/prefect_compat/busy.py: wrapped by the quick resends"),
-    # log filtering (flows/runlog.py, tasks/storage/masking.py)
+    # log filtering (e31/prefect_compat/runlog.py, tasks/storage/masking.py)
     Private("prefect.logging", "prefect._internal", "logger",
-            "flows/runlog.py, tasks/storage/masking.py: Prefect's services log there, not propagated"),
+            "e31/prefect_compat/runlog.py, tasks/storage/masking.py: Prefect's services log there, not propagated"),
+    Private("prefect._internal.concurrency.services", "failed to process item", "text",
+            "e31/prefect_compat/runlog.py: a service's send failures said once a minute while the API is down"),
+    Private("prefect.events.clients", "Unable to connect to", "text",
+            "e31/prefect_compat/runlog.py: the events client's failures said once a minute while the API is down"),
+    Private("prefect.flow_engine", "exited with unexpected exception", "text",
+            "e31/prefect_compat/runlog.py: the engine's traceback of a failure E31 explained is dropped"),
+    Private("prefect.engine", "exited with unexpected exception", "text",
+            "e31/prefect_compat/runlog.py: the engine's traceback of a failure E31 explained is dropped"),
 )
 
 
@@ -146,10 +156,15 @@ def problems(privates: tuple[Private, ...] = PRIVATES) -> list[str]:
     installed Prefect, naming it and its E31 user; empty when all hold."""
     found: list[str] = []
     for p in privates:
-        where = f"{p.owner}{'.' + p.name if p.kind not in ('module', 'logger') else ''}"
+        where = f"{p.owner}{'.' + p.name if p.kind not in ('module', 'logger', 'text') else ''}"
         try:
             if p.kind == "module":
                 importlib.import_module(p.owner)
+                continue
+            if p.kind == "text":
+                module = importlib.import_module(p.owner)
+                if p.name not in inspect.getsource(module):
+                    found.append(f"{p.owner} no longer logs {p.name!r} (used by {p.used_by})")
                 continue
             if p.kind == "logger":
                 if not _logger_defined(p.name):
@@ -196,12 +211,14 @@ def test_the_guard_names_a_member_that_is_gone_or_changed():
                       params=("flow_run",))
     unread = Private(_WORKER, "_logger", "attribute", "nothing",
                      read_by="prefect.workers.base:BaseWorker._give_worker_labels_to_flow_run")
-    assert problems((gone, changed, unread)) == [
+    reworded = Private("prefect.flow_engine", "exited with an expected exception", "text", "nothing")
+    assert problems((gone, changed, unread, reworded)) == [
         "prefect.workers.base:BaseWorker._no_such_member is gone (used by nothing)",
         "prefect.runner._cancellation_manager:CancellationManager.cancel takes ('flow_run', 'state_msg'), not "
         "('flow_run',) (used by nothing)",
         "prefect.workers.base:BaseWorker._logger is no longer read by "
         "prefect.workers.base:BaseWorker._give_worker_labels_to_flow_run (used by nothing)",
+        "prefect.flow_engine no longer logs 'exited with an expected exception' (used by nothing)",
     ]
 
 

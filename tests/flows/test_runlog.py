@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from e31.flows.runlog import CANCELLED_BEFORE_START, ExplainedFailureFilter
+from e31.prefect_compat.runlog import CANCELLED_BEFORE_START, ExplainedFailureFilter
 
 
 def _record(exc: BaseException, message: str = "Engine execution exited with unexpected exception") -> logging.LogRecord:

@@ -1,6 +1,16 @@
 """How a run's log looks on the console: E31's own errors, already explained
 in one line, are shown without their traceback (the Prefect API's copy of
-the log keeps it)."""
+the log keeps it); Prefect's lines while its API is unreachable, and its
+engine's traceback of a failure E31 explained, are cut to one line.
+
+Measured on Prefect 3.9.1, whose log texts these filters match (``Service
+%r failed to process item``, ``Unable to connect to``, ``exited with
+unexpected exception``: listed in ``tests/test_prefect_privates.py``, which
+fails when a Prefect release rewords them).  Upstream offers a whole
+logging configuration (``PREFECT_LOGGING_SETTINGS_PATH``, a ``logging.yml``
+that could name these filters), which would replace the user's own; nothing
+upstream quiets a failure's traceback by exception type or rate-limits a
+service's send failures."""
 
 from __future__ import annotations
 
