@@ -141,7 +141,7 @@ def cmd_compile(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> in
 def cmd_return(args: argparse.Namespace) -> int:
     from e31.flows.compile import default_scratch_root
     from e31.flows.joblock import lock_job, unlock_job
-    from e31.flows.tempserver import prefect_api
+    from e31.prefect_compat.tempserver import prefect_api
     from e31.specs.fields import valid_job_name
     from e31.tasks.pending import PENDING, deliver_pending, load_pending
     from e31.tasks.storage import describe_error

@@ -30,7 +30,7 @@ def list_inputs(spec: JobSpec, plan: JobPlan) -> int:
             *(d.storage_options for d in spec.data), spec.output.storage_options,
             spec.output.checkpoint.storage_options if spec.output.checkpoint else None))
         if needs_api:
-            from e31.flows.tempserver import prefect_api
+            from e31.prefect_compat.tempserver import prefect_api
 
             api = prefect_api()
         else:

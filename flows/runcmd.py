@@ -31,7 +31,7 @@ def cmd_run(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> int:
         # loads Prefect, the API starts or answers, the flow run is created and the inputs stage.
         code_dir = str(Path(args.spec).resolve().parent)
         prestart(child_config(spec, plan, {}, code_dir), str(plan.run_dir))
-        from e31.flows.tempserver import prefect_api
+        from e31.prefect_compat.tempserver import prefect_api
 
         with prefect_api():
             return _run_with_api(spec, plan, code_dir)

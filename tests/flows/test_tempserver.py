@@ -1,5 +1,5 @@
 """The temporary Prefect server ``e31 run`` starts when no API is configured
-(flows/tempserver.py): several at once on one fresh ``PREFECT_HOME``."""
+(e31/prefect_compat/tempserver.py): several at once on one fresh ``PREFECT_HOME``."""
 
 from __future__ import annotations
 

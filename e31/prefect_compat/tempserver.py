@@ -15,6 +15,13 @@ second one's migration fails (``duplicate column name``) and its run exits
 exclusive ``flock`` on ``$PREFECT_HOME/.e31-db.lock``, held until the server
 answers (its migrations done); a marker ``.e31-db-ready`` naming the Prefect
 version then lets later starts of that version run side by side.
+
+Measured on Prefect 3.9.1: its temporary server
+(``prefect.server.api.server.SubprocessASGIServer``, started when no
+``PREFECT_API_URL`` is set and ephemeral mode is allowed) is a plain
+``subprocess.Popen`` of uvicorn, in the caller's session and process
+group.  Upstream offers no setting to start it apart; a configured
+``PREFECT_API_URL`` (a server started by hand) needs none of this.
 """
 
 from __future__ import annotations
