@@ -157,7 +157,7 @@ def give_up_returning(flow_run_id: str) -> bool:
 
 def settle_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
     """Set the flow run's state from ``manifest`` (its verdict:
-    :func:`e31.flows.statesync.state_of`) when it is still what the killed
+    :func:`e31.prefect_compat.statesync.state_of`) when it is still what the killed
     flow process left: ``Running``, ``Pending`` (:func:`hold_returning`),
     ``Crashed`` (Prefect's worker marks a flow process that exited non-zero
     so, before E31's worker could deliver), or ``Cancelled`` with the
@@ -168,7 +168,7 @@ def settle_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
     from prefect.states import State
 
     from e31.flows.cancelhook import CUT, cancelled_message
-    from e31.flows.statesync import state_of
+    from e31.prefect_compat.statesync import state_of
 
     with get_client(sync_client=True) as client:
         now = client.read_flow_run(flow_run_id).state

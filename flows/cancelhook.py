@@ -87,7 +87,7 @@ def stopped_by_cancel(manifest: dict[str, Any]) -> bool:
 def keep_manifest_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
     """A cancel came after the run's work had ended: when the flow run is
     ``Cancelling`` (or was made ``Cancelled``), set it to the state its
-    ``manifest`` says (:func:`e31.flows.statesync.state_of`: ``completed`` ->
+    ``manifest`` says (:func:`e31.prefect_compat.statesync.state_of`: ``completed`` ->
     Completed, another stop's ``partial`` -> Completed named Partial,
     ``failed`` -> Failed), forced (the server lets a ``Cancelling`` run go
     only to ``Cancelled``).  One read, and one write when needed; returns
@@ -96,7 +96,7 @@ def keep_manifest_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
     from prefect.client.schemas.objects import StateType
     from prefect.states import State
 
-    from e31.flows.statesync import state_of
+    from e31.prefect_compat.statesync import state_of
 
     with get_client(sync_client=True) as client:
         now = client.read_flow_run(flow_run_id).state
@@ -233,7 +233,7 @@ def _restore_after_worker(flow_run_id: str, manifest: dict[str, Any]) -> None:
     import subprocess
     import sys
 
-    from e31.flows.statesync import state_of
+    from e31.prefect_compat.statesync import state_of
 
     code = "import sys, json; from e31.flows.cancelhook import restore_manifest_state as r; " \
            "r(sys.argv[1], json.loads(sys.argv[2]))"
@@ -249,7 +249,7 @@ def restore_manifest_state(flow_run_id: str, want: dict[str, str], within_s: flo
     """Under Prefect's own process worker, whose ``Cancelled`` comes after
     the hooks and from a process E31's code does not run in: watch the run
     (a read every 0.5 s, at most ``within_s`` seconds) and, once it is
-    ``Cancelled``, set it back to ``want`` (:func:`e31.flows.statesync.state_of`
+    ``Cancelled``, set it back to ``want`` (:func:`e31.prefect_compat.statesync.state_of`
     of its manifest: ``type``, ``name``, ``message``), forced.  The run
     shows ``Cancelled`` for that moment.  Returns whether it set it."""
     import time

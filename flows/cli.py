@@ -168,11 +168,11 @@ def cmd_return(args: argparse.Namespace) -> int:
         with prefect_api() if secrets else contextlib.nullcontext():  # Secret blocks need the Prefect API
             manifest = deliver_pending(scratch)
             if manifest is not None:
-                from e31.flows.statesync import remember
+                from e31.prefect_compat.statesync import remember
 
                 remember(scratch, manifest)  # the interrupted run's flow run gets the manifest's state ...
             if os.environ.get("PREFECT_API_URL") or secrets:
-                from e31.flows.statesync import apply_pending
+                from e31.prefect_compat.statesync import apply_pending
 
                 apply_pending(default_scratch_root())  # ... now, if an API answers (else at the next e31 run)
     except E31Error as exc:

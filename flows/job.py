@@ -25,7 +25,7 @@ from e31.flows.compile import JobPlan, compile_plan, describe_markdown
 from e31.flows.admission import AdmissionError, check_fits
 from e31.flows.cancelhook import RETURNED, keep_manifest_state, late_cancel_message, settle_cancelled, stopped_by_cancel
 from e31.flows.deploy import FLOW_NAME
-from e31.flows.statesync import settle_earlier_run
+from e31.prefect_compat.statesync import settle_earlier_run
 from e31.flows.workconfig import child_config
 from e31.flows.resume import JobBusyError, Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
 from e31.specs import JobSpec, mask_url

@@ -52,7 +52,7 @@ def _run_with_api(spec: JobSpec, plan, code_dir: str) -> int:
     from e31.flows import exitsignals
     from e31.flows.job import DELIVERED, JobFailedError, run_job
     from e31.prefect_compat.runlog import hide_tracebacks_on_console
-    from e31.flows.statesync import apply_pending, remember
+    from e31.prefect_compat.statesync import apply_pending, remember
     from e31.tasks.supervisor.loop import ON_RESUME
 
     hide_tracebacks_on_console()
@@ -135,9 +135,9 @@ def _leave_when_the_api_stays_down(spec: JobSpec, plan) -> None:
     done whatever the Prefect API does: if the API then stays unreachable
     for :data:`API_GONE_S` seconds, Prefect's client would retry its state
     updates and events for minutes.  Record the state the flow run must get
-    (:mod:`e31.flows.statesync`), print the manifest and exit with its code."""
+    (:mod:`e31.prefect_compat.statesync`), print the manifest and exit with its code."""
     from e31.flows.job import DELIVERED
-    from e31.flows.statesync import remember
+    from e31.prefect_compat.statesync import remember
     from e31.prefect_compat.api import api_ready
 
     url = os.environ.get("PREFECT_API_URL", "")

@@ -427,7 +427,7 @@ def test_a_crashed_run_whose_output_is_delivered_later_takes_its_manifest_s_stat
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelled, Crashed
 
-    from e31.flows.statesync import apply_pending, remember
+    from e31.prefect_compat.statesync import apply_pending, remember
 
     made = _Pool(tmp_path)
     with get_client(sync_client=True) as client:

@@ -80,7 +80,7 @@ def test_a_server_killed_mid_job_leaves_the_job_whole_and_its_state_set_later(tm
         from prefect.client.orchestration import get_client
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        from e31.flows.statesync import apply_pending
+        from e31.prefect_compat.statesync import apply_pending
 
         with temporary_settings(updates={PREFECT_API_URL: api}):
             assert apply_pending(scratch) == [manifest["run_id"]]

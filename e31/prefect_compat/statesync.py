@@ -7,6 +7,12 @@ was (``Running``).  :func:`remember` keeps what it should be in
 ``<scratch>/<job>/flow-run-state.json``; :func:`apply_pending` -- run by the
 next ``e31 run`` or ``e31 return`` on this machine that reaches an API --
 sets it and removes the record.
+
+Measured on Prefect 3.9.1: a flow run whose process lost the API keeps the
+last state the server took until something sets another.  Upstream offers
+the runner's heartbeats (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``) and an
+automation that marks a silent run ``Crashed``: a state, but not the one the
+manifest says; nothing upstream keeps a state to set once the API is back.
 """
 
 from __future__ import annotations
