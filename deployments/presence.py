@@ -18,6 +18,18 @@ younger claim stops placing and waits too.
 are held to (:func:`lease_of`).  A Prefect Variable is the server's own
 key-value store (Prefect's UI lists it under Variables): no second
 database.
+
+Why not a global concurrency limit of 1 with a lease (Prefect 3.9.1:
+``increment_concurrency_slots_with_lease``, ``renew_concurrency_lease``;
+measured on 3.9.1): its acquisition is atomic (no :data:`SETTLE_S`
+read-back), but the server refuses a ``lease_duration`` under 60 s and
+frees an expired lease at its repossessor's pass (every 15 s), so a
+killed scheduler's pool would wait 60-75 s for its standby instead of
+:data:`STALE_S` (30 s); and a lease's holder can only be a flow run, task
+run or deployment id, so it cannot say which scheduler serves, its
+``--lease`` or when it was last heard, which ``e31 queue`` and ``e31
+submit`` read here (:func:`lease_of`, :func:`scheduler_note`): the
+Variable would still be needed beside it.
 """
 
 from __future__ import annotations
