@@ -35,6 +35,7 @@ from e31.specs import mask_url
 from e31.tasks import settings, storage
 from e31.tasks.destination import MANIFEST, PARTIAL, Destination, read_manifest
 from e31.tasks.manifest import Verdict, build_manifest, step_text, verdict
+from e31.tasks.manifest_model import Manifest, parse_manifest
 from e31.tasks.outcome import RunOutcome
 from e31.tasks.retrying import retry_unless
 from e31.tasks.storage.local import regular_files
@@ -171,8 +172,9 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
     """
     started = time.monotonic()
     top = read_manifest(req.output_url)
-    if top and top.get("run_id") == req.run_id and top.get("status") == "completed" and \
-            top.get("attempt") == req.attempt:
+    kept = parse_manifest(top)
+    if isinstance(kept, Manifest) and kept.run_id == req.run_id and kept.status == "completed" and \
+            kept.attempt == req.attempt:
         return top  # never downgrade a completed run (the same attempt returning again: a late signal, a retry)
     files, refused = regular_files(Path(req.output_dir))
     reserved = (*_skip(req), MANIFEST)
@@ -315,19 +317,21 @@ def _warn(line: str) -> None:
         pass
 
 
-def _artifacts(req: ReturnTarget, manifest: dict[str, Any], made: set[str]) -> None:
+def _artifacts(req: ReturnTarget, manifest: dict[str, Any] | Manifest, made: set[str]) -> None:
     """Create the ``manifest`` and ``output`` artifacts not in ``made`` yet,
-    adding each key to ``made`` once created."""
-    meter = manifest["meter"]
-    verdict_columns = {"status": manifest["status"], "reason": manifest["reason"], "step": manifest["step"], **meter}
-    files = manifest["files"] or [{"path": "(none)", "bytes": 0, "sha256": ""}]
+    adding each key to ``made`` once created.  Raises
+    ``pydantic.ValidationError`` when ``manifest`` is not a final manifest."""
+    m = Manifest.model_validate(manifest)
+    meter = m.meter
+    verdict_columns = {"status": m.status, "reason": m.reason, "step": m.step, **meter.model_dump()}
+    files = [f.model_dump() for f in m.files] or [{"path": "(none)", "bytes": 0, "sha256": ""}]
     rows = [{**f, **verdict_columns} for f in files]
     if "manifest" not in made:
         create_table_artifact(
             rows,
             key="manifest",
-            description=f"{manifest['job']}: {manifest['status']} ({manifest['reason']}), "
-            f"{step_text(manifest['step'])}, {meter['cpu_seconds']:g} cpu-s, {meter['gpu_seconds']:g} gpu-s -> "
+            description=f"{m.job}: {m.status} ({m.reason}), "
+            f"{step_text(m.step)}, {meter.cpu_seconds:g} cpu-s, {meter.gpu_seconds:g} gpu-s -> "
             f"{mask_url(req.output_url)}",
         )
         made.add("manifest")
@@ -337,6 +341,6 @@ def _artifacts(req: ReturnTarget, manifest: dict[str, Any], made: set[str]) -> N
             link=shown if "://" in shown else Path(shown).resolve().as_uri(),
             link_text=shown,
             key="output",
-            description=f"{manifest['job']}: output ({manifest['status']})",
+            description=f"{m.job}: output ({m.status})",
         )
         made.add("output")

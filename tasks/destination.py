@@ -40,19 +40,21 @@ from datetime import datetime, timezone
 from typing import Any, Iterable
 
 from e31.tasks import storage
+from e31.tasks.manifest_model import STATUSES, Manifest, ReturningNote, parse_manifest
 
 MANIFEST = "manifest.json"
 PARTIAL = "partial"
 CHECKPOINTS = "checkpoints"
 #: Statuses of a manifest whose files a consumer may use (``returning`` is not one).
-FINAL_STATUSES = ("completed", "partial", "failed")
+FINAL_STATUSES = STATUSES
 #: E31's own transient names: a write's temporary (``NAME.e31-part-<hex>`` or ``.e31-part-<hex>``)
 #: and a destination probe (``.e31-probe-<hex>``).  Never part of an output; a consumer ignores them.
 _TEMPORARY = re.compile(r"(^|/)(.*\.e31-part-[0-9a-f]{8}|\.e31-probe-[0-9a-f]{8})$")
 
 
 def read_manifest(url: str) -> dict[str, Any] | None:
-    """The manifest at ``url`` (a folder), or None when absent or unreadable."""
+    """The manifest at ``url`` (a folder) as its decoded JSON object, or None
+    when absent or unreadable (not JSON, truncated, not an object)."""
     try:
         data = json.loads(storage.read_bytes(storage.join(url, MANIFEST)))
     except (FileNotFoundError, ValueError):
@@ -60,14 +62,22 @@ def read_manifest(url: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def known_files(manifest: dict[str, Any] | None) -> set[str]:
+def load_manifest(url: str) -> Manifest | ReturningNote | None:
+    """The manifest at ``url`` (a folder), typed (:func:`e31.tasks.manifest_model.parse_manifest`);
+    None when absent, unreadable, or not a manifest of either shape (hand-edited)."""
+    return parse_manifest(read_manifest(url))
+
+
+def known_files(manifest: Manifest | ReturningNote | None) -> set[str]:
     """Relative paths E31 wrote into a folder according to its manifest: the
     files of a final manifest, or both lists of a ``returning`` one."""
-    if not manifest:
+    if manifest is None:
         return set()
-    names = {f.get("path") for f in manifest.get("files") or [] if isinstance(f, dict)}
-    names |= set(manifest.get("writing") or []) | set(manifest.get("written_before") or [])
-    return {n for n in names if isinstance(n, str) and n}
+    if isinstance(manifest, ReturningNote):
+        names = set(manifest.writing) | set(manifest.written_before)
+    else:
+        names = {f.path for f in manifest.files}
+    return {n for n in names if n}
 
 
 class Destination:
@@ -83,19 +93,18 @@ class Destination:
     def withdraw(self, job: str, run_id: str | None, writing: list[str]) -> None:
         """Step 1: replace the folder's manifest by a ``returning`` one (a
         single atomic write), remembering which files E31 had written there."""
-        previous = read_manifest(self.url)
-        self.before = known_files(previous)
-        note = {
-            "job": job,
-            "run_id": run_id,
-            "status": "returning",
-            "message": "a return is in progress: the files here may be from two runs; use them once this manifest "
-                       "says completed",
-            "writing": sorted(writing),
-            "written_before": sorted(self.before),
-            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
-        storage.write_bytes(storage.join(self.url, MANIFEST), json.dumps(note, indent=2).encode())
+        self.before = known_files(load_manifest(self.url))
+        note = ReturningNote(
+            job=job,
+            run_id=run_id,
+            status="returning",
+            message="a return is in progress: the files here may be from two runs; use them once this manifest "
+                    "says completed",
+            writing=sorted(writing),
+            written_before=sorted(self.before),
+            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        storage.write_bytes(storage.join(self.url, MANIFEST), json.dumps(note.to_json_dict(), indent=2).encode())
 
     def listing(self, transient: bool = False) -> list[str]:
         """Relative paths of every file now in the folder (sub-folders in

@@ -5,18 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from e31.tasks.manifest_model import REASONS, STATUSES, Logs, Manifest, ManifestFile, Meter, Reason, Status
 from e31.tasks.meter import meter
 
-STATUSES = ("completed", "partial", "failed")
-REASONS = ("finished", "time_limit", "deadline", "cancelled", "signal", "crashed", "error", "out_of_memory")
+__all__ = ["REASONS", "STATUSES", "Verdict", "build_manifest", "step_text", "verdict"]
 
 
 @dataclass(frozen=True)
 class Verdict:
     """``status`` (completed | partial | failed), ``reason`` and a message."""
 
-    status: str
-    reason: str
+    status: Status
+    reason: Reason
     message: str = ""
 
 
@@ -72,7 +72,9 @@ def build_manifest(
     released_at: float = 0.0,
     resumed_from_step: int | None = None,
 ) -> dict[str, Any]:
-    """The manifest as a JSON-ready dict.
+    """The manifest as a JSON-ready dict: :meth:`Manifest.to_json_dict` of the
+    :class:`e31.tasks.manifest_model.Manifest` built here (raises
+    ``pydantic.ValidationError`` when a value does not fit its field).
 
     ``files``: ``[{"path", "bytes", "sha256"}]`` relative to the output URL.
     ``timings`` in seconds (``staging_s``, ``run_s``, ``return_s``; and the
@@ -99,30 +101,27 @@ def build_manifest(
     :func:`e31.tasks.meter.meter`.  ``resumed_from_step``: the checkpoint
     step the run's work resumed from (None: a fresh start).
     """
-    manifest: dict[str, Any] = {
-        "job": job,
-        "run_id": run_id,
-        "attempt": attempt,
-        "status": verdict.status,
-        "reason": verdict.reason,
-        "message": verdict.message,
-        "exit_code": exit_code,
-        "step": step,
-        "resumed_from_step": resumed_from_step,
-        "folder": folder,
-        "files": files,
-        "stale": list(stale or []),
-        "checkpoint": checkpoint,
-        "timings": {k: round(float(v), 3) for k, v in timings.items()},
-        "meter": meter(gpus, cpus, work_started_at, released_at),
-        "staged_before_allocation": staged_before_allocation,
-        "peak_memory_bytes": peak_memory,
-        "spec_sha256": spec_sha256,
-        "finished_at": finished_at,
-        "stop_requested_at": stop_requested_at,
-    }
-    manifest["logs"] = {"stdout_tail": stdout_tail, "stderr_tail": stderr_tail,
-                        "lines_not_forwarded": output_lines_dropped}
-    if verdict.status == "failed" and stderr_tail:
-        manifest["stderr_tail"] = stderr_tail
-    return manifest
+    return Manifest(
+        job=job,
+        run_id=run_id,
+        attempt=attempt,
+        status=verdict.status,
+        reason=verdict.reason,
+        message=verdict.message,
+        exit_code=exit_code,
+        step=step,
+        resumed_from_step=resumed_from_step,
+        folder=folder,
+        files=[ManifestFile.model_validate(f) for f in files],
+        stale=list(stale or []),
+        checkpoint=checkpoint,
+        timings={k: round(float(v), 3) for k, v in timings.items()},
+        meter=Meter.model_validate(meter(gpus, cpus, work_started_at, released_at)),
+        staged_before_allocation=staged_before_allocation,
+        peak_memory_bytes=peak_memory,
+        spec_sha256=spec_sha256,
+        finished_at=finished_at,
+        stop_requested_at=stop_requested_at,
+        logs=Logs(stdout_tail=stdout_tail, stderr_tail=stderr_tail, lines_not_forwarded=output_lines_dropped),
+        stderr_tail=stderr_tail if verdict.status == "failed" and stderr_tail else None,
+    ).to_json_dict()

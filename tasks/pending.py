@@ -30,6 +30,7 @@ from e31.errors import E31Error
 from e31.specs import mask_url
 from e31.tasks.checkpoint import DurableCheckpoint, upload
 from e31.tasks.deliver import ReturnTarget, deliver
+from e31.tasks.manifest_model import Manifest
 from e31.tasks.outcome import RunOutcome
 from e31.tasks.storage import use_options
 from e31.tasks.storage.credentials import resolve_options
@@ -271,7 +272,7 @@ def deliver_pending(scratch: Path, drop_if_gone: bool = False) -> dict[str, Any]
             give_up(scratch, target, exc)
         raise
     clear_pending(scratch)
-    if manifest["status"] == "completed":
+    if Manifest.model_validate(manifest).status == "completed":
         shutil.rmtree(scratch / "output", ignore_errors=True)
         shutil.rmtree(scratch / "checkpoints", ignore_errors=True)
     return manifest

@@ -1,0 +1,70 @@
+"""docs/manifest.md is generated from the typed manifest (tasks/manifest_model.py), and the
+typed manifest reads back what E31 writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from e31.tasks.destination import Destination, known_files, load_manifest
+from e31.tasks.manifest import Verdict, build_manifest
+from e31.tasks.manifest_doc import COMMAND, render
+from e31.tasks.manifest_model import REASONS, STATUSES, Manifest, ReturningNote, parse_manifest
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "manifest.md"
+
+
+def test_docs_manifest_md_is_generated_from_the_model():
+    assert PAGE.read_text() == render(), f"docs/manifest.md differs from the model; regenerate it: {COMMAND}"
+
+
+def test_every_status_and_reason_is_documented():
+    text = PAGE.read_text()
+    for value in (*STATUSES, "returning", *REASONS):
+        assert f"| `{value}` |" in text
+
+
+def _manifest(**over):
+    kw = dict(job="j", run_id="r", verdict=Verdict("failed", "error", "boom"), exit_code=3, step=None,
+              files=[{"path": "a", "bytes": 1, "sha256": "x"}], checkpoint=None,
+              timings={"staging_s": 0.5, "run_s": 2, "return_s": 0.25}, gpus=1, cpus=2, spec_sha256="s",
+              finished_at="t", stderr_tail="oops\n", work_started_at=1000, released_at=1002.5)
+    return build_manifest(**{**kw, **over})
+
+
+def test_a_written_manifest_reads_back_typed_and_writes_the_same_bytes():
+    written = _manifest()
+    typed = parse_manifest(json.loads(json.dumps(written)))
+    assert isinstance(typed, Manifest)
+    assert (typed.status, typed.reason, typed.exit_code, typed.stderr_tail) == ("failed", "error", 3, "oops\n")
+    assert (typed.meter.started_at, typed.meter.seconds, typed.files[0].path) == (1000, 2.5, "a")
+    assert json.dumps(typed.to_json_dict(), indent=2) == json.dumps(written, indent=2)  # 1000 stays 1000
+    assert "stderr_tail" not in _manifest(verdict=Verdict("partial", "signal"))  # absent, not null
+
+
+def test_a_status_or_reason_outside_the_literals_is_refused_when_written():
+    with pytest.raises(ValueError, match="reason"):
+        _manifest(verdict=Verdict("partial", "stopped"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="status"):
+        _manifest(verdict=Verdict("done", "finished"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("text", ['{"status": "completed", "run_id": "older"}', '{"status": "done"}',
+                                  '[1, 2]', '{"job": "j", "status": "comp', ""])
+def test_a_manifest_that_is_not_valid_reads_as_none(tmp_path, text):
+    (tmp_path / "manifest.json").write_text(text)
+    assert load_manifest(str(tmp_path)) is None
+    assert known_files(load_manifest(str(tmp_path))) == set()
+
+
+def test_the_returning_note_is_typed_and_lists_the_previous_files(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps(_manifest()))
+    Destination(str(tmp_path)).withdraw("j", "r2", ["b", "a"])
+    note = load_manifest(str(tmp_path))
+    assert isinstance(note, ReturningNote)
+    assert (note.run_id, note.writing, note.written_before) == ("r2", ["a", "b"], ["a"])
+    assert list(json.loads((tmp_path / "manifest.json").read_text())) == [
+        "job", "run_id", "status", "message", "writing", "written_before", "started_at"]
+    assert known_files(note) == {"a", "b"}
