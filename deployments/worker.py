@@ -345,6 +345,21 @@ class E31Worker(ProcessWorker):
 
                 await end_cancelling(self._client, flow_run.id, result.status_code, self._logger)
 
+    async def kill_infrastructure(self, infrastructure_pid: str, configuration: Any, grace_seconds: int = 30) -> None:
+        """Prefect's documented hook for stopping a run's infrastructure
+        (:func:`e31.deployments.killinfra.kill_flow_process`): a flow process
+        returning its output is waited for until it ends, any other of this
+        worker's gets SIGTERM, then SIGKILL after ``grace_seconds``; a run
+        still ``Cancelling`` is left to the runner's cancel sequence.  Raises
+        Prefect's ``InfrastructureNotAvailable`` or ``InfrastructureNotFound``."""
+        from e31.deployments.killinfra import kill_flow_process
+
+        async def read(run_id: str) -> tuple[str | None, Any]:
+            run = await self.client.read_flow_run(run_id)
+            return (run.state.type.value if run.state is not None else None), run
+
+        await kill_flow_process(infrastructure_pid, self.flows, read, grace_seconds, self._logger.warning)
+
     async def _finish_cut_return(self, flow_run: Any, job: Any, held: bool) -> None:
         """:func:`e31.deployments.cutreturn.close_cut_return` in a thread,
         shielded (also when the worker stops meanwhile: the return is

@@ -70,6 +70,8 @@ PRIVATES: tuple[Private, ...] = (
             params=()),
     Private(_WORKER, "_give_worker_labels_to_flow_run", "callable", "deployments/worker.py: labels beside the start",
             params=("flow_run_id",)),
+    Private(_WORKER, "kill_infrastructure", "callable", "deployments/worker.py: overridden (public, documented: "
+            "a return in progress is waited for)", params=("infrastructure_pid", "configuration", "grace_seconds")),
     Private(_WORKER, "_description", "attribute", "deployments/worker.py: the worker type's description"),
     Private(_WORKER, "_display_name", "attribute", "deployments/worker.py: the worker type's name in the UI"),
     Private(_WORKER, "_documentation_url", "attribute", "deployments/worker.py: the worker type's documentation"),
