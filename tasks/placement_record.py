@@ -1,0 +1,107 @@
+"""The placement record: what the E31 scheduler decided for one flow run,
+typed, with the one codec of the flow run's ``placement`` parameter.
+
+The scheduler writes it (:mod:`e31.flows.queue.record`); the worker, a
+node's prefetcher, the next plan and the fence of a lost run read it.  The
+state message beside it is words for a person, never read back: every
+decision the queue takes from a run is taken from this record, the run's
+state type and name, its scheduled time and its tags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from e31.tasks.supervisor.fence import NODE_VAR, placement_of
+
+__all__ = ["AFTER_VAR", "ATTEMPT_VAR", "CPUS_VAR", "DEVICES_VAR", "FREE_VAR", "NODE_VAR", "PLANNED_VAR",
+           "PlacementRecord", "PlannedStart", "record_of"]
+
+#: The keys of the ``placement`` parameter (:data:`e31.tasks.supervisor.fence.PLACEMENT_PARAM`).
+DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = "gpu_devices", "cpus", "e31_attempt"
+#: The run a handed-over run waits behind.
+AFTER_VAR = "e31_after"
+#: Attempts that crashed before their work started (they use none of the run's retries).
+FREE_VAR = "e31_unstarted"
+#: The node a waiting run's reserved start is planned on (absent: no reservation, or not planned yet).
+PLANNED_VAR = "e31_planned"
+
+
+@dataclass(frozen=True)
+class PlannedStart:
+    """A waiting run's reserved start: the ``node`` it is planned on and
+    when (``start``, Unix seconds: the run's scheduled time, which the
+    scheduler keeps at the planned start, at least ``AHEAD_S`` ahead; None
+    when the run has none)."""
+
+    node: str
+    start: float | None
+
+
+@dataclass(frozen=True)
+class PlacementRecord:
+    """One flow run's ``placement`` parameter, typed.
+
+    ``node``, ``devices`` (GPU indices) and ``cpus``: where a placed run
+    starts (None, (), None while it waits).  ``after``: the flow run id of
+    the run it is handed over behind (its work starts once that one has
+    returned its output).  ``attempt``: the run's attempt as the scheduler
+    counted it (Prefect's ``run_count`` when placed; None: not written).
+    ``unstarted``: its attempts that crashed before their work started.
+    ``planned``: the node a waiting run's reserved start is planned on (the
+    node whose prefetcher stages its inputs; the next plan keeps it between
+    equally free nodes)."""
+
+    node: str | None = None
+    devices: tuple[int, ...] = field(default=())
+    cpus: int | None = None
+    attempt: int | None = None
+    after: str | None = None
+    unstarted: int = 0
+    planned: str | None = None
+
+    def parameter(self) -> dict[str, Any]:
+        """The ``placement`` parameter's value (JSON): only the keys that
+        are set, in the order the worker and the fence read them."""
+        value: dict[str, Any] = {}
+        if self.node is not None:
+            value.update({NODE_VAR: self.node, DEVICES_VAR: list(self.devices), CPUS_VAR: self.cpus})
+        if self.attempt is not None:
+            value[ATTEMPT_VAR] = self.attempt
+        if self.after is not None:
+            value[AFTER_VAR] = self.after
+        if self.unstarted:
+            value[FREE_VAR] = self.unstarted
+        if self.planned is not None:
+            value[PLANNED_VAR] = self.planned
+        return value
+
+    @classmethod
+    def from_parameter(cls, value: Any) -> PlacementRecord:
+        """The record of a ``placement`` parameter's value (a dict; anything
+        else, and any key of the wrong type, reads as not set)."""
+        if not isinstance(value, dict):
+            return cls()
+        devices = value.get(DEVICES_VAR)
+        return cls(node=_text(value.get(NODE_VAR)),
+                   devices=tuple(d for d in devices if isinstance(d, int)) if isinstance(devices, list) else (),
+                   cpus=_count(value.get(CPUS_VAR)), attempt=_count(value.get(ATTEMPT_VAR)),
+                   after=_text(value.get(AFTER_VAR)), unstarted=_count(value.get(FREE_VAR)) or 0,
+                   planned=_text(value.get(PLANNED_VAR)))
+
+
+def record_of(run: Any) -> PlacementRecord:
+    """The placement record of the flow run ``run`` (a Prefect ``FlowRun``):
+    its ``placement`` parameter, or the ``job_variables`` of a run placed
+    before the parameter existed (:func:`e31.tasks.supervisor.fence.placement_of`)."""
+    return PlacementRecord.from_parameter(placement_of(run))
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
