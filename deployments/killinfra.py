@@ -8,7 +8,7 @@ in two places:
 - ``BaseWorker._cancel_run``: a run cancelled before it started (no start
   time yet) that has an ``infrastructure_pid``.  A flow process this
   worker started is already being cancelled by the worker's runner (its
-  cancel sequence, guarded by :mod:`e31.deployments.cancelgate`); this hook
+  cancel sequence, guarded by :mod:`e31.prefect_compat.cancelgate`); this hook
   leaves it to that sequence (``InfrastructureNotAvailable``: Prefect logs
   it and changes nothing, as it did when the process worker had no such
   hook);
@@ -27,6 +27,9 @@ in two places:
 Only the flow processes this worker started are signalled: the
 ``infrastructure_pid`` Prefect 3.9.1's worker writes is the bare process id,
 which names no machine.
+
+After a flow process ends, a run still ``Cancelling`` whose work had ended
+is set from its manifest (:func:`settle_late_cancel`).
 """
 
 from __future__ import annotations
@@ -103,3 +106,29 @@ async def kill_flow_process(infrastructure_pid: str, flows: dict[int, str],
     except ProcessLookupError:
         return "ended"
     return "killed"
+
+
+def settle_late_cancel(flow_run: Any) -> bool:
+    """After the flow process of ``flow_run`` (a Prefect ``FlowRun``) ended:
+    a run still ``Cancelling`` whose work had ended (tagged
+    :data:`e31.tasks.supervisor.cancel.WORK_ENDED`) is set to the state of
+    the manifest it wrote (read at its destination:
+    :func:`e31.flows.cancelhook.returned_by`), when that manifest is not a
+    cancel's.  Returns whether it set one; never raises (a destination the
+    worker cannot read leaves the run to ``end_cancelling``)."""
+    from prefect.client.orchestration import get_client
+
+    from e31.flows.cancelhook import keep_manifest_state, returned_by, stopped_by_cancel
+    from e31.tasks.supervisor.cancel import work_ended_at
+
+    try:
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(flow_run.id)
+        if run.state is None or not run.state.is_cancelling() or work_ended_at(run) is None:
+            return False
+        manifest = returned_by(run)
+        if not isinstance(manifest, dict) or manifest.get("status") == "returning" or stopped_by_cancel(manifest):
+            return False
+        return keep_manifest_state(str(run.id), manifest)
+    except Exception:
+        return False

@@ -33,7 +33,8 @@ from pydantic import Field
 
 from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, ProcessWorker
 
-from e31.deployments.cancelgate import install as install_cancel_gate, settle_late_cancel
+from e31.deployments.killinfra import settle_late_cancel
+from e31.prefect_compat.cancelgate import install as install_cancel_gate
 from e31.deployments.runevents import PollGate
 from e31.deployments.warmstart import FLOW_PROCESS_SETTINGS, WARM_SOCKET as _WARM_SOCKET, flow_process_command, \
     start_warm_process
@@ -140,7 +141,7 @@ class E31Worker(ProcessWorker):
     def __init__(self, *args: Any, node: str, **kwargs: Any):
         kwargs.setdefault("name", node)
         super().__init__(*args, **kwargs)
-        install_cancel_gate()  # a cancel after a run's work ended changes nothing (e31.deployments.cancelgate)
+        install_cancel_gate()  # a cancel after a run's work ended changes nothing (e31.prefect_compat.cancelgate)
         self.node = node
         self._warm: subprocess.Popen | None = None
         self._warm_at = 0.0  # time.monotonic() of the warm process's start

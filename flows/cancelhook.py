@@ -129,6 +129,7 @@ def settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
     from prefect.logging.loggers import flow_run_logger
     from prefect.states import Cancelled
 
+    from e31.prefect_compat.cancelgate import guard_worker_cancel
     from e31.tasks.storage import scrub
 
     guard_worker_cancel()  # (run by a worker: its forced Cancelled, next, does not overwrite the manifest's state)
@@ -153,62 +154,6 @@ def settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
             client.set_flow_run_state(flow_run.id, Cancelled(message=message))
 
 
-_GUARDED: list[bool] = []
-
-
-def guard_worker_cancel() -> None:
-    """In a Prefect worker's process (once; the ``e31 worker`` calls it as it
-    starts, and :func:`settle_cancelled` in any worker that runs E31's
-    hook): wrap Prefect 3.9's ``CancellationManager.cancel`` and
-    ``StateProposer.propose_cancelled``, the runner classes its process
-    worker cancels a run with (SIGTERM to the flow process, SIGKILL 30 s
-    later, the ``on_cancellation`` hooks, then a forced ``Cancelled``), so
-    that a cancel after a run's work ended changes nothing:
-
-    - a run tagged as having ended its work
-      (:data:`e31.tasks.supervisor.cancel.WORK_ENDED`) is not signalled or
-      killed at all: its flow process finishes the return (a SIGKILL would
-      cut a long one) and sets the run's state from its manifest;
-    - ``Cancelled`` is never forced over a run already in another final
-      state (set from its manifest by the flow process or this hook), as
-      Prefect itself skips it when a cancelled flow process concluded on its
-      own (``should_skip_cancel_after_acked_process_exit``)."""
-    if _GUARDED:
-        return
-    from prefect.logging.loggers import flow_run_logger
-    from prefect.runner._cancellation_manager import CancellationManager
-    from prefect.runner._state_proposer import StateProposer
-
-    from e31.tasks.supervisor.cancel import work_ended_at
-
-    cancel, propose_cancelled = CancellationManager.cancel, StateProposer.propose_cancelled
-
-    async def cancel_unless_ended(self: Any, flow_run: Any, state_msg: str | None = None) -> None:
-        ended = work_ended_at(flow_run)
-        if ended is not None:
-            try:  # in the run's log, where the cancel's user looks
-                flow_run_logger(flow_run).warning(
-                    "flow run %s was cancelled after its work had ended (%s): the cancel changes nothing; its "
-                    "output is returned whole and the run ends as its manifest says", flow_run.id, ended)
-            except Exception:  # the log line is a courtesy
-                pass
-            return
-        await cancel(self, flow_run, state_msg)
-
-    async def propose_unless_final(self: Any, flow_run: Any, state_updates: dict[str, Any] | None = None) -> bool:
-        try:
-            now = (await self._client.read_flow_run(flow_run.id)).state
-        except Exception:
-            now = None
-        if now is not None and now.is_final() and not now.is_cancelled():
-            return False  # (Prefect's finalizer then reads the run, finds it final and emits no cancelled event)
-        return await propose_cancelled(self, flow_run, state_updates)
-
-    CancellationManager.cancel = cancel_unless_ended  # type: ignore[method-assign]
-    StateProposer.propose_cancelled = propose_unless_final  # type: ignore[method-assign]
-    _GUARDED.append(True)
-
-
 #: Seconds :func:`restore_manifest_state` watches a run for the ``Cancelled`` its worker forces after the hooks.
 RESTORE_WITHIN_S = 60.0
 
@@ -219,7 +164,7 @@ def _hook_process() -> bool:
     it did not start from a module path in a process of their own
     (``WorkspaceHookRunner``: ``python .../_workspace_runtime_bootstrap.py
     hook ...``), then forces ``Cancelled`` from its own process, where
-    :func:`guard_worker_cancel` never ran.  The ``e31 worker``, a runner
+    :func:`e31.prefect_compat.cancelgate.guard_worker_cancel` never ran.  The ``e31 worker``, a runner
     (``flow.serve``) and the flow process itself run the hooks in-process."""
     import sys
 

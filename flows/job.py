@@ -158,7 +158,7 @@ def _late_cancel(manifest: dict[str, Any]) -> None:
     ends in its manifest's state (:func:`e31.flows.cancelhook.keep_manifest_state`),
     set here when the run is ``Cancelling`` now.  Read in a flow process an
     ``e31 worker`` started (which skips the cancel of a run whose work had
-    ended: :mod:`e31.deployments.cancelgate`), or after a signal was held
+    ended: :mod:`e31.prefect_compat.cancelgate`), or after a signal was held
     back for the return (a worker's, after a cancel); elsewhere the engine's
     final state meets the cancel and the ``on_cancellation`` hook
     (:func:`e31.flows.cancelhook.settle_cancelled`) does the same.  Best

@@ -85,13 +85,14 @@ PRIVATES: tuple[Private, ...] = (
             "deployments/warmstart.py: E31's flow loaded before the forks", params=("entrypoint",)),
     Private("prefect.types._datetime", "now", "callable", "deployments/warmprep.py: the related-resource cache's time",
             params=("tz",)),
-    # the cancel gate (flows/cancelhook.py guard_worker_cancel; deployments/cancelgate.py)
+    # the cancel gate (e31/prefect_compat/cancelgate.py) and the hook (flows/cancelhook.py)
     Private("prefect.runner._cancellation_manager:CancellationManager", "cancel", "callable",
-            "flows/cancelhook.py: no kill of a run whose work ended", params=("flow_run", "state_msg")),
+            "e31/prefect_compat/cancelgate.py: no kill of a run whose work ended", params=("flow_run", "state_msg")),
     Private("prefect.runner._state_proposer:StateProposer", "propose_cancelled", "callable",
-            "flows/cancelhook.py: no Cancelled forced over a final state", params=("flow_run", "state_updates")),
+            "e31/prefect_compat/cancelgate.py: no Cancelled forced over a final state",
+            params=("flow_run", "state_updates")),
     Private("prefect.runner._state_proposer:StateProposer", "_client", "attribute",
-            "flows/cancelhook.py: the run's state read before Cancelled is proposed"),
+            "e31/prefect_compat/cancelgate.py: the run's state read before Cancelled is proposed"),
     Private("prefect.runner._workspace_runtime_bootstrap", "", "module",
             "flows/cancelhook.py: a hook run in Prefect's workspace process is told by its file name"),
     # Prefect's API clients (e31/prefect_compat/busy.py: quick 503 resends; flows/queue/clock.py: server clock)
