@@ -36,6 +36,7 @@ from e31.tasks.storage.credentials import CredentialError
 from e31.tasks.deliver import (ON_DELIVERED, ReturnTarget, check_destination, deliver, delivered,
                            publish_artifacts, return_task, write_failure_manifest)
 from e31.tasks.manifest import step_text
+from e31.tasks.manifest_model import Manifest
 from e31.tasks.outcome import ChildLost, RunOutcome
 from e31.prefect_compat.api import api_answers
 from e31.tasks.supervisor.fence import this_node
@@ -84,9 +85,10 @@ class JobFailedError(E31Error, RuntimeError):
 
     def __init__(self, manifest: dict[str, Any]):
         self.manifest = manifest
-        detail = manifest.get("message") or "work failed"
-        tail = manifest.get("stderr_tail")
-        super().__init__(f"job {manifest.get('job')} failed: {detail}" + (f"\n--- stderr (last lines) ---\n{tail}" if tail else ""))
+        m = Manifest.model_validate(manifest)
+        detail = m.message or "work failed"
+        tail = m.stderr_tail
+        super().__init__(f"job {m.job} failed: {detail}" + (f"\n--- stderr (last lines) ---\n{tail}" if tail else ""))
 
 
 @flow(name=FLOW_NAME, flow_run_name="{spec.name}", persist_result=False, on_cancellation=[settle_cancelled])
@@ -146,11 +148,11 @@ def run_job(spec: JobSpec, code_dir: str | None = None, placement: dict[str, Any
         leaving = masked_exception(exc)
     if leaving is not None:
         raise leaving  # (outside the handler: nothing is chained to it)
-    if manifest["status"] != "partial" or manifest["reason"] == "cancelled":
+    m = Manifest.model_validate(manifest)
+    if m.status != "partial" or m.reason == "cancelled":
         return manifest  # (a cancelled run's state is Prefect's: a State returned here would make the call raise)
     return Completed(name="Partial", data=manifest,
-                     message=f"partial ({manifest['reason']}): {step_text(manifest['step'])}; "
-                             f"{manifest.get('message') or ''}".rstrip("; "))
+                     message=f"partial ({m.reason}): {step_text(m.step)}; {m.message}".rstrip("; "))
 
 
 def _late_cancel(manifest: dict[str, Any]) -> None:
@@ -199,10 +201,11 @@ def _run_job(spec: JobSpec, code_dir: str | None) -> dict[str, Any]:
             earlier = None
         if earlier is not None:
             settle_earlier_run(Path(plan.scratch), earlier)
-            if earlier["status"] == "completed" and earlier.get("spec_sha256") == plan.spec_sha256:
+            done = Manifest.model_validate(earlier)
+            if done.status == "completed" and done.spec_sha256 == plan.spec_sha256:
                 get_run_logger().warning(
                     "the earlier run %s of this same spec had finished; its return was interrupted and is now "
-                    "delivered: that is this job's output (the work did not run again)", earlier.get("run_id"))
+                    "delivered: that is this job's output (the work did not run again)", done.run_id)
                 return earlier
         resume = Resume(resume_step(plan), crashed)  # (a fresh start clears the output folder: first)
         # The work's child starts now, importing torch and its entrypoint while the inputs stage.
@@ -390,11 +393,12 @@ DELIVERED: dict[str, dict[str, Any]] = {}
 def _finish(plan: JobPlan, manifest: dict[str, Any]) -> dict[str, Any]:
     DELIVERED[plan.job] = manifest
     hold_signals()
-    if manifest["status"] == "completed":
+    status = Manifest.model_validate(manifest).status
+    if status == "completed":
         # Delivered and verified: the next run of this job starts fresh.
         shutil.rmtree(plan.output_dir, ignore_errors=True)
         shutil.rmtree(plan.checkpoint_dir, ignore_errors=True)
-    if manifest["status"] == "failed":
+    if status == "failed":
         raise JobFailedError(manifest)
     return manifest
 

@@ -29,6 +29,7 @@ from e31.tasks import storage
 from e31.tasks.checkpoint import latest_durable
 from e31.tasks.work.local_checkpoints import MARKER, commit_pending, discard_torn, latest_valid, parse_step, step_dir_name
 from e31.tasks.deliver import existing_manifest
+from e31.tasks.manifest_model import Manifest, parse_manifest
 from e31.tasks.pending import keep_reserve
 from e31.tasks.storage.scratch_cache import release_data, remove_torn, take_data
 
@@ -149,10 +150,11 @@ def _completed_by(top: dict | None, durable) -> bool:
     """True when the run that made ``durable`` completed: the output URL's
     top manifest (the newest completed run's) names its flow run.  For a
     checkpoint that does not record its run (written by an older E31), any
-    completed manifest counts."""
-    if not top or top.get("status") != "completed":
+    completed manifest counts; a manifest that is not valid counts as none."""
+    manifest = parse_manifest(top)
+    if not isinstance(manifest, Manifest) or manifest.status != "completed":
         return False
-    return durable.run_id is None or durable.run_id == top.get("run_id")
+    return durable.run_id is None or durable.run_id == manifest.run_id
 
 
 def remove_stale_checkpoints(plan: JobPlan) -> list[int]:

@@ -10,10 +10,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from e31.errors import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
 from e31.specs import JobSpec, mask_url
 from e31.tasks.manifest import step_text
+from e31.tasks.manifest_model import Manifest
 
 
 def cmd_run(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> int:
@@ -69,9 +71,9 @@ def _run_with_api(spec: JobSpec, plan, code_dir: str) -> int:
             manifest = run_job(spec, code_dir=code_dir)
     except JobFailedError as exc:
         print(f"e31: {exc}", file=sys.stderr)
-        m = exc.manifest
-        kept = f"{len(m['files'])} file(s)" + (f" and the checkpoint of {step_text(m['step'])}" if m.get("checkpoint") else "")
-        where = spec.output.url.rstrip("/") + "/" + m.get("folder", "partial") + "/"
+        m = Manifest.model_validate(exc.manifest)
+        kept = f"{len(m.files)} file(s)" + (f" and the checkpoint of {step_text(m.step)}" if m.checkpoint else "")
+        where = spec.output.url.rstrip("/") + "/" + m.folder + "/"
         print(f"failed: {kept} returned to {mask_url(where)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
@@ -85,8 +87,9 @@ def _run_with_api(spec: JobSpec, plan, code_dir: str) -> int:
         print(f"e31: the Prefect API failed after the output was returned ({type(exc).__name__}); the flow run's "
               f"state is set to what the manifest says when an API answers again (the next e31 run or e31 return "
               f"here does it)", file=sys.stderr)
-        if manifest["status"] == "failed":
-            print(f"e31: job {spec.name} failed: {manifest.get('message')}", file=sys.stderr)
+        m = Manifest.model_validate(manifest)
+        if m.status == "failed":
+            print(f"e31: job {spec.name} failed: {m.message}", file=sys.stderr)
     return print_manifest(manifest, spec.name, spec.output.url)
 
 
@@ -163,15 +166,19 @@ def _leave_when_the_api_stays_down(spec: JobSpec, plan) -> None:
         os._exit(code)
 
 
-def print_manifest(manifest: dict, job: str, url: str) -> int:
-    where = mask_url(url) if manifest.get("folder", ".") == "." else \
-        mask_url(url.rstrip("/") + "/" + manifest["folder"] + "/")
-    print(f"{manifest['status']} ({manifest['reason']}): {job} -> {where}")
-    for f in manifest["files"]:
-        print(f"  {f['path']}  {f['bytes']} bytes  sha256 {f['sha256'][:16]}")
-    if manifest.get("checkpoint"):
-        print(f"  checkpoint {step_text(manifest['step'])}: {manifest['checkpoint']}")
-    return {"completed": EXIT_OK, "partial": EXIT_PARTIAL}.get(manifest["status"], EXIT_FAILED)
+def print_manifest(manifest: dict[str, Any] | Manifest, job: str, url: str) -> int:
+    """Print a final manifest for a person (verdict, destination, each file,
+    the checkpoint); returns the exit code its status maps to (completed 0,
+    partial :data:`e31.errors.EXIT_PARTIAL`, failed :data:`e31.errors.EXIT_FAILED`).  Raises
+    ``pydantic.ValidationError`` when ``manifest`` is not a final manifest."""
+    m = Manifest.model_validate(manifest)
+    where = mask_url(url) if m.folder == "." else mask_url(url.rstrip("/") + "/" + m.folder + "/")
+    print(f"{m.status} ({m.reason}): {job} -> {where}")
+    for f in m.files:
+        print(f"  {f.path}  {f.bytes} bytes  sha256 {f.sha256[:16]}")
+    if m.checkpoint:
+        print(f"  checkpoint {step_text(m.step)}: {m.checkpoint}")
+    return {"completed": EXIT_OK, "partial": EXIT_PARTIAL}.get(m.status, EXIT_FAILED)
 
 
 def api_error(exc: BaseException) -> bool:
