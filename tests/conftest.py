@@ -5,6 +5,17 @@ prefect, so they are set when this file is imported.  The server itself
 (``prefect server start``, SQLite, 127.0.0.1) starts only when a test asks for
 the ``prefect_api`` fixture, once per session (~10-25 s), and is stopped at
 the end.  Subprocesses (``e31 run``) inherit ``PREFECT_API_URL``.
+
+Each pytest-xdist worker (``pytest -n 4``) imports this file in its own
+process, so each has its own session folder, port, ``PREFECT_HOME``, Prefect
+server, S3 server, default scratch root and transfer-markers folder: tests on
+different workers share no Prefect objects (work pools, Variables,
+deployments) and no files.
+
+A test that needs a server (it asks for ``prefect_api`` or ``s3_server``,
+directly or through another fixture, or it is marked ``server`` because it
+starts one of its own) is marked ``server`` at collection; ``pytest -m "not
+server and not slow"`` is the quick subset (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -43,8 +54,28 @@ _QUIET = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     "PREFECT_API_URL": f"http://127.0.0.1:{_PORT}/api",
     "PREFECT_SERVER_UI_API_URL": f"http://127.0.0.1:{_PORT}/api",
+    # A job run without its own E31_SCRATCH must not share ~/.cache/e31/scratch/<job>/ with a job of the same
+    # name on another test worker, and a prefetch must not pause for transfers of other workers' or other users'
+    # runs on this machine (the markers folder is machine-wide by default).
+    "E31_SCRATCH": str(_SESSION_DIR / "scratch"),
+    "E31_TRANSFERS_DIR": str(_SESSION_DIR / "transfers"),
 }
 os.environ.update(_QUIET)
+
+#: Fixtures that start a real server: a test that uses one (directly or through another fixture) is marked ``server``.
+SERVER_FIXTURES = frozenset({"prefect_api", "s3_server"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that needs a server ``server``, and run the longest
+    tests (marked ``slow`` or ``server``-by-hand: they start servers of their
+    own) first, so that a parallel run does not end waiting on one of them."""
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
+    own = {id(item) for item in items if item.get_closest_marker("slow") or (
+        item.get_closest_marker("server") and not SERVER_FIXTURES & set(getattr(item, "fixturenames", ())))}
+    items.sort(key=lambda item: id(item) not in own)  # stable: the collection order otherwise
 
 
 SERVER: list[subprocess.Popen] = []  # the session's prefect server process, while it runs (to freeze it)

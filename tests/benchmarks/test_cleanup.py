@@ -91,6 +91,7 @@ def marked_run(tmp_path):
         time.sleep(0.2)
 
 
+@pytest.mark.server  # the benchmark starts a Prefect server of its own
 def test_bench_queue_stopped_by_sigterm_leaves_no_process_and_no_folder(marked_run):
     token, env, tmp, started = marked_run
     bench = subprocess.Popen(

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import _free_port, stop_group
 
 HERE = Path(__file__).resolve().parent
@@ -38,6 +40,7 @@ def _committed(out: Path) -> list[Path]:
     return sorted((out / "checkpoints").glob("step-*/COMMITTED"))
 
 
+@pytest.mark.server  # starts and kills a Prefect server of its own
 def test_a_server_killed_mid_job_leaves_the_job_whole_and_its_state_set_later(tmp_path, scratch):
     port, home = _free_port(), tmp_path / "prefect-home"
     api = f"http://127.0.0.1:{port}/api"

@@ -157,6 +157,7 @@ def _kill_during_returns(fs, url: str, scratch: Path, env: dict, sizes: dict[str
     assert last["run_id"] == f"run-{KILLS}" and last["status"] in ("completed", "partial")
 
 
+@pytest.mark.slow  # a loop of runs killed at random moments (about a minute)
 def test_kill_9_at_random_moments_of_a_local_return(tmp_path, scratch):
     import fsspec
 

@@ -310,6 +310,7 @@ def test_a_changed_work_does_not_resume_from_another_works_checkpoints(prefect_a
     assert other["status"] == "completed" and (out / "resumed_from.txt").read_text() == "0"
 
 
+@pytest.mark.server  # `e31 run` starts a temporary Prefect server
 def test_ctrl_c_to_the_whole_process_group_with_the_temporary_server(scratch, tmp_path):
     """As a terminal's Ctrl-C: SIGINT to e31 and every process of its group, with no
     PREFECT_API_URL (e31 starts its own temporary server, outside the group)."""

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from e31.prefect_compat.api import api_ready
 from tests.conftest import REPO
 
@@ -58,6 +60,7 @@ def _migrated_once(db: Path) -> bool:
         return False
 
 
+@pytest.mark.server  # two `e31 run`s each start a temporary Prefect server
 def test_two_runs_at_once_on_a_fresh_prefect_home_both_complete(tmp_path):
     """Both runs start their own temporary server on the same fresh home;
     the second one's database creation used to fail (``duplicate column
