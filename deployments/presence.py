@@ -22,9 +22,10 @@ database.
 Why not a global concurrency limit of 1 with a lease (Prefect 3.9.1:
 ``increment_concurrency_slots_with_lease``, ``renew_concurrency_lease``;
 measured on 3.9.1): its acquisition is atomic (no :data:`SETTLE_S`
-read-back), but the server refuses a ``lease_duration`` under 60 s and
-frees an expired lease at its repossessor's pass (every 15 s), so a
-killed scheduler's pool would wait 60-75 s for its standby instead of
+read-back), but the server refuses a ``lease_duration`` under 60 s (422)
+and frees an expired lease at its repossessor's pass (every 15 s): a
+slot whose 60 s lease was never renewed went to a second holder 72 s
+later, where a killed scheduler's pool goes to its standby after
 :data:`STALE_S` (30 s); and a lease's holder can only be a flow run, task
 run or deployment id, so it cannot say which scheduler serves, its
 ``--lease`` or when it was last heard, which ``e31 queue`` and ``e31
