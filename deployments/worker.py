@@ -155,6 +155,7 @@ class E31Worker(ProcessWorker):
         self._loop_seen = 0.0  # time.monotonic() when this worker's event loop last polled
         self._prefetch_base: float | None = None  # the prefetch seconds asked for, before the clock's skew
         self._told: set[int] = set()  # flow processes drain() signalled
+        self._synced = False  # a sync has completed with the work pool known (the first one waits for warm)
 
     async def setup(self) -> None:
         """Start the warm flow process (unless ``E31_WARM_START=0``), then
@@ -192,7 +193,7 @@ class E31Worker(ProcessWorker):
         started again is heard from at once, before the lease since its
         predecessor's last heartbeat runs out (a stuck warm process would
         otherwise hold it silent for 64 s, and its node be taken for lost)."""
-        if not getattr(self, "_has_successfully_synced", False) and self._client is not None:
+        if not self._synced and self._client is not None:
             from e31.deployments.leftovers import node_held
 
             if not await node_held(self._client, self._work_pool_name, self.node):
@@ -200,6 +201,11 @@ class E31Worker(ProcessWorker):
         if self._client is not None:
             await self._clear_fences()
         await super().sync_with_backend()
+        if not self._synced:
+            try:
+                self._synced = self.work_pool is not None  # Prefect's property: raises until a sync has read the pool
+            except RuntimeError:
+                pass
         self._beat_apart()
 
     def _beat_apart(self) -> None:
@@ -213,7 +219,7 @@ class E31Worker(ProcessWorker):
         from e31.deployments.presence import LOOP_STUCK_S, worker_beats
 
         self._loop_seen = time.monotonic()
-        if self._beats is not None or not getattr(self, "_has_successfully_synced", False):
+        if self._beats is not None or not self._synced:
             return
         say = lambda line: print(f"e31 worker: {line}", flush=True)  # noqa: E731
         self._beats = worker_beats(self._work_pool_name, self.name, self.heartbeat_interval_seconds,

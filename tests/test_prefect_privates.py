@@ -64,8 +64,6 @@ PRIVATES: tuple[Private, ...] = (
     Private(_WORKER, "_logger", "attribute", "deployments/worker.py: the worker's log"),
     Private(_WORKER, "_prefetch_seconds", "attribute", "deployments/worker.py: prefetch widened by the clock skew",
             read_by="prefect.workers.base:BaseWorker._get_scheduled_flow_runs"),
-    Private(_WORKER, "_has_successfully_synced", "attribute", "deployments/worker.py: the first sync's warm wait",
-            read_by="prefect.workers.base:BaseWorker._initialize_after_sync"),
     Private(_WORKER, "_get_scheduled_flow_runs", "callable", "deployments/worker.py: runs not placed here dropped",
             params=()),
     Private(_WORKER, "_give_worker_labels_to_flow_run", "callable", "deployments/worker.py: labels beside the start",
