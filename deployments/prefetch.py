@@ -7,8 +7,8 @@ e31.deployments.prefetch --pool POOL.yaml --node NAME``, at the lowest CPU
 and I/O priority; it dies with the worker) when its node declares a
 ``scratch_budget`` in the pool file.  Each pass (every
 :data:`PREFETCH_EVERY_S` seconds) reads the pool's soonest queued flow runs
-and takes those the scheduler planned on this node (their ``Queued``
-state message names it: :func:`e31.flows.queue.planned_node`), soonest
+and takes those the scheduler planned on this node (their ``placement``
+names it: :func:`e31.flows.queue.planned_start`), soonest
 first, one at a time:
 
 1. the run's inputs are listed (``preflight``); when all are staged and

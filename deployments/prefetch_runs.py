@@ -25,7 +25,7 @@ def planned_here(client: Any, pool: Any, node: str, limit: int = LOOKAHEAD) -> l
         flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
             type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]), name=FlowRunFilterStateName(any_=[QUEUED]))),
         sort=FlowRunSort.NEXT_SCHEDULED_START_TIME_ASC, limit=limit)  # the planned start (its scheduled time)
-    return [r for r in runs if planned_node(r.state) == node]
+    return [r for r in runs if planned_node(r) == node]  # its placement's planned node (e31_planned)
 
 
 def tag_staged(client: Any, run_id: str, node: str, seconds: float) -> None:

@@ -130,14 +130,24 @@ class PollGate:
         return True
 
 
+def event_tags(event: Any) -> list[str]:
+    """The tags of the flow run an event (a Prefect ``Event``) is about: its
+    related resources of role ``tag`` (``prefect.tag.<tag>``; Prefect 3.9.1,
+    ``prefect/server/models/events.py``)."""
+    prefix = "prefect.tag."
+    return [str(r.id)[len(prefix):] for r in getattr(event, "related", None) or ()
+            if getattr(r, "role", None) == "tag" and str(r.id).startswith(prefix)]
+
+
 def poll_on_placements(work_pool: str, node: str, gate: PollGate, poll: Callable[[], Awaitable[Any]],
                        logger: Any) -> list[asyncio.Task]:
     """A worker's two asyncio tasks (to cancel at its teardown) that call
     ``poll()`` (Prefect's ``get_and_submit_flow_runs``) at once when a run of
     the work pool ``work_pool`` is placed on ``node``: the server's ``Placed``
-    events (:func:`follow`), of which those whose state message names another
-    node (:func:`e31.flows.queue.mapping.placed_on`) are left alone (one
-    naming none wakes it, to be safe).  ``gate`` is told of the stream and
+    events (:func:`follow`), of which those whose run is tagged as placed on
+    another node (:func:`e31.flows.queue.mapping.placed_on` over the tags
+    the event carries, :func:`event_tags`) are left alone (one naming none
+    wakes it, to be safe).  ``gate`` is told of the stream and
     the events.  A poll that fails is logged at debug level: the worker's
     own poll every ``PREFECT_WORKER_QUERY_SECONDS`` goes on (asking the
     server only every :data:`QUIET_POLL_S` while the events come)."""
@@ -146,8 +156,7 @@ def poll_on_placements(work_pool: str, node: str, gate: PollGate, poll: Callable
     placed = asyncio.Event()
 
     def on_placed(event: Any) -> None:
-        resource = getattr(event, "resource", None)
-        if placed_on(resource.get("prefect.state-message") if resource is not None else None) not in (None, node):
+        if placed_on(event_tags(event)) not in (None, node):
             return  # another node's run
         gate.seen(event)
         placed.set()

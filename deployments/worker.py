@@ -123,7 +123,7 @@ class E31Variables(ProcessVariables):
                                                                      "node; the work sees exactly these.")
     cpus: int | None = Field(default=None, description="CPUs of the placement (the job's request.cpus).")
     e31_planned_node: str | None = Field(default=None, description="Unused: a waiting run's planned node is in its "
-                                                                   "Queued state message (kept for older pools).")
+                                                                   "placement parameter (kept for older pools).")
     e31_after: str | None = Field(default=None, description="Flow run a handed-over run waits behind (set by the "
                                                             "scheduler): its work starts once that run has ended.")
 

@@ -162,7 +162,11 @@ class Placement:
     (``node`` None, ``start``/``end`` None).  ``start``/``end`` are Unix
     seconds (``end`` = start + staging + runtime estimate).  ``reason`` is one
     line for a person.  ``reserved`` is False for a waiting job beyond the
-    planning depth: its start is an estimate, not a reservation.
+    planning depth: its start is an estimate, not a reservation.  For a
+    waiting job: ``ender``, the job whose end its reserved start waits for
+    (None: none), and ``shape``, its reason with every clock time left out
+    (what the scheduler compares to know whether the words changed beyond
+    their times; words are never read back).
     """
 
     job: str
@@ -174,3 +178,5 @@ class Placement:
     end: float | None
     reason: str
     reserved: bool = True
+    ender: str | None = None
+    shape: str = ""

@@ -289,5 +289,5 @@ def _placement(j: Ranked, slot: _Slot, cap: Capacity, explainer: Explainer | Non
     if start <= cap.now:
         why = start_reason(job, node, devices, end, cap.now) if explainer else ""
         return Placement(job.id, "start", node, devices_of(devices), job.cpus, start, end, why)
-    why = explainer.wait(job, j.eligible, i, start, reserved) if explainer else ""
-    return Placement(job.id, "wait", node, devices_of(devices), job.cpus, start, end, why, reserved)
+    why, shape, ender = explainer.words(job, j.eligible, i, start, reserved) if explainer else ("", "", None)
+    return Placement(job.id, "wait", node, devices_of(devices), job.cpus, start, end, why, reserved, ender, shape)

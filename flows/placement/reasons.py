@@ -10,16 +10,28 @@ A deadline job's reason ends with its planned end against its deadline.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .capacity import Capacity, devices_of
 from .model import QueuedJob
 from .text import clock, gib, run_time, span
 
-__all__ = ["Explainer", "start_reason"]
+__all__ = ["Explainer", "ender_clause", "start_reason"]
+
+Clock = Callable[[float, float], str]
 
 
-def _deadline(job: QueuedJob, end: float, now: float) -> str:
+def _no_clock(t: float, now: float) -> str:
+    """A clock time left out: what a reason's shape (:meth:`Explainer.words`) has in its place."""
+    return ""
+
+
+def ender_clause(ender: str) -> str:
+    """The part of a waiting reason that names the job whose end its reserved start waits for."""
+    return f", after job {ender} ends"
+
+
+def _deadline(job: QueuedJob, end: float, now: float, clock: Clock = clock) -> str:
     if job.deadline is None or job.work_deadline is None:
         return ""
     if end <= job.work_deadline:  # its output returned by the deadline too
@@ -80,6 +92,18 @@ class Explainer:
     def wait(self, job: QueuedJob, eligible: Sequence[bool] | None, node: int, start: float, reserved: bool) -> str:
         """``waiting for ...; earliest start HH:MM UTC on NODE, after job X ends`` (or ``estimated start`` for
         a job beyond the planning depth, whose start is not reserved)."""
+        return self._wait(job, eligible, node, start, reserved, clock)[0]
+
+    def words(self, job: QueuedJob, eligible: Sequence[bool] | None, node: int, start: float,
+              reserved: bool) -> tuple[str, str, str | None]:
+        """The reason of :meth:`wait`, its shape (the same words with every clock time left out: two reasons
+        of one shape differ only in their times) and the job whose end the reserved start waits for (its
+        :func:`ender_clause` is in both; None when they name none)."""
+        reason, ender = self._wait(job, eligible, node, start, reserved, clock)
+        return reason, self._wait(job, eligible, node, start, reserved, _no_clock)[0], ender
+
+    def _wait(self, job: QueuedJob, eligible: Sequence[bool] | None, node: int, start: float, reserved: bool,
+              clock: Clock) -> tuple[str, str | None]:
         cap, now = self.cap, self.cap.now
         text, i, room, short = self._short_now(job, eligible)
         name = cap.nodes[node].name
@@ -98,13 +122,15 @@ class Explainer:
             else:
                 text = (f"waiting: room is free now on {cap.nodes[i].name} but held for jobs ahead of it "
                         f"from {clock(room, now)}")
+        ender = None
         if reserved:
             text += f"; earliest start {clock(start, now)} on {name}" + (" (its inputs are staged there)" if local else "")
             ender = cap.ender(node, start)
-            if ender is not None and ender != job.id:
-                text += f", after job {ender} ends"
+            ender = None if ender == job.id else ender
+            if ender is not None:
+                text += ender_clause(ender)
         else:
             held = ("the first waiting job in priority order holds a reservation" if self.depth == 1 else
                     f"the first {self.depth} waiting jobs in priority order hold reservations")
             text += f"; estimated start {clock(start, now)} (not reserved: only {held})"
-        return text + _deadline(job, start + job.work_s, now)
+        return text + _deadline(job, start + job.work_s, now, clock), ender

@@ -260,12 +260,15 @@ class RunCache:
         if scheduled_time is not None:
             run.next_scheduled_start_time = scheduled_time
 
-    def note_placement(self, run_id: str, parameters: dict[str, Any]) -> None:
+    def note_placement(self, run_id: str, parameters: dict[str, Any], tags: list[str] | None = None) -> None:
         """Record the ``parameters`` the scheduler wrote (with the run's
-        ``placement``; the API replaces them whole)."""
+        ``placement``; the API replaces them whole), and its ``tags`` when
+        it wrote them too."""
         run = self.runs.get(str(run_id))
         if run is not None:
             run.parameters = dict(parameters)
+            if tags is not None:
+                run.tags = list(tags)
 
     def refresh(self, run: Any) -> None:
         """Keep ``run`` as just read (or drop it when it is no longer active)."""

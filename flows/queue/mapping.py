@@ -4,39 +4,35 @@ and the queue's clock constants (seconds)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from e31.flows.placement import Node
 from e31.specs.pool import PoolSpec
 from e31.tasks.supervisor.fence import NODE_VAR as FENCE_NODE_VAR  # the flow process fences on it
 from e31.tasks.supervisor.fence import PLACEMENT_PARAM, placement_of  # noqa: F401 (the queue's, defined for the fence)
+from e31.tasks.placement_record import (AFTER_VAR, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, FREE_VAR, PLANNED_VAR,  # noqa: F401
+                                        PlacementRecord, PlannedStart, record_of)
 
 #: The Prefect worker type of E31 work pools (``e31 worker``, :mod:`e31.deployments.worker`).
 WORKER_TYPE = "e31"
 #: The state names of a waiting and of a placed run (both of type ``Scheduled``).
 QUEUED, PLACED = "Queued", "Placed"
 #: The node, GPU devices and CPUs of a placement, and the run's attempt: keys of its ``placement`` parameter
-#: (:data:`e31.tasks.supervisor.fence.PLACEMENT_PARAM`, read with :func:`placement_of`).
-NODE_VAR, DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = FENCE_NODE_VAR, "gpu_devices", "cpus", "e31_attempt"
-#: The node a waiting run's reserved start is planned on, as its ``Queued`` state message names it
-#: (``...; earliest start 02:40 UTC on n1, after job a ends``: e31.flows.placement.reasons): that node's
-#: ``e31 worker`` prefetches the run's inputs.  Read with :func:`planned_node`.  It is carried by the message
-#: the scheduler writes anyway, not by a ``job_variables`` write: Prefect validates every ``job_variables``
-#: PATCH against the work pool's whole variables schema (jsonschema, inside a write transaction), which was
-#: the largest single cost of the server under a busy queue (bench_queue, py-spy: 17 % of its busy CPU).
-PLANNED_ON = re.compile(r"; earliest start [^;]*? UTC on ([A-Za-z0-9][A-Za-z0-9._-]*)")
-#: The node a placed run starts on, as its ``Placed`` state message names it (``starts now on n1, ...``;
-#: ``handed over behind a (1f0e2d3c) on n1: ...``: e31.flows.queue.record): a worker told of a placement by
-#: the server's events (which carry the message) polls only for its own node's.  Read with :func:`placed_on`.
-PLACED_ON = re.compile(r"^(?:starts now|handed over behind .*? \([0-9a-f]{8}\)) on ([A-Za-z0-9][A-Za-z0-9._-]*)[,:]")
-#: The run a handed-over run waits behind, in its ``placement``: its flow process starts (and stages its
-#: inputs) while that run ends, and its work starts once that run's flow process has ended (see HANDOVER_S).
-AFTER_VAR = "e31_after"
-#: How many attempts of a run that ran (Prefect counted them in ``run_count``) crashed before their work
-#: started (handed over behind another run, lost while they waited): in its ``placement``, carried by each
-#: placement the scheduler writes; they use none of its retries.
-FREE_VAR = "e31_unstarted"
+#: (:data:`e31.tasks.supervisor.fence.PLACEMENT_PARAM`), written and read as a typed
+#: :class:`e31.tasks.placement_record.PlacementRecord` (:func:`record_of`; :func:`placement_of` gives the dict).
+NODE_VAR = FENCE_NODE_VAR
+#: The node a waiting run's reserved start is planned on, in its ``placement`` (:class:`PlacementRecord`
+#: ``planned``; read with :func:`planned_start`): that node's ``e31 worker`` prefetches the run's inputs, and the
+#: next plan keeps it between equally free nodes.  Written only when it changes (a plain update of the
+#: parameters beside the state write; not a ``job_variables`` write: Prefect validates every
+#: ``job_variables`` PATCH against the work pool's whole variables schema inside a write transaction, which was
+#: the largest single cost of the server under a busy queue: bench_queue, py-spy, 17 % of its busy CPU).
+#: The node a placed run starts on is also a tag of the run, :data:`PLACED_TAG` + node, written in the same
+#: update as its placement: the server's ``Placed`` events carry a run's tags (not its parameters), and a
+#: worker told of a placement polls at once only for its own node's (:func:`placed_on`; a tag lost to a
+#: prefetcher's concurrent tag write costs only latency: an event naming no node wakes every worker, and each
+#: polls by itself every QUIET_POLL_S).
+PLACED_TAG = "e31-placed:"
 #: Seconds before a running job's planned end within which the scheduler hands its resources over to the
 #: next job planned on them: that job's flow run is released at once, its flow process starts, stages its
 #: inputs and waits (holding nothing) until the job ahead has returned its output; 0 turns it off.
@@ -90,21 +86,44 @@ def staged_tags(tags: Any) -> tuple[tuple[str, ...], float]:
     return tuple(nodes), seconds
 
 
-def planned_node(state: Any) -> str | None:
-    """The node a waiting run's state (a Prefect ``State``, or None) says
-    its reserved start is planned on; None when the run is not ``Queued``
-    or its start is no reservation (``estimated start``, the submission's
-    message).  See :data:`PLANNED_ON`."""
-    message = getattr(state, "message", None) if getattr(state, "name", None) == QUEUED else None
-    found = PLANNED_ON.search(message) if message else None
-    return found.group(1) if found else None
+def planned_start(run: Any) -> PlannedStart | None:
+    """The reserved start of a waiting flow run ``run`` (a Prefect
+    ``FlowRun``, or None): the node its ``placement`` says it is planned on
+    (:data:`PLANNED_VAR`) and its scheduled time (Unix seconds); None when
+    the run is not ``Queued`` or its start is no reservation (an estimate,
+    or not planned yet)."""
+    state = getattr(run, "state", None)
+    if getattr(state, "name", None) != QUEUED:
+        return None
+    node = record_of(run).planned
+    if node is None:
+        return None
+    at = getattr(run, "next_scheduled_start_time", None) or getattr(getattr(state, "state_details", None),
+                                                                       "scheduled_time", None)
+    return PlannedStart(node, at.timestamp() if at is not None else None)
 
 
-def placed_on(message: str | None) -> str | None:
-    """The node a ``Placed`` state's message (or None) says its run starts
-    on; None when it names none (see :data:`PLACED_ON`)."""
-    found = PLACED_ON.match(message) if message else None
-    return found.group(1) if found else None
+def planned_node(run: Any) -> str | None:
+    """The node of :func:`planned_start` (None when it has none)."""
+    start = planned_start(run)
+    return start.node if start is not None else None
+
+
+def placed_on(tags: Any) -> str | None:
+    """The node a placed run's tags (its flow run's ``tags``, or the tag
+    names of an event's related resources) say it starts on
+    (:data:`PLACED_TAG`); None when they name none."""
+    for tag in tags or ():
+        if isinstance(tag, str) and tag.startswith(PLACED_TAG):
+            return tag[len(PLACED_TAG):] or None
+    return None
+
+
+def placed_tags(tags: Any, node: str | None) -> list[str]:
+    """A flow run's ``tags`` with its :data:`PLACED_TAG` naming ``node``
+    (None: naming none), its other tags as they are."""
+    kept = [t for t in tags or () if not (isinstance(t, str) and t.startswith(PLACED_TAG))]
+    return kept + ([PLACED_TAG + node] if node else [])
 
 
 def inputs_key(spec: Any) -> tuple[str, ...]:

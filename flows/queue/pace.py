@@ -10,14 +10,11 @@ applies them.  Times are seconds.
 
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from e31.flows.queue.mapping import AHEAD_S
-
-#: A clock time as :func:`e31.flows.placement.text.clock` writes it: ``02:40:05 UTC``, ``02:40 UTC`` (a
-#: whole minute), with the date before it when not today's.
-_CLOCK = re.compile(r"(?:\d{4}-\d\d-\d\d )?\d\d:\d\d(?::\d\d)? UTC")
 
 
 #: Waiting runs, soonest planned start first, whose reason and planned start every tick keeps exact; each
@@ -38,7 +35,6 @@ ESTIMATE_EVERY_S = 600.0
 #: 1,000-job bench_queue run the deep queue's rewrites were 1.7 per job with a backlog of ~50 at every tick.
 DEEP_AHEAD_S = 600.0
 DRIFT = 0.25
-ENDER = re.compile(r", after job [0-9a-f-]{36} ends")
 
 
 def start_moved(planned_s: float, scheduled: datetime | None, now: float, deep: bool) -> bool:
@@ -58,14 +54,53 @@ def start_moved(planned_s: float, scheduled: datetime | None, now: float, deep: 
     return abs(at - max(planned_s, now + DEEP_AHEAD_S)) >= max(AHEAD_S / 2, DRIFT * (planned_s - now))
 
 
-def planner_reason(message: str | None) -> bool:
-    """Whether a waiting run's state message is a reason the planner gave
-    (with its planned start), not the submission's or a requeue's."""
-    return bool(message) and ("; earliest start " in message or "; estimated start " in message)
+@dataclass(frozen=True)
+class Written:
+    """What the scheduler wrote on a waiting run, kept by it instead of read
+    back from the state message: the ``state_id`` the server gave the
+    ``Queued`` state written, the ``words`` of its reason as a key (the
+    reason's shape, its clock times left out, and the job it names as the one
+    it waits for: two reasons with one key differ only in their times) and
+    the ``node`` its reserved start was planned on (None: an estimate)."""
+
+    state_id: Any
+    words: tuple[str, str | None]
+    node: str | None
 
 
-def same_but_clocks(old: str | None, new: str) -> bool:
-    """Whether a waiting run's reason is the same but for its clock times
-    (the planned start moves a little at every tick; the scheduled time
-    says it, rewritten when it moves by a minute or more)."""
-    return old is not None and _CLOCK.sub("", old) == _CLOCK.sub("", new)
+class WrittenWaits:
+    """The waits this process wrote, by flow run id (:class:`Written`).  An
+    entry holds only while the run's state is the very state written (its
+    id, which the server draws at random): a state set since by anyone (a
+    requeue, a cancel, another scheduler, a person) makes it unknown, and the
+    run's reason is written again at the next plan.  A process that starts
+    knows none (its first ticks write each waiting run's reason once).  At
+    most ``size`` entries, the oldest written dropped first."""
+
+    def __init__(self, size: int = 100_000) -> None:
+        self.size, self._by_run = size, {}
+
+    def of(self, run: Any) -> Written | None:
+        """What was written on ``run`` (a Prefect ``FlowRun``) while its
+        state is still that write; else None."""
+        written = self._by_run.get(str(run.id))
+        state = getattr(run, "state", None)
+        return written if written is not None and state is not None and written.state_id == state.id else None
+
+    def note(self, run_id: str, written: Written) -> None:
+        """Keep ``written`` as what was last written on the run ``run_id``."""
+        self._by_run.pop(str(run_id), None)
+        self._by_run[str(run_id)] = written
+        while len(self._by_run) > self.size:
+            del self._by_run[next(iter(self._by_run))]
+
+    def planned(self, run: Any) -> tuple[bool, str | None]:
+        """Whether the node the waiting ``run``'s reserved start was planned
+        on is known here (its state is a write of this process), and that
+        node (None: an estimate)."""
+        written = self.of(run)
+        return (False, None) if written is None else (True, written.node)
+
+
+#: The scheduler's record of the waits it wrote (one per process: entries are valid only for the state they name).
+WRITTEN = WrittenWaits()

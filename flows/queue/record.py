@@ -4,19 +4,19 @@ a lost node and requeue crashed runs with retries left."""
 
 from __future__ import annotations
 
-import re
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from e31.flows.placement import Placement, RunningJob
-from e31.flows.queue.mapping import (AFTER_VAR, AHEAD_S, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, DOWN, FENCED, FREE_VAR,
-                                     NODE_VAR, PLACED,
-                                     PLACEMENT_PARAM, QUEUED, placement_of, planned_node)
+from e31.flows.placement.reasons import ender_clause
+from e31.flows.queue.mapping import (AHEAD_S, DOWN, FENCED, PLACED, PLACEMENT_PARAM, QUEUED, PlacementRecord,
+                                     placed_on, placed_tags, record_of)
 from e31.flows.queue.cache import RunCache
 from e31.flows.queue.clock import server_now
-from e31.flows.queue.pace import (ENDER, DEEP_AHEAD_S, ESTIMATE_EVERY_S, REASON_DEPTH, REASON_EVERY_S, start_moved,
-                                  planner_reason, same_but_clocks)
+from e31.flows.queue.pace import (DEEP_AHEAD_S, ESTIMATE_EVERY_S, REASON_DEPTH, REASON_EVERY_S, WRITTEN, Written,
+                                  start_moved)
 from e31.flows.queue.snapshot import Snapshot, unstarted_of
 from e31.specs import JobSpec
 from e31.tasks.supervisor.cancel import work_never_started
@@ -35,14 +35,13 @@ def humane(reason: str, snap: Snapshot) -> str:
     for key, spec in snap.specs.items():
         if key in reason:
             reason = reason.replace(key, f"{spec.name} ({key[:8]})")
-    if DOWN in reason:
-        reason = re.sub(rf"after job {re.escape(DOWN)}(\S+) ends", r"once node \1's e31 worker answers", reason)
-        reason = reason.replace(DOWN, "no worker on ")
-    if FENCED in reason:
-        reason = re.sub(rf"after job {re.escape(FENCED)}(\S+) ends", r"once the runs lost on node \1 are confirmed ended "
-                        r"(by node \1's e31 worker, started again there)", reason)
-        reason = reason.replace(FENCED, "fence on ")
-    return reason
+    for held in snap.running:  # the stand-ins holding a node without a worker, or fenced, by their node
+        if held.id == DOWN + held.node:
+            reason = reason.replace(ender_clause(held.id), f", once node {held.node}'s e31 worker answers")
+        elif held.id == FENCED + held.node:
+            reason = reason.replace(ender_clause(held.id), f", once the runs lost on node {held.node} are confirmed "
+                                    f"ended (by node {held.node}'s e31 worker, started again there)")
+    return reason.replace(DOWN, "no worker on ").replace(FENCED, "fence on ")
 
 
 class _Logs:
@@ -100,6 +99,8 @@ class _Writer:
     def __init__(self, client: Any, cache: RunCache | None, counts: dict[str, int]) -> None:
         self.client, self.cache, self.counts = client, cache, counts
         self.seen: dict[str, Any] = {}  # run id -> the state id :meth:`current` found
+        self.fresh: dict[str, Any] = {}  # run id -> the run as :meth:`current` read it (its tags are the newest)
+        self.result: Any = None  # the server's answer to the last state written
 
     def current(self, key: str) -> bool:
         """Whether the run ``key`` is still as the plan saw it (always, without a cache)."""
@@ -113,7 +114,7 @@ class _Writer:
         except ObjectNotFound:
             return self._gone(key)
         if kept is not None and kept.state is not None and run.state is not None and kept.state.id == run.state.id:
-            self.seen[key] = run.state.id
+            self.seen[key], self.fresh[key] = run.state.id, run
             return True
         self.cache.refresh(run)
         self.counts["stale"] += 1
@@ -130,6 +131,7 @@ class _Writer:
             result = self.client.set_flow_run_state(key, state, force=True)
         except ObjectNotFound:
             return self._gone(key)
+        self.result = result
         if self.cache is not None:
             self.cache.note_state(key, result, getattr(state.state_details, "scheduled_time", None))
             if state.type.value == "SCHEDULED" and key in self.seen and self._overtaken(key, result):
@@ -163,19 +165,26 @@ class _Writer:
         self.counts["undone"] += 1
         return True
 
-    def place(self, key: str, run: Any, placement: dict[str, Any], check: bool = True) -> bool:
-        """Replace the ``placement`` parameter (:data:`PLACEMENT_PARAM`) of the run ``key`` (``run``: as read;
-        its other parameters, which nobody writes after the submission, are sent back as they are) (``check``:
-        only when it is :meth:`current`); False when it was not written.  A plain update (~8 ms of server CPU),
-        not a ``job_variables`` write (see there).  A run cancelled meanwhile keeps it, inert: the ``Placed``
-        state that follows is undone (:meth:`_overtaken`)."""
+    def place(self, key: str, run: Any, placement: PlacementRecord, check: bool = True) -> bool:
+        """Replace the ``placement`` parameter (:data:`PLACEMENT_PARAM`) of the run ``key`` with the record
+        ``placement`` (``run``: as read; its other parameters, which nobody writes after the submission, are sent
+        back as they are) (``check``: only when it is :meth:`current`); False when it was not written.  When the
+        node it is placed on changes, its :data:`~e31.flows.queue.mapping.PLACED_TAG` goes with it in the same
+        update (its other tags as last read: a node's prefetcher writes those).  A plain update (~8 ms of server
+        CPU), not a ``job_variables`` write (see there).  A run cancelled meanwhile keeps it, inert: the
+        ``Placed`` state that follows is undone (:meth:`_overtaken`)."""
         from prefect.exceptions import ObjectNotFound
 
         if check and not self.current(key):
             return False
-        parameters = {**(run.parameters or {}), PLACEMENT_PARAM: placement}
+        parameters = {**(run.parameters or {}), PLACEMENT_PARAM: placement.parameter()}
+        tags = list(getattr(self.fresh.get(key, run), "tags", None) or [])
+        tags = placed_tags(tags, placement.node) if placed_on(tags) != placement.node else None
         try:
-            self.client.update_flow_run(key, parameters=parameters)
+            if tags is None:
+                self.client.update_flow_run(key, parameters=parameters)
+            else:
+                self.client.update_flow_run(key, parameters=parameters, tags=tags)
         except ObjectNotFound:
             return self._gone(key)
         except Exception as exc:  # the sync client answers with the HTTP error itself
@@ -183,7 +192,7 @@ class _Writer:
                 return self._gone(key)
             raise
         if self.cache is not None:
-            self.cache.note_placement(key, parameters)
+            self.cache.note_placement(key, parameters, tags)
         return True
 
     def _gone(self, key: str) -> bool:
@@ -248,11 +257,26 @@ def _crashes_before_start(client: Any, key: str) -> int:
     return sum(1 for s in client.read_flow_run_states(key) if s.type.value == "CRASHED")
 
 
-def _free(run: Any) -> dict[str, int]:
-    """The run's count of attempts that crashed before their work started (:data:`FREE_VAR`), for its next
-    placement (empty when none)."""
-    free = unstarted_of(run)
-    return {FREE_VAR: free} if free else {}
+def _placed(run: Any, p: Placement, after: str | None = None) -> PlacementRecord:
+    """The placement record of ``p`` (a start, or a handover behind the run ``after``) for the run ``run``:
+    its attempt and its count of attempts that crashed before their work started carried over."""
+    return PlacementRecord(node=p.node, devices=tuple(p.devices), cpus=p.cpus, attempt=record_of(run).attempt or 0,
+                           after=after, unstarted=unstarted_of(run))
+
+
+def _words(snap: Snapshot, p: Placement, deep: bool) -> tuple[str, str | None]:
+    """The key of a waiting placement's words as the scheduler writes them (:class:`Written`): its reason's
+    shape and the job it names as the one it waits for (the last of a chain of handed-over runs: what
+    :func:`humane` names); a deep run's reason names none."""
+    if deep or p.ender is None:
+        return (p.shape.replace(ender_clause(p.ender), "") if p.ender else p.shape), None
+    behind = {a: b for b, a in snap.behind.items()}  # run -> the run handed over behind it
+    ender = p.ender
+    for _ in range(len(behind)):
+        if ender not in behind:
+            break
+        ender = behind[ender]
+    return p.shape, ender
 
 
 def _fence(client: Any, snap: Snapshot, key: str, node: str) -> bool:
@@ -329,14 +353,15 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
     now = datetime.fromtimestamp(snap.now, timezone.utc)
     for key in snap.lost:
         run = snap.runs[key]
-        node = placement_of(run).get(NODE_VAR)
+        node = record_of(run).node
         if run.state.type.value == "SCHEDULED":  # Placed: its worker had not taken it, so no process of it
             # exists there (Prefect's worker proposes Pending before it starts a flow process): no fence, and it
             # is queued again at once, as a run that crashed before its work started
             message = (f"Queued again: node {node} stopped answering (no worker heartbeat for {snap.lease_s:g} s) "
                        "before its worker took the run; nothing of it ran there, which uses none of its retries")
             requeued = Scheduled(name=QUEUED, scheduled_time=now + timedelta(seconds=AHEAD_S), message=message)
-            kept = {k: v for k, v in placement_of(run).items() if k in (ATTEMPT_VAR, FREE_VAR)}
+            was = record_of(run)
+            kept = PlacementRecord(attempt=was.attempt, unstarted=was.unstarted)
             if write.state(key, requeued) and write.place(key, run, kept, check=False):
                 logs.add(key, message)
                 counts["requeued"] += 1
@@ -369,7 +394,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
                    "its newest durable checkpoint)") if not startless else \
             "Queued again: it crashed before its work started, which uses none of its retries"
         requeued = Scheduled(name=QUEUED, scheduled_time=now + timedelta(seconds=AHEAD_S), message=message)
-        kept = {ATTEMPT_VAR: attempt, **({FREE_VAR: free_now} if free_now else {})}
+        kept = PlacementRecord(attempt=attempt, unstarted=free_now)
         # the state first: a crashed run's job variables cannot be changed
         if write.state(key, requeued) and write.place(key, run, kept, check=False):
             counts["requeued"] += 1
@@ -380,10 +405,12 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
                 counts["refuse"] += 1
     for key, why in snap.blocked.items():
         run, message = snap.runs[key], f"Queued: {why}"
-        if run.state.name == QUEUED and run.state.message == message:
+        before = WRITTEN.of(run)
+        if run.state.name == QUEUED and before is not None and before.words == (message, None):
             counts["unchanged"] += 1
             continue
         if write.state(key, Scheduled(name=QUEUED, message=message, scheduled_time=now + timedelta(seconds=AHEAD_S))):
+            WRITTEN.note(key, Written(getattr(getattr(write.result, "state", None), "id", None), (message, None), None))
             logs.add(key, message)
             counts["wait"] += 1
     order = {"start": 0, "refuse": 1}
@@ -394,9 +421,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
         run = snap.runs[p.job]
         lead = handover_lead(snap, p, handover_s, taken)
         if lead is not None:
-            attempt = int(placement_of(run).get(ATTEMPT_VAR, 0))
-            if not write.place(p.job, run, {NODE_VAR: p.node, DEVICES_VAR: list(p.devices), CPUS_VAR: p.cpus,
-                                            ATTEMPT_VAR: attempt, AFTER_VAR: lead.id, **_free(run)}):
+            if not write.place(p.job, run, _placed(run, p, after=lead.id)):
                 continue
             ahead = snap.specs[lead.id].name
             local = _local(snap, p)
@@ -410,9 +435,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             counts["handover"] += 1
             continue
         if p.action == "start":
-            attempt = int(placement_of(run).get(ATTEMPT_VAR, 0))
-            if not write.place(p.job, run, {NODE_VAR: p.node, DEVICES_VAR: list(p.devices), CPUS_VAR: p.cpus,
-                                            ATTEMPT_VAR: attempt, **_free(run)}):
+            if not write.place(p.job, run, _placed(run, p)):
                 continue
             local = _local(snap, p)
             if not write.state(p.job, Scheduled(name=PLACED, scheduled_time=now,
@@ -428,23 +451,34 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
         else:
             waits_seen += 1
             deep = cache is not None and waits_seen > REASON_DEPTH
-            message = f"Queued: {humane(ENDER.sub('', p.reason) if deep else p.reason, snap)}"
+            reason = p.reason.replace(ender_clause(p.ender), "") if deep and p.ender else p.reason
+            message = f"Queued: {humane(reason, snap)}"
             start_s = p.start or snap.now
             planned = datetime.fromtimestamp(max(start_s, snap.now + (DEEP_AHEAD_S if deep else AHEAD_S)), timezone.utc)
             current = run.state
             same_time = not start_moved(start_s, run.next_scheduled_start_time, snap.now, deep)
-            was_on, now_on = planned_node(current), (p.node if p.reserved else None)
-            # the node matters to a worker that prefetches (PLANNED_ON); deep in the queue, to nobody else
+            # what this scheduler wrote on the run, while its state is still that write (never the message read
+            # back): the words' key and the planned node
+            before = WRITTEN.of(run)
+            words = _words(snap, p, deep)
+            same_words = before is not None and before.words == words
+            was_on, now_on = (before.node if before is not None else None), (p.node if p.reserved else None)
+            # the node matters to a worker that prefetches (planned_start); deep in the queue, to nobody else
             same_node = was_on == now_on or (deep and snap.prefetching is not None
                                               and not {was_on, now_on} & snap.prefetching)
-            if current.name == QUEUED and same_but_clocks(current.message, message) and same_time and same_node:
+            # a prefetching node reads the planned node from the run's placement: kept there when it names one
+            recorded = record_of(run)
+            plan_stale = recorded.planned != now_on and bool({recorded.planned, now_on} & (snap.prefetching or set()))
+            if current.name == QUEUED and same_words and same_time and same_node:
+                if plan_stale:  # its last write did not reach the placement
+                    write.place(p.job, run, replace(recorded, planned=now_on))
                 counts["unchanged"] += 1
                 continue
             written_s = snap.now - (current.timestamp.timestamp() if current.timestamp else 0.0)
             every_s = REASON_EVERY_S if p.reserved else ESTIMATE_EVERY_S
             ahead_s = run.next_scheduled_start_time.timestamp() - snap.now if run.next_scheduled_start_time else 0.0
             if cache is not None and waits_seen > REASON_DEPTH and current.name == QUEUED and same_node \
-                    and planner_reason(current.message) and written_s < every_s and ahead_s >= AHEAD_S / 4:
+                    and before is not None and written_s < every_s and ahead_s >= AHEAD_S / 4:
                 counts["kept"] += 1  # deep in the queue: it can wait (and is not near going Late)
                 continue
             if (max_waits is not None and counts["wait"] >= max_waits) or (
@@ -454,7 +488,11 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             waits_from = time.monotonic() if waits_from is None else waits_from
             if not write.state(p.job, Scheduled(name=QUEUED, scheduled_time=planned, message=message)):
                 continue
-            if not same_but_clocks(current.message, message):
+            state_id = getattr(getattr(write.result, "state", None), "id", None)
+            WRITTEN.note(p.job, Written(state_id, words, now_on))
+            if plan_stale:
+                write.place(p.job, run, replace(recorded, planned=now_on), check=False)
+            if not same_words:
                 logs.add(p.job, message)
             counts["wait"] += 1
     return counts

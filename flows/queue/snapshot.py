@@ -14,6 +14,7 @@ from e31.flows.placement.text import gib
 from e31.flows.queue.clock import server_now
 from e31.flows.queue.overheads import from_run
 from e31.flows.queue.cache import ACTIVE, RunCache, flow_run_filter, read_all, state_filter
+from e31.flows.queue.pace import WRITTEN
 from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, FENCED, FREE_VAR, LEASE_S, NODE_VAR,
                                      PLACED, QUEUED, SETTLE_S, inputs_key, nodes_of, placement_of, planned_node,
                                      staged_tags, work_pool_name)
@@ -242,7 +243,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 runtime_source=estimate.source, runtime_note=estimate.note,
                 preferred_nodes=tuple(dict.fromkeys(n for n in (*prefetched, *(staged or {}).get(inputs_key(spec), ()))
                                                     if n in known)),
-                locality_wait_s=wait_s, planned_node=planned_node(state), return_s=reserve,
+                locality_wait_s=wait_s, planned_node=_planned(run), return_s=reserve,
                 start_s=start_s, output_s=_output_s(returns, spec.name, estimate)))
     for job in list(snap.queued):  # its attempt on a lost node may still run: not a second one beside it
         fence = next((f for f in fences_of_run(snap.fences, job.id) if not f.get("down")), None)
@@ -266,6 +267,15 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 cpus=max(0, node.cpus - sum(r.cpus for r in held)),
                 memory=max(0, node.memory - sum(r.memory for r in held)), start=now, expected_end=now + lease_s))
     return snap
+
+
+def _planned(run: Any) -> str | None:
+    """The node a waiting run's reserved start was planned on by the last
+    plan written: as this scheduler wrote it (:data:`e31.flows.queue.pace.WRITTEN`),
+    else as its ``placement`` records it (:func:`e31.flows.queue.mapping.planned_start`;
+    kept there where a node of the pool prefetches)."""
+    known, node = WRITTEN.planned(run)
+    return node if known else planned_node(run)
 
 
 def unstarted_of(run: Any) -> int:

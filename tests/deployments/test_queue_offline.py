@@ -148,45 +148,51 @@ def test_a_waiting_runs_planned_start_counts_as_moved_by_the_rules_of_its_depth(
     assert pace.start_moved(now + 3600, None, now, deep=True)
 
 
-def test_a_reason_that_differs_only_in_its_clock_times_is_the_same_reason():
-    """pace.same_but_clocks ignores every clock time the planner's text
-    writes (``clock``: seconds dropped on a whole minute, the date when not
-    today's), and nothing else: before the fix a start on a whole minute
-    (``11:24 UTC``, 1 in 60) made a deep run's unchanged reason a change."""
+def test_a_reason_that_differs_only_in_its_clock_times_has_the_same_shape():
+    """A waiting placement's ``shape`` (its reason with every clock time the
+    planner's text writes left out: ``clock``, seconds dropped on a whole
+    minute, the date when not today's) is what the scheduler compares to
+    know whether the words changed; it changes with anything else (here the
+    node): a start on a whole minute (``11:24 UTC``, 1 in 60) is no change."""
+    from e31.flows.placement import Node, QueuedJob, RunningJob, plan
     from e31.flows.placement.text import clock
-    from e31.flows.queue.pace import same_but_clocks
 
     now = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC, a whole minute
 
-    def reason(t: float) -> str:
-        return f"Queued: waiting for 1 CPU on one node (0 free on n1); earliest start {clock(t, now)} on n1"
+    def wait(end: float, on: str = "n1"):
+        running = RunningJob("r", on, (), 1, 0, now - 60, end)
+        job = QueuedJob(id="q", name="q", gpus=0, cpus=1, memory=0, submitted=now - 1, runtime_s=60.0, limit_s=120.0)
+        (p,) = plan([Node(on, 0, 1, 2**30)], [running], [job], now)
+        return p
 
     assert [clock(t, now) for t in (now + 5, now, now + 86400)] == ["08:00:05 UTC", "08:00 UTC",
                                                                      "2027-01-16 08:00 UTC"]
-    assert same_but_clocks(reason(now + 5), reason(now))
-    assert same_but_clocks(reason(now), reason(now + 86400 + 7))
-    assert not same_but_clocks(reason(now), reason(now).replace("on n1", "on n2"))
-    assert not same_but_clocks(None, reason(now))
+    soon, minute, tomorrow = wait(now + 65), wait(now + 120), wait(now + 86400 + 67)
+    assert (soon.reason, soon.ender) == ("waiting for 1 CPU on one node (0 free on n1); earliest start 08:01:05 UTC "
+                                         "on n1, after job r ends", "r")
+    assert soon.shape == minute.shape == tomorrow.shape != wait(now + 65, "n2").shape
+    assert len({soon.reason, minute.reason, tomorrow.reason}) == 3
 
 
-def test_a_placed_runs_node_is_read_from_its_state_message():
-    """mapping.placed_on reads the node from the Placed messages the
-    scheduler writes (a start: start_reason; a handover, its own wording),
-    and nothing from any other message: a worker then polls at once only
-    for its own node's placements (None: it polls, to be safe)."""
+def test_a_placed_runs_node_is_read_from_its_tag():
+    """mapping.placed_on reads the node from the ``e31-placed:NODE`` tag the
+    scheduler writes with a placement (the server's Placed events carry the
+    run's tags), and nothing from any other tag; placed_tags sets it, the
+    other tags kept: a worker then polls at once only for its own node's
+    placements (None: it polls, to be safe).  The words (start_reason) are
+    not read."""
     from e31.flows.placement.model import QueuedJob
     from e31.flows.placement.reasons import start_reason
-    from e31.flows.queue.mapping import placed_on
+    from e31.flows.queue.mapping import placed_on, placed_tags
 
     job = QueuedJob(id="r1", name="a", gpus=2, cpus=8, memory=2**35, submitted=0.0, runtime_s=60.0, limit_s=120.0)
     start = start_reason(job, "gpu-2.b", 0b11, 3600.0, 0.0)
     assert start.startswith("starts now on gpu-2.b, GPUs 0,1, 8 CPUs, 32 GiB")
-    handover = ("handed over behind nightly on n1 (1f0e2d3c) on n3: its flow process starts now and stages the "
-                "inputs; the work starts once nightly on n1 has returned its output (planned 02:40:00 UTC)")
-    assert [placed_on(m) for m in (start, start + " (its inputs are staged there)", handover)] == \
+    tags = placed_tags(["e31", "e31-staged", "e31-staged:n3", "e31-placed:n1"], "gpu-2.b")
+    assert tags == ["e31", "e31-staged", "e31-staged:n3", "e31-placed:gpu-2.b"]
+    assert [placed_on(t) for t in (tags, ["e31-placed:gpu-2.b"], ["e31-placed:n3", "e31"])] == \
         ["gpu-2.b", "gpu-2.b", "n3"]
-    assert [placed_on(m) for m in (None, "", "Queued: waiting for 1 CPU; earliest start 02:40 UTC on n1",
-                                   "refused: never fits")] == [None, None, None, None]
+    assert [placed_on(t) for t in (None, [], ["e31-staged:n1"], placed_tags(tags, None))] == [None, None, None, None]
 
 
 @pytest.mark.parametrize("option, value, error", [

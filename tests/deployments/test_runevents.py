@@ -86,8 +86,8 @@ def test_a_workers_poll_asks_the_server_after_a_placement_or_every_quiet_interva
 
 
 def test_a_worker_polls_at_once_only_for_placements_on_its_own_node(monkeypatch):
-    """poll_on_placements: a Placed event whose message names this node, or
-    no node, makes the worker poll (and tells its PollGate); one naming
+    """poll_on_placements: a Placed event whose run is tagged as placed on
+    this node, or on no node, makes the worker poll (and tells its PollGate); one naming
     another node does nothing.  The server's event stream is played by a
     stand-in for ``follow`` (the stream itself: the test above and
     test_queue's wakeup test, on a real server)."""
@@ -98,13 +98,14 @@ def test_a_worker_polls_at_once_only_for_placements_on_its_own_node(monkeypatch)
 
     from e31.deployments import runevents
 
-    def placed(message: str | None) -> Event:
-        resource = {"prefect.resource.id": "prefect.flow-run.1f0e2d3c-0000-4000-8000-000000000000"}
-        return Event(event="prefect.flow-run.Placed",
-                     resource={**resource, **({"prefect.state-message": message} if message else {})})
+    def placed(node: str | None) -> Event:  # as the server sends it: the run's tags are related resources
+        resource = {"prefect.resource.id": "prefect.flow-run.1f0e2d3c-0000-4000-8000-000000000000",
+                    "prefect.state-message": "any words"}
+        tags = ["e31", *([f"e31-placed:{node}"] if node else [])]
+        return Event(event="prefect.flow-run.Placed", resource=resource,
+                     related=[{"prefect.resource.id": f"prefect.tag.{t}", "prefect.resource.role": "tag"} for t in tags])
 
-    stream = [placed("starts now on n2, 1 CPU; expected end 02:40 UTC"), placed("starts now on n1, 1 CPU"),
-              placed("handed over behind a (1f0e2d3c) on n3: its flow process starts now"), placed(None)]
+    stream = [placed("n2"), placed("n1"), placed("n3"), placed(None)]
 
     async def follow(work_pool, states, on_event, connected=None):
         assert (work_pool, states) == ("e31-pool", ("Placed",))

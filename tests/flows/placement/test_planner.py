@@ -229,13 +229,15 @@ def test_a_waiting_job_keeps_its_planned_node_between_equally_free_nodes():
     assert got["p"][:4] == ("wait", "n1", (0,), 0.25)
 
 
-def test_the_planned_node_is_read_back_from_the_reason_the_planner_gave():
-    """The scheduler carries a waiting run's reserved node in its ``Queued``
-    message (e31.flows.queue.mapping.PLANNED_ON), read by the node's
-    prefetcher and the next plan: read back from the planner's own reasons."""
+def test_the_planned_node_is_read_back_from_the_placement_record_not_the_reason():
+    """The scheduler carries a waiting run's reserved node in its
+    ``placement`` parameter (PlacementRecord.planned), read by the node's
+    prefetcher and the next plan; the reason only says it in words."""
+    from types import SimpleNamespace
+
     from prefect.states import Scheduled
 
-    from e31.flows.queue import QUEUED, planned_node
+    from e31.flows.queue import QUEUED, PlacementRecord, planned_node, planned_start
 
     nodes = [node("gpu-1.rack.a"), node("n2")]
     busy = [running("r1", "gpu-1.rack.a", range(8), 2), running("r2", "n2", range(8), 3)]
@@ -244,16 +246,21 @@ def test_the_planned_node_is_read_back_from_the_reason_the_planner_gave():
     assert got["A"] == (True, "gpu-1.rack.a", "waiting for 8 GPUs on one node (0 free on gpu-1.rack.a); earliest "
                                               "start 02:00 UTC on gpu-1.rack.a, after job r1 ends")
     assert got["B"][0] is False and "; estimated start 03:00 UTC (not reserved" in got["B"][2]
-    queued_as = {j: Scheduled(name=QUEUED, message=f"Queued: {r}") for j, (_, _, r) in got.items()}
+    by_job = {p.job: p for p in placements}
+    assert (by_job["A"].ender, by_job["B"].ender) == ("r1", None)
+
+    def run(name: str, placement: dict | None) -> SimpleNamespace:  # as the scheduler leaves it: words are anything
+        return SimpleNamespace(state=Scheduled(name=name, message="x"), next_scheduled_start_time=None,
+                               parameters={} if placement is None else {"placement": placement})
+
+    queued_as = {j: run(QUEUED, PlacementRecord(planned=p.node if p.reserved else None).parameter())
+                 for j, p in by_job.items()}
     assert planned_node(queued_as["A"]) == "gpu-1.rack.a"
+    assert planned_start(queued_as["A"]).node == "gpu-1.rack.a"
     assert planned_node(queued_as["B"]) is None  # an estimate: no node's prefetcher takes it
-    assert planned_node(Scheduled(name="Placed", message=queued_as["A"].message)) is None  # only a waiting run
-    assert planned_node(Scheduled(name=QUEUED, message="Queued: submitted")) is None
+    assert planned_node(run("Placed", queued_as["A"].parameters["placement"])) is None  # only a waiting run
+    assert planned_node(run(QUEUED, None)) is None  # submitted, never planned
     assert planned_node(None) is None
-    # with its inputs staged there, a deadline, and a date: the node is still the one the reason names
-    dated = ("Queued: waiting for its turn (first come, first served); earliest start 2026-01-02 03:00:07 UTC on "
-             "n2 (its inputs are staged there), after job a ends; ends 04:00 UTC, before its deadline 05:00 UTC")
-    assert planned_node(Scheduled(name=QUEUED, message=dated)) == "n2"
 
 
 def test_a_short_resource_is_named_on_the_node_the_job_is_planned_on_when_as_much_is_free_there():
