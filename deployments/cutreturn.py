@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from e31.tasks.manifest_model import Manifest
 from e31.tasks.pending import cut_return_of
 
 
@@ -72,8 +73,9 @@ def finish_cut_return(job: Any, flow_run_id: str, say: Callable[[str], None]) ->
     finally:
         unlock_job(str(scratch))
     if manifest is not None:
+        done = Manifest.model_validate(manifest)
         say(f"the return of flow run {flow_run_id} was cut when its flow process ended; the worker finished it: "
-            f"{manifest['status']}, {len(manifest.get('files') or ())} file(s)")
+            f"{done.status}, {len(done.files)} file(s)")
     return manifest
 
 

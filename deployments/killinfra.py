@@ -119,6 +119,7 @@ def settle_late_cancel(flow_run: Any) -> bool:
     from prefect.client.orchestration import get_client
 
     from e31.flows.cancelhook import keep_manifest_state, returned_by, stopped_by_cancel
+    from e31.tasks.manifest_model import ManifestHead
     from e31.tasks.supervisor.cancel import work_ended_at
 
     try:
@@ -127,7 +128,8 @@ def settle_late_cancel(flow_run: Any) -> bool:
         if run.state is None or not run.state.is_cancelling() or work_ended_at(run) is None:
             return False
         manifest = returned_by(run)
-        if not isinstance(manifest, dict) or manifest.get("status") == "returning" or stopped_by_cancel(manifest):
+        if not isinstance(manifest, dict) or ManifestHead.of(manifest).status == "returning" or \
+                stopped_by_cancel(manifest):
             return False
         return keep_manifest_state(str(run.id), manifest)
     except Exception:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from e31.tasks.manifest_model import ManifestHead, parse_manifest
+
 #: Flow run id -> the manifest this process's run wrote at its destination.
 RETURNED: dict[str, dict[str, Any]] = {}
 
@@ -45,7 +47,8 @@ def returned_by(flow_run: Any) -> dict[str, Any] | None | object:
         register_destination(spec, plan)
         for url in (storage.join(plan.output_url, PARTIAL), plan.output_url):
             manifest = read_manifest(url)
-            if manifest is not None and manifest.get("run_id") == str(flow_run.id):
+            typed = parse_manifest(manifest)
+            if typed is not None and typed.run_id == str(flow_run.id):
                 return manifest
     except Exception:
         return UNKNOWN
@@ -58,21 +61,22 @@ def cancelled_message(returned: dict[str, Any] | None | object) -> str:
         return "cancelled: E31 stopped the work; the manifest at the job's destination says what came back"
     if returned is None:
         return "cancelled: E31 stopped the run before it returned any output (no manifest was written)"
-    folder = returned.get("folder") or "."
+    head = ManifestHead.of(returned)
+    folder = head.folder or "."
+    count = len(head.files or ())
     where = "at the top of the destination" if folder == "." else f"in {folder}/ at the destination"
-    if returned["status"] == "returning":  # the flow process ended (kill -9) while the output was on its way
+    if head.status == "returning":  # the flow process ended (kill -9) while the output was on its way
         return (f"cancelled: E31 stopped the work and {CUT}: the manifest {where} still "
                 f"says returning; the output is kept in the job's scratch on its node, and e31 return "
-                f"{returned.get('job') or 'JOB'} there (or the job's next run there) delivers it")
-    if returned["status"] == "completed":  # the cancel came after the work's end: nothing was stopped
+                f"{head.job or 'JOB'} there (or the job's next run there) delivers it")
+    if head.status == "completed":  # the cancel came after the work's end: nothing was stopped
         return (f"cancelled: the work had ended when the cancel came; its output came back whole, completed: "
-                f"{len(returned.get('files') or ())} file(s) {where} (see the manifest there)")
-    said = str(returned.get("message") or "")
+                f"{count} file(s) {where} (see the manifest there)")
+    said = head.message or ""
     if said.endswith("the work did not start"):  # cancelled while it staged or waited behind the job ahead
-        return (f"{said}; its manifest ({returned['status']}, {len(returned.get('files') or ())} file(s)) is "
-                f"{where}")
-    return (f"cancelled: E31 stopped the work and returned what it had, {returned['status']}: "
-            f"{len(returned.get('files') or ())} file(s) {where} (see the manifest there)")
+        return f"{said}; its manifest ({head.status}, {count} file(s)) is {where}"
+    return (f"cancelled: E31 stopped the work and returned what it had, {head.status}: "
+            f"{count} file(s) {where} (see the manifest there)")
 
 
 def stopped_by_cancel(manifest: dict[str, Any]) -> bool:
@@ -81,7 +85,8 @@ def stopped_by_cancel(manifest: dict[str, Any]) -> bool:
     verdict -- ``completed``, another stop's ``partial``, ``failed`` -- was
     reached by the work's own end: a cancel that came after it changes
     nothing, and the run ends in the manifest's state."""
-    return manifest.get("status") == "partial" and manifest.get("reason") == "cancelled"
+    head = ManifestHead.of(manifest)
+    return head.status == "partial" and head.reason == "cancelled"
 
 
 def keep_manifest_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
@@ -110,10 +115,11 @@ def keep_manifest_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
 
 def late_cancel_message(manifest: dict[str, Any]) -> str:
     """The log line of a run whose cancel came after its work had ended."""
-    folder = manifest.get("folder") or "."
+    head = ManifestHead.of(manifest)
+    folder = head.folder or "."
     where = "at the top of the destination" if folder == "." else f"in {folder}/ at the destination"
     return (f"the cancel came after the work had ended; it changes nothing: the run ends as its manifest says, "
-            f"{manifest.get('status')} ({manifest.get('reason')}): {len(manifest.get('files') or ())} file(s) {where}")
+            f"{head.status} ({head.reason}): {len(head.files or ())} file(s) {where}")
 
 
 def settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
@@ -134,7 +140,8 @@ def settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
 
     guard_worker_cancel()  # (run by a worker: its forced Cancelled, next, does not overwrite the manifest's state)
     returned = returned_by(flow_run)
-    if isinstance(returned, dict) and returned.get("status") != "returning" and not stopped_by_cancel(returned):
+    if isinstance(returned, dict) and ManifestHead.of(returned).status != "returning" and \
+            not stopped_by_cancel(returned):
         try:
             flow_run_logger(flow_run).warning("%s", scrub(late_cancel_message(returned)))
         except Exception:  # the log line is a courtesy

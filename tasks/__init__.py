@@ -10,7 +10,9 @@ The four tasks, one module each:
 | ``return`` | :mod:`e31.tasks.deliver` | publish the output files and ``manifest.json`` at ``output.url`` |
 
 What they share: :mod:`.outcome` (how a run ended), :mod:`.manifest` (the
-verdict and the manifest), :mod:`.pending` (a return kept for ``e31 return``),
+verdict and the manifest), :mod:`.manifest_model` (the manifest's typed form,
+which every reader imports; docs/manifest.md is generated from it by
+:mod:`.manifest_doc`), :mod:`.pending` (a return kept for ``e31 return``),
 :mod:`.settings` (``E31_*`` tuning variables), :mod:`.retrying` (Prefect retry
 conditions).
 

@@ -14,7 +14,7 @@ deployments/, e31/) may import it.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -125,11 +125,6 @@ class Manifest(_Part):
     stderr_tail: str | None = Field(default=None, description="Only in a `failed` manifest with stderr output: "
                                                               "`logs.stderr_tail` again; absent otherwise.")
 
-    @property
-    def final(self) -> bool:
-        """Always True: the files beside this manifest are one run's (see :class:`ReturningNote`)."""
-        return True
-
     def to_json_dict(self) -> dict[str, Any]:
         """The dict written to ``manifest.json`` (``json.dumps(d, indent=2)``):
         every field in declaration order, nulls written as null, except
@@ -149,17 +144,32 @@ class ReturningNote(_Part):
                                                   "removed or replaced by this return).")
     started_at: str = Field(description="ISO 8601 UTC time the return started, to the second.")
 
-    @property
-    def final(self) -> bool:
-        """Always False: the files beside it may be from two runs."""
-        return False
-
     def to_json_dict(self) -> dict[str, Any]:
         """The dict written to ``manifest.json``, every field in declaration order."""
         return self.model_dump(mode="python")
 
 
-AnyManifest = Union[Manifest, ReturningNote]
+class ManifestHead(_Part):
+    """The few keys a Prefect state or a message is worded from, each optional: read from any
+    manifest-shaped dict (a final manifest, a returning note, or the parts of one a caller kept)."""
+
+    job: str | None = Field(default=None, description="The job's `name`.")
+    run_id: str | None = Field(default=None, description="The flow run id.")
+    status: Status | Literal["returning"] | None = Field(default=None, description="The verdict, or `returning`.")
+    reason: Reason | None = Field(default=None, description="How the run ended.")
+    message: str | None = Field(default=None, description="A line for a person.")
+    folder: str | None = Field(default=None, description="Where the files are, relative to `output.url`.")
+    files: list[Any] | None = Field(default=None, description="The returned files (only counted here).")
+
+    @classmethod
+    def of(cls, manifest: dict[str, Any] | Manifest | ReturningNote) -> ManifestHead:
+        """The head of ``manifest``; every key None when one of them does not
+        fit its type (a hand-edited file)."""
+        data = manifest.to_json_dict() if isinstance(manifest, (Manifest, ReturningNote)) else manifest
+        try:
+            return cls.model_validate(data)
+        except ValidationError:
+            return cls()
 
 
 def parse_manifest(data: Any) -> Manifest | ReturningNote | None:

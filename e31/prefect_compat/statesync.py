@@ -22,15 +22,20 @@ import os
 from pathlib import Path
 from typing import Any
 
+from e31.tasks.manifest_model import ManifestHead
+
 RECORD = "flow-run-state.json"
 
 
 def state_of(manifest: dict[str, Any]) -> dict[str, str]:
     """The Prefect state a manifest's verdict maps to: ``completed`` ->
     Completed, ``partial`` -> Completed named Partial, ``partial`` with reason
-    ``cancelled`` -> Cancelled, ``failed`` -> Failed (``type``, ``name``, ``message``)."""
-    status, reason = manifest.get("status"), manifest.get("reason")
-    message = manifest.get("message") or f"{status} ({reason})"
+    ``cancelled`` -> Cancelled, ``failed`` -> Failed (``type``, ``name``, ``message``).
+    ``manifest``: a manifest's dict, or the part of one with ``status``, ``reason`` and ``message``
+    (:class:`e31.tasks.manifest_model.ManifestHead`)."""
+    head = ManifestHead.of(manifest)
+    status, reason = head.status, head.reason
+    message = head.message or f"{status} ({reason})"
     if status == "completed":
         return {"type": "COMPLETED", "name": "Completed", "message": message}
     if status == "partial" and reason == "cancelled":
@@ -41,13 +46,14 @@ def state_of(manifest: dict[str, Any]) -> dict[str, str]:
 
 
 def remember(scratch: Path, manifest: dict[str, Any]) -> Path | None:
-    """Record the state the flow run ``manifest["run_id"]`` must end in;
+    """Record the state the flow run named by ``manifest``'s ``run_id`` must end in;
     returns the record's path (None without a run id)."""
-    if not manifest.get("run_id"):
+    run_id = ManifestHead.of(manifest).run_id
+    if not run_id:
         return None
     path = Path(scratch) / RECORD
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"run_id": manifest["run_id"], **state_of(manifest)}))
+    tmp.write_text(json.dumps({"run_id": run_id, **state_of(manifest)}))
     os.replace(tmp, path)
     return path
 

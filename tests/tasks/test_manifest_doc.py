@@ -68,3 +68,13 @@ def test_the_returning_note_is_typed_and_lists_the_previous_files(tmp_path):
     assert list(json.loads((tmp_path / "manifest.json").read_text())) == [
         "job", "run_id", "status", "message", "writing", "written_before", "started_at"]
     assert known_files(note) == {"a", "b"}
+
+
+def test_the_head_reads_what_a_state_is_worded_from_and_nothing_of_a_hand_edited_file():
+    from e31.tasks.manifest_model import ManifestHead
+
+    head = ManifestHead.of({"status": "partial", "reason": "cancelled", "files": [{}, {}], "folder": "partial"})
+    assert (head.status, head.reason, len(head.files), head.folder, head.run_id) == (
+        "partial", "cancelled", 2, "partial", None)
+    assert ManifestHead.of(_manifest()).status == "failed"
+    assert ManifestHead.of({"status": "done", "run_id": "r"}) == ManifestHead()  # not a status: nothing is taken
