@@ -78,3 +78,69 @@ def test_the_head_reads_what_a_state_is_worded_from_and_nothing_of_a_hand_edited
         "partial", "cancelled", 2, "partial", None)
     assert ManifestHead.of(_manifest()).status == "failed"
     assert ManifestHead.of({"status": "done", "run_id": "r"}) == ManifestHead()  # not a status: nothing is taken
+
+
+#: manifest.json as the writer before the typed model made it for these values (byte for byte).
+GOLDEN = """{
+  "job": "nightly",
+  "run_id": "0b1c",
+  "attempt": "n1-100-aaaaaaaa",
+  "status": "failed",
+  "reason": "error",
+  "message": "work exited with code 3",
+  "exit_code": 3,
+  "step": 12,
+  "resumed_from_step": null,
+  "folder": "partial",
+  "files": [
+    {
+      "path": "model.pt",
+      "bytes": 1048576,
+      "sha256": "abababababababababababababababababababababababababababababababab"
+    }
+  ],
+  "stale": [
+    "notes.txt"
+  ],
+  "checkpoint": "s3://bucket/ck/step-12",
+  "timings": {
+    "prefetch_s": 0.0,
+    "staging_s": 1.235,
+    "run_s": 60.0,
+    "work_s": 58.5,
+    "return_s": 0.0
+  },
+  "meter": {
+    "started_at": 1764871140.123,
+    "released_at": 1764871200.5,
+    "seconds": 60.377,
+    "gpu_seconds": 120.754,
+    "cpu_seconds": 483.016
+  },
+  "staged_before_allocation": false,
+  "peak_memory_bytes": 123456789,
+  "spec_sha256": "cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd",
+  "finished_at": "2026-12-04T18:00:00+00:00",
+  "stop_requested_at": null,
+  "logs": {
+    "stdout_tail": "step 12\\n",
+    "stderr_tail": "Traceback\\nValueError: x\\n",
+    "lines_not_forwarded": 0
+  },
+  "stderr_tail": "Traceback\\nValueError: x\\n"
+}
+"""
+
+
+def test_the_typed_writer_writes_the_bytes_the_untyped_one_did():
+    written = build_manifest(
+        job="nightly", run_id="0b1c", verdict=Verdict("failed", "error", "work exited with code 3"), exit_code=3,
+        step=12, files=[{"path": "model.pt", "bytes": 1048576, "sha256": "ab" * 32}],
+        checkpoint="s3://bucket/ck/step-12",
+        timings={"prefetch_s": 0.0, "staging_s": 1.23456, "run_s": 60, "work_s": 58.5, "return_s": 0.0004},
+        gpus=2, cpus=8, spec_sha256="cd" * 32, finished_at="2026-12-04T18:00:00+00:00",
+        stderr_tail="Traceback\nValueError: x\n", stop_requested_at=None, stdout_tail="step 12\n",
+        output_lines_dropped=0, folder="partial", stale=["notes.txt"], peak_memory=123456789,
+        staged_before_allocation=False, attempt="n1-100-aaaaaaaa", work_started_at=1764871140.1234,
+        released_at=1764871200.5, resumed_from_step=None)
+    assert json.dumps(written, indent=2) + "\n" == GOLDEN
