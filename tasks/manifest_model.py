@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 #: A final manifest's ``status``: whether the files beside it are the job's whole output.
 Status = Literal["completed", "partial", "failed"]
@@ -85,8 +85,37 @@ class Logs(_Part):
     lines_not_forwarded: int = Field(description="Lines of output not forwarded to the run's log (rate-limited).")
 
 
+#: What a manifest an earlier E31 wrote lacks, read as (the fields added since; ``folder``
+#: follows from ``status``).  This E31 writes every field.
+EARLIER_DEFAULTS: dict[str, Any] = {
+    "attempt": None, "message": "", "exit_code": None, "step": None, "resumed_from_step": None, "stale": [],
+    "checkpoint": None, "timings": {}, "staged_before_allocation": None, "peak_memory_bytes": 0, "spec_sha256": "",
+    "finished_at": "", "stop_requested_at": None, "logs": {"stdout_tail": "", "stderr_tail": "", "lines_not_forwarded": 0},
+}
+#: The same for a manifest's ``meter``.
+EARLIER_METER: dict[str, Any] = {"started_at": None, "released_at": None, "seconds": 0.0, "gpu_seconds": 0.0,
+                                 "cpu_seconds": 0.0}
+
+
 class Manifest(_Part):
-    """A final manifest: one run's verdict and the files beside it."""
+    """A final manifest: one run's verdict and the files beside it.
+
+    Read, a manifest an earlier E31 wrote is still the word on its folder (its files are not
+    taken for stale ones, its completion still counts): a field it lacks reads as
+    :data:`EARLIER_DEFAULTS` says; ``job``, ``run_id``, ``status``, ``reason`` and ``files`` are
+    required."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _earlier_e31(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        filled = {**EARLIER_DEFAULTS, **data}
+        if "folder" not in data and "status" in data:
+            filled["folder"] = "." if data["status"] == "completed" else "partial"
+        if isinstance(data.get("meter", {}), dict):
+            filled["meter"] = {**EARLIER_METER, **data.get("meter", {})}
+        return filled
 
     job: str = Field(description="The job's `name`.")
     run_id: str | None = Field(description="The Prefect flow run id; null when run outside a flow run.")

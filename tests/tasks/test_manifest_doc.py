@@ -144,3 +144,20 @@ def test_the_typed_writer_writes_the_bytes_the_untyped_one_did():
         staged_before_allocation=False, attempt="n1-100-aaaaaaaa", work_started_at=1764871140.1234,
         released_at=1764871200.5, resumed_from_step=None)
     assert json.dumps(written, indent=2) + "\n" == GOLDEN
+
+
+def test_a_manifest_an_earlier_e31_wrote_still_reads_as_its_verdict():
+    """The first manifests had no folder, attempt, stale, logs or meter times:
+    such a completed output is still completed (its files are not stale),
+    and a partial one is read from partial/."""
+    earlier = {"job": "j", "run_id": "r1", "status": "completed", "reason": "finished", "message": "", "exit_code": 0,
+               "step": 4, "files": [{"path": "a.txt", "bytes": 3, "sha256": "ab" * 32}], "checkpoint": None,
+               "timings": {"run_s": 1.5}, "meter": {"gpu_seconds": 0.0, "cpu_seconds": 1.5},
+               "finished_at": "2026-01-01T00:00:00+00:00"}
+    typed = parse_manifest(earlier)
+    assert isinstance(typed, Manifest)
+    assert (typed.status, typed.folder, typed.step, [f.path for f in typed.files]) == ("completed", ".", 4, ["a.txt"])
+    assert (typed.attempt, typed.stale, typed.meter.cpu_seconds, typed.meter.seconds) == (None, [], 1.5, 0.0)
+    partial = parse_manifest({**earlier, "status": "partial", "reason": "signal", "files": []})
+    assert (partial.status, partial.folder) == ("partial", "partial")
+    assert parse_manifest({k: v for k, v in earlier.items() if k != "run_id"}) is None  # run_id was always written
