@@ -39,8 +39,9 @@ STATUS_MEANING: dict[str, str] = {
 #: What each ``reason`` means (docs/manifest.md).
 REASON_MEANING: dict[str, str] = {
     "finished": "the work exited 0 (status `completed`)",
-    "time_limit": "stopped at `limits.time`, less the return reserve (status `partial`)",
-    "deadline": "stopped at `limits.deadline`, less the return reserve (status `partial`)",
+    "time_limit": "stopped at its time limit (`request.limit`), less the return reserve (status `partial`)",
+    "deadline": "stopped at its deadline (`request.deadline`, `deadline_within` or `deadline_at`), less the return "
+                "reserve (status `partial`)",
     "cancelled": "the flow run was cancelled (status `partial`)",
     "signal": "the run's process got SIGTERM or SIGINT (status `partial`)",
     "crashed": "the work process was killed outside E31, or an earlier attempt's process died (status `partial`)",
