@@ -141,8 +141,8 @@ class Manifest(_Part):
                                                   "by the node's prefetcher before the allocation), `staging_s`, "
                                                   "`run_s`, the run's phases `child_start_s`, `work_s`, `settle_s`, "
                                                   "`handover_staging_s` and `handover_wait_s` (a run handed over "
-                                                  "behind another on its node), `prestart_s` (the start of e31 run's own temporary "
-                                                  "Prefect server, when it started one), `return_s`.")
+                                                  "behind another on its node), `prestart_s` (how long a Python entrypoint's child "
+                                                  "had been loading while the inputs staged), `return_s`.")
     meter: Meter = Field(description="What the run is billed: the work's start to the release.")
     staged_before_allocation: bool | None = Field(description="True when every input was found staged and unchanged "
                                                               "at the run's start; false when one was copied in the "
