@@ -52,7 +52,8 @@ def _run_with_api(spec: JobSpec, plan, code_dir: str) -> int:
 
     from e31.flows.deploy import job_tags
     from e31.flows import exitsignals
-    from e31.flows.job import DELIVERED, JobFailedError, run_job
+    from e31.flows.attempt import DELIVERED, JobFailedError
+    from e31.flows.job import run_job
     from e31.prefect_compat.runlog import hide_tracebacks_on_console
     from e31.prefect_compat.statesync import apply_pending, remember
     from e31.tasks.supervisor.loop import ON_RESUME
@@ -108,7 +109,7 @@ def _hold_signals_once_delivered(job: str) -> None:
     import signal
 
     from e31.flows.exitsignals import ignore_signals_at_exit
-    from e31.flows.job import DELIVERED
+    from e31.flows.attempt import DELIVERED
 
     told: list[int] = []
 
@@ -139,7 +140,7 @@ def _leave_when_the_api_stays_down(spec: JobSpec, plan) -> None:
     for :data:`API_GONE_S` seconds, Prefect's client would retry its state
     updates and events for minutes.  Record the state the flow run must get
     (:mod:`e31.prefect_compat.statesync`), print the manifest and exit with its code."""
-    from e31.flows.job import DELIVERED
+    from e31.flows.attempt import DELIVERED
     from e31.prefect_compat.statesync import remember
     from e31.prefect_compat.api import api_ready
 

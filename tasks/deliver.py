@@ -1,4 +1,5 @@
-"""The ``return`` task: publish the output at ``output.url``, manifest last.
+"""One delivery of an output to ``output.url``, manifest last (the ``return``
+task and every other return call it through :mod:`e31.tasks.returning`).
 
 A completed run's files go to the top of ``output.url``; a run that did not
 complete (partial, failed) returns into ``<output.url>/partial/`` and never
@@ -20,14 +21,11 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from concurrent.futures import ThreadPoolExecutor
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
-from prefect.tasks import exponential_backoff
 from prefect.artifacts import create_link_artifact, create_table_artifact
 
 from e31.errors import E31Error
@@ -37,11 +35,9 @@ from e31.tasks.destination import MANIFEST, PARTIAL, Destination, read_manifest
 from e31.tasks.manifest import Verdict, build_manifest, step_text, verdict
 from e31.tasks.manifest_model import Manifest, parse_manifest
 from e31.tasks.outcome import RunOutcome
-from e31.tasks.retrying import retry_unless
 from e31.tasks.storage.local import regular_files
 from e31.tasks.storage.progress import TransferProgress
 from e31.prefect_compat.api import api_answers
-from e31.tasks.storage.masked_errors import masks_failures
 
 UPLOAD_THREADS = 8  # files uploaded at once by the return step
 RETURN_RETRIES = settings.value("E31_TRANSFER_RETRIES")  # Prefect retries of the return task
@@ -244,37 +240,6 @@ def write_failure_manifest(req: ReturnTarget, message: str) -> dict[str, Any] | 
                        RunOutcome(reason="error", exit_code=None, run_s=0.0, message=message))
     except Exception:
         return None
-
-
-@task(name="return", task_run_name="return", retries=RETURN_RETRIES,
-      retry_delay_seconds=exponential_backoff(backoff_factor=RETURN_BACKOFF_S), retry_jitter_factor=0.5,
-      retry_condition_fn=retry_unless(DestinationError), cache_policy=NO_CACHE)
-@masks_failures
-def return_task(req: ReturnTarget, outcome: RunOutcome) -> dict[str, Any]:
-    """Prefect task wrapper of :func:`deliver`, retried with exponential
-    backoff after store errors (``E31_TRANSFER_RETRIES``, default 3; first
-    delay ``E31_TRANSFER_BACKOFF_S``, default 2 s, doubling); adds a table
-    artifact of the returned files and the job's status."""
-    manifest = deliver(req, outcome)
-    delivered(req.run_id)
-    publish_artifacts(req, manifest)
-    return manifest
-
-
-#: Called with a flow run's id (or None) as soon as its output is returned (the manifest written and
-#: verified), before its artifacts: ``run_job`` registers the release of the run handed over behind it
-#: (:func:`e31.flows.queue.handover.release`), whose work then starts while this process finishes.
-ON_DELIVERED: list[Callable[[str | None], None]] = []
-
-
-def delivered(run_id: str | None) -> None:
-    """Tell each of :data:`ON_DELIVERED` that the run ``run_id`` has returned
-    its output; a hook that raises is skipped (best effort: each is)."""
-    for hook in list(ON_DELIVERED):
-        try:
-            hook(run_id)
-        except Exception:
-            pass
 
 
 #: Seconds between tries of the manifest artifacts while the Prefect API does not answer (a busy or

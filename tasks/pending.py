@@ -29,7 +29,7 @@ from typing import Any, Iterator
 from e31.errors import E31Error
 from e31.specs import mask_url
 from e31.tasks.checkpoint import DurableCheckpoint, upload
-from e31.tasks.deliver import ReturnTarget, deliver
+from e31.tasks.deliver import ReturnTarget
 from e31.tasks.manifest_model import Manifest
 from e31.tasks.outcome import RunOutcome
 from e31.tasks.storage import use_options
@@ -265,13 +265,10 @@ def deliver_pending(scratch: Path, drop_if_gone: bool = False) -> dict[str, Any]
     if options:
         use_options(target.output_url, resolve_options(options, "output.storage_options"))
     outcome = _upload_kept_checkpoint(pending.checkpoints, outcome)
-    try:
-        manifest = deliver(target, outcome)
-    except Exception as exc:
-        if permanent(exc):
-            give_up(scratch, target, exc)
-        raise
-    clear_pending(scratch)
+    from e31.tasks.returning import return_output  # (it records returns with this module)
+
+    manifest = return_output(scratch, target, outcome, output_options=options, checkpoints=pending.checkpoints,
+                             artifacts=False)
     if Manifest.model_validate(manifest).status == "completed":
         shutil.rmtree(scratch / "output", ignore_errors=True)
         shutil.rmtree(scratch / "checkpoints", ignore_errors=True)

@@ -20,7 +20,7 @@ rather than end the run that is now the other node's.
 
 A run placed back on the same node is not fenced: its second flow process
 finds the job's lock held by the first and leaves the run to it
-(``e31.flows.job``).  Outside a queue (no ``E31_NODE``) nothing is fenced.
+(``e31.flows.attempt``).  Outside a queue (no ``E31_NODE``) nothing is fenced.
 
 A run's devices are free only once its processes are gone.  When the
 scheduler takes a node for lost it first writes a *fence* for each of the

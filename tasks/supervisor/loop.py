@@ -26,9 +26,10 @@ from typing import Callable
 
 from prefect.logging import get_run_logger
 
-from e31.tasks.deliver import ReturnTarget, deliver, publish_artifacts
+from e31.tasks.deliver import ReturnTarget
 from e31.tasks.outcome import RunOutcome
-from e31.tasks.pending import RETURNING_FIRST, recorded_return
+from e31.tasks.pending import RETURNING_FIRST
+from e31.tasks.returning import return_output
 from e31.tasks.storage import scrub
 from e31.tasks.storage.local import disk_full, human_size
 from e31.tasks.supervisor.cancel import CancelWatcher, mark_work_ended
@@ -291,9 +292,8 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     if moved is not None:  # fenced as the work ended: the output is the other node's attempt's to return
         step_aside(settings.flow_run_id, moved)
     if cancelled:  # delivered now, in this task: a worker may end the process soon after a cancel
-        with recorded_return(run_dir.parent, settings.target, outcome, settings.output_options, settings.checkpoints):
-            outcome.manifest = deliver(settings.target, outcome)
-        publish_artifacts(settings.target, outcome.manifest)
+        outcome.manifest = return_output(run_dir.parent, settings.target, outcome,
+                                         output_options=settings.output_options, checkpoints=settings.checkpoints)
     return outcome
 
 

@@ -53,7 +53,7 @@ def signals_deferred(message: str) -> Iterator[None]:
 #: Set when a SIGTERM or SIGINT was noted and not obeyed because the output was on its way
 #: (:func:`signals_deferred`, :func:`defer_signals_after_work`; ``e31.flows.exitsignals.hold_signals``):
 #: a Prefect worker sends one to the flow process of a run that was cancelled, so the flow then reads
-#: its run's state before it ends (``e31.flows.job``).
+#: its run's state before it ends (``e31.flows.attempt``).
 SIGNALLED = threading.Event()
 
 #: The handlers :func:`defer_signals_after_work` replaced (signal -> handler), and its own handler.

@@ -13,7 +13,7 @@ import sys
 
 from e31.flows.job import run_job
 from e31.specs import parse_spec
-from e31.tasks.deliver import ON_DELIVERED
+from e31.flows.attempt import ON_DELIVERED
 from tests.conftest import SERVER
 
 
