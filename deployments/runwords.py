@@ -45,10 +45,12 @@ def describe(p: Any) -> str:
     return p.reason if p.reason.startswith("waiting") else f"waiting: {p.reason}"
 
 
-def holding(state: Any) -> str:
+def holding(state: Any, labels: dict[str, Any] | None = None) -> str:
     """What ``e31 queue`` says of a run that holds its node's resources,
     from its flow run ``state`` (Prefect's ``Scheduled`` named ``Placed``,
-    ``Pending``, ``Running`` or ``Cancelling``)."""
+    ``Pending``, ``Running`` or ``Cancelling``) and, for a running one, the
+    step of its attempt in its ``labels`` (``e31.step``:
+    :mod:`e31.flows.attempt.steplabel`)."""
     from e31.deployments.cutreturn import RETURNING
     from e31.flows.queue import SETTLE_S
 
@@ -64,7 +66,13 @@ def holding(state: Any) -> str:
         return "starting: its worker is starting its flow process"
     if kind == "SCHEDULED":
         return "placed: its worker starts it within seconds"
-    return "running"
+    step = (labels or {}).get("e31.step")
+    return f"running: {STEP_WORDS[step]}" if step in STEP_WORDS else "running"
+
+
+#: What ``e31 queue`` adds to a running run for its attempt's step (its work itself: plain "running").
+STEP_WORDS = {"stage": "staging its inputs", "gates": "checking it may start its work",
+              "return": "returning its output"}
 
 
 def _hhmm(ts: float | None) -> str:
@@ -92,7 +100,7 @@ def job_rows(snap: Any, placements: list[Any], staging: dict[str, str] | None = 
             continue
         run = snap.runs[r.id]
         rows.append((snap.specs[r.id].name, r.id[:8], run.state.name, r.node, ",".join(map(str, r.devices)) or "-",
-                     _hhmm(r.start), holding(run.state) + silent_note(snap, r.node, snap.now)))
+                     _hhmm(r.start), holding(run.state, getattr(run, "labels", None)) + silent_note(snap, r.node, snap.now)))
         for key, ahead in snap.behind.items():  # handed over behind it: flow process started, work not yet
             run, follower = snap.runs[key], placement_of(snap.runs[key])
             if ahead == r.id:

@@ -23,6 +23,7 @@ from e31.flows.admission import check_fits
 from e31.flows.attempt.errors import JobFailedError, ReturnError
 from e31.flows.attempt.fencing import attempt_token, fence
 from e31.flows.attempt.gates import GATES, Gate, time_left
+from e31.flows.attempt.steplabel import StepLabel
 from e31.flows.attempt.steps import Step
 from e31.flows.compile import JobPlan, compile_plan, describe_markdown
 from e31.flows.exitsignals import hold_signals
@@ -75,6 +76,7 @@ class Attempt:
         self.staged: dict[str, str] = {}
         self.staged_any = False  # (an input was staged: the manifest says whether before the allocation)
         self.staging_cancelled = False
+        self.label = StepLabel(self.run_id)
 
     def run(self) -> dict[str, Any]:
         """Take every step and return the manifest.  Raises what
@@ -105,9 +107,11 @@ class Attempt:
             end_attempt(self.plan)
 
     def enter(self, step: Step) -> None:
-        """Make ``step`` the attempt's current step and log it."""
+        """Make ``step`` the attempt's current step, log it, and show it on
+        the flow run (:mod:`e31.flows.attempt.steplabel`)."""
         self.step = step
         get_run_logger().debug("attempt step: %s", step.value)
+        self.label.show(step)
 
     def admit(self) -> None:
         """Compile the spec (a relative deadline counts from the flow run's
