@@ -22,7 +22,7 @@ from prefect.runtime import flow_run
 from e31.flows.admission import check_fits
 from e31.flows.attempt.errors import JobFailedError, ReturnError
 from e31.flows.attempt.fencing import attempt_token, fence
-from e31.flows.attempt.gates import GATES, Gate, time_left
+from e31.flows.attempt.gates import GATES, Gate, RunGates, time_left
 from e31.flows.attempt.steplabel import StepLabel
 from e31.flows.attempt.steps import Step
 from e31.flows.compile import JobPlan, compile_plan, describe_markdown
@@ -258,6 +258,7 @@ class Attempt:
             output_options=spec.output.storage_options,
             checkpoints=self.checkpoints(),
             memory=plan.memory,
+            watch=RunGates,
         )
         state = run_task.with_options(retries=spec.request.retries, retry_delay_seconds=1)(settings, return_state=True)
         try:

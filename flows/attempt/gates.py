@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from prefect import get_run_logger
 
@@ -21,7 +21,9 @@ from e31.flows.queue.handover import run_ahead, signals_end_wait, wait_for_run_a
 from e31.tasks.checkpoint import latest_durable
 from e31.tasks.deliver import write_failure_manifest
 from e31.tasks.outcome import RunOutcome
-from e31.tasks.supervisor.cancel import cancel_requested, cancel_seen, cancel_stops_staging
+from e31.tasks.supervisor.cancel import (CancelWatcher, cancel_requested, cancel_seen, cancel_stops_staging,
+                                         mark_work_ended)
+from e31.tasks.supervisor.fence import step_aside
 
 if TYPE_CHECKING:
     from e31.flows.attempt.attempt import Attempt
@@ -139,3 +141,20 @@ def _cancelled(attempt: Attempt) -> RunOutcome:
 
 #: The gates every attempt takes, in order, between its staging and its work.
 GATES: tuple[Gate, ...] = (handover, placed_here, not_cancelled, time_left)
+
+
+class RunGates(CancelWatcher):
+    """The gates the run task is given while the work runs
+    (:class:`e31.tasks.supervisor.loop.RunWatch`): a cancel stops the work,
+    a move of the run to another node ends this flow process with nothing
+    more written (:func:`e31.tasks.supervisor.fence.step_aside`), and the
+    work's own end makes a later cancel change nothing
+    (:func:`e31.tasks.supervisor.cancel.mark_work_ended`).  Reads share the
+    one reader of the flow run's state (:class:`CancelWatcher`)."""
+
+    def step_aside(self, moved: str) -> NoReturn:
+        step_aside(self.flow_run_id, moved)
+        raise SystemExit(0)  # (step_aside ends the process; never reached)
+
+    def work_ended(self) -> None:
+        mark_work_ended(self.flow_run_id)

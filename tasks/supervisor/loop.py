@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn, Protocol
 
 from prefect.logging import get_run_logger
 
@@ -32,8 +32,6 @@ from e31.tasks.pending import RETURNING_FIRST
 from e31.tasks.returning import return_output
 from e31.tasks.storage import scrub
 from e31.tasks.storage.local import disk_full, human_size
-from e31.tasks.supervisor.cancel import CancelWatcher, mark_work_ended
-from e31.tasks.supervisor.fence import step_aside
 from e31.tasks.supervisor.output import OutputForwarder, tail_lines
 from e31.tasks.supervisor.process import SIGNALLED, WorkTree, defer_signals_after_work, set_subreaper
 from e31.tasks.supervisor.progress import ProgressReporter
@@ -54,6 +52,42 @@ RESERVE_EVERY_S = 2.0  # seconds between re-estimates of the deadline's return r
 TAIL_LINES = 20  # lines of the work's stdout and stderr kept in the outcome and the manifest
 
 
+class RunWatch(Protocol):
+    """What the run task is given to learn of its flow run while the work
+    runs (the attempt's gates for that time: :class:`e31.flows.attempt.gates.RunGates`).
+    None of its reads block; an API error reads as "nothing new"."""
+
+    def cancelled(self) -> bool:
+        """True once a cancel of the run was seen: the work is stopped."""
+        ...
+
+    def moved_to(self) -> str | None:
+        """The other node the run was seen placed on (fenced): the work is
+        killed and nothing more is written from here."""
+        ...
+
+    def refresh(self, timeout_s: float = 3.0) -> bool:
+        """Read the run now (at most ``timeout_s`` seconds); True when it is
+        being cancelled."""
+        ...
+
+    def api_alive(self) -> bool:
+        """Whether the Prefect API answered the latest read."""
+        ...
+
+    def stop(self) -> None:
+        """Stop watching."""
+        ...
+
+    def step_aside(self, moved: str) -> NoReturn:
+        """End this flow process, writing nothing more: the run is ``moved``'s now."""
+        ...
+
+    def work_ended(self) -> None:
+        """The work ended by itself: a cancel from now on changes nothing."""
+        ...
+
+
 @dataclass
 class SupervisorConfig:
     """What the run task needs (built by ``e31.flows.compile``).
@@ -68,6 +102,8 @@ class SupervisorConfig:
     ``checkpoints`` go into the pending record of a return the run task
     makes itself (after a cancel).  ``memory``: ``request.memory`` in bytes,
     enforced on the work's whole process tree (None: not limited).
+    ``watch``: makes the :class:`RunWatch` of the flow run (called with
+    ``flow_run_id`` once per try of the run task).
     """
 
     job: str
@@ -86,6 +122,7 @@ class SupervisorConfig:
     output_options: dict = field(default_factory=dict)
     checkpoints: dict | None = None
     memory: int | None = None
+    watch: Callable[[str | None], RunWatch] | None = None
 
 
 class _Stop:
@@ -163,7 +200,7 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
         command = list(settings.child.command or [sys.executable, "-m", "e31.tasks.work.child", str(config_path)])
 
         stop, clock = _Stop(), _Clock(settings)
-        cancel = CancelWatcher(settings.flow_run_id)
+        cancel = settings.watch(settings.flow_run_id)
         uploader = Uploader(Path(settings.child.checkpoint_dir), settings.checkpoint_url, settings.keep,
                             settings.work_sha256, settings.flow_run_id, api_alive=cancel.api_alive)
         progress = ProgressReporter(settings.job, Path(settings.child.progress_file))
@@ -214,7 +251,7 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
             if moved is not None:  # fenced: the run is another node's now; no checkpoint or output from here
                 _signal_group(proc, signal.SIGKILL)
                 tree.kill()
-                step_aside(settings.flow_run_id, moved)
+                cancel.step_aside(moved)
             if cancel.cancelled():
                 stop.request("cancelled")
             if stop.reason and stop.warned_at is None:
@@ -247,7 +284,7 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     if ended and stop.warned_at is None:  # asked for as the work ended, never acted on: the work ended by itself
         stop.reason = None
     if ended and cancel.moved_to() is None and _ended_by_itself(stop, proc.returncode, settings, stop_seen):
-        mark_work_ended(settings.flow_run_id)  # a cancel from now on changes nothing (e31 cancel: too late)
+        cancel.work_ended()  # a cancel from now on changes nothing (e31 cancel: too late)
     run_s = time.time() - started
     _signal_group(proc, signal.SIGKILL)  # leftovers of the child's process group ...
     tree.kill(spare=proc.pid)  # ... and every process the work started, in any session
@@ -290,7 +327,7 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
             outcome.message, last if last.startswith("checkpoint ") else "checkpoint upload failed: " + last]))
     moved = cancel.moved_to()
     if moved is not None:  # fenced as the work ended: the output is the other node's attempt's to return
-        step_aside(settings.flow_run_id, moved)
+        cancel.step_aside(moved)
     if cancelled:  # delivered now, in this task: a worker may end the process soon after a cancel
         outcome.manifest = return_output(run_dir.parent, settings.target, outcome,
                                          output_options=settings.output_options, checkpoints=settings.checkpoints)

@@ -50,6 +50,11 @@ def test_tasks_never_import_flows():
         assert "ON_DELIVERED" not in source, path
 
 
+def test_the_supervisor_is_given_its_gates_not_importing_them():
+    imported = _e31_imports(ROOT / "tasks" / "supervisor" / "loop.py")
+    assert not imported & {"e31.tasks.supervisor.cancel", "e31.tasks.supervisor.fence", "e31.flows.queue.handover"}
+
+
 def test_e31_queue_names_the_step_of_a_running_run():
     running = SimpleNamespace(type=SimpleNamespace(value="RUNNING"), name="Running")
     assert holding(running) == "running"
