@@ -353,11 +353,10 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from prefect.client.schemas.responses import SetStateStatus
-    from prefect.states import Cancelled, Cancelling
-
     from prefect.client.orchestration import get_client
 
     from e31.flows.queue import read
+    from e31.states import cancelled, cancelling
     from e31.tasks.supervisor.cancel import work_ended_at
 
     pool = _pool(args.pool)
@@ -383,8 +382,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             # would take seconds): it is cancelled outright.
             name = snap.specs[key].name
             if snap.runs[key].state.type.value == "CRASHED":
-                client.set_flow_run_state(key, Cancelled(
-                    message="cancelled after a crash, before it was queued again (e31 cancel)"), force=True)
+                client.set_flow_run_state(key, cancelled(
+                    "cancelled after a crash, before it was queued again (e31 cancel)"), force=True)
                 print(f"cancelled {name} ({key}): it had crashed; it will not be queued again")
                 continue
             # A run whose work has ended (its flow process tags it so, before the return starts) is not
@@ -392,7 +391,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             # the server refuses (aborts) a cancel of a run that ended meanwhile, in the same transaction.
             ended = work_ended_at(snap.runs[key])
             result = None if ended else client.set_flow_run_state(
-                key, Cancelling(message="cancel requested (e31 cancel)"))
+                key, cancelling("cancel requested (e31 cancel)"))
             if result is not None and result.status == SetStateStatus.ABORT:
                 now = client.read_flow_run(key)
                 print(f"e31: cancel: run {name} ({key}) had already ended {now.state.name if now.state else ''} "
@@ -407,7 +406,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 late += 1
             elif result.state is not None and result.state.type.value == "CANCELLED":
-                client.set_flow_run_state(key, Cancelled(message="cancelled while queued (e31 cancel)"),
+                client.set_flow_run_state(key, cancelled("cancelled while queued (e31 cancel)"),
                                           force=True)  # the reason in E31's words; Cancelled is final: no race
                 print(f"cancelled {name} ({key}): removed from the queue")
             else:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from e31.states import RETURNING  # the Pending state's name of a run whose cut return its worker finishes
 from e31.tasks.manifest_model import Manifest
 from e31.tasks.pending import cut_return_of
 
@@ -99,8 +100,7 @@ def close_cut_return(job: Any, flow_run_id: str, held: bool, say: Callable[[str]
         give_up_returning(flow_run_id)  # (a return another process here is finishing is left to it)
 
 
-#: The name of the ``Pending`` state of a run whose cut return its worker finishes.
-RETURNING = "Returning"
+
 
 
 def hold_returning(flow_run_id: str) -> None:
@@ -118,15 +118,16 @@ def hold_returning(flow_run_id: str) -> None:
     ignored."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
-    from prefect.states import Pending
+
+    from e31.states import returning
 
     try:
         with get_client(sync_client=True) as client:
             now = client.read_flow_run(flow_run_id).state
             if now is not None and now.type == StateType.CRASHED:
-                client.set_flow_run_state(flow_run_id, Pending(
-                    name=RETURNING, message="its flow process ended during the return of its output; the node's "
-                                            "e31 worker finishes the return"), force=True)
+                client.set_flow_run_state(flow_run_id, returning(
+                    "its flow process ended during the return of its output; the node's e31 worker finishes the "
+                    "return"), force=True)
     except Exception:
         pass
 
@@ -141,15 +142,16 @@ def give_up_returning(flow_run_id: str) -> bool:
     best effort (an API error is ignored)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
-    from prefect.states import Crashed
+
+    from e31.states import crashed
 
     try:
         with get_client(sync_client=True) as client:
             now = client.read_flow_run(flow_run_id).state
             if now is None or now.type != StateType.PENDING or now.name != RETURNING:
                 return False
-            client.set_flow_run_state(flow_run_id, Crashed(
-                message="its flow process ended during the return of its output, and its worker could not finish "
+            client.set_flow_run_state(flow_run_id, crashed(
+                "its flow process ended during the return of its output, and its worker could not finish "
                         "that return; the output stays in the node's scratch (e31 return JOB there, or the job's "
                         "next run there, delivers it)"), force=True)
             return True
@@ -159,7 +161,7 @@ def give_up_returning(flow_run_id: str) -> bool:
 
 def settle_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
     """Set the flow run's state from ``manifest`` (its verdict:
-    :func:`e31.prefect_compat.statesync.state_of`) when it is still what the killed
+    :func:`e31.states.for_manifest`) when it is still what the killed
     flow process left: ``Running``, ``Pending`` (:func:`hold_returning`),
     ``Crashed`` (Prefect's worker marks a flow process that exited non-zero
     so, before E31's worker could deliver), or ``Cancelled`` with the
@@ -167,10 +169,9 @@ def settle_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
     (Crashed with retries left) runs again.  Returns whether it set one."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
-    from prefect.states import State
 
     from e31.flows.cancelhook import CUT, cancelled_message
-    from e31.prefect_compat.statesync import state_of
+    from e31.states import cancelled, for_manifest
 
     with get_client(sync_client=True) as client:
         now = client.read_flow_run(flow_run_id).state
@@ -179,10 +180,7 @@ def settle_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
         if not left:
             return False
         if now is not None and now.is_cancelled():
-            client.set_flow_run_state(flow_run_id, State(type=StateType.CANCELLED, name="Cancelled",
-                                                         message=cancelled_message(manifest)), force=True)
+            client.set_flow_run_state(flow_run_id, cancelled(cancelled_message(manifest)), force=True)
             return True
-        want = state_of(manifest)
-        client.set_flow_run_state(flow_run_id, State(type=StateType(want["type"]), name=want["name"],
-                                                     message=want["message"]), force=True)
+        client.set_flow_run_state(flow_run_id, for_manifest(manifest), force=True)
         return True

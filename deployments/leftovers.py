@@ -82,11 +82,11 @@ async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Lo
     from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
                                                 WorkPoolFilter, WorkPoolFilterName)
     from prefect.client.schemas.objects import StateType
-    from prefect.states import Cancelled, Crashed, Pending
 
     from e31.deployments.cutreturn import RETURNING
     from e31.flows.compile import default_scratch_root
     from e31.flows.joblock import lock_busy
+    from e31.states import cancelled, crashed, returning
     from e31.tasks.pending import cut_return_of
 
     ended = 0
@@ -110,7 +110,7 @@ async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Lo
                                "another process: left to it", run.id, run.name)
                 continue
             if finish is not None and job is not None and cut_return_of(default_scratch_root() / job, str(run.id)):
-                await client.set_flow_run_state(run.id, Pending(name=RETURNING, message=(
+                await client.set_flow_run_state(run.id, returning((
                     "its flow process ended during the return of its output, and its worker with it; node "
                     f"{node}'s e31 worker started again finishes the return")), force=True)
                 logger.warning("flow run %s (%s) was cut in the middle of the return of its output: finishing it",
@@ -121,8 +121,8 @@ async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Lo
             gone = (f"its flow process is gone: node {node}'s e31 worker started again and found no process for "
                     "it on this machine; its resources are free again")
             cancelling = run.state.type == StateType.CANCELLING
-            await client.set_flow_run_state(run.id, Cancelled(message=_cancelled_message(gone)) if cancelling
-                                            else Crashed(message=gone), force=True)
+            await client.set_flow_run_state(run.id, cancelled(_cancelled_message(gone)) if cancelling
+                                            else crashed(gone), force=True)
             logger.warning("flow run %s (%s) had no flow process left on this machine: marked %s", run.id, run.name,
                            "Cancelled" if cancelling else "Crashed")
             ended += 1
@@ -348,13 +348,13 @@ async def end_cancelling(client: Any, flow_run_id: Any, status_code: int,
     """After the flow process of ``flow_run_id`` ended with ``status_code``
     (non-zero): mark the run ``Cancelled`` if it is still ``Cancelling``.
     True when it did.  Best effort: a failure is logged."""
-    from prefect.states import Cancelled
+    from e31.states import cancelled
 
     try:
         run = await client.read_flow_run(flow_run_id)
         if run.state is None or run.state.type.value != "CANCELLING":
             return False
-        await client.set_flow_run_state(flow_run_id, Cancelled(message=_cancelled_message(
+        await client.set_flow_run_state(flow_run_id, cancelled(_cancelled_message(
             f"its flow process ended (exit status {status_code}) before the cancel was done; its resources are free "
             "again (a manifest at its destination, if any, says what was returned)")), force=True)
         logger.warning("flow run %s was still Cancelling after its flow process ended (exit status %s): marked "

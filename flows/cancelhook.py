@@ -92,24 +92,21 @@ def stopped_by_cancel(manifest: dict[str, Any]) -> bool:
 def keep_manifest_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
     """A cancel came after the run's work had ended: when the flow run is
     ``Cancelling`` (or was made ``Cancelled``), set it to the state its
-    ``manifest`` says (:func:`e31.prefect_compat.statesync.state_of`: ``completed`` ->
+    ``manifest`` says (:func:`e31.states.for_manifest`: ``completed`` ->
     Completed, another stop's ``partial`` -> Completed named Partial,
     ``failed`` -> Failed), forced (the server lets a ``Cancelling`` run go
     only to ``Cancelled``).  One read, and one write when needed; returns
     whether it wrote.  Raises what the Prefect client raises."""
     from prefect import get_client
     from prefect.client.schemas.objects import StateType
-    from prefect.states import State
 
-    from e31.prefect_compat.statesync import state_of
+    from e31.states import for_manifest
 
     with get_client(sync_client=True) as client:
         now = client.read_flow_run(flow_run_id).state
         if now is None or now.type not in (StateType.CANCELLING, StateType.CANCELLED):
             return False
-        want = state_of(manifest)
-        client.set_flow_run_state(flow_run_id, State(type=StateType(want["type"]), name=want["name"],
-                                                     message=want["message"]), force=True)
+        client.set_flow_run_state(flow_run_id, for_manifest(manifest), force=True)
     return True
 
 
@@ -133,9 +130,9 @@ def settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
     that manifest says instead (:func:`keep_manifest_state`)."""
     from prefect import get_client
     from prefect.logging.loggers import flow_run_logger
-    from prefect.states import Cancelled
 
     from e31.prefect_compat.cancelgate import guard_worker_cancel
+    from e31.states import cancelled
     from e31.tasks.storage import scrub
 
     guard_worker_cancel()  # (run by a worker: its forced Cancelled, next, does not overwrite the manifest's state)
@@ -158,7 +155,7 @@ def settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
     with get_client(sync_client=True) as client:
         now = client.read_flow_run(flow_run.id).state
         if now is not None and now.is_cancelling():
-            client.set_flow_run_state(flow_run.id, Cancelled(message=message))
+            client.set_flow_run_state(flow_run.id, cancelled(message))
 
 
 #: Seconds :func:`restore_manifest_state` watches a run for the ``Cancelled`` its worker forces after the hooks.
@@ -185,12 +182,12 @@ def _restore_after_worker(flow_run_id: str, manifest: dict[str, Any]) -> None:
     import subprocess
     import sys
 
-    from e31.prefect_compat.statesync import state_of
+    from e31.states import manifest_state
 
     code = "import sys, json; from e31.flows.cancelhook import restore_manifest_state as r; " \
            "r(sys.argv[1], json.loads(sys.argv[2]))"
     try:
-        subprocess.Popen([sys.executable, "-c", code, flow_run_id, json.dumps(state_of(manifest))],
+        subprocess.Popen([sys.executable, "-c", code, flow_run_id, json.dumps(manifest_state(manifest))],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
     except OSError:
@@ -201,14 +198,15 @@ def restore_manifest_state(flow_run_id: str, want: dict[str, str], within_s: flo
     """Under Prefect's own process worker, whose ``Cancelled`` comes after
     the hooks and from a process E31's code does not run in: watch the run
     (a read every 0.5 s, at most ``within_s`` seconds) and, once it is
-    ``Cancelled``, set it back to ``want`` (:func:`e31.prefect_compat.statesync.state_of`
+    ``Cancelled``, set it back to ``want`` (:func:`e31.states.manifest_state`
     of its manifest: ``type``, ``name``, ``message``), forced.  The run
     shows ``Cancelled`` for that moment.  Returns whether it set it."""
     import time
 
     from prefect import get_client
     from prefect.client.schemas.objects import StateType
-    from prefect.states import State
+
+    from e31.states import from_record
 
     deadline = time.monotonic() + within_s
     with get_client(sync_client=True) as client:
@@ -216,8 +214,7 @@ def restore_manifest_state(flow_run_id: str, want: dict[str, str], within_s: flo
             try:
                 now = client.read_flow_run(flow_run_id).state
                 if now is not None and now.type == StateType.CANCELLED:
-                    client.set_flow_run_state(flow_run_id, State(type=StateType(want["type"]), name=want["name"],
-                                                                 message=want["message"]), force=True)
+                    client.set_flow_run_state(flow_run_id, from_record(want), force=True)
                     return True
             except Exception:  # the API is busy or away: try again
                 pass

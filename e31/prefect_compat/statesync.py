@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from e31.states import from_record, manifest_state
 from e31.tasks.manifest_model import ManifestHead
 
 RECORD = "flow-run-state.json"
@@ -32,17 +33,8 @@ def state_of(manifest: dict[str, Any]) -> dict[str, str]:
     Completed, ``partial`` -> Completed named Partial, ``partial`` with reason
     ``cancelled`` -> Cancelled, ``failed`` -> Failed (``type``, ``name``, ``message``).
     ``manifest``: a manifest's dict, or the part of one with ``status``, ``reason`` and ``message``
-    (:class:`e31.tasks.manifest_model.ManifestHead`)."""
-    head = ManifestHead.of(manifest)
-    status, reason = head.status, head.reason
-    message = head.message or f"{status} ({reason})"
-    if status == "completed":
-        return {"type": "COMPLETED", "name": "Completed", "message": message}
-    if status == "partial" and reason == "cancelled":
-        return {"type": "CANCELLED", "name": "Cancelled", "message": message}
-    if status == "partial":
-        return {"type": "COMPLETED", "name": "Partial", "message": f"partial ({reason}): {message}"}
-    return {"type": "FAILED", "name": "Failed", "message": message}
+    (:class:`e31.tasks.manifest_model.ManifestHead`).  The map is :func:`e31.states.manifest_state`."""
+    return manifest_state(manifest)
 
 
 def remember(scratch: Path, manifest: dict[str, Any]) -> Path | None:
@@ -64,8 +56,6 @@ def apply_pending(scratch_root: Path) -> list[str]:
     process was killed, and its output is now delivered); returns the flow
     run ids set.  A record the API does not take now stays for a later try."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.objects import StateType
-    from prefect.states import State
 
     done = []
     for path in sorted(Path(scratch_root).glob(f"*/{RECORD}")):
@@ -74,8 +64,7 @@ def apply_pending(scratch_root: Path) -> list[str]:
             with get_client(sync_client=True) as client:
                 current = client.read_flow_run(record["run_id"]).state
                 if current is None or not current.is_final() or current.is_crashed():
-                    client.set_flow_run_state(record["run_id"], State(
-                        type=StateType(record["type"]), name=record["name"], message=record["message"]), force=True)
+                    client.set_flow_run_state(record["run_id"], from_record(record), force=True)
             path.unlink()
             done.append(record["run_id"])
         except Exception:  # the API is still away, or the run is gone: try again next time

@@ -8,6 +8,8 @@ from typing import Any
 
 from e31.flows.placement import Node
 from e31.specs.pool import PoolSpec
+# the state names of a waiting and of a placed run (both of type ``Scheduled``), defined with their builders
+from e31.states import PLACED, QUEUED  # noqa: F401
 from e31.tasks.supervisor.fence import NODE_VAR as FENCE_NODE_VAR  # the flow process fences on it
 from e31.tasks.supervisor.fence import PLACEMENT_PARAM, placement_of  # noqa: F401 (the queue's, defined for the fence)
 from e31.tasks.placement_record import (AFTER_VAR, ATTEMPT_VAR, CPUS_VAR, DEVICES_VAR, FREE_VAR, PLANNED_VAR,  # noqa: F401
@@ -15,8 +17,6 @@ from e31.tasks.placement_record import (AFTER_VAR, ATTEMPT_VAR, CPUS_VAR, DEVICE
 
 #: The Prefect worker type of E31 work pools (``e31 worker``, :mod:`e31.deployments.worker`).
 WORKER_TYPE = "e31"
-#: The state names of a waiting and of a placed run (both of type ``Scheduled``).
-QUEUED, PLACED = "Queued", "Placed"
 #: The node, GPU devices and CPUs of a placement, and the run's attempt: keys of its ``placement`` parameter
 #: (:data:`e31.tasks.supervisor.fence.PLACEMENT_PARAM`), written and read as a typed
 #: :class:`e31.tasks.placement_record.PlacementRecord` (:func:`record_of`; :func:`placement_of` gives the dict).

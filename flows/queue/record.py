@@ -145,7 +145,7 @@ class _Writer:
         again, unless a final state came after the write (the canceller's
         own ``Cancelled``, with its message: left as it is).  True when the
         write was undone (counted ``undone``)."""
-        from prefect.states import State
+        from e31.states import copy_of
 
         mine = getattr(getattr(result, "state", None), "id", None)
         history = self.client.read_flow_run_states(key)
@@ -159,8 +159,7 @@ class _Writer:
         before = history[index - 1]
         if before.id == self.seen[key] or not before.is_final():
             return False
-        again = self.client.set_flow_run_state(key, State(type=before.type, name=before.name, message=before.message),
-                                               force=True)
+        again = self.client.set_flow_run_state(key, copy_of(before), force=True)
         self.cache.note_state(key, again)
         self.counts["undone"] += 1
         return True
@@ -345,7 +344,7 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
 
 def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCache | None, max_waits: int | None,
            max_wait_s: float | None, logs: _Logs, handover_s: float = 0.0) -> dict[str, int]:
-    from prefect.states import Cancelled, Crashed, Failed, Scheduled
+    from e31.states import cancelled, crashed, placed, queued, refused
 
     counts = {"start": 0, "handover": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0, "gone": 0,
               "stale": 0, "undone": 0, "deferred": 0, "kept": 0}
@@ -359,7 +358,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             # is queued again at once, as a run that crashed before its work started
             message = (f"Queued again: node {node} stopped answering (no worker heartbeat for {snap.lease_s:g} s) "
                        "before its worker took the run; nothing of it ran there, which uses none of its retries")
-            requeued = Scheduled(name=QUEUED, scheduled_time=now + timedelta(seconds=AHEAD_S), message=message)
+            requeued = queued(message, now + timedelta(seconds=AHEAD_S))
             was = record_of(run)
             kept = PlacementRecord(attempt=was.attempt, unstarted=was.unstarted)
             if write.state(key, requeued) and write.place(key, run, kept, check=False):
@@ -372,8 +371,8 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
         # (a run marked lost always has its node fenced), then the crash
         if not write.current(key) or not _fence(client, snap, key, node):
             continue
-        ending = Cancelled(message=f"cancelled (a cancel was requested); {lost}") \
-            if run.state.type.value == "CANCELLING" else Crashed(message=lost)  # a cancelled run is never requeued
+        ending = cancelled(f"cancelled (a cancel was requested); {lost}") \
+            if run.state.type.value == "CANCELLING" else crashed(lost)  # a cancelled run is never requeued
         if write.state(key, ending, check=False):
             counts["lost"] += 1  # requeued by a later tick, once the crash has settled, when it has retries left
     for key in snap.requeue:
@@ -385,7 +384,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
         if crashes > MAX_STARTLESS_CRASHES:
             why = (f"it crashed {crashes} times before its work started (see its logs); submit it again once that "
                    "is fixed")
-            if write.state(key, Failed(message=f"refused: {why}")):
+            if write.state(key, refused(why)):
                 refuse_at_destination(snap.specs[key], key, why)  # nothing of it ran: its destination says why
                 counts["refuse"] += 1
             continue
@@ -393,7 +392,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
         message = (f"Queued: retry {attempt - free} of {snap.specs[key].request.retries} after a crash (resumes from "
                    "its newest durable checkpoint)") if not startless else \
             "Queued again: it crashed before its work started, which uses none of its retries"
-        requeued = Scheduled(name=QUEUED, scheduled_time=now + timedelta(seconds=AHEAD_S), message=message)
+        requeued = queued(message, now + timedelta(seconds=AHEAD_S))
         kept = PlacementRecord(attempt=attempt, unstarted=free_now)
         # the state first: a crashed run's job variables cannot be changed
         if write.state(key, requeued) and write.place(key, run, kept, check=False):
@@ -401,7 +400,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
     for key, why in snap.bad.items():
         run = snap.runs[key]
         if run.state.type.value == "SCHEDULED" and run.state.name == QUEUED:
-            if write.state(key, Failed(message=f"refused: {why}")):
+            if write.state(key, refused(why)):
                 counts["refuse"] += 1
     for key, why in snap.blocked.items():
         run, message = snap.runs[key], f"Queued: {why}"
@@ -409,7 +408,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
         if run.state.name == QUEUED and before is not None and before.words == (message, None):
             counts["unchanged"] += 1
             continue
-        if write.state(key, Scheduled(name=QUEUED, message=message, scheduled_time=now + timedelta(seconds=AHEAD_S))):
+        if write.state(key, queued(message, now + timedelta(seconds=AHEAD_S))):
             WRITTEN.note(key, Written(getattr(getattr(write.result, "state", None), "id", None), (message, None), None))
             logs.add(key, message)
             counts["wait"] += 1
@@ -428,7 +427,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             why = (f"handed over behind {ahead} ({lead.id[:8]}) on {p.node}: its flow process starts now and stages "
                    f"the inputs; the work starts once {ahead} has returned its output (planned "
                    f"{datetime.fromtimestamp(p.start, timezone.utc):%H:%M:%S} UTC){local}")
-            if not write.state(p.job, Scheduled(name=PLACED, scheduled_time=now, message=why), check=False):
+            if not write.state(p.job, placed(why, now), check=False):
                 continue
             taken.add(lead.id)
             logs.add(p.job, f"Placed: {why}")
@@ -438,13 +437,12 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             if not write.place(p.job, run, _placed(run, p)):
                 continue
             local = _local(snap, p)
-            if not write.state(p.job, Scheduled(name=PLACED, scheduled_time=now,
-                                                message=humane(p.reason, snap) + local), check=False):
+            if not write.state(p.job, placed(humane(p.reason, snap) + local, now), check=False):
                 continue
             logs.add(p.job, f"Placed: {humane(p.reason, snap)}{local}")
             counts["start"] += 1
         elif p.action == "refuse":
-            if not write.state(p.job, Failed(message=f"refused: {humane(p.reason, snap)}")):
+            if not write.state(p.job, refused(humane(p.reason, snap))):
                 continue
             refuse_at_destination(snap.specs[p.job], p.job, humane(p.reason, snap))
             counts["refuse"] += 1
@@ -486,7 +484,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
                 counts["deferred"] += 1
                 continue
             waits_from = time.monotonic() if waits_from is None else waits_from
-            if not write.state(p.job, Scheduled(name=QUEUED, scheduled_time=planned, message=message)):
+            if not write.state(p.job, queued(message, planned)):
                 continue
             state_id = getattr(getattr(write.result, "state", None), "id", None)
             WRITTEN.note(p.job, Written(state_id, words, now_on))

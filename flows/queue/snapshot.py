@@ -20,6 +20,8 @@ from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, FEN
                                      staged_tags, work_pool_name)
 from e31.specs import JobSpec
 from e31.specs.pool import PoolSpec
+# the name of the Pending state a worker holds a run in while it finishes a return its flow process cut
+from e31.states import RETURNING
 from e31.tasks.supervisor.cancel import work_never_started
 from e31.tasks.supervisor.fence import fences_of_run
 
@@ -75,9 +77,6 @@ class Snapshot:
     fences: dict[str, dict] = field(default_factory=dict)
 
 
-#: The name of the ``Pending`` state a worker holds a run in while it finishes a return its flow process cut
-#: (:data:`e31.deployments.cutreturn.RETURNING`, which a lower layer cannot import).
-RETURNING = "Returning"
 
 _SPECS: dict[str, JobSpec] = {}  # flow run id -> parsed spec (a run's parameters never change)
 

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from e31.flows.queue.clock import measure, offset_s, server_now
-from e31.flows.queue.mapping import AHEAD_S, QUEUED, WORKER_TYPE, deployment_name, work_pool_name
+from e31.flows.queue.mapping import AHEAD_S, WORKER_TYPE, deployment_name, work_pool_name
 from e31.specs.pool import PoolSpec
 
 
@@ -54,7 +54,7 @@ def submit(client: Any, pool: PoolSpec, parameters: dict[str, Any], tags: list[s
     a second run."""
     import uuid
 
-    from prefect.states import Scheduled
+    from e31.states import queued
 
     key = (str(client.api_url), pool.name)
     if key not in _DEPLOYMENTS:
@@ -65,6 +65,6 @@ def submit(client: Any, pool: PoolSpec, parameters: dict[str, Any], tags: list[s
     return client.create_flow_run_from_deployment(
         deployment_id, parameters=parameters, tags=tags, name=str(parameters["spec"].get("name")),
         idempotency_key=f"e31-submit-{uuid.uuid4()}",
-        state=Scheduled(name=QUEUED, message="Queued: waiting for the scheduler to place it",
-                        scheduled_time=datetime.fromtimestamp(server_now() + AHEAD_S, timezone.utc)))
+        state=queued("Queued: waiting for the scheduler to place it",
+                     datetime.fromtimestamp(server_now() + AHEAD_S, timezone.utc)))
 
