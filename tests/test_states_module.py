@@ -22,10 +22,8 @@ CONSTRUCTORS = {"State", "Completed", "Failed", "Cancelled", "Crashed", "Schedul
                 "Cancelling", "Paused", "Suspended", "AwaitingRetry", "AwaitingConcurrencySlot", "Retrying", "Late"}
 #: The module that builds them.
 BUILDER = "e31/states.py"
-#: Modules that still build states themselves until they call e31.states.  flows/attempt/flowrun.py (the flow
-#: run's own end: Refused, Failed, Partial) is being rewritten by another change to call the builders; that
-#: change removes it from this list, which must then stay empty.
-ALLOWED: set[str] = {"flows/attempt/flowrun.py"}
+#: Modules that may still build states themselves: none.
+ALLOWED: set[str] = set()
 
 
 def _constructor_calls(path: Path) -> list[str]:

@@ -7,7 +7,6 @@ from typing import Any
 
 from prefect import get_run_logger
 from prefect.runtime import flow_run
-from prefect.states import Cancelled, Completed, Failed
 
 from e31.errors import E31Error
 from e31.flows.attempt.attempt import Attempt
@@ -17,6 +16,7 @@ from e31.flows.cancelhook import RETURNED, keep_manifest_state, late_cancel_mess
 from e31.flows.queue.handover import release
 from e31.flows.resume import JobBusyError
 from e31.prefect_compat.runlog import drop_explained_failures
+from e31 import states
 from e31.specs import JobSpec
 from e31.tasks.manifest import step_text
 from e31.tasks.manifest_model import Manifest
@@ -61,10 +61,10 @@ def run_in_flow(spec: JobSpec, code_dir: str | None) -> Any:
             fence_at_end(run_id)
     except JobBusyError as exc:  # refused, not failed: the job's history shows no failure that never ran
         get_run_logger().warning("%s", scrub(str(exc)))
-        return Cancelled(name="Refused", message=f"refused: {scrub(str(exc))}", data=exc)
+        return states.refused_busy(scrub(str(exc)), data=exc)
     except E31Error as exc:  # explained in one line: the flow run fails with it, no traceback in the logs
         get_run_logger().error("%s", scrub(str(exc)))
-        return Failed(message=scrub(str(exc)), data=masked_exception(exc))  # a caller gets it raised
+        return states.failed(scrub(str(exc)), data=masked_exception(exc))  # a caller gets it raised
     except Exception as exc:  # Prefect makes the state's message of its text: a client's may quote a signed URL
         leaving = masked_exception(exc)
     if leaving is not None:
@@ -72,8 +72,7 @@ def run_in_flow(spec: JobSpec, code_dir: str | None) -> Any:
     m = Manifest.model_validate(manifest)
     if m.status != "partial" or m.reason == "cancelled":
         return manifest  # (a cancelled run's state is Prefect's: a State returned here would make the call raise)
-    return Completed(name="Partial", data=manifest,
-                     message=f"partial ({m.reason}): {step_text(m.step)}; {m.message}".rstrip("; "))
+    return states.partial(f"partial ({m.reason}): {step_text(m.step)}; {m.message}".rstrip("; "), data=manifest)
 
 
 def late_cancel(manifest: dict[str, Any]) -> None:
