@@ -39,9 +39,11 @@ STATUS_MEANING: dict[str, str] = {
 #: What each ``reason`` means (docs/manifest.md).
 REASON_MEANING: dict[str, str] = {
     "finished": "the work exited 0 (status `completed`)",
-    "time_limit": "stopped at its time limit (`request.limit`), less the return reserve (status `partial`)",
-    "deadline": "stopped at its deadline (`request.deadline`, `deadline_within` or `deadline_at`), less the return "
-                "reserve (status `partial`)",
+    "time_limit": "stopped at its time limit (`request.limit`): SIGTERM `request.grace` before it, SIGKILL at it "
+                  "if the work is still running (status `partial`)",
+    "deadline": "stopped before its deadline (`request.deadline`, `deadline_within` or `deadline_at`) early enough "
+                "to return its output: SIGKILL at the deadline less the return reserve, SIGTERM `request.grace` "
+                "before that (status `partial`)",
     "cancelled": "the flow run was cancelled (status `partial`)",
     "signal": "the run's process got SIGTERM or SIGINT (status `partial`)",
     "crashed": "the work process was killed outside E31, or an earlier attempt's process died (status `partial`)",
