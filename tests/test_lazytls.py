@@ -109,7 +109,7 @@ def test_a_context_s_own_changes_stay_its_own_and_install_can_be_turned_off(monk
     a, b = create_default_context(cafile=certifi.where()), create_default_context(cafile=certifi.where())
     a.check_hostname, a.verify_mode = False, ssl.CERT_NONE  # Prefect's PREFECT_API_TLS_INSECURE_SKIP_VERIFY
     assert (b.check_hostname, b.verify_mode) == (True, ssl.CERT_REQUIRED)
-    # found by an attack: a context without a file first used unverified lost the system's certificates for good
+    # a context without a file, first used unverified, must keep the system's certificates (they were lost for good)
     c = create_default_context()
     c.check_hostname, c.verify_mode = False, ssl.CERT_NONE
     c.get_ca_certs()

@@ -142,9 +142,9 @@ def test_serve_serves_the_nightly_deployment_without_a_pool(prefect_api, tmp_pat
 
 
 def test_serve_never_takes_over_a_deployment_made_for_a_work_pool(prefect_api, e31, tmp_path):
-    """Found by a fresh-user trial: serving the example re-registered the
-    deployment `prefect deploy` had made; after serve stopped it stayed
-    paused with its pull steps gone, and the nightly run silently stopped."""
+    """Serving the example must not re-register the deployment `prefect
+    deploy` had made: after serve stopped it stayed paused with its pull
+    steps gone, and the nightly run silently stopped."""
     subprocess.run([*PREFECT, "work-pool", "create", "serve-pool", "--type", "process"], capture_output=True)
     assert e31("deploy", str(EXAMPLE), "--pool", "serve-pool", "--name", "pooled-nightly",
                "--cron", "0 2 * * *", "--timezone", "Europe/London").returncode == 0
@@ -161,9 +161,9 @@ def test_serve_never_takes_over_a_deployment_made_for_a_work_pool(prefect_api, e
 
 
 def test_a_literal_credential_typed_into_a_run_form_is_refused_before_it_is_stored(prefect_api, e31, tmp_path):
-    """Found by a fresh-user trial: a run created from a deployment with a
-    literal secret in storage_options was stored as a parameter on the
-    server and refused only by the worker.  The parameter schema now makes
+    """A run created from a deployment with a literal secret in
+    storage_options must not be stored as a parameter on the server and
+    refused only by the worker.  The parameter schema makes
     the server refuse it (HTTP 409) and store nothing; a reference passes."""
     import httpx
     from prefect.client.orchestration import get_client
@@ -204,10 +204,10 @@ def test_a_literal_credential_typed_into_a_run_form_is_refused_before_it_is_stor
 
 
 def test_deploy_refuses_bad_schedules_before_contacting_the_server(e31, tmp_path):
-    """Found by a fresh-user trial: --timezone without --cron was ignored,
-    bad cron strings and timezones came back as library errors, and an
-    absolute deadline was deployed on a schedule that would refuse every
-    run after it.  No server is needed to refuse these (none is set here)."""
+    """--timezone without --cron is not ignored, bad cron strings and
+    timezones do not come back as library errors, and an absolute deadline
+    is not deployed on a schedule that would refuse every run after it.
+    No server is needed to refuse these (none is set here)."""
     from datetime import datetime, timedelta, timezone
 
     env = {"PREFECT_API_URL": "http://127.0.0.1:9/api"}

@@ -382,7 +382,7 @@ def test_the_cancel_hook_says_what_it_found_at_the_destination():
         "destination still says returning; the output is kept in the job's scratch on its node, and e31 return "
         "nightly there (or the job's next run there) delivers it")
     waited = {"status": "partial", "files": [], "folder": "partial", "message": "cancelled while it waited for the "
-              "job ahead of it on its node; the work did not start"}  # a fresh user read "stopped the work" here
+              "job ahead of it on its node; the work did not start"}  # not read as "stopped the work"
     assert cancelled_message(waited) == ("cancelled while it waited for the job ahead of it on its node; the work did "
                                          "not start; its manifest (partial, 0 file(s)) is in partial/ at the "
                                          "destination")

@@ -178,10 +178,10 @@ def test_refusals_end_with_their_reason_and_a_failed_manifest(prefect_api, tmp_p
 
 
 def test_a_job_whose_destination_cannot_be_made_fails_in_one_line_without_a_traceback(prefect_api, tmp_path):
-    """Found by an attack: a queued job whose ``output.url`` lies under a
-    file passed e31 submit and failed on its node with Prefect's engine
-    traceback (~45 lines) after E31's one line, in the worker's output and
-    the run's log.  Now the one line, with the fix, is all: in the state
+    """A queued job whose ``output.url`` lies under a file passes e31 submit
+    and fails on its node; it must not fail with Prefect's engine traceback
+    (~45 lines) after E31's one line, in the worker's output and the run's
+    log.  The one line, with the fix, is all: in the state
     message, the run's log in the Prefect UI, and the worker's output."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
@@ -372,7 +372,7 @@ def test_cancel_takes_a_queued_job_out_and_stops_a_running_one(prefect_api, tmp_
             wait_for(lambda: client.read_flow_run(running).state.is_final(), timeout=120, what="the cancel")
             states = [client.read_flow_run(r).state.type.value for r in (running, queued)]
             said = [s.message for s in client.read_flow_run_states(running) if s.type.value == "CANCELLED"]
-        # a job that ended: what its last run was (found by a fresh user: it said only "no queued or running job")
+        # a job that ended: what its last run was (not only "no queued or running job")
         again = [subprocess.run([q.exe, "cancel", what, "--pool", str(q.pool)], capture_output=True, text=True)
                  for what in ("never", running, "ghost", queued[:8])]
     assert states == ["CANCELLED", "CANCELLED"]
@@ -422,8 +422,8 @@ def test_a_resubmitted_job_goes_where_its_inputs_are_staged(prefect_api, tmp_pat
 
 def test_runs_of_a_deployment_on_the_pool_go_through_the_queue(prefect_api, tmp_path):
     """`e31 deploy --pool` onto the queue's work pool (given the pool file,
-    as the queue's other commands take it: found by an attack, it took only
-    the work pool's name and said "Work pool "pool.yaml" not found"): each
+    as the queue's other commands take it, not only the work pool's name,
+    which said "Work pool "pool.yaml" not found"): each
     run of the deployment (a cron schedule's, or one started by hand) joins
     the queue when its time comes and is placed like a submitted job."""
     from prefect.client.orchestration import get_client
@@ -459,8 +459,8 @@ def _pool_exists(client, name: str) -> bool:
 
 
 def test_e31_queue_lists_a_second_run_of_a_job_and_why_it_waits(prefect_api, tmp_path):
-    """Found by a fresh-user trial: a job submitted again while its first
-    run waited was missing from `e31 queue` (one run of a job at a time)."""
+    """A job submitted again while its first run waits is listed by `e31
+    queue`, with why it waits (one run of a job at a time); it was missing."""
     with queue(tmp_path, {"n1": 0}) as q:
         spec = q.job("again", 0, 1)
         first = q.submit(spec).split("flow run ")[1].split()[0]
@@ -499,10 +499,10 @@ def test_a_run_placed_before_the_warm_process_listens_waits_for_it_and_starts_wa
 
 
 def test_a_worker_started_for_a_node_with_runs_is_heard_from_before_its_warm_process_listens(prefect_api, tmp_path):
-    """Found by an attack: the first heartbeat waited for the warm process
-    (up to 60 s), so a worker started again after a kill, with a warm
-    process slow or stuck at import, let the lease run out: its node was
-    taken for lost and its running jobs crashed.  With a run holding the
+    """The first heartbeat must not wait for the warm process (up to 60 s):
+    a worker started again after a kill, with a warm process slow or stuck
+    at import, let the lease run out, its node taken for lost and its
+    running jobs crashed.  With a run holding the
     node, the worker is heard from at once; its warm process here never
     listens (an import that hangs), and is killed when the worker stops."""
     from prefect.client.orchestration import get_client
@@ -524,7 +524,7 @@ def test_a_worker_started_for_a_node_with_runs_is_heard_from_before_its_warm_pro
             warm = _warm_processes(worker)
             assert len(warm) == 1 and not _warm_listening(worker)  # stuck at import, and the node is live anyway
             # its setup ends with the orphan check (the held run has no flow process here): stopped before, there
-            # is no teardown, and the setup kills the warm process itself (found by running this test under load)
+            # is no teardown, and the setup kills the warm process itself (as it can under load)
             wait_for(lambda: client.read_flow_run(held).state.type.value == "CRASHED", what="the orphan check")
         q.stop()
         wait_for(lambda: not Path(f"/proc/{warm[0]}").exists() or b"Z" in
@@ -672,7 +672,7 @@ def test_a_return_cut_with_its_worker_killed_too_is_finished_by_the_worker_start
     in the job's scratch: it holds the run ``Pending`` (``Returning``, the
     node still its own) and finishes the return.  Before, it marked the run
     ``Crashed`` and the output waited in scratch for ``e31 return JOB``.
-    Two workers started at once for the node (an attack): one finishes it,
+    Two workers started at once for the node: one finishes it,
     the other leaves it to that one (it used to crash it, and a retry then
     ran the work again)."""
     from prefect.client.orchestration import get_client
@@ -912,7 +912,7 @@ def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(pr
     it (``handed-over``: the cut job overran its 2 s duration, so the
     waiting job is released at once to wait on the node), the waiting job's
     work starts only once the run is ``Completed``: its wait used to end
-    with the flow process, while the worker still returned (an attack)."""
+    with the flow process, while the worker still returned."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
@@ -989,7 +989,7 @@ def test_a_flow_process_whose_run_is_placed_elsewhere_as_it_ends_writes_no_final
     does the scheduler's and n2's part as it ends; no scheduler runs).  n1's
     flow process, whatever it returned, then ends without writing the run's
     final state: a ``Completed`` from n1 freed n2's resources while the work
-    there still ran (found by an attack).  It says why in the run's log."""
+    there still ran.  It says why in the run's log."""
     from datetime import datetime, timezone
 
     from prefect.client.orchestration import get_client
@@ -1072,9 +1072,9 @@ def test_a_frozen_server_does_not_make_live_nodes_look_lost(prefect_api, tmp_pat
 
 
 def test_a_deadline_job_handed_over_behind_a_job_that_overruns_never_starts_too_late(prefect_api, tmp_path):
-    """Found by an attack: a deadline job handed over behind a job that ran
-    far past its declared duration waited for it, then started its work
-    after its deadline less the return reserve (killed at once: ``partial``,
+    """A deadline job handed over behind a job that runs far past its
+    declared duration waits for it, and must not then start its work after
+    its deadline less the return reserve (killed at once: ``partial``,
     ``deadline``).  The run checks its deadline again as its work is about to
     start: it ends ``Failed`` with a ``failed`` manifest saying why, and the
     work never starts."""
@@ -1140,7 +1140,7 @@ def test_the_next_job_is_handed_over_behind_the_running_one_and_its_work_waits_f
         first, second = q.record("ahead"), q.record("behind")
         manifest = json.loads((q.root / "out" / "behind" / "manifest.json").read_text())
     assert still_running  # its flow run was Running while the job ahead's work still ran
-    assert not [m for m in logged if "was cut during the return" in m]  # a plain return (a fresh user saw it said)
+    assert not [m for m in logged if "was cut during the return" in m]  # a plain return says nothing of a cut
     assert placed.message.startswith(f"handed over behind ahead ({ahead[:8]}) on n1: its flow process starts now and "
                                      "stages the inputs; the work starts once ahead has returned its output (planned ")
     assert second["start"] >= returned  # the work waited for the job ahead's end: its manifest written last
@@ -1166,9 +1166,9 @@ def _handed_over(q: Queue, ahead: str) -> bool:
 
 
 def test_a_job_waiting_behind_another_ends_with_its_manifest_when_cancelled_or_drained(prefect_api, tmp_path):
-    """Found by an attack: a cancel or a worker's drain while a handed-over
-    run waited killed its flow process (Prefect's abort on SIGTERM) and left
-    no manifest; now each ends with a partial manifest saying why, and the
+    """A cancel or a worker's drain while a handed-over run waits must not
+    kill its flow process (Prefect's abort on SIGTERM) and leave no
+    manifest; each ends with a partial manifest saying why, and the
     job ahead is not disturbed by the cancel."""
     from prefect.client.orchestration import get_client
 
@@ -1207,9 +1207,9 @@ def test_a_job_waiting_behind_another_ends_with_its_manifest_when_cancelled_or_d
 
 
 def test_the_work_of_a_killed_flow_process_is_ended_before_the_job_behind_starts(prefect_api, tmp_path):
-    """Found by an attack: the work under a shell outlived its killed flow
-    process (kill -9) and the job handed over behind it started on the same
-    devices beside it; now the leftover work is killed first."""
+    """The work under a shell must not outlive its killed flow process
+    (kill -9) with the job handed over behind it started on the same
+    devices beside it: the leftover work is killed first."""
     with queue(tmp_path, {"n1": 2}) as q:
         q.scheduler("--handover", "120")
         worker = q.worker("n1", 2)

@@ -202,8 +202,8 @@ def test_a_placed_runs_node_is_read_from_its_tag():
     ("--handover", "-5", "argument --handover: -5 seconds: give at least 0 (0 turns handovers off)"),
 ])
 def test_the_scheduler_refuses_a_nonsense_number_of_seconds(option, value, error, tmp_path):
-    """Found by an attack: --lease 0 (every node lost at the first tick),
-    --interval -1 and --handover -5 ran a tick and exited 0."""
+    """--lease 0 (every node lost at the first tick), --interval -1 and
+    --handover -5 are refused, not run for a tick that exits 0."""
     out = subprocess.run([str(Path(sys.executable).with_name("e31")), "scheduler", "--pool", str(tmp_path / "p.yaml"),
                           option, value, "--once"], capture_output=True, text=True)
     assert (out.returncode, out.stdout, out.stderr.splitlines()[-1]) == (2, "", f"e31 scheduler: error: {error}")
@@ -270,7 +270,7 @@ def test_e31_queue_says_what_each_node_holds_and_when_its_worker_was_heard():
     assert silent_note(snap, "c", 1000.0) == "; node c's worker is late: last heard 45 s ago"
     assert silent_note(snap, "g", 1000.0) == ""
     assert silent_note(snap, "new", 1000.0) == ""  # never heard: the node is held, nothing is placed there
-    snap.behind = {"b": "a"}  # found by a fresh user: a run handed over behind a was listed, but not counted
+    snap.behind = {"b": "a"}  # a run handed over behind a is counted, not only listed
     assert node_lines(snap, 1000.0)[0][1] == ("GPUs 6/8, CPUs 3/16, memory 12 GiB/64 GiB; 1 run(s) and 1 handed over "
                                               "behind (holding nothing yet)")
 
@@ -339,8 +339,8 @@ def test_a_node_whose_runs_hold_more_than_it_has_is_planned_full_until_the_longe
 
 
 def test_e31_submit_and_queue_say_when_no_scheduler_beats_for_the_pool():
-    """Found by a fresh user: with the pool's scheduler killed, e31 submit
-    said ``start now on n-1`` and nothing said that nobody would place it.
+    """With the pool's scheduler killed, e31 submit must not say only
+    ``start now on n-1`` with nothing saying that nobody will place it.
     The claim's last beat decides: none, or older than STALE_S (30 s): no
     scheduler; older than two beats (20 s): it may have stopped; else
     nothing to say."""
@@ -369,8 +369,8 @@ def test_e31_submit_and_queue_say_when_no_scheduler_beats_for_the_pool():
 
 
 def test_a_stopping_scheduler_gives_a_frozen_server_a_few_seconds_for_its_claim():
-    """Found by an attack: ``e31 scheduler`` took no notice of SIGTERM for 16 s while its server was down (the
-    deletion of its claim on the pool went through the client's retries).  Against a real Prefect client and a
+    """``e31 scheduler`` must not ignore SIGTERM for 16 s while its server is down (the deletion of its claim on
+    the pool went through the client's retries).  Against a real Prefect client and a
     server that accepts and never answers, the deletion is given ``wait_s`` and the stop goes on; the claim
     then ends by itself (STALE_S)."""
     import socket

@@ -155,9 +155,9 @@ class _CancelAfter:
 
 
 def test_a_cancel_landing_between_the_check_and_the_write_is_never_undone(prefect_api, tmp_path):
-    """Found by an attack: a queued job cancelled in the instant the
-    scheduler placed it was placed anyway (the write is forced) and ran.
-    Now the write that overtook the cancel is undone: the run ends
+    """A queued job cancelled in the instant the scheduler places it must
+    not be placed anyway (the write is forced) and run.  The write that
+    overtook the cancel is undone: the run ends
     Cancelled, for a placement and for a waiting run's new reason alike."""
     from prefect.client.orchestration import get_client
 
@@ -192,9 +192,9 @@ def test_a_cancel_landing_between_the_check_and_the_write_is_never_undone(prefec
 
 
 def test_a_background_full_read_keeps_what_the_scheduler_wrote_while_it_ran(prefect_api, tmp_path):
-    """Found by an attack: a full read that began before the scheduler
-    placed a run replaced the kept runs with its older view, so the placed
-    run looked queued again and its node free (two jobs on one GPU)."""
+    """A full read that began before the scheduler placed a run must not
+    replace the kept runs with its older view, or the placed run looks
+    queued again and its node free (two jobs on one GPU)."""
     import threading
 
     from prefect.client.orchestration import get_client
@@ -479,11 +479,11 @@ class _CancelAround(_CancelAfter):
 
 
 def test_a_placement_that_overtook_a_cancel_leaves_the_cancellers_own_message(prefect_api, tmp_path):
-    """Found by an attack: the scheduler's undo of a placement that overtook
-    a cancel set again the state before its write, the server's ``Cancelled``
-    with no message, over the canceller's own ``Cancelled`` written after the
-    placement: the run's message said nothing.  Now a final state after the
-    write is left as it is."""
+    """The scheduler's undo of a placement that overtook a cancel must not
+    set again the state before its write, the server's ``Cancelled`` with
+    no message, over the canceller's own ``Cancelled`` written after the
+    placement (the run's message then said nothing).  A final state after
+    the write is left as it is."""
     from prefect.client.orchestration import get_client
 
     from e31.deployments.scheduler import tick
@@ -504,10 +504,10 @@ def test_a_placement_that_overtook_a_cancel_leaves_the_cancellers_own_message(pr
 
 
 def test_a_submission_the_filters_miss_is_read_by_the_id_its_event_named(prefect_api, tmp_path):
-    """Found by an attack: on a busy server a submission was committed 52 s
-    after ``e31 submit`` computed its scheduled time, so its expected start
-    fell before the filter for new runs (``since + AHEAD_S``), and it waited
-    ~60 s for the next full read.  A run the server's events named
+    """On a busy server a submission may be committed 52 s after ``e31
+    submit`` computed its scheduled time, so its expected start falls before
+    the filter for new runs (``since + AHEAD_S``); it must not wait ~60 s
+    for the next full read.  A run the server's events named
     (:meth:`RunCache.hear`, fed by the scheduler's event stream) that no
     filter returned is read by its id."""
     import time

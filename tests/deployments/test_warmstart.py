@@ -181,8 +181,8 @@ def test_the_warm_process_ends_when_its_worker_closes_stdin_after_its_last_run(w
 
 
 def test_a_forked_run_killed_with_sigkill_kills_its_client_the_same_way(warm):
-    """Found by a fresh-user trial: the client could not reset SIGKILL's
-    handler and ended with a traceback and status 1."""
+    """The client must not try to reset SIGKILL's handler (it cannot) and
+    end with a traceback and status 1."""
     proc, path, env = warm
     client = _client(path, {**env, "PREFECT__FLOW_RUN_ID": str(uuid.uuid4())})
     children = lambda: _children(proc)  # noqa: E731
@@ -194,8 +194,8 @@ def test_a_forked_run_killed_with_sigkill_kills_its_client_the_same_way(warm):
 
 
 def test_bad_requests_end_only_themselves_and_their_fds_are_closed(warm):
-    """Found by an attack: a non-object body killed the warm process, and a
-    rejected request's fds stayed open (a reader of them never saw EOF)."""
+    """A non-object body must not kill the warm process, and a rejected
+    request's fds must not stay open (a reader of them never saw EOF)."""
     proc, path, env = warm
     for body, fds in ((b"[]", 3), (b"{not json", 3), (json.dumps({"env": env, "cwd": "/"}).encode(), 2)):
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -226,8 +226,8 @@ def test_a_client_whose_warm_process_dies_before_answering_starts_its_run_cold(w
 
 
 def test_a_client_whose_warm_process_is_stopped_starts_its_run_cold_and_the_late_fork_ends(warm):
-    """Found by an attack: a warm process stopped (SIGSTOP) held every run
-    in ``Submitting`` for as long as it stayed stopped.  The client waits
+    """A warm process stopped (SIGSTOP) must not hold every run in
+    ``Submitting`` for as long as it stays stopped.  The client waits
     ``E31_WARM_ANSWER_S`` for its first answer, then runs cold; the warm
     process, resumed, forks the stale request, whose child finds the
     client gone and ends before the run starts."""

@@ -29,7 +29,7 @@ def test_validate_example(e31):
     ("deadline_at", "06:00 Europe/London", ", deadline 06:00 Europe/London daily"),
 ])
 def test_validate_says_the_deadline(e31, field, value, said):
-    """Found by a fresh user: only ``e31 compile`` showed it."""
+    """``e31 validate`` says the deadline too, not only ``e31 compile``."""
     result = e31("validate", str(EXAMPLE), "--set", f"request.{field}={value}")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == (
@@ -38,7 +38,7 @@ def test_validate_says_the_deadline(e31, field, value, said):
 
 
 def test_validate_notes_a_request_larger_than_this_machine(e31):
-    """Valid (a pool may hold it), with a note of what ``e31 run`` would refuse here (found by a fresh user)."""
+    """Valid (a pool may hold it), with a note of what ``e31 run`` would refuse here."""
     from e31.flows.admission import this_node
 
     here = this_node()
@@ -279,7 +279,7 @@ def test_memory_outputs_are_refused_by_run_and_deploy_but_validate(e31, tmp_path
 
 
 def test_compile_says_an_input_host_does_not_resolve_or_answer(e31):
-    """Found by a fresh user: a host that is down or unknown read 'not found'."""
+    """A host that is down or unknown is said as such, not read as 'not found'."""
     import socket
 
     unknown = e31("compile", str(EXAMPLE), "--set", "data[0].url=http://no-such-host.invalid/x.csv")

@@ -45,8 +45,8 @@ def _job(tmp_path: Path, name: str, code: str, **request) -> dict:
 
 
 def test_a_grandchild_that_calls_setsid_and_double_forks_ends_with_the_job(prefect_api, scratch, tmp_path):
-    """Found by running hostile work: a grandchild that called setsid()
-    survived the stop and every later run (3 of 3)."""
+    """A grandchild that calls setsid() must not survive the stop and every
+    later run (it did, 3 of 3)."""
     manifest = run_job(parse_spec(_job(tmp_path, "escaper", ESCAPER)))
     assert manifest["status"] == "completed"
     escaped = int((tmp_path / "out" / "escaped.pid").read_text())
@@ -57,10 +57,10 @@ def test_a_grandchild_that_calls_setsid_and_double_forks_ends_with_the_job(prefe
 
 
 def test_memory_beyond_the_request_fails_the_job_with_its_peak(prefect_api, scratch, tmp_path):
-    """Found by running hostile work: with memory: 512MiB a work reached
-    3.3 GiB and completed.  The whole process tree is measured; past the
-    request it is killed, the job fails with reason out_of_memory and the
-    peak, and the checkpoint it had made comes back."""
+    """With memory: 512MiB a work must not reach 3.3 GiB and complete.  The
+    whole process tree is measured; past the request it is killed, the job
+    fails with reason out_of_memory and the peak, and the checkpoint it had
+    made comes back."""
     code = ("import os, pathlib, time\n"
             "ck = pathlib.Path(os.environ['E31_CHECKPOINT_DIR']) / 'step-1'; ck.mkdir()\n"
             "(ck / 'state.bin').write_bytes(b'x' * 1000); (ck / 'COMMITTED').write_text('')\n"

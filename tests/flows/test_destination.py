@@ -196,10 +196,10 @@ with open(out / "model.pt", "wb") as fh:
 
 
 def test_a_failed_run_never_overwrites_the_earlier_complete_output(prefect_api, scratch, tmp_path):
-    """Found by an attack: a work that raised halfway through writing
-    model.pt had its half file returned over last night's complete model.
-    Now the failed run's files come back under partial/, and the top keeps
-    the complete output and its manifest, untouched."""
+    """A work that raises halfway through writing model.pt must not have its
+    half file returned over last night's complete model.  The failed run's
+    files come back under partial/, and the top keeps the complete output
+    and its manifest, untouched."""
     from e31.flows.job import JobFailedError, run_job
     from e31.specs import parse_spec
 
@@ -230,8 +230,9 @@ def test_a_failed_run_never_overwrites_the_earlier_complete_output(prefect_api, 
 
 
 def test_an_output_link_to_a_host_file_fails_the_job_and_never_wedges_the_next(prefect_api, scratch, tmp_path):
-    """Found by an attack: one output symlink out of the output folder left no
-    manifest and made every rerun fail until scratch was cleaned by hand."""
+    """One output symlink out of the output folder must not leave the job
+    without a manifest, nor make every rerun fail until scratch is cleaned
+    by hand."""
     from e31.flows.job import JobFailedError, run_job
     from e31.specs import parse_spec
 
@@ -275,8 +276,8 @@ def test_a_checkpoint_file_linked_to_a_host_file_is_never_uploaded(prefect_api, 
 
 
 def test_a_staged_input_rewritten_in_place_is_staged_again(tmp_path):
-    """Found by an attack: a work rewrote its staged input with the same size
-    and restored the mtime; the next run reused the poisoned copy without
+    """A work that rewrites its staged input with the same size and restores
+    the mtime must not have the next run reuse the poisoned copy without
     checking the declared sha256.  Staged copies are read-only, and a copy
     whose inode or ctime changed is staged again."""
     from e31.specs import DataInput
@@ -300,10 +301,10 @@ def test_a_staged_input_rewritten_in_place_is_staged_again(tmp_path):
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_a_failed_upload_never_removes_the_earlier_object(where, tmp_path, request, monkeypatch):
-    """Found by an attack: publish_file removed the final key on any error,
-    so an upload cut halfway deleted last night's good model.  The cut is
-    made where each store's upload happens: the local copy writes half the
-    file and fails; the S3 client's upload fails."""
+    """publish_file must not remove the final key on any error, or an upload
+    cut halfway deletes last night's good model.  The cut is made where
+    each store's upload happens: the local copy writes half the file and
+    fails; the S3 client's upload fails."""
     from e31.tasks import storage
     from e31.tasks.storage import publish
 
@@ -400,9 +401,9 @@ def run(ctx):
 
 def test_a_full_scratch_disk_ends_the_job_with_a_manifest_and_the_next_run_resumes(prefect_api, small_disk, tmp_path,
                                                                                     monkeypatch):
-    """Found by an attack: the supervisor's conversion of a handed-over
-    checkpoint hit ENOSPC and crashed the run with no manifest; a rerun
-    failed the same way before doing anything."""
+    """ENOSPC in the supervisor's conversion of a handed-over checkpoint
+    must not crash the run with no manifest, nor make a rerun fail the same
+    way before doing anything."""
     from e31.flows.job import JobFailedError, run_job
     from e31.specs import parse_spec
 
@@ -452,9 +453,9 @@ def test_a_full_destination_keeps_the_output_for_e31_return(e31, prefect_api, sm
 
 
 def test_a_frozen_s3_server_fails_the_return_in_bounded_time(e31, s3_server, tmp_path, scratch):
-    """Found by an attack: with the S3 server stopped (SIGSTOP) the return
-    hung for 25 minutes, then deleted the old object.  Every store call has
-    a time bound; the destination stays as it was and the output is kept."""
+    """With the S3 server stopped (SIGSTOP) the return must not hang (it hung
+    for 25 minutes, then deleted the old object).  Every store call has a
+    time bound; the destination stays as it was and the output is kept."""
     from tests.conftest import S3_BUCKET, S3_KEY, S3_SECRET
     from tests.s3server import S3Server
 
@@ -492,9 +493,9 @@ def test_a_frozen_s3_server_fails_the_return_in_bounded_time(e31, s3_server, tmp
 
 
 def test_kill_9_of_e31_run_during_its_return_is_finished_by_e31_return(e31, prefect_api, tmp_path, scratch):
-    """Found by an attack: after a kill -9 during the return, `e31 return JOB`
-    said there was nothing to return; the only way out was running the
-    work again.  The pending record now exists before the first byte."""
+    """After a kill -9 during the return, `e31 return JOB` must not say there
+    is nothing to return (leaving running the work again as the only way
+    out).  The pending record exists before the first byte."""
     import fsspec
 
     code = ("import os, pathlib\nout = pathlib.Path(os.environ['E31_OUTPUT_DIR'])\n"
@@ -522,11 +523,11 @@ def test_kill_9_of_e31_run_during_its_return_is_finished_by_e31_return(e31, pref
 
 
 def test_a_rerun_with_another_spec_after_an_interrupted_return_runs_its_own_work(e31, prefect_api, tmp_path, scratch):
-    """Found by a fresh-user trial: after a kill -9 during the return, the
-    next `e31 run` with new params and a new output.url delivered the old
-    run's output to the old destination, never ran its own work and said
-    'completed'.  Now the old output goes where it belonged, the old flow
-    run gets its manifest's state, and the new run does its own work."""
+    """After a kill -9 during the return, the next `e31 run` with new params
+    and a new output.url must not just deliver the old run's output to the
+    old destination, never run its own work and say 'completed'.  The old
+    output goes where it belonged, the old flow run gets its manifest's
+    state, and the new run does its own work."""
     code = ("import os, pathlib, sys\nout = pathlib.Path(os.environ['E31_OUTPUT_DIR'])\n"
             "tag = os.environ['E31_PARAMS']\n"
             "for i in range(30):\n    (out / f'shard-{i:02d}.bin').write_bytes(os.urandom(2**20))\n"
@@ -587,9 +588,9 @@ def _deliver(url: str, tmp_path: Path, run_id: str, files: dict[str, bytes], rea
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_names_with_glob_characters_are_removed_literally(where, tmp_path, request):
-    """Found by an attack: on S3, removing an earlier run's file named `*`
-    (or `x[1].bin`) was a glob: it deleted the new output, a user's file
-    and the checkpoints."""
+    """On S3, removing an earlier run's file named `*` (or `x[1].bin`) must
+    not be a glob: as one it deleted the new output, a user's file and the
+    checkpoints."""
     import fsspec
 
     if where == "s3":
@@ -611,9 +612,9 @@ def test_names_with_glob_characters_are_removed_literally(where, tmp_path, reque
 
 
 def test_returns_that_can_never_succeed_fail_once_and_wedge_nothing(prefect_api, scratch, tmp_path):
-    """Found by an attack: a name too long with E31's temporary suffix, a
-    symbolic link loop, or a file where a folder must go kept the output
-    pending forever: every later run and e31 return failed the same way."""
+    """A name too long with E31's temporary suffix, a symbolic link loop, or
+    a file where a folder must go must not keep the output pending forever,
+    with every later run and e31 return failing the same way."""
     from e31.flows.job import JobFailedError, run_job
     from e31.specs import parse_spec
 
@@ -657,11 +658,11 @@ def test_a_link_to_a_hard_link_is_refused_too(prefect_api, scratch, tmp_path):
 
 def test_a_store_frozen_in_the_middle_of_an_upload_ends_the_return_in_bounded_time(e31, s3_server, tmp_path,
                                                                                   scratch):
-    """Found by an attack: SIGSTOP of the S3 server while a file was being
-    uploaded hung the return for 25 minutes and more (the client's write
-    blocks with no timeout of its own).  An upload that stops progressing is
-    cancelled: here within E31_STORE_READ_TIMEOUT_S (2 s) plus 20 s for the
-    20 MiB file at the slowest allowed rate (1 MiB/s)."""
+    """SIGSTOP of the S3 server while a file is being uploaded must not hang
+    the return (it hung 25 minutes and more: the client's write blocks with
+    no timeout of its own).  An upload that stops progressing is cancelled:
+    here within E31_STORE_READ_TIMEOUT_S (2 s) plus 20 s for the 20 MiB
+    file at the slowest allowed rate (1 MiB/s)."""
     from tests.conftest import S3_BUCKET, S3_KEY, S3_SECRET
     from tests.s3server import S3Server
 

@@ -1,4 +1,4 @@
-"""Guards found by a new user's trial: one run of a job at a time, a
+"""A job's run guards: one run of a job at a time, a
 command that cannot start, a destination that cannot be written, stale
 checkpoints removed and nothing else, command checkpoints and cwd."""
 
@@ -110,10 +110,10 @@ def test_fresh_start_removes_only_stale_step_folders(prefect_api, scratch, tmp_p
 
 
 def test_a_run_that_fails_staging_keeps_the_earlier_runs_checkpoints(prefect_api, scratch, tmp_path):
-    """Found by a fresh-user trial: a rerun whose input was missing deleted
-    the durable checkpoints of the last completed run before it failed.
-    They make way only once a fresh run has staged its inputs; step folders
-    without E31's marker are never removed."""
+    """A rerun whose input is missing must not delete the durable
+    checkpoints of the last completed run before it fails.  They make way
+    only once a fresh run has staged its inputs; step folders without
+    E31's marker are never removed."""
     durable = tmp_path / "out" / "checkpoints"
     for step, marker in ((3, True), (1, False)):
         (durable / f"step-{step}").mkdir(parents=True)
@@ -166,8 +166,8 @@ def test_command_checkpoints_with_an_empty_marker_and_cwd_beside_the_spec(prefec
 
 def test_expected_refusals_fail_the_flow_run_with_one_line_and_no_traceback(prefect_api, scratch, tmp_path,
                                                                             monkeypatch):
-    """Found by a fresh-user trial: a request too large for the machine
-    logged two full tracebacks in the flow run's log (the UI).  The caller
+    """A request too large for the machine must not log two full tracebacks
+    in the flow run's log (the UI).  The caller
     still gets the exception; the run fails with its one-line message."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
@@ -197,10 +197,10 @@ def test_expected_refusals_fail_the_flow_run_with_one_line_and_no_traceback(pref
 
 def test_an_input_whose_credential_is_missing_fails_with_a_manifest_saying_so(prefect_api, scratch, tmp_path,
                                                                                monkeypatch):
-    """Found by a fresh-user trial: an input credential's environment
-    variable missing on the worker left the previous run's manifest at the
-    destination as the only word; like a missing input, it now writes a
-    failed one, in partial/ (the earlier complete output stays)."""
+    """An input credential's environment variable missing on the worker
+    must not leave the previous run's manifest at the destination as the
+    only word; like a missing input, it writes a failed one, in partial/
+    (the earlier complete output stays)."""
     from e31.tasks.storage.credentials import CredentialError
 
     monkeypatch.delenv("E31_TEST_UNSET_TOKEN", raising=False)

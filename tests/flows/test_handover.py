@@ -292,11 +292,11 @@ def _cut_record(scratch: Path, job: str, run_id: str) -> Path:
 @pytest.mark.parametrize("worker_does", ["finishes", "gives-up"])
 def test_behind_a_run_killed_in_its_return_the_wait_lasts_until_its_worker_has_finished_it(
         monkeypatch, tmp_path, worker_does):
-    """Found by an attack: the run ahead's flow process killed during its
-    return ended the wait at once, and the work behind it ran beside the
-    worker's delivery of that return.  Now the wait goes on past the
-    process's end while the run ahead's cut return is pending in the node's
-    scratch, through Prefect's fresh ``Crashed`` and the worker's
+    """The run ahead's flow process killed during its return must not end
+    the wait at once, or the work behind it runs beside the worker's
+    delivery of that return.  The wait goes on past the process's end
+    while the run ahead's cut return is pending in the node's scratch,
+    through Prefect's fresh ``Crashed`` and the worker's
     ``Pending`` (``Returning``): ``finishes``, until the record is gone
     (delivered); ``gives-up``, until the worker crashed the run it could
     not finish (a ``Crashed`` older than SETTLE_S, the record kept)."""
@@ -357,13 +357,13 @@ def test_behind_a_run_killed_in_its_return_the_wait_lasts_until_its_worker_has_f
 
 def test_the_release_of_the_run_ahead_ends_the_wait_at_once_while_its_return_record_is_still_there(
         monkeypatch, tmp_path):
-    """Found by a fresh user: after every plain handover the waiting run
-    logged ``... was cut during the return of its output`` and waited on.
-    A run releases the node (removes the marker) once its output is at the
-    destination, a moment before it removes its return's pending record;
-    the wait took that record for a cut return.  Now the release ends the
-    wait at once, and only a run ahead whose process is gone (or whose
-    state is final) is checked for a cut return."""
+    """After a plain handover the waiting run must not log ``... was cut
+    during the return of its output`` and wait on.  A run releases the
+    node (removes the marker) once its output is at the destination, a
+    moment before it removes its return's pending record; the wait must
+    not take that record for a cut return.  The release ends the wait at
+    once, and only a run ahead whose process is gone (or whose state is
+    final) is checked for a cut return."""
     from e31.flows.queue.handover import release
 
     monkeypatch.setenv("E31_SCRATCH", str(tmp_path))

@@ -83,9 +83,9 @@ def test_prestart_can_be_turned_off(prefect_api, scratch, tmp_path, monkeypatch)
 
 
 def test_a_module_that_reads_its_inputs_at_import_is_loaded_again_after_the_go(prefect_api, scratch, tmp_path):
-    """Found by a review: a module reading ``E31_DATA_*`` at import failed in
-    the prestarted child (the inputs were not staged yet); it is imported
-    again once they are, and only a second failure is the job's."""
+    """A module reading ``E31_DATA_*`` at import fails in the prestarted
+    child (the inputs are not staged yet); it is imported again once they
+    are, and only a second failure is the job's."""
     (tmp_path / "in.txt").write_text("read at import")
     (tmp_path / "eager.py").write_text(textwrap.dedent("""
         import os, pathlib

@@ -18,10 +18,10 @@ def _record(exc: BaseException, message: str = "Engine execution exited with une
 
 
 def test_a_run_cancelled_as_its_flow_process_starts_ends_in_one_line_not_a_traceback():
-    """Found by an attack: a job cancelled while its flow process started
-    logged the engine's ~40-line traceback ending in ``UnfinishedRun: Run is
-    in CANCELLING state``, to the worker's output and the run's log.  Now
-    the record is one INFO line with no traceback; an E31 error's is dropped
+    """A job cancelled while its flow process starts must not log the
+    engine's ~40-line traceback ending in ``UnfinishedRun: Run is in
+    CANCELLING state`` to the worker's output and the run's log.  The
+    record is one INFO line with no traceback; an E31 error's is dropped
     (run_job said it already); any other failure keeps its traceback."""
     from prefect.exceptions import UnfinishedRun
 

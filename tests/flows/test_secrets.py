@@ -14,10 +14,10 @@ CREDENTIAL = "AKIAPLANTED0123/20261130/eu/s3/aws4_request"
 
 
 def test_a_presigned_url_failing_with_500_never_leaks_its_signature(e31, tmp_path, prefect_api, scratch):
-    """Found by trying public bug reports: the HTTP client's exception text
+    """The HTTP client's exception text
     (ClientResponseError(RequestInfo(url=URL('...X-Amz-Signature=...')))
-    put the full signature into the console, the flow run's logs, the
-    state messages and the manifest."""
+    must not put the full signature into the console, the flow run's logs,
+    the state messages or the manifest."""
     body = b"a,b\n1,2\n"
     calls = []
 

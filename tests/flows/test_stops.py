@@ -91,10 +91,10 @@ def _artifacts(run_id: str) -> dict:
 
 
 def test_cancel_of_a_local_run_ends_cancelled_with_the_manifest_in_the_ui(prefect_api, scratch, tmp_path):
-    """Found by a fresh-user trial: cancelling an `e31 run` from the UI left
-    the flow run Cancelling forever and showed no manifest artifact.  The
-    partial output comes back, e31 exits 3, the run ends Cancelled and the
-    manifest and output artifacts are there."""
+    """Cancelling an `e31 run` from the UI must not leave the flow run
+    Cancelling forever with no manifest artifact.  The partial output
+    comes back, e31 exits 3, the run ends Cancelled and the manifest and
+    output artifacts are there."""
     out = tmp_path / "out"
     proc = _start_cli(tmp_path, _spec(tmp_path, "local-cancel", limit="5m", step_s=0.1))
     _wait_for(lambda: len(_durable_steps(out)) >= 1)
@@ -151,8 +151,8 @@ def test_deadline_stops_before_it_with_the_return_reserve(prefect_api, scratch, 
 
 
 def test_a_deadline_too_close_to_start_names_its_field_and_times(prefect_api, scratch, tmp_path, monkeypatch):
-    """Found by a fresh-user trial: the refusal named request.deadline for a
-    deadline_within and gave no times.  deadline_within 20s with a 30 s
+    """The refusal names request.deadline_within (not request.deadline) for
+    a deadline_within, and gives the times.  deadline_within 20s with a 30 s
     return reserve cannot start; nothing runs, and a failed manifest (no
     files, the refusal as its message) says why at the destination, in ``partial/``."""
     import re
@@ -350,11 +350,11 @@ def test_next_attempt_kills_what_a_killed_flow_left_running(prefect_api, scratch
 
 
 def test_cancel_while_inputs_stage_keeps_the_earlier_checkpoints_and_runs_nothing(prefect_api, scratch, tmp_path):
-    """Found by a fresh-user trial: a cancel during a slow download let the
-    work start once staging ended, and the fresh run removed the earlier
-    run's durable checkpoints.  Now the download is stopped (it would take
-    30 s: 64 KiB a second), the work never starts, nothing is removed, no
-    partial copy is left, and the manifest says what happened."""
+    """A cancel during a slow download must not let the work start once
+    staging ends, nor the fresh run remove the earlier run's durable
+    checkpoints.  The download is stopped (it would take 30 s: 64 KiB a
+    second), the work never starts, nothing is removed, no partial copy is
+    left, and the manifest says what happened."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -425,9 +425,9 @@ def test_cancel_while_inputs_stage_keeps_the_earlier_checkpoints_and_runs_nothin
 
 
 def test_a_signal_after_the_output_is_returned_does_not_change_the_exit_code(prefect_api, scratch, tmp_path):
-    """Found by an attack: a SIGTERM reaching `e31 run` within about a second
-    after a completed manifest was written killed it with exit 143; so did one
-    in the interpreter's exit, where CPython resets Python signal handlers."""
+    """A SIGTERM reaching `e31 run` within about a second after a completed
+    manifest is written must not kill it with exit 143; nor may one in the
+    interpreter's exit, where CPython resets Python signal handlers."""
     out = tmp_path / "out"
     proc = _start_cli(tmp_path, _spec(tmp_path, "late-signal", n=3, step_s=0.05))
     _wait_for(lambda: final_manifest(out), timeout=120)

@@ -411,8 +411,8 @@ def test_spec_files_keep_yaml_numbers():
 
 
 def test_an_empty_override_value_is_the_empty_string_and_null_clears(tmp_path):
-    """Found by a fresh-user trial: `--set name=` said 'must be a string (got
-    None)'; it is the empty string, refused with the full rule."""
+    """`--set name=` is the empty string, refused with the full rule, not
+    'must be a string (got None)'."""
     path = write(tmp_path, MINIMAL)
     with pytest.raises(SpecError) as info:
         load_spec(path, ["name="])

@@ -300,7 +300,7 @@ CASES = [
         "data[0].urll: unknown field; did you mean 'url'?",
         "extra: unknown field; allowed fields: spec_version, name, work, data, request, output",
     ]),
-    # --- found by trying the CLI as a new user ---
+    # --- the CLI's refusals of common first mistakes ---
     ("grace-not-shorter-than-limit", doc(request="request: {limit: 10m, grace: 1h}"), [
         "request.grace: must be shorter than the time limit: the stop warning comes grace before the hard stop "
         "(got grace 1h >= limit 10m); lower grace or raise limit",
@@ -381,7 +381,7 @@ CASES = [
     ("options-not-a-mapping", doc(output="output: {kind: results, url: /o, files: [m.json], storage_options: [anon]}"), [
         "output.storage_options: must be a mapping (got ['anon'])",
     ]),
-    # --- found by a new-user trial: credentials under other names, in headers, or empty ---
+    # --- literal credentials under other names, in headers, or empty ---
     ("literal-authorization-header",
      doc(data=TRIAL_INPUTS + "  - {name: d, url: 'https://h/x.csv', storage_options: "
                              "{headers: {Authorization: 'Bearer TRIAL-secret-Zq9', Accept: text/csv}}}"), [
@@ -417,7 +417,7 @@ CASES = [
               "{headers: [[Authorization, 'Bearer k1'], [Accept, text/csv], [X-Api-Key, {env: API_KEY}]]}}]"), [
         f"data[0].storage_options.headers[0][1]: {LITERAL}",
     ]),
-    # --- found by a new-user trial: output URLs that cannot work ---
+    # --- output URLs that cannot work ---
     ("output-url-without-bucket",
      doc(output="output: {kind: results, url: 's3://', files: [m.json], checkpoint: {url: 'gs:///ck/'}}"), [
         "output.url: must name a bucket or host after 's3://' (got 's3://'); e.g. s3://my-bucket/results/NAME/",
@@ -433,7 +433,7 @@ CASES = [
         "output.url: " + GLOB.format("'s3://b/out/*'"),
         "output.checkpoint.url: " + GLOB.format("'s3://b/ck/?token=***'"),
     ]),
-    ("output-files-dot-and-inside-checkpoints",  # found by a fresh-user trial: could never complete / be replaced
+    ("output-files-dot-and-inside-checkpoints",  # such a job could never complete / its file would be replaced
      doc(output="output: {kind: results, url: /out/job/, files: ['.', checkpoints/x.pt, ./checkpoints/y.pt]}"), [
         f"output.files[0]: must name a file, not the output folder itself (got '.'); {FILES_FIX}",
         "output.files[1]: checkpoints/ in the output holds E31's durable checkpoints, which are replaced as a run goes "

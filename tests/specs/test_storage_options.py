@@ -86,7 +86,7 @@ def test_python_validation_error_does_not_echo_the_literal():
     ("credential", True), ("private-key", True), ("PWD", True), ("auth", True), ("Authorization", True),
     ("cookies", True), ("headers", False), ("sse_kms_key_id", False), ("requester_pays", False),
     ("default_block_size", False), ("version_aware", False), ("has_assets", False), ("keys", False),
-    # found by a fresh-user trial: SSH/SFTP and token names; paths to credential files are not credentials
+    # SSH/SFTP and token names are credentials; paths to credential files are not
     ("passphrase", True), ("pkey", True), ("bearer", True), ("bearer_token", True), ("jwt", True),
     ("token_file", False), ("key_file", False), ("credentials_path", False), ("private_key_filename", False),
 ])

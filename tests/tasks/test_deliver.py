@@ -52,8 +52,8 @@ def test_completed_run_is_never_downgraded(tmp_path):
 def test_a_later_attempt_of_the_same_run_replaces_its_completed_output_whole(tmp_path):
     """A run queued again after its node was lost runs under the same flow
     run id: each attempt's manifest names it, and a completed output is
-    kept against the same attempt only (before, the later attempt's return
-    was skipped and its output thrown away: found by an attack)."""
+    kept against the same attempt only (guards against the later attempt's
+    return being skipped and its output thrown away)."""
     import dataclasses
 
     out = tmp_path / "scratch-out"

@@ -17,8 +17,8 @@ from e31.tasks.storage.listing import UNKNOWN_SIZE, list_input
 
 
 def test_an_existing_file_whose_name_looks_like_a_pattern_is_that_file(tmp_path):
-    """Found by trying fsspec's bug reports: data/run[1].csv was taken as a
-    pattern, and with run1.csv beside it the other file was staged."""
+    """data/run[1].csv, an existing file, is not taken as a pattern (with
+    run1.csv beside it, the other file was staged)."""
     (tmp_path / "run[1].csv").write_text("the literal one\n")
     (tmp_path / "run1.csv").write_text("the pattern's match\n")
     listing = list_input(str(tmp_path / "run[1].csv"))
@@ -30,8 +30,8 @@ def test_an_existing_file_whose_name_looks_like_a_pattern_is_that_file(tmp_path)
 
 
 def test_s3_folder_markers_are_folders(s3_server, s3_prefix, tmp_path):
-    """Found by trying s3fs's bug reports: zero-byte keys ending in '/' were
-    listed as files and staging failed with 'day1/: missing after the copy'."""
+    """Zero-byte keys ending in '/' are folders, not files (listed as files,
+    staging failed with 'day1/: missing after the copy')."""
     fs = s3_server.filesystem()
     root = s3_prefix.removeprefix("s3://") + "frames"
     fs.pipe({f"{root}/": b"", f"{root}/day1/": b"", f"{root}/day1/a.txt": b"a", f"{root}/empty/": b"",
@@ -88,8 +88,8 @@ def odd_http():
 
 @pytest.mark.parametrize("path", ["/chunked.csv", "/gzip.csv"])
 def test_a_source_of_unknown_size_is_streamed_and_checked_by_its_sha256(odd_http, tmp_path, path):
-    """Found by trying fsspec's bug reports: such sources were listed as 0 B
-    and failed with '64273 bytes copied, the source has 0 (3 attempts)'."""
+    """Such sources are not listed as 0 B (guards against '64273 bytes
+    copied, the source has 0 (3 attempts)')."""
     listing = list_input(odd_http + path)
     assert listing.size_unknown and listing.entries[0].size == UNKNOWN_SIZE
     item = DataInput(name="table", url=odd_http + path, sha256=hashlib.sha256(BODY).hexdigest())
@@ -103,11 +103,10 @@ def test_a_source_of_unknown_size_is_streamed_and_checked_by_its_sha256(odd_http
 
 
 def test_every_s3_read_of_a_staged_object_is_pinned_to_its_listed_version(s3_server, s3_prefix, tmp_path):
-    """Found by trying s3fs's bug reports: an object replaced v1 -> v2 -> v1
-    while its download resumed with a Range request was staged as a splice.
-    Every GET of an object being staged carries If-Match with the ETag it
-    was listed with: another version answers 412 and is listed and copied
-    again, whole."""
+    """An object replaced v1 -> v2 -> v1 while its download resumes with a
+    Range request must not be staged as a splice.  Every GET of an object
+    being staged carries If-Match with the ETag it was listed with: another
+    version answers 412 and is listed and copied again, whole."""
     from e31.tasks import storage
     from e31.tasks.storage import s3session
 
@@ -127,8 +126,8 @@ def test_every_s3_read_of_a_staged_object_is_pinned_to_its_listed_version(s3_ser
 
 @pytest.mark.parametrize("kind", ["file", "glob", "folder of one"])
 def test_a_file_added_to_any_staged_input_means_staging_it_again(tmp_path, kind):
-    """Found by an attack: a file the work added to a staged glob input or a
-    one-file folder input was reused by the next run."""
+    """A file the work adds to a staged glob input or a one-file folder
+    input means the input is staged again, not reused by the next run."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.csv").write_text("a\n")

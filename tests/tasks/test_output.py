@@ -89,9 +89,9 @@ def test_tail_reads_only_the_end_of_a_big_file(tmp_path):
 
 
 def test_the_working_folder_is_not_taken_for_a_secret(monkeypatch):
-    """Found by a fresh-user trial: PWD looked like a credential (its name
-    matches the "pwd" of password), so every path under the working folder
-    was shown as ***."""
+    """PWD is not taken for a credential: its name matches the "pwd" of
+    password, and without this guard every path under the working folder
+    is shown as ***."""
     from e31.tasks.storage import scrub
 
     monkeypatch.setenv("PWD", "/work/projects/e31")

@@ -10,8 +10,8 @@ from e31.tasks.supervisor import progress
 
 
 def test_the_final_report_is_logged_once(tmp_path, monkeypatch, caplog):
-    """Found by a fresh-user trial: the last progress line appeared twice
-    (once when seen, again at the final poll)."""
+    """The last progress line is logged once, not twice (once when seen,
+    again at the final poll)."""
     logger = logging.getLogger("e31-test-progress")
     monkeypatch.setattr(progress, "get_run_logger", lambda: logger)
     monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: False, raising=False)

@@ -568,7 +568,7 @@ def test_an_unchanged_local_folder_is_reused_from_two_scans_without_a_listing(tm
                                                                                                 "kind")}))
     assert quick_reuse(item, data) is None  # a record written before the scans were kept: listed as before
 
-    empty = tmp_path / "empty"  # found by an attack: an empty folder, then a file at its path
+    empty = tmp_path / "empty"  # an empty folder, then a file at its path: not reused
     empty.mkdir()
     hollow = DataInput(name="e", url=str(empty))
     assert stage_input(hollow, data, preflight([hollow], data)["e"]).copied is True
@@ -581,8 +581,9 @@ def test_an_unchanged_local_folder_is_reused_from_two_scans_without_a_listing(tm
 
 
 def test_a_local_file_rewritten_with_its_size_and_mtime_put_back_is_copied_again(tmp_path):
-    """Found by an attack: a single local file (and a glob's files) were
-    cached on size and mtime only; its ctime and inode now count too."""
+    """A single local file (and a glob's files) is not reused on size and
+    mtime alone: its ctime and inode count too (a rewrite that put both
+    back was taken as unchanged)."""
     src = tmp_path / "one.bin"
     src.write_bytes(b"0123456789")
     item, data = DataInput(name="one", url=str(src)), tmp_path / "data"
@@ -663,9 +664,9 @@ def test_missing_http_input_is_not_retried(http_store, tmp_path, prefect_api):
 
 
 def test_http_refusals_are_not_reported_as_missing(http_store, tmp_path):
-    """Found by a fresh-user trial: a wrong token (HTTP 401) read 'not
-    found'.  fsspec raises FileNotFoundError for any failed request; the
-    status it chains is said instead."""
+    """A wrong token (HTTP 401) must not read 'not found'.  fsspec raises
+    FileNotFoundError for any failed request; the status it chains is said
+    instead."""
     http_store.statuses.update({"/private.bin": 401, "/forbidden.bin": 403, "/broken.bin": 500})
     cases = {
         "/private.bin": "the server refused access (HTTP 401 Unauthorized); check the credentials in "
@@ -684,9 +685,9 @@ def test_http_refusals_are_not_reported_as_missing(http_store, tmp_path):
 
 
 def test_a_download_refused_after_the_preflight_fails_once_and_says_why(http_store, tmp_path, prefect_api):
-    """Found by a fresh-user trial: HEAD answered 200 and GET 401; the raw
-    client error was retried and surfaced as a traceback-like line.  A
-    refusal that retrying cannot change fails the stage at once, named."""
+    """HEAD answers 200 and GET 401: the raw client error must not be
+    retried and surfaced as a traceback-like line.  A refusal that
+    retrying cannot change fails the stage at once, named."""
 
     http_store.files["/a.txt"] = (b"secret table", None)
     http_store.get_statuses["/a.txt"] = 401

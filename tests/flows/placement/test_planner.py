@@ -264,9 +264,9 @@ def test_the_planned_node_is_read_back_from_the_placement_record_not_the_reason(
 
 
 def test_a_short_resource_is_named_on_the_node_the_job_is_planned_on_when_as_much_is_free_there():
-    """Found by a fresh user: both nodes full, the reason said ``(0 free on
-    n1)`` and then ``earliest start ... on n2``; with as much free on the
-    node it is planned on, that node is named.  A node with more free is
+    """Both nodes full, the reason must not say ``(0 free on n1)`` and then
+    ``earliest start ... on n2``: with as much free on the node it is
+    planned on, that node is named.  A node with more free is
     still named (what is short is judged on the most free)."""
     nodes = [node("n1"), node("n2")]
     busy = [running("a", "n1", range(8), 5), running("b", "n2", range(8), 2)]
@@ -291,8 +291,8 @@ def test_a_job_asking_for_no_gpu_goes_to_a_node_without_gpus_when_one_starts_it_
 
 
 def test_a_deadline_keeps_the_return_reserve_before_it():
-    """Found by a fresh user: a job planned to end 2 s before its deadline was placed, and its run refused at its
-    start, since the work must stop the return reserve (30 s) before the deadline.  The planner now plans the work
+    """A job planned to end 2 s before its deadline must not be placed only for its run to be refused at its
+    start, since the work must stop the return reserve (30 s) before the deadline.  The planner plans the work
     to end by then: refused when it cannot, at risk when it would not, and promoted to meet it."""
     from dataclasses import replace
 
@@ -310,8 +310,8 @@ def test_a_deadline_keeps_the_return_reserve_before_it():
     (p,) = plan([node("n1")], busy, [fits], T0)
     assert p.action == "wait" and p.reason.endswith("; ends 01:00:20 UTC, within the 30 s before its deadline "
                                                     "01:00:40 UTC kept to return its output: at risk"), p.reason
-    # queued since 00:00 and not started by 00:00:30: its work would end within the reserve (an attack: this said
-    # "after its deadline" for an end before it)
+    # queued since 00:00 and not started by 00:00:30: its work would end within the reserve (not "after its
+    # deadline" for an end before it)
     (p,) = plan([node("n1")], [], [fits], T0 + 30)
     assert (p.action, p.reason) == ("refuse", "deadline became infeasible while queued: started now (00:00:30 UTC) "
                                               "it would end 01:00:30 UTC, within the 30 s before its deadline "
@@ -319,8 +319,8 @@ def test_a_deadline_keeps_the_return_reserve_before_it():
 
 
 def test_a_job_asking_for_no_gpu_prefers_a_free_cpu_node_to_a_gap_on_a_busy_gpu_node():
-    """Found by an attack: a short CPU job fit beside a long GPU job on the GPU node (it pushed back that node's
-    free time by nothing) and went there, while the CPU node stood free."""
+    """A short CPU job that fits beside a long GPU job on the GPU node (it pushes back that node's free time by
+    nothing) must not go there while the CPU node stands free."""
     nodes = [node("g", gpus=4, cpus=2, memory_gib=8), node("c", gpus=0, cpus=2, memory_gib=8)]
     busy = [running("long", "g", [0], 1, cpus=1)]
     got = table(plan(nodes, busy, [queued("cpu", 0, 20 / H, cpus=1)], T0))
