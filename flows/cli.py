@@ -114,9 +114,10 @@ def cmd_validate(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> i
     note saying what ``e31 run`` would refuse here and how to check it against a pool."""
     from e31.flows.admission import AdmissionError, check_fits
     from e31.flows.compile import compile_plan
+    from e31.specs.preemption import preemption_notes
 
     print(_summary(spec))
-    for note in notes:
+    for note in notes + preemption_notes(spec):
         print(f"note: {note}")
     try:
         check_fits(compile_plan(spec))

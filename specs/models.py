@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Literal
 
-from pydantic import Field, StrictInt, ValidationError, field_validator
+from pydantic import Field, StrictBool, StrictInt, ValidationError, field_validator
 
 from .base import RuleError, SpecModel, spec_error
 from .deadlines import DeadlineAt
@@ -152,6 +152,9 @@ class RequestSpec(SpecModel):
         timedelta(seconds=10), description="Time between the stop warning (SIGTERM) and the hard kill, e.g. 10s."
     )
     retries: StrictInt = Field(0, ge=0, le=100, description="How many times a failed run is retried.")
+    preemptible: StrictBool | None = Field(None, description=(
+        "May a queue stop it for a job with priority over it (it returns a partial output, waits again and resumes "
+        "from its newest checkpoint). Default: true with output.checkpoint.every/every_steps and no deadline."))
 
     @classmethod
     def _rules(cls, data: Mapping[str, Any]) -> list[RuleError]:

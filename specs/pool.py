@@ -5,6 +5,7 @@
     nodes:
       - {name: a100, count: 125, gpus: 8, gpu_type: A100, cpus: 64, memory: 512GiB}
       - {name: cpu-big, cpus: 192, memory: 1.5TiB}
+    preemption: {min_run: 10m, max_per_day: 4}   # optional
 
 A node line with ``count: N`` (N > 1) stands for N identical nodes named
 ``NAME-1`` ... ``NAME-N``; with ``count: 1`` (the default) the node is named
@@ -16,17 +17,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, StrictInt, WithJsonSchema
 
 from .base import RuleError, SpecModel, spec_error
 from .errors import DOCUMENT, Problem, SpecError, short_repr
-from .fields import SAFE_NAME, GpuType, JobName, Memory, valid_job_name
+from .fields import SAFE_NAME, Duration, GpuType, JobName, Memory, valid_job_name
 from .friendly import Vocabulary, register_document
 from .loader import _parse_text, _read
 
-__all__ = ["MAX_NODES", "NodeSpec", "PoolSpec", "load_pool", "parse_pool", "pool_json_schema"]
+__all__ = ["MAX_NODES", "NodeSpec", "PoolSpec", "PreemptionPolicy", "load_pool", "parse_pool", "pool_json_schema"]
 
 #: Most nodes a pool may declare once ``count`` is expanded.
 MAX_NODES = 100_000
@@ -78,6 +80,22 @@ class NodeSpec(SpecModel):
         return [f"{self.name}-{i}" for i in range(1, self.count + 1)]
 
 
+class PreemptionPolicy(SpecModel):
+    """How a pool's queue may preempt jobs (``request.preemptible``) for jobs with priority over them.
+
+    ``min_run`` (a duration, default 10 minutes): a job is never preempted before it has run this long
+    in its current run, so that jobs do not thrash (Slurm's ``PreemptExemptTime`` plays the same part).
+    ``max_per_day`` (default none): at most this many preemptions of one job in any 24 hours; once
+    reached, the job runs on unpreempted.  Raises (on validation) :class:`SpecError`: a negative or
+    unreadable duration, a negative count.
+    """
+
+    min_run: Duration = Field(timedelta(minutes=10), description=(
+        "A job is not preempted before it has run this long in its current run, e.g. 10m."))
+    max_per_day: StrictInt | None = Field(None, ge=0, le=10_000, description=(
+        "At most this many preemptions of one job in any 24 hours (none: no cap)."))
+
+
 class PoolSpec(SpecModel):
     """A pool of nodes (see the module docstring for the ``count`` naming).
 
@@ -89,6 +107,8 @@ class PoolSpec(SpecModel):
     pool_version: Literal[1] = Field(1, description="Pool format version; 1.")
     name: JobName = Field("pool", description="Pool name: 1-63 letters, digits, '.', '_', '-'.")
     nodes: list[NodeSpec] = Field(min_length=1, description="Node lines; each may stand for several identical nodes.")
+    preemption: PreemptionPolicy = Field(default_factory=PreemptionPolicy, title="Preemption", description=(
+        "When a job that may be preempted (request.preemptible) gives way to one with priority over it."))
 
     @classmethod
     def _rules(cls, data: Mapping[str, Any]) -> list[RuleError]:
@@ -123,12 +143,12 @@ class PoolSpec(SpecModel):
 
 
 _POOL_WORDS = Vocabulary(
-    models={(): PoolSpec, ("nodes",): NodeSpec},
+    models={(): PoolSpec, ("nodes",): NodeSpec, ("preemption",): PreemptionPolicy},
     add={("nodes",): "add e.g. nodes: [{name: gpu, count: 4, gpus: 8, cpus: 64, memory: 512GiB}]",
          ("nodes", "name"): "add e.g. name: gpu",
          ("nodes", "cpus"): "add e.g. cpus: 64",
          ("nodes", "memory"): "add e.g. memory: 512GiB"},
-    mapping_of={(): "pool_version, name, nodes", ("nodes",): "name, count, gpus, gpu_type, cpus, memory, "
+    mapping_of={(): "pool_version, name, nodes, preemption", ("preemption",): "min_run, max_per_day", ("nodes",): "name, count, gpus, gpu_type, cpus, memory, "
                                                                 "scratch_budget"},
 )
 

@@ -73,6 +73,7 @@ def test_example_json_round_trip():
     assert dumped["request"] == {
         "gpus": 0, "gpu_type": None, "cpus": 1, "memory": 2147483648, "duration": dumped["request"]["duration"],
         "limit": "PT10M", "deadline": None, "deadline_within": None, "deadline_at": None, "grace": "PT10S", "retries": 0,
+        "preemptible": None,
     }
     assert parse_duration(dumped["request"]["duration"]) == example_duration()
     assert JobSpec.model_validate(dumped) == spec
