@@ -56,7 +56,14 @@ class RunningJob:
     planning runtime); once that has passed, a new guess no later than its hard
     stop (start + staging + limit; :func:`.simulate.overrun` is the simulator's
     rule).  The planner treats an end at or before ``now`` as ``now + 1`` s: the
-    job still holds its resources."""
+    job still holds its resources.
+
+    For preemption (:mod:`.preemption`): ``preemptible`` (the job's
+    ``request.preemptible``), ``checkpoint_at`` (when its newest durable
+    checkpoint was committed, Unix seconds; None: none yet, a preemption loses
+    everything since ``start``), ``priority`` (higher is more important; equal
+    for every job until tenants bring priorities), ``preemptions`` (when it was
+    preempted before, Unix seconds, for the pool's ``max_per_day``)."""
 
     id: str
     node: str
@@ -65,6 +72,10 @@ class RunningJob:
     memory: int
     start: float
     expected_end: float
+    preemptible: bool = False
+    checkpoint_at: float | None = None
+    priority: int = 0
+    preemptions: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,151 @@
+"""Which running jobs give way when a job with priority over them must start now (pure, no IO).
+
+A job may be preempted when it declared so (``request.preemptible``), has run at least the pool's
+``min_run`` in its current run (Slurm's ``PreemptExemptTime`` has the same purpose: nothing
+thrashes), and has been preempted fewer than ``max_per_day`` times in the last 24 hours.  A
+preemption stops the victim like any other stop: it commits its newest checkpoint, returns its
+output marked partial and waits again; what it loses is the work since its newest durable
+checkpoint.
+
+:func:`choose_victims` picks, for one job that must start now and fits nowhere as things stand,
+the node and the set of victims to stop there:
+
+1. the least work lost (resource-seconds since each victim's newest durable checkpoint, summed);
+2. then the lowest priority (the most important victim of the set is as unimportant as can be);
+3. then the fewest victims;
+4. then the node that comes first in the pool, then victim ids (a stable answer from tick to tick).
+
+Only minimal sets are chosen (no victim could be left running and the job still fit).  Batch
+schedulers order victims much the same way: PBS Professional's documentation has the scheduler take
+jobs of the lowest preemption level, the most recently started first, and Kueue sorts candidates by
+lower priority, then the most recently admitted.  Both use the start time as a stand-in for the work
+a victim loses; E31's checkpoints make that loss known, so it comes first here.  Nothing is preempted for a job that fits on some node
+without it: the caller asks only for a job that must start now (a reservation's start has come, a
+deadline would be missed) and this function checks the "without it" half.
+
+Cost: at most :data:`MAX_CANDIDATES` candidates per node are considered (those losing the least),
+so one node costs at most ``2**MAX_CANDIDATES`` fit checks, and a node whose free capacity plus all
+its candidates' cannot hold the job is skipped after one sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import combinations
+
+from .model import Node, RunningJob
+
+__all__ = ["DAY_S", "MAX_CANDIDATES", "Need", "Preemption", "PreemptionRules", "choose_victims", "lost_work",
+           "may_preempt"]
+
+#: The window of ``max_per_day``, seconds.
+DAY_S = 86_400.0
+#: Most running jobs of one node considered as victims (those whose preemption loses the least).
+MAX_CANDIDATES = 10
+
+
+@dataclass(frozen=True)
+class PreemptionRules:
+    """The pool's ``preemption:`` options in seconds: ``min_run_s`` (default 600) and ``max_per_day``
+    (None: no cap)."""
+
+    min_run_s: float = 600.0
+    max_per_day: int | None = None
+
+
+@dataclass(frozen=True)
+class Need:
+    """What the job that must start asks for: ``gpus``, ``cpus``, ``memory`` (BYTES, 0: not stated) and
+    ``gpu_type`` (case-insensitive, None: any node)."""
+
+    gpus: int
+    cpus: int
+    memory: int
+    gpu_type: str | None = None
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """The answer: stop ``victims`` (running job ids, least loss first) on ``node``; the job then gets
+    ``devices`` (the lowest-numbered devices free once they are gone).  ``lost`` is the work the victims
+    redo, resource-seconds (:func:`lost_work`, summed)."""
+
+    node: str
+    victims: tuple[str, ...]
+    devices: tuple[int, ...]
+    lost: float
+
+
+def lost_work(job: RunningJob, now: float) -> float:
+    """Resource-seconds a preemption of ``job`` at ``now`` (Unix seconds) throws away: the seconds since
+    its newest durable checkpoint (since its start when it has none) times the GPUs it holds, or its CPUs
+    when it holds no GPU."""
+    since = max(job.start, job.checkpoint_at) if job.checkpoint_at is not None else job.start
+    return max(now - since, 0.0) * (len(job.devices) or job.cpus)
+
+
+def may_preempt(job: RunningJob, now: float, rules: PreemptionRules) -> bool:
+    """Whether ``job`` may be a victim at ``now``: preemptible, run at least ``rules.min_run_s`` seconds,
+    and preempted fewer than ``rules.max_per_day`` times in the last :data:`DAY_S` seconds."""
+    if not job.preemptible or now - job.start < rules.min_run_s:
+        return False
+    if rules.max_per_day is None:
+        return True
+    return sum(1 for t in job.preemptions if now - DAY_S < t <= now) < rules.max_per_day
+
+
+def _fits(node: Node, need: Need, held: Sequence[RunningJob]) -> tuple[int, ...] | None:
+    """The devices ``need`` gets on ``node`` beside the jobs ``held`` (lowest numbers), or None when it
+    does not fit."""
+    busy = {d for job in held for d in job.devices}
+    free = [d for d in range(node.gpus) if d not in busy]
+    if len(free) < need.gpus or node.cpus - sum(j.cpus for j in held) < need.cpus:
+        return None
+    if node.memory - sum(j.memory for j in held) < need.memory:
+        return None
+    return tuple(free[:need.gpus])
+
+
+def _eligible(node: Node, need: Need) -> bool:
+    if need.gpu_type is not None and (node.gpu_type or "").lower() != need.gpu_type.lower():
+        return False
+    return node.gpus >= need.gpus and node.cpus >= need.cpus and node.memory >= need.memory
+
+
+def choose_victims(need: Need, nodes: Sequence[Node], running: Sequence[RunningJob], now: float,
+                   rules: PreemptionRules) -> Preemption | None:
+    """The preemption that lets a job asking for ``need`` start at ``now`` (Unix seconds), chosen by the
+    order in the module docstring, or None: the job fits on some node without one, or no allowed set of
+    victims (:func:`may_preempt`) makes room on any node of the job's GPU type."""
+    by_node: dict[str, list[RunningJob]] = {}
+    for job in running:
+        by_node.setdefault(job.node, []).append(job)
+    usable = [(i, node) for i, node in enumerate(nodes) if _eligible(node, need)]
+    if any(_fits(node, need, by_node.get(node.name, [])) is not None for _, node in usable):
+        return None  # it can start as early without a preemption
+    best: tuple | None = None
+    answer: Preemption | None = None
+    for index, node in usable:
+        here = by_node.get(node.name, [])
+        candidates = sorted((j for j in here if may_preempt(j, now, rules)),
+                            key=lambda j: (lost_work(j, now), j.priority, j.id))[:MAX_CANDIDATES]
+        if _fits(node, need, [j for j in here if j not in candidates]) is None:
+            continue  # even stopping every candidate leaves too little
+        fitting: list[frozenset[str]] = []
+        for size in range(1, len(candidates) + 1):
+            for chosen in combinations(candidates, size):
+                ids = frozenset(j.id for j in chosen)
+                if any(smaller <= ids for smaller in fitting):
+                    continue  # not minimal: a subset of it already makes room
+                devices = _fits(node, need, [j for j in here if j.id not in ids])
+                if devices is None:
+                    continue
+                fitting.append(ids)
+                lost = sum(lost_work(j, now) for j in chosen)
+                key = (lost, max(j.priority for j in chosen), size, index, sorted(ids))
+                if best is None or key < best:
+                    best = key
+                    order = sorted(chosen, key=lambda j: (lost_work(j, now), j.priority, j.id))
+                    answer = Preemption(node.name, tuple(j.id for j in order), devices, lost)
+    return answer

@@ -1,0 +1,166 @@
+"""Issue 36 item 2, the choice of victims (flows/placement/preemption.py): exact answers on small
+pools, and properties on random ones (hypothesis) checked against a brute-force search."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from e31.flows.placement.model import Node, RunningJob
+from e31.flows.placement.preemption import (DAY_S, Need, PreemptionRules, choose_victims, lost_work,
+                                            may_preempt)
+
+GIB = 1024**3
+NOW = 1_000_000.0
+RULES = PreemptionRules(min_run_s=600.0, max_per_day=2)
+
+
+def running(id_, node, devices, *, start=NOW - 3600, checkpoint_at=None, preemptible=True, priority=0, cpus=1,
+            memory=GIB, preemptions=()):
+    return RunningJob(id_, node, tuple(devices), cpus, memory, start, NOW + 3600, preemptible=preemptible,
+                      checkpoint_at=checkpoint_at, priority=priority, preemptions=tuple(preemptions))
+
+
+GPU8 = Node("g1", 8, 64, 512 * GIB, "H100")
+
+
+def test_the_victim_losing_least_since_its_checkpoint_gives_way():
+    jobs = [running("fresh-ckpt", "g1", range(0, 4), checkpoint_at=NOW - 60),   # loses 4 GPUs x 60 s
+            running("old-ckpt", "g1", range(4, 8), checkpoint_at=NOW - 1800)]   # loses 4 GPUs x 1800 s
+    got = choose_victims(Need(4, 1, GIB), [GPU8], jobs, NOW, RULES)
+    assert got is not None
+    assert (got.node, got.victims, got.devices, got.lost) == ("g1", ("fresh-ckpt",), (0, 1, 2, 3), 240.0)
+
+
+def test_one_victim_that_loses_less_beats_two_smaller_ones():
+    jobs = [running("a", "g1", [0, 1], checkpoint_at=NOW - 100),       # 200
+            running("b", "g1", [2, 3], checkpoint_at=NOW - 100),       # 200
+            running("c", "g1", [4, 5, 6, 7], checkpoint_at=NOW - 90)]  # 360 < 400
+    got = choose_victims(Need(4, 1, 0), [GPU8], jobs, NOW, RULES)
+    assert (got.victims, got.devices, got.lost) == (("c",), (4, 5, 6, 7), 360.0)
+
+
+def test_equal_loss_goes_to_the_lower_priority_then_the_fewest_victims():
+    jobs = [running("important", "g1", range(0, 4), checkpoint_at=NOW - 100, priority=5),
+            running("minor", "g1", range(4, 8), checkpoint_at=NOW - 100, priority=1)]
+    assert choose_victims(Need(4, 1, 0), [GPU8], jobs, NOW, RULES).victims == ("minor",)
+
+
+def test_never_a_non_preemptible_job_one_under_its_minimum_run_or_one_at_its_daily_cap():
+    jobs = [running("pinned", "g1", range(0, 4), preemptible=False, checkpoint_at=NOW - 1),
+            running("young", "g1", range(4, 6), start=NOW - 599),
+            running("capped", "g1", range(6, 8), preemptions=(NOW - 100, NOW - DAY_S + 10))]
+    assert [may_preempt(j, NOW, RULES) for j in jobs] == [False, False, False]
+    assert choose_victims(Need(2, 1, 0), [GPU8], jobs, NOW, RULES) is None
+    # a preemption older than a day no longer counts; at 600 s the minimum run is met
+    older = running("capped", "g1", range(6, 8), preemptions=(NOW - 100, NOW - DAY_S))
+    assert may_preempt(older, NOW, RULES) and may_preempt(running("y", "g1", [4], start=NOW - 600), NOW, RULES)
+    assert choose_victims(Need(2, 1, 0), [GPU8], [*jobs[:2], older], NOW, RULES).victims == ("capped",)
+
+
+def test_nothing_is_preempted_for_a_job_that_fits_somewhere_now():
+    other = Node("g2", 8, 64, 512 * GIB, "H100")
+    jobs = [running("a", "g1", range(0, 8))]
+    assert choose_victims(Need(8, 1, 0), [GPU8, other], jobs, NOW, RULES) is None
+    # a node of another GPU type does not count as room
+    t4 = Node("t4", 8, 64, 512 * GIB, "T4")
+    got = choose_victims(Need(8, 1, 0, "h100"), [GPU8, t4], jobs, NOW, RULES)
+    assert (got.node, got.victims) == ("g1", ("a",))
+
+
+def test_cpus_and_memory_count_as_well_as_devices():
+    cpu = Node("c1", 0, 8, 16 * GIB)
+    jobs = [running("small", "c1", [], cpus=2, memory=12 * GIB, checkpoint_at=NOW - 10),
+            running("wide", "c1", [], cpus=6, memory=1 * GIB, checkpoint_at=NOW - 20)]
+    assert choose_victims(Need(0, 2, 8 * GIB), [cpu], jobs, NOW, RULES).victims == ("small",)  # memory
+    assert choose_victims(Need(0, 6, 0), [cpu], jobs, NOW, RULES).victims == ("wide",)  # cpus: small's 2 are too few
+    assert lost_work(jobs[0], NOW) == 20.0 and lost_work(jobs[1], NOW) == 120.0  # CPU-seconds without GPUs
+
+
+# -- properties --------------------------------------------------------------------------------------
+
+@st.composite
+def pools(draw):
+    """Busy pools: nodes mostly full, most running jobs preemptible and past their minimum run, so that
+    the job asking for room fits nowhere as things stand and some victim sets make room."""
+    nodes = [Node(f"n{i}", draw(st.integers(0, 4)), draw(st.integers(1, 8)), draw(st.integers(1, 8)) * GIB,
+                  draw(st.sampled_from([None, None, "a"]))) for i in range(draw(st.integers(1, 3)))]
+    jobs = []
+    for node in nodes:
+        free = list(range(node.gpus))
+        cpus, memory = node.cpus, node.memory
+        for k in range(draw(st.integers(0, 5))):
+            take = draw(st.integers(0, len(free)))
+            c = draw(st.integers(0, cpus))
+            m = draw(st.integers(0, memory // GIB)) * GIB
+            if take == 0 and c == 0:
+                continue
+            devices, free = free[:take], free[take:]
+            cpus, memory = cpus - c, memory - m
+            jobs.append(running(f"{node.name}-j{k}", node.name, devices, cpus=c, memory=m,
+                                start=NOW - draw(st.sampled_from([100, 700, 5000, 5000])),
+                                checkpoint_at=draw(st.sampled_from([None, NOW - 50, NOW - 400])),
+                                preemptible=draw(st.sampled_from([True, True, True, False])),
+                                priority=draw(st.integers(0, 2)),
+                                preemptions=draw(st.sampled_from([(), (), (NOW - 10,), (NOW - 10, NOW - 20)]))))
+    biggest = max(nodes, key=lambda n: n.gpus)
+    need = Need(draw(st.integers(0, biggest.gpus)), draw(st.integers(1, biggest.cpus)),
+                draw(st.integers(0, biggest.memory // GIB)) * GIB, draw(st.sampled_from([None, None, "a"])))
+    return nodes, jobs, need
+
+
+def _fits(node, need, held):
+    busy = {d for j in held for d in j.devices}
+    return (node.gpus - len(busy) >= need.gpus and node.cpus - sum(j.cpus for j in held) >= need.cpus
+            and node.memory - sum(j.memory for j in held) >= need.memory)
+
+
+def _eligible(node, need):
+    return need.gpu_type is None or (node.gpu_type or "").lower() == need.gpu_type.lower()
+
+
+def _brute(nodes, jobs, need):
+    """Every minimal allowed victim set on every eligible node, with its key."""
+    found = []
+    for index, node in enumerate(nodes):
+        if not _eligible(node, need):
+            continue
+        here = [j for j in jobs if j.node == node.name]
+        allowed = [j for j in here if may_preempt(j, NOW, RULES)]
+        for size in range(1, len(allowed) + 1):
+            for chosen in combinations(allowed, size):
+                ids = {j.id for j in chosen}
+                if not _fits(node, need, [j for j in here if j.id not in ids]):
+                    continue
+                if any(_fits(node, need, [j for j in here if j.id not in ids - {v}]) for v in ids):
+                    continue  # not minimal
+                key = (sum(lost_work(j, NOW) for j in chosen), max(j.priority for j in chosen), size, index,
+                       sorted(ids))
+                found.append((key, node.name, ids))
+    return found
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pools())
+def test_the_choice_is_allowed_sufficient_minimal_and_the_best_there_is(case):
+    nodes, jobs, need = case
+    got = choose_victims(need, nodes, jobs, NOW, RULES)
+    fits_now = any(_eligible(n, need) and _fits(n, need, [j for j in jobs if j.node == n.name]) for n in nodes)
+    found = _brute(nodes, jobs, need)
+    if fits_now or not found:
+        assert got is None  # nothing for a job that can start without it; nothing when no set makes room
+        return
+    assert got is not None
+    by_id = {j.id: j for j in jobs}
+    node = next(n for n in nodes if n.name == got.node)
+    victims = [by_id[v] for v in got.victims]
+    assert all(v.node == got.node and may_preempt(v, NOW, RULES) for v in victims)  # allowed
+    rest = [j for j in jobs if j.node == got.node and j.id not in got.victims]
+    assert _fits(node, need, rest)  # sufficient
+    assert len(got.devices) == need.gpus and not set(got.devices) & {d for j in rest for d in j.devices}
+    assert all(not _fits(node, need, rest + [v]) for v in victims)  # minimal: none could stay
+    assert got.lost == sum(lost_work(v, NOW) for v in victims)
+    best = min(found)
+    assert (best[1], best[2]) == (got.node, set(got.victims))  # the best by the documented order
