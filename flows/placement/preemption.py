@@ -34,10 +34,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
-from .model import Node, RunningJob
+from .model import Node, Placement, QueuedJob, RunningJob
 
-__all__ = ["DAY_S", "MAX_CANDIDATES", "Need", "Preemption", "PreemptionRules", "choose_victims", "lost_work",
-           "may_preempt"]
+__all__ = ["DAY_S", "MAX_CANDIDATES", "Need", "PlannedPreemption", "Preemption", "PreemptionRules", "choose_victims",
+           "deadline_at_risk", "lost_work", "may_preempt", "plan_preemptions"]
 
 #: The window of ``max_per_day``, seconds.
 DAY_S = 86_400.0
@@ -149,3 +149,50 @@ def choose_victims(need: Need, nodes: Sequence[Node], running: Sequence[RunningJ
                     order = sorted(chosen, key=lambda j: (lost_work(j, now), j.priority, j.id))
                     answer = Preemption(node.name, tuple(j.id for j in order), devices, lost)
     return answer
+
+
+@dataclass(frozen=True)
+class PlannedPreemption:
+    """One preemption a plan calls for: ``job`` (the queued job that gets the room) and ``preemption``
+    (where, whom, which devices)."""
+
+    job: str
+    preemption: Preemption
+
+
+def deadline_at_risk(job: QueuedJob, placement: Placement, now: float) -> bool:
+    """True when ``placement`` (the plan's answer for ``job``) starts it too late for its deadline: its
+    planned start plus its work time (:attr:`.model.QueuedJob.work_s`) passes its work deadline."""
+    by = job.work_deadline
+    start = placement.start if placement.start is not None else now
+    return placement.action == "wait" and by is not None and start + job.work_s > by
+
+
+def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[QueuedJob],
+                     placements: Sequence[Placement], now: float,
+                     rules: PreemptionRules) -> list[PlannedPreemption]:
+    """The preemptions that let the plan's deadline jobs at risk (:func:`deadline_at_risk`) start now,
+    in the plan's priority order (``placements`` as :func:`.planner.plan` returns them).  The jobs the
+    plan starts now hold their room (never victims: they have not run their minimum), and a running
+    job is the victim of at most one preemption; a job gets one only when it fits nowhere now without
+    it (:func:`choose_victims`)."""
+    by_id = {job.id: job for job in queued}
+    held = list(running)
+    for p in placements:
+        if p.action == "start" and p.node is not None:
+            job = by_id[p.job]
+            held.append(RunningJob(job.id, p.node, p.devices, job.cpus, job.memory, now, now + job.occupancy_s))
+    planned: list[PlannedPreemption] = []
+    for p in placements:
+        job = by_id.get(p.job)
+        if job is None or not deadline_at_risk(job, p, now):
+            continue
+        need = Need(job.gpus, job.cpus, job.memory, job.gpu_type)
+        chosen = choose_victims(need, nodes, held, now, rules)
+        if chosen is None:
+            continue
+        planned.append(PlannedPreemption(job.id, chosen))
+        gone = set(chosen.victims)
+        held = [j for j in held if j.id not in gone]
+        held.append(RunningJob(job.id, chosen.node, chosen.devices, job.cpus, job.memory, now, now + job.occupancy_s))
+    return planned

@@ -164,3 +164,54 @@ def test_the_choice_is_allowed_sufficient_minimal_and_the_best_there_is(case):
     assert got.lost == sum(lost_work(v, NOW) for v in victims)
     best = min(found)
     assert (best[1], best[2]) == (got.node, set(got.victims))  # the best by the documented order
+
+
+# -- the plan's preemptions ----------------------------------------------------------------------------
+
+def queued(id_, gpus, *, deadline=None, runtime_s=3600.0):
+    from e31.flows.placement.model import QueuedJob
+
+    return QueuedJob(id_, id_, gpus, 1, GIB, NOW - 60, runtime_s, 2 * runtime_s, gpu_type=None, deadline=deadline)
+
+
+def _planned(nodes, jobs, waiting):
+    from e31.flows.placement.planner import plan
+    from e31.flows.placement.preemption import plan_preemptions
+
+    placements = plan(nodes, jobs, waiting, NOW, explain=False)
+    return [(p.job, p.preemption.node, p.preemption.victims, p.preemption.devices)
+            for p in plan_preemptions(nodes, jobs, waiting, placements, NOW, RULES)]
+
+
+def long_run(id_, node, devices, **kw):
+    return RunningJob(id_, node, tuple(devices), 1, GIB, NOW - 3600, NOW + 10 * 3600, **kw)
+
+
+def test_a_deadline_job_on_a_full_pool_preempts_and_one_with_slack_does_not():
+    nodes = [GPU8]
+    hog = long_run("hog", "g1", range(8), preemptible=True, checkpoint_at=NOW - 300)
+    urgent = queued("urgent", 8, deadline=NOW + 2 * 3600)
+    assert _planned(nodes, [hog], [urgent]) == [("urgent", "g1", ("hog",), tuple(range(8)))]
+    relaxed = queued("relaxed", 8, deadline=NOW + 20 * 3600)  # fits after hog ends: waits, preempts nothing
+    assert _planned(nodes, [hog], [relaxed]) == []
+    plain = queued("plain", 8)  # no deadline: waits
+    assert _planned(nodes, [hog], [plain]) == []
+
+
+def test_a_non_preemptible_or_young_job_is_never_preempted_for_a_deadline():
+    urgent = queued("urgent", 8, deadline=NOW + 2 * 3600)
+    pinned = long_run("pinned", "g1", range(8), preemptible=False, checkpoint_at=NOW - 300)
+    assert _planned([GPU8], [pinned], [urgent]) == []
+    young = RunningJob("young", "g1", tuple(range(8)), 1, GIB, NOW - 300, NOW + 10 * 3600, preemptible=True)
+    assert _planned([GPU8], [young], [urgent]) == []
+
+
+def test_two_deadline_jobs_at_risk_take_different_victims_and_a_job_started_now_is_none():
+    g2 = Node("g2", 8, 64, 512 * GIB, "H100")
+    a = long_run("a", "g1", range(8), preemptible=True, checkpoint_at=NOW - 100)
+    b = long_run("b", "g2", range(4), preemptible=True, checkpoint_at=NOW - 200)
+    first = queued("first", 8, deadline=NOW + 2 * 3600)
+    second = queued("second", 8, deadline=NOW + 2 * 3600 + 60)
+    small = queued("small", 4)  # starts now on g2's free half; the plan keeps it
+    got = _planned([GPU8, g2], [a, b], [first, second, small])
+    assert got == [("first", "g1", ("a",), tuple(range(8)))]  # second: g2 holds b and small, small is not a victim
