@@ -164,19 +164,21 @@ def settle_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
     :func:`e31.states.for_manifest`) when it is still what the killed
     flow process left: ``Running``, ``Pending`` (:func:`hold_returning`),
     ``Crashed`` (Prefect's worker marks a flow process that exited non-zero
-    so, before E31's worker could deliver), or ``Cancelled`` with the
-    cancel hook's "return was cut" message.  Any other state is left alone: a run queued again meanwhile
-    (Crashed with retries left) runs again.  Returns whether it set one."""
+    so, before E31's worker could deliver), or ``Cancelled`` (the cancel hook's "return was cut", or a
+    cancel that came while the worker returned: either way the run stays ``Cancelled``, with a message
+    that says what was returned).  Any other state is left alone: a run queued again meanwhile
+    (Crashed with retries left) runs again.  The state's type and name decide, never its message text.
+    Returns whether it set one."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
 
-    from e31.flows.cancelhook import CUT, cancelled_message
+    from e31.flows.cancelhook import cancelled_message
     from e31.states import cancelled, for_manifest
 
     with get_client(sync_client=True) as client:
         now = client.read_flow_run(flow_run_id).state
-        left = now is not None and (now.type in (StateType.RUNNING, StateType.PENDING, StateType.CRASHED) or
-                                    (now.is_cancelled() and CUT in (now.message or "")))
+        left = now is not None and now.type in (StateType.RUNNING, StateType.PENDING, StateType.CRASHED,
+                                                 StateType.CANCELLED)
         if not left:
             return False
         if now is not None and now.is_cancelled():
