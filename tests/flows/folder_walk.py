@@ -9,8 +9,13 @@ the number of folder changes along it: ``flows -> tasks -> flows`` is 2, one cal
 task) do not count.  Work processes are children and are not seen: what is measured is the path
 from the CLI to the manifest that a reader of E31's code follows.
 
+It also counts *up-calls*: calls from a lower layer into a higher one, the layers being ``e31`` <
+``specs`` < ``tasks`` < ``flows`` < ``deployments`` (a hook list or callback a lower folder calls into a
+higher one), by ``caller -> callee`` and by the callee's function.
+
 Usage: ``python folder_walk.py SPEC OUTPUT_URL`` (with a Prefect API configured); prints one JSON
-line ``{"exit": N, "max_crossings": N, "deepest": [folders...], "calls": N}``.
+line ``{"exit": N, "max_crossings": N, "deepest": [folders...], "calls": N, "up_calls": {...},
+"up_targets": {...}}``.
 """
 
 from __future__ import annotations
@@ -23,8 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("e31", "specs", "tasks", "flows", "deployments")
 _PREFIXES = {str(ROOT / name) + "/": name for name in FOLDERS}
+LAYER = {name: i for i, name in enumerate(FOLDERS)}
 _deepest: list[str] = []
 _calls = 0
+_up: dict[str, int] = {}
+_up_targets: dict[str, int] = {}
 
 
 def _folder(filename: str) -> str | None:
@@ -46,10 +54,19 @@ def _chain(frame) -> list[str]:
 
 
 def _profile(frame, event, arg):
-    global _deepest, _calls
+    global _deepest, _calls  # (the dicts are mutated in place)
     if event != "call" or _folder(frame.f_code.co_filename) is None:
         return
     _calls += 1
+    callee = _folder(frame.f_code.co_filename)
+    caller = frame.f_back
+    while caller is not None and _folder(caller.f_code.co_filename) is None:
+        caller = caller.f_back
+    if caller is not None and LAYER[_folder(caller.f_code.co_filename)] < LAYER[callee]:
+        edge = f"{_folder(caller.f_code.co_filename)} -> {callee}"
+        _up[edge] = _up.get(edge, 0) + 1
+        target = f"{frame.f_code.co_filename[len(str(ROOT)) + 1:]}:{frame.f_code.co_name}"
+        _up_targets[target] = _up_targets.get(target, 0) + 1
     chain = _chain(frame)
     if len(chain) > len(_deepest):
         _deepest = chain
@@ -69,7 +86,7 @@ def main(argv: list[str]) -> int:
         sys.setprofile(None)
         threading.setprofile(None)
     print(json.dumps({"exit": code, "max_crossings": max(len(_deepest) - 1, 0), "deepest": _deepest,
-                      "calls": _calls}))
+                      "calls": _calls, "up_calls": _up, "up_targets": _up_targets}))
     return 0
 
 
