@@ -39,6 +39,18 @@ def _positive(text: str) -> int:
     return value
 
 
+def _duration(text: str) -> float:
+    from e31.specs.units import parse_duration
+
+    try:
+        seconds = parse_duration(text).total_seconds()
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; use e.g. 30m, 1h or 90s") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be longer than 0 seconds (got {text!r})")
+    return seconds
+
+
 def _factor(text: str) -> float:
     try:
         value = float(text)
@@ -90,7 +102,7 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     s.add_argument("--json", action="store_true",
                    help="print the metrics as one JSON object: jobs, refused, makespan_s, avg_wait_s, max_wait_s, "
                         "avg_bounded_slowdown, utilization, deadlines_met, deadlines_total, deadlines_feasible, "
-                        "planning_s")
+                        "mean_completion_s, preemptions, lost_gpu_hours, planning_s")
     s.add_argument("--as", dest="unit", default="cpus", choices=("cpus", "gpus"),
                    help="what a trace job's processors are on the pool (default cpus)")
     s.add_argument("--deadlines", type=_factor, metavar="FACTOR",
@@ -98,6 +110,16 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     s.add_argument("--deadline-every", type=_positive, default=None, metavar="K",
                    help="with --deadlines, only every K-th job of the trace gets one, from the first: jobs 1, "
                         "K+1, 2K+1, ... in trace order (default 1: all)")
+    s.add_argument("--checkpoint-every", type=_duration, metavar="DURATION",
+                   help="jobs checkpoint after each DURATION of work (e.g. 30m); jobs without a deadline are then "
+                        "preemptible (request.preemptible's default) and a preempted job keeps its work up to its "
+                        "last checkpoint; the pool's preemption: options apply")
+    s.add_argument("--restart-cost", type=_duration, default=0.0, metavar="DURATION",
+                   help="with --checkpoint-every, the time a preempted job spends at each later start before its "
+                        "work goes on (default 0)")
+    s.add_argument("--default-limit", type=_duration, metavar="DURATION",
+                   help="a trace job whose requested time is -1 declared no duration: it runs until done, with this "
+                        "limit (default: its actual run time, a perfect estimate)")
     return {"pool": cmd_pool, "plan": cmd_plan, "simulate": cmd_simulate}
 
 
@@ -203,21 +225,32 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.deadline_every is not None and args.deadlines is None:
         raise InvalidInput("--deadline-every gives deadlines to every K-th job only with --deadlines FACTOR; add "
                            "--deadlines (e.g. --deadlines 2), or drop --deadline-every")
+    if args.restart_cost and args.checkpoint_every is None:
+        raise InvalidInput("--restart-cost is the cost of a preempted job's restart, and jobs are preempted only "
+                           "with --checkpoint-every; add --checkpoint-every (e.g. 30m), or drop --restart-cost")
     every = args.deadline_every or 1
     trace = read_swf(args.trace, args.jobs)
     jobs = []
     for k, t in enumerate(trace.jobs):
         gpus, cpus = (t.procs, 1) if args.unit == "gpus" else (0, t.procs)
         submitted = trace.start + t.submit
+        limit = t.limit_s if t.declared or args.default_limit is None else args.default_limit
         deadline = None
         if args.deadlines is not None and k % every == 0:
-            deadline = submitted + args.deadlines * t.limit_s
+            deadline = submitted + args.deadlines * limit
         job = QueuedJob(id=t.id, name=t.id, gpus=gpus, cpus=cpus, memory=0, submitted=submitted,
-                        runtime_s=t.limit_s, limit_s=t.limit_s, deadline=deadline, runtime_source="limit")
-        jobs.append(SimJob(job, t.runtime_s))
+                        runtime_s=limit, limit_s=limit, deadline=deadline, runtime_source="limit")
+        # request.preemptible's default: checkpoints declared and no deadline
+        jobs.append(SimJob(job, t.runtime_s, preemptible=args.checkpoint_every is not None and deadline is None))
     if len({j.job.id for j in jobs}) != len(jobs):
         raise InvalidInput(f"{args.trace}: two jobs have the same job number; SWF job numbers are unique")
-    result = simulate(nodes, jobs, args.policy)
+    rules = None
+    if args.checkpoint_every is not None:
+        from .preemption import PreemptionRules
+
+        rules = PreemptionRules(pool.preemption.min_run.total_seconds(), pool.preemption.max_per_day)
+    result = simulate(nodes, jobs, args.policy, preemption=rules, checkpoint_every_s=args.checkpoint_every,
+                      restart_cost_s=args.restart_cost)
     summary = result.summary()
     if args.json:
         print(json.dumps(summary))
@@ -234,6 +267,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         ("average wait", f"{result.avg_wait_s:.1f} s"), ("maximum wait", f"{result.max_wait_s:.0f} s"),
         ("average bounded slowdown", f"{result.avg_bounded_slowdown:.3f} (threshold 10 s)"),
         (f"utilisation ({unit})", f"{result.utilization:.1%}"), ("deadlines met", deadlines),
+        ("mean completion", f"{result.mean_completion_s:.1f} s"),
+        ("preemptions", f"{result.preemptions} ({result.lost_gpu_hours:.2f} {unit[:-1]}-hours lost)"),
         ("planning time", f"{result.planning_s:.3f} s"),
     ):
         print(f"  {name:<26}{value}")

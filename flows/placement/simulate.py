@@ -22,7 +22,19 @@ Metrics (seconds; waits from submission to start):
 * ``deadlines_met``: jobs with a deadline that ran and ended by it, out of
   ``deadlines_total`` (all jobs with a deadline, refused ones included) and
   ``deadlines_feasible`` (those that could have met it on an empty pool: some
-  node holds the job, and it ends by its deadline when started at once).
+  node holds the job, and it ends by its deadline when started at once);
+* ``mean_completion_s``: mean of end minus submission over the jobs that ran;
+* ``preemptions`` and ``lost_gpu_hours``: how many runs were preempted, and the
+  resource-hours (GPU-hours, CPU-hours for a CPU trace) they held and lost.
+
+Preemption (``preemption`` given): at each event, after the plan, the deadline
+jobs it starts too late get victims (:func:`.preemption.plan_preemptions`)
+among the preemptible running jobs.  A victim keeps the work up to its newest
+checkpoint (one each ``checkpoint_every_s`` seconds of work; none without it),
+goes back to the queue with its submission time (its priority) kept, and pays
+``restart_cost_s`` seconds at each later start; the job it gave way to starts
+at once on the freed devices (the stop's grace is not modelled).  Waits count
+from submission to the first start.
 """
 
 from __future__ import annotations
@@ -30,10 +42,11 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .model import Node, QueuedJob, RunningJob, id_order
 from .planner import AGE_LIMIT_S, plan
+from .preemption import PreemptionRules, plan_preemptions
 from .refusals import eligible_nodes
 
 __all__ = ["BSLD_THRESHOLD_S", "OVERRUN_SHARE", "Result", "SimJob", "overrun", "resource_of", "simulate"]
@@ -46,11 +59,13 @@ OVERRUN_SHARE = 0.1
 
 @dataclass(frozen=True)
 class SimJob:
-    """A job to replay: what it declares (``job``; ``job.submitted`` is its submission time) and
-    how long it really runs (``actual_s``, seconds, capped at ``job.limit_s``)."""
+    """A job to replay: what it declares (``job``; ``job.submitted`` is its submission time), how
+    long it really runs (``actual_s``, seconds, capped at ``job.limit_s`` per run) and whether it may
+    be preempted (``preemptible``)."""
 
     job: QueuedJob
     actual_s: float
+    preemptible: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,9 @@ class Result:
     deadlines_met: int
     deadlines_total: int
     deadlines_feasible: int
+    mean_completion_s: float
+    preemptions: int
+    lost_gpu_hours: float
     planning_s: float
     starts: dict[str, float]
     ends: dict[str, float]
@@ -84,25 +102,59 @@ def overrun(job: RunningJob, now: float, hard_stop: float) -> RunningJob:
     :data:`OVERRUN_SHARE` of its estimate (at least 60 s) from ``now``, never after its
     ``hard_stop`` (Unix seconds); asked again at the next event."""
     end = min(hard_stop, now + max(60.0, OVERRUN_SHARE * (job.expected_end - job.start)))
-    return RunningJob(job.id, job.node, job.devices, job.cpus, job.memory, job.start, end)
+    return replace(job, expected_end=end)
 
 
 def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31", *, depth: int | None = None,
-             age_limit_s: float = AGE_LIMIT_S) -> Result:
+             age_limit_s: float = AGE_LIMIT_S, preemption: PreemptionRules | None = None,
+             checkpoint_every_s: float | None = None, restart_cost_s: float = 0.0) -> Result:
     """Replay ``jobs`` on ``nodes`` under ``policy`` (see :func:`.planner.plan`); returns the metrics.
+    ``preemption``: the pool's rules (None: nothing is preempted); ``checkpoint_every_s`` and
+    ``restart_cost_s`` (seconds): what a preempted job keeps and pays (module docstring).
 
     Raises:
         PlanInputError: (from the planner) an unknown policy, a bad depth, duplicate job ids.
         RuntimeError: the replay stopped making progress (a planner bug).
     """
     pending = sorted(jobs, key=lambda s: (s.job.submitted, id_order(s.job.id)))
-    actual = {s.job.id: min(max(s.actual_s, 0.0), s.job.limit_s) for s in pending}
+    left = {s.job.id: max(s.actual_s, 0.0) for s in pending}  # work still to do (seconds)
+    may = {s.job.id for s in pending if s.preemptible}
     by_id = {s.job.id: s.job for s in pending}
     queue: dict[str, QueuedJob] = {}
-    running: dict[str, tuple[RunningJob, float]] = {}  # id -> (as planned, hard stop)
-    ends: list[tuple[float, str]] = []
-    starts, finished, refused = {}, {}, 0
-    planning, nxt = 0.0, 0
+    running: dict[str, tuple[RunningJob, float, float, int]] = {}  # id -> (as planned, hard stop, work start, gen)
+    ends: list[tuple[float, str, int]] = []
+    starts, finished, held, refused = {}, {}, {}, 0
+    preempted_at: dict[str, tuple[float, ...]] = {}
+    lost = 0.0
+    planning, nxt, gen = 0.0, 0, 0
+    resource = resource_of([s.job for s in pending])
+
+    def start(job: QueuedJob, node: str, devices: tuple[int, ...], now: float) -> None:
+        nonlocal gen
+        gen += 1
+        cost = restart_cost_s if job.id in preempted_at else 0.0
+        work_start = now + job.staging_s + cost
+        end = work_start + min(left[job.id], job.limit_s)
+        expected = now + job.staging_s + cost + job.runtime_s
+        planned = RunningJob(job.id, node, devices, job.cpus, job.memory, now, expected, preemptible=job.id in may,
+                             preemptions=preempted_at.get(job.id, ()))
+        running[job.id] = (planned, now + job.staging_s + cost + job.limit_s, work_start, gen)
+        heapq.heappush(ends, (end if end > now else now, job.id, gen))
+        starts.setdefault(job.id, now)
+        finished[job.id] = end
+
+    def stop(job_id: str, now: float) -> None:
+        nonlocal lost
+        planned, _, work_start, _ = running.pop(job_id)
+        kept = _kept(now - work_start, checkpoint_every_s)
+        left[job_id] -= kept
+        width = len(planned.devices) if resource == "gpus" else planned.cpus
+        lost += width * (now - planned.start - kept)
+        held[job_id] = held.get(job_id, 0.0) + now - planned.start
+        preempted_at[job_id] = (*preempted_at.get(job_id, ()), now)
+        queue[job_id] = by_id[job_id]
+        finished.pop(job_id, None)
+
     while nxt < len(pending) or ends or queue:
         times = [t for t in ((pending[nxt].job.submitted if nxt < len(pending) else None),
                              (ends[0][0] if ends else None)) if t is not None]
@@ -110,29 +162,49 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
             raise RuntimeError(f"the replay stalled with {len(queue)} queued job(s) and nothing running")
         now = min(times)
         while ends and ends[0][0] <= now:
-            _, done = heapq.heappop(ends)
-            del running[done]
+            _, done, which = heapq.heappop(ends)
+            if done in running and running[done][3] == which:
+                planned = running.pop(done)[0]
+                held[done] = held.get(done, 0.0) + finished[done] - planned.start
         while nxt < len(pending) and pending[nxt].job.submitted <= now:
             queue[pending[nxt].job.id] = pending[nxt].job
             nxt += 1
-        shown = [r if r.expected_end > now else overrun(r, now, stop) for r, stop in running.values()]
+        shown = [_shown(r, now, stop_at, work_start, checkpoint_every_s)
+                 for r, stop_at, work_start, _ in running.values()]
         began = time.perf_counter()
         placements = plan(nodes, shown, list(queue.values()), now, policy, depth=depth, age_limit_s=age_limit_s,
                           explain=False)
+        chosen = plan_preemptions(nodes, shown, list(queue.values()), placements, now, preemption) if preemption \
+            else []
         planning += time.perf_counter() - began
         for p in placements:
             if p.action == "refuse":
                 refused += 1
                 del queue[p.job]
             elif p.action == "start":
-                job = queue.pop(p.job)
-                end = now + job.staging_s + actual[job.id]
-                expected = now + job.staging_s + job.runtime_s
-                running[job.id] = (RunningJob(job.id, p.node, p.devices, job.cpus, job.memory, now, expected),
-                                   now + job.staging_s + job.limit_s)
-                heapq.heappush(ends, (end if end > now else now, job.id))
-                starts[job.id], finished[job.id] = now, end
-    return _measure(nodes, by_id, starts, finished, refused, planning)
+                start(queue.pop(p.job), p.node, p.devices, now)
+        for c in chosen:
+            for victim in c.preemption.victims:
+                stop(victim, now)
+            start(queue.pop(c.job), c.preemption.node, c.preemption.devices, now)
+    return _measure(nodes, by_id, starts, finished, held, refused, planning, len(
+        [t for times in preempted_at.values() for t in times]), lost / 3600.0)
+
+
+def _kept(worked_s: float, every_s: float | None) -> float:
+    """Seconds of work a run stopped after ``worked_s`` keeps: up to its newest checkpoint."""
+    if not every_s or worked_s < every_s:
+        return 0.0
+    return (worked_s // every_s) * every_s
+
+
+def _shown(job: RunningJob, now: float, hard_stop: float, work_start: float, every_s: float | None) -> RunningJob:
+    """A running job as the planner is shown it: its newest checkpoint's time, and :func:`overrun`
+    once past its expected end."""
+    kept = _kept(now - work_start, every_s)
+    if kept:
+        job = replace(job, checkpoint_at=work_start + kept)
+    return job if job.expected_end > now else overrun(job, now, hard_stop)
 
 
 def resource_of(jobs: Sequence[QueuedJob]) -> str:
@@ -142,18 +214,20 @@ def resource_of(jobs: Sequence[QueuedJob]) -> str:
 
 
 def _measure(nodes: Sequence[Node], jobs: dict[str, QueuedJob], starts: dict[str, float],
-             ends: dict[str, float], refused: int, planning: float) -> Result:
+             ends: dict[str, float], held: dict[str, float], refused: int, planning: float, preemptions: int,
+             lost_hours: float) -> Result:
     gpus = resource_of(list(jobs.values())) == "gpus"
     capacity = sum(n.gpus for n in nodes) if gpus else sum(n.cpus for n in nodes)
     first = min((j.submitted for j in jobs.values()), default=0.0)
     last = max(ends.values(), default=first)
     span = last - first
-    waits, slowdowns, busy = [], [], 0.0
+    waits, slowdowns, completions, busy = [], [], [], 0.0
     for job_id, start in starts.items():
-        job, run = jobs[job_id], ends[job_id] - start
+        job, run = jobs[job_id], held.get(job_id, ends[job_id] - start)
         wait = start - job.submitted
         waits.append(wait)
-        slowdowns.append(max((wait + run) / max(run, BSLD_THRESHOLD_S), 1.0))
+        completions.append(ends[job_id] - job.submitted)
+        slowdowns.append(max((ends[job_id] - job.submitted) / max(run, BSLD_THRESHOLD_S), 1.0))
         busy += (job.gpus if gpus else job.cpus) * run
     with_deadline = [j for j in jobs.values() if j.deadline is not None]
     return Result(
@@ -165,5 +239,7 @@ def _measure(nodes: Sequence[Node], jobs: dict[str, QueuedJob], starts: dict[str
         deadlines_total=len(with_deadline),
         deadlines_feasible=sum(1 for j in with_deadline
                                if j.submitted + j.work_s <= j.work_deadline and any(eligible_nodes(nodes, j))),
+        mean_completion_s=sum(completions) / len(completions) if completions else 0.0,
+        preemptions=preemptions, lost_gpu_hours=lost_hours,
         planning_s=planning, starts=starts, ends=ends,
     )

@@ -13,7 +13,8 @@ fields, ``-1`` meaning unknown:
 
 E31 maps a job to one node: its processors (requested, else allocated) become
 ``cpus``, or GPUs with ``as_="gpus"``; its requested time (else its run time)
-becomes the ``limit`` and the planning estimate; its actual run time (capped at
+becomes the ``limit`` and the planning estimate (``e31 simulate --default-limit`` gives a job with an
+unknown requested time that limit instead: it declared no duration); its actual run time (capped at
 the limit) is what the simulation runs.  Memory is not used (SWF gives it per
 processor, often not at all).  Jobs with an unknown run time or no processors
 (e.g. cancelled before they started) are skipped and counted.
@@ -36,13 +37,17 @@ class SwfError(InvalidInput):
 @dataclass(frozen=True)
 class TraceJob:
     """One job of a trace: ``submit`` (seconds from the trace's start), ``runtime_s`` (actual),
-    ``limit_s`` (requested, else actual), ``procs`` (processors)."""
+    ``limit_s`` (requested, else actual), ``procs`` (processors), ``declared`` (False when the
+    requested time is unknown, -1: the job declared no duration), ``user`` (the submitter's id,
+    ``""`` when unknown)."""
 
     id: str
     submit: float
     runtime_s: float
     limit_s: float
     procs: int
+    declared: bool = True
+    user: str = ""
 
 
 @dataclass(frozen=True)
@@ -91,12 +96,14 @@ def read_swf(path: str | os.PathLike[str], limit_jobs: int | None = None) -> Tra
                            "whitespace-separated numbers, -1 for unknown (header lines start with ';')")
         values = [_number(f, source, number, k) for k, f in enumerate(fields, 1)]
         job_id, submit, _, run, alloc, _, _, req_procs, req_time = values[:9]
+        user = str(int(values[11])) if values[11] >= 0 else ""
         procs = int(req_procs if req_procs > 0 else alloc)
         if run < 0 or procs <= 0 or submit < 0:
             skipped += 1
             continue
         limit = req_time if req_time > 0 else run
-        jobs.append(TraceJob(str(int(job_id)), submit, min(run, max(limit, 0.0)), max(limit, 1.0), procs))
+        jobs.append(TraceJob(str(int(job_id)), submit, min(run, max(limit, 0.0)), max(limit, 1.0), procs,
+                             declared=req_time > 0, user=user))
         if limit_jobs is not None and len(jobs) >= limit_jobs:
             break
     return Trace(jobs, start, skipped)

@@ -54,6 +54,8 @@ def test_simulate_fcfs_gives_the_numbers_worked_by_hand(e31):
         "avg_bounded_slowdown": pytest.approx((6 + 380 / 300 + 19.5 + 7 + 1.1 + 14.5) / 11),
         "utilization": pytest.approx(2825 / (4 * 1350)),
         "deadlines_met": 0, "deadlines_total": 0, "deadlines_feasible": 0,
+        "mean_completion_s": pytest.approx((970 + 865) / 11),  # the waits plus the 865 s the jobs ran
+        "preemptions": 0, "lost_gpu_hours": 0.0,
     }
     assert simulate_json(e31, "--policy", "fcfs", "--deadlines", "2", "--deadline-every", "2") == {
         "jobs": 9, "refused": 3, "makespan_s": 1350.0,
@@ -61,6 +63,7 @@ def test_simulate_fcfs_gives_the_numbers_worked_by_hand(e31):
         "avg_bounded_slowdown": pytest.approx((6 + 380 / 300 + 19.5 + 1.1) / 9),
         "utilization": pytest.approx(2640 / (4 * 1350)),
         "deadlines_met": 4, "deadlines_total": 6, "deadlines_feasible": 6,
+        "mean_completion_s": pytest.approx((470 + 800) / 9), "preemptions": 0, "lost_gpu_hours": 0.0,
     }
 
 
@@ -80,7 +83,8 @@ def test_simulate_prints_a_summary_and_backfills_under_e31(e31):
         "  utilisation (CPUs)        52.3%",
         "  deadlines met             none assigned (--deadlines FACTOR)",
     ]
-    assert lines[9].startswith("  planning time") and len(lines) == 10
+    assert lines[9:11] == ["  mean completion           114.1 s", "  preemptions               0 (0.00 CPU-hours lost)"]
+    assert lines[11].startswith("  planning time") and len(lines) == 12
     assert simulate_json(e31, "--jobs", "3")["jobs"] == 3
 
 
