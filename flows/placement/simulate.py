@@ -31,7 +31,8 @@ Preemption (``preemption`` given): at each event, after the plan, the deadline
 jobs it starts too late get victims (:func:`.preemption.plan_preemptions`)
 among the preemptible running jobs.  A victim keeps the work up to its newest
 checkpoint (one each ``checkpoint_every_s`` seconds of work; none without it),
-goes back to the queue with its submission time (its priority) kept, and pays
+goes back to the queue with its submission time (its priority) kept and its estimate less the work
+its checkpoints kept, and pays
 ``restart_cost_s`` seconds at each later start; the job it gave way to starts
 at once on the freed devices (the stop's grace is not modelled).  Waits count
 from submission to the first start.
@@ -125,6 +126,7 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
     ends: list[tuple[float, str, int]] = []
     starts, finished, held, refused = {}, {}, {}, 0
     preempted_at: dict[str, tuple[float, ...]] = {}
+    progress: dict[str, float] = {}  # work kept by checkpoints across preemptions (seconds)
     lost = 0.0
     planning, nxt, gen = 0.0, 0, 0
     resource = resource_of([s.job for s in pending])
@@ -152,7 +154,9 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
         lost += width * (now - planned.start - kept)
         held[job_id] = held.get(job_id, 0.0) + now - planned.start
         preempted_at[job_id] = (*preempted_at.get(job_id, ()), now)
-        queue[job_id] = by_id[job_id]
+        progress[job_id] = progress.get(job_id, 0.0) + kept
+        declared = by_id[job_id]  # waits again for what is left of its estimate (its checkpoint is its progress)
+        queue[job_id] = replace(declared, runtime_s=max(declared.runtime_s - progress[job_id], 60.0))
         finished.pop(job_id, None)
 
     while nxt < len(pending) or ends or queue:
