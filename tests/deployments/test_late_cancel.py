@@ -2,9 +2,10 @@
 nothing: the output comes back whole, the run ends in the state its manifest
 says, and ``e31 cancel`` says it came too late.  Real ``prefect server
 start``, ``e31 scheduler`` and ``e31 worker`` processes; the run's flow
-process is held still with a real SIGSTOP at the moment under test (the
-manifest just written; the return under way) and let go with SIGCONT, so
-the cancel lands in that moment on any machine, however loaded."""
+process stops itself with a real SIGSTOP at the moment under test (the
+manifest just written; the return under way: :mod:`tests.hold`) and is let
+go with SIGCONT, so the cancel lands in that moment on any machine, however
+loaded."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
+from tests import hold
 from tests.deployments.test_queue import queue, wait_for
 
 #: The work: a few files, and the pid of the process that started it (the run's flow process).
@@ -48,20 +49,11 @@ def _manifest(folder: Path) -> dict | None:
         return None
 
 
-def _hold_when(folder: Path, status: str, flow_pid, timeout: float = 180.0) -> int:
-    """Poll (every millisecond) until the manifest in ``folder`` says
-    ``status``, then SIGSTOP the run's flow process (its pid from
-    ``flow_pid()``, None until known); returns that pid."""
-    deadline = time.monotonic() + timeout
-    while True:
-        manifest = _manifest(folder)
-        if manifest is not None and manifest.get("status") == status:
-            pid = flow_pid()
-            assert pid is not None, "the manifest came before the work's record"
-            os.kill(pid, signal.SIGSTOP)
-            return pid
-        assert time.monotonic() < deadline, f"no {status} manifest in {timeout:g} s"
-        time.sleep(0.001)
+def _held_worker(q, status: str) -> None:
+    """Start n1's worker; its flow processes stop themselves after their first manifest of ``status``."""
+    q.start("worker-n1", "worker", "--pool", str(q.pool), "--node", "n1",
+            env={"E31_NODE_GPUS": "0", "E31_SCRATCH": str(q.root / "scratch-n1"),
+                 **hold.env(status, q.root / "held")})
 
 
 def _flow_pid(scratch: Path, out: Path):
@@ -101,10 +93,10 @@ def test_e31_cancel_after_the_manifest_is_written_is_too_late_and_the_run_ends_c
     name = "late-manifest"
     with queue(tmp_path, {"n1": 0}) as q:
         q.scheduler()
-        q.worker("n1", 0)
+        _held_worker(q, "completed")
         run_id = q.submit(_job(q, name)).split("flow run ")[1].split()[0]
         out = q.root / "out" / name
-        pid = _hold_when(out, "completed", _flow_pid(q.root / "scratch-n1", out))
+        pid = hold.wait_stopped(_flow_pid(q.root / "scratch-n1", out))
         try:
             held = _state(run_id)
             assert held.type.value == "RUNNING", f"the run ended before it was held: {held}"
@@ -140,10 +132,11 @@ def test_a_cancel_from_the_api_during_the_return_ends_completed_with_the_whole_o
     name = "late-return"
     with queue(tmp_path, {"n1": 0}) as q:
         q.scheduler()
-        q.worker("n1", 0)
+        _held_worker(q, "returning")
         run_id = q.submit(_job(q, name)).split("flow run ")[1].split()[0]
         out = q.root / "out" / name
-        pid = _hold_when(out, "returning", _flow_pid(q.root / "scratch-n1", out))
+        pid = hold.wait_stopped(_flow_pid(q.root / "scratch-n1", out))
+        assert _manifest(out)["status"] == "returning"
         try:
             with get_client(sync_client=True) as client:
                 result = client.set_flow_run_state(run_id, Cancelling(message="cancel from the UI"))

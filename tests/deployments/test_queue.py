@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import hold
 from tests.conftest import final_manifest, place_by_hand, stop_group
 
 WORK = textwrap.dedent("""
@@ -55,9 +56,10 @@ class Queue:
     def scheduler(self, *extra: str) -> None:
         self.start("scheduler", "scheduler", "--pool", str(self.pool), "--interval", "0.5", *extra)
 
-    def worker(self, node: str, gpus: int) -> subprocess.Popen:
+    def worker(self, node: str, gpus: int, env: dict | None = None) -> subprocess.Popen:
         return self.start(f"worker-{node}", "worker", "--pool", str(self.pool), "--node", node,
-                          env={"E31_NODE_GPUS": str(gpus), "E31_SCRATCH": str(self.root / f"scratch-{node}")})
+                          env={"E31_NODE_GPUS": str(gpus), "E31_SCRATCH": str(self.root / f"scratch-{node}"),
+                               **(env or {})})
 
     def job(self, name: str, gpus: int, seconds: float, work: str = "work.py", data: list | None = None,
             **request) -> Path:
@@ -680,12 +682,14 @@ def test_a_return_cut_with_its_worker_killed_too_is_finished_by_the_worker_start
     with queue(tmp_path, {"n1": 0}) as q:
         (q.root / "blobs.py").write_text(BLOBS)
         q.scheduler()
-        worker = q.worker("n1", 0)
+        worker = q.worker("n1", 0, env=hold.env("returning", q.root / "held"))
         wait_for(lambda: _warm_listening(worker), what="n1's warm process")
         run_id = q.submit(q.job("cut", 0, BLOB_COUNT, work="blobs.py", cpus=2, duration="1m")).split("flow run ")[1].split()[0]
         out = q.root / "out" / "cut"
-        _wait_returning(out)
+        flow_pid = _held_returning(q, out)
         _kill_worker_and_run(worker, run_id)  # the worker first: it does not see its flow process end
+        os.kill(flow_pid, signal.SIGKILL)  # a fork of the warm process: its environment does not name the run
+        wait_for(lambda: _gone(flow_pid), timeout=30, what="the held flow process's end")
         assert final_manifest(out) is None and list((q.root / "scratch-n1").rglob("return-pending.json"))
         for k in range(again):
             q.start(f"worker-n1-again-{k}", "worker", "--pool", str(q.pool), "--node", "n1",
@@ -875,23 +879,19 @@ BLOBS = textwrap.dedent("""
 """)
 
 
-#: Files of 1 MiB the cut job returns: enough that a return on a busy machine is seen under way before it ends.
-BLOB_COUNT = 900
+#: Files of 1 MiB the cut job returns.
+BLOB_COUNT = 60
 
 
-def _wait_returning(out: Path) -> None:
-    """Wait until the destination ``out`` says ``returning`` (a return under way, its files in flux)."""
-    def returning() -> bool:
-        try:
-            return json.loads((out / "manifest.json").read_text())["status"] == "returning"
-        except (OSError, ValueError, KeyError):
-            return False
+def _held_returning(q: Queue, out: Path) -> int:
+    """Wait until the flow process of job ``cut`` on n1 has stopped itself
+    (:mod:`tests.hold`) right after its destination ``out`` said
+    ``returning``: a return under way, no file of it written yet.  Returns its pid."""
+    from e31.flows.joblock import lock_holder
 
-    deadline = time.monotonic() + 180
-    while not returning():
-        assert final_manifest(out) is None, "the return ended before it could be cut: make it longer"
-        assert time.monotonic() < deadline, "the return was not seen under way"
-        time.sleep(0.005)
+    pid = hold.wait_stopped(lambda: lock_holder(str(q.root / "scratch-n1" / "cut"))[0])
+    assert json.loads((out / "manifest.json").read_text())["status"] == "returning"
+    return pid
 
 
 @pytest.mark.parametrize("handover", [False, True], ids=["queued", "handed-over"])
@@ -921,16 +921,17 @@ def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(pr
     with queue(tmp_path, {"n1": 0}) as q:
         (q.root / "blobs.py").write_text(BLOBS)
         q.scheduler()
-        worker = q.worker("n1", 0)
+        worker = q.worker("n1", 0, env=hold.env("returning", q.root / "held"))
         wait_for(lambda: _warm_listening(worker), what="n1's warm process")
         spec = q.job("cut", 0, BLOB_COUNT, work="blobs.py", cpus=2, duration="2s" if handover else "1m")
         run_id = q.submit(spec).split("flow run ")[1].split()[0]
         out = q.root / "out" / "cut"
         waiting = q.submit(q.job("next", 0, 0.5, cpus=2)).split("flow run ")[1].split()[0]  # the node's 2 CPUs
 
-        _wait_returning(out)
-        flow_pid, holder = lock_holder(str(q.root / "scratch-n1" / "cut"))
-        assert holder == run_id
+        flow_pid = _held_returning(q, out)
+        assert lock_holder(str(q.root / "scratch-n1" / "cut")) == (flow_pid, run_id)
+        if handover:  # within the scheduler's 10 s hand-over window from its start: released to wait behind it
+            wait_for(lambda: _handed_over(q, run_id), what="the waiting job's hand-over")
         os.kill(flow_pid, signal.SIGKILL)
         wait_for(lambda: final_manifest(out) is not None, timeout=120, what="the return to be finished")
         with get_client(sync_client=True) as client:
