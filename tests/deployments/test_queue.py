@@ -1103,6 +1103,10 @@ def test_a_deadline_job_handed_over_behind_a_job_that_overruns_never_starts_too_
     assert not (q.root / "scratch-n1" / "late" / "output" / "started.json").exists()  # the work never started
 
 
+#: A work's wait that ends when the test creates the file ``go`` in the queue's folder (at most 5 minutes).
+UNTIL_GO = "while not pathlib.Path({go!r}).exists() and time.time() < record['start'] + 300: time.sleep(0.05)"
+
+
 def test_the_next_job_is_handed_over_behind_the_running_one_and_its_work_waits_for_it(prefect_api, tmp_path):
     """``--handover 30``: the job planned next on a running job's devices,
     whose planned end is within 30 s, is released at once (``e31_after``):
@@ -1121,7 +1125,10 @@ def test_the_next_job_is_handed_over_behind_the_running_one_and_its_work_waits_f
         wait_for(lambda: _warm_listening(worker), what="the worker's warm process")
         source = q.root / "input.bin"
         source.write_bytes(os.urandom(2**20))
-        ahead = q.submit(q.job("ahead", 2, 20)).split("flow run ")[1].split()[0]  # planned end: start + 25 s
+        # the job ahead runs until the test lets it end (file "go"); planned end: start + 25 s
+        (q.root / "ahead.py").write_text(WORK.replace("time.sleep(float(sys.argv[1]))",
+                                                           UNTIL_GO.format(go=str(q.root / "go"))))
+        ahead = q.submit(q.job("ahead", 2, 20, work="ahead.py")).split("flow run ")[1].split()[0]
         wait_for(lambda: any((q.root / "scratch-n1").glob("ahead/output/started.json")), what="the first job's work")
         behind = q.submit(q.job("behind", 2, 1, data=[{"name": "inp", "url": str(source)}])).split("flow run ")[1]
         behind = behind.split()[0]
@@ -1130,6 +1137,7 @@ def test_the_next_job_is_handed_over_behind_the_running_one_and_its_work_waits_f
             listed = subprocess.run([q.exe, "queue", "--pool", str(q.pool)], capture_output=True, text=True,
                                     cwd=q.root)
             still_running = not (q.root / "scratch-n1" / "ahead" / "output" / "record.json").exists()
+            (q.root / "go").touch()
             wait_for(lambda: _done(q, "ahead", "behind"), timeout=180, what="both jobs")
             wait_for(lambda: client.read_flow_run(behind).state.is_final(), what="its final state")
             returned = (q.root / "out" / "ahead" / "manifest.json").stat().st_mtime  # its output returned
