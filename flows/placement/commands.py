@@ -113,7 +113,8 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     s.add_argument("--checkpoint-every", type=_duration, metavar="DURATION",
                    help="jobs checkpoint after each DURATION of work (e.g. 30m); jobs without a deadline are then "
                         "preemptible (request.preemptible's default) and a preempted job keeps its work up to its "
-                        "last checkpoint; the pool's preemption: options apply")
+                        "last checkpoint; preemptible jobs that declared no duration (requested time -1) are "
+                        "ordered by attained service; the pool's preemption: options apply")
     s.add_argument("--restart-cost", type=_duration, default=0.0, metavar="DURATION",
                    help="with --checkpoint-every, the time a preempted job spends at each later start before its "
                         "work goes on (default 0)")

@@ -63,7 +63,11 @@ class RunningJob:
     checkpoint was committed, Unix seconds; None: none yet, a preemption loses
     everything since ``start``), ``priority`` (higher is more important; equal
     for every job until tenants bring priorities), ``preemptions`` (when it was
-    preempted before, Unix seconds, for the pool's ``max_per_day``)."""
+    preempted before, Unix seconds, for the pool's ``max_per_day``), ``attained_s``
+    (resource-seconds it received in earlier runs: GPU-seconds, CPU-seconds
+    for a job of no GPU; :mod:`.attained`), ``no_duration`` (it declared no
+    duration: ordered by attained service, it may have started in room
+    reserved for another job, :mod:`.attained`)."""
 
     id: str
     node: str
@@ -76,6 +80,8 @@ class RunningJob:
     checkpoint_at: float | None = None
     priority: int = 0
     preemptions: tuple[float, ...] = ()
+    attained_s: float = 0.0
+    no_duration: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,13 @@ class QueuedJob:
             by the live queue from past runs' manifests, 0 in replays): part of
             its occupancy, so a job planned into a gap holds the node until its
             output is back.
+        preemptible: its ``request.preemptible``.  A preemptible job that declared
+            no duration (``runtime_source`` ``limit``) is ordered by the service it
+            has received and starts in any free room (:mod:`.attained`).
+        attained_s: resource-seconds it received in earlier runs (GPU-seconds,
+            CPU-seconds for a job of no GPU), 0 before its first start.
+        waiting_since: when its current wait began (Unix seconds): its last
+            preemption; None: ``submitted``.
     """
 
     id: str
@@ -137,6 +150,9 @@ class QueuedJob:
     return_s: float = 0.0
     start_s: float = 0.0
     output_s: float = 0.0
+    preemptible: bool = False
+    attained_s: float = 0.0
+    waiting_since: float | None = None
 
     @property
     def work_deadline(self) -> float | None:

@@ -97,6 +97,7 @@ from __future__ import annotations
 from bisect import insort
 from collections.abc import Sequence
 
+from .attained import by_attained
 from .capacity import Capacity, devices_of, lowest_bits
 from .model import Node, PlanInputError, Placement, QueuedJob, RunningJob
 from .policy import Promotion, Ranked, at_risk, order, overdue
@@ -115,6 +116,9 @@ AGE_LIMIT_S = 6 * 3600.0
 #: from now to its latest start, leaving the time before it to others.
 SLACK_USE = 0.5
 _PASSES = 3
+#: How long a job ordered by attained service holds its room in the plan (seconds): it starts in any room
+#: free now, and a job with priority over it that needs the room later preempts it (:mod:`.attained`).
+_MOMENT_S = 1.0
 
 _Slot = tuple[float, int, int, bool]  # start, node index, device mask, reserved
 
@@ -133,7 +137,13 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
         length = j.req[3]
         hit = None
         promotion = promoted.get(job.id)
-        if promotion is not None and promotion.start_by > now:  # no earlier than needed
+        if by_attained(job) and promotion is None:  # any room free now, reserved or not; else no reservation
+            hit = cap.earliest((*j.req[:3], _MOMENT_S), j.eligible, now, now, preferred=j.preferred)
+            if hit is None:
+                deep.append(j)
+                continue
+            length = _MOMENT_S
+        elif promotion is not None and promotion.start_by > now:  # no earlier than needed
             by = promotion.start_by
             hit = cap.earliest(j.req, j.eligible, now + SLACK_USE * (by - now), by, preferred=j.preferred)
             late = late or hit is not None

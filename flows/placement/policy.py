@@ -7,14 +7,17 @@ expansion factor, and by when it should start at the latest:
   (EDF), to start by ``deadline - estimate - margin`` (the margin, 10% of the
   runtime estimate and at least 5 minutes, absorbs a small overrun), and by
   ``submitted + age limit`` at the latest;
-* a job that has waited the age limit: tier 1, in arrival order, at once.
+* a job that has waited the age limit: tier 1, in arrival order, at once (not a job ordered by
+  attained service: :mod:`.attained` has its own starvation bound).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from heapq import merge
 from dataclasses import dataclass
 
+from .attained import LEVELS_S, by_attained, rank
 from .model import QueuedJob, id_order
 
 __all__ = ["BSLD_FLOOR_S", "Promotion", "Ranked", "at_risk", "expansion_factor", "order", "overdue"]
@@ -87,13 +90,36 @@ def order(policy: str, jobs: Sequence[Ranked], now: float, promoted: dict[str, P
         estimate = j.req[3]
         return (-expansion_factor(now - j.job.submitted, estimate), estimate, *_arrival(j))
 
-    return first + sorted((j for j in jobs if j.job.id not in promoted), key=expansion)
+    rest = [j for j in jobs if j.job.id not in promoted]
+    served = sorted((j for j in rest if by_attained(j.job)), key=lambda j: (*rank(j.job, now), *_arrival(j)))
+    if not served:
+        return first + sorted(rest, key=expansion)
+    return first + list(merge(sorted((j for j in rest if not by_attained(j.job)), key=expansion), served,
+                              key=_as_estimated(now)))
+
+
+def _as_estimated(now: float):
+    """The key that interleaves jobs ordered by attained service with the others: each is ranked
+    as a job whose estimate is the service left to the end of its level (in seconds of its width)
+    that has waited since its current wait began.  Only the interleaving uses it: each list keeps
+    its own order."""
+    def key(j: Ranked) -> tuple:
+        job = j.job
+        if not by_attained(job):
+            return (-expansion_factor(now - job.submitted, j.req[3]), j.req[3])
+        fed, lvl = rank(job, now)  # fed 0: starving, ranked as a job about to end
+        wide = max(job.gpus or job.cpus, 1)
+        top = LEVELS_S[lvl] if lvl < len(LEVELS_S) else job.limit_s * wide
+        estimate = max(top - job.attained_s, 0.0) / wide if fed else 0.0
+        since = job.waiting_since if job.waiting_since is not None else job.submitted
+        return (-expansion_factor(now - since, estimate), estimate)
+    return key
 
 
 def overdue(jobs: Iterable[Ranked], now: float, age_limit_s: float) -> dict[str, Promotion]:
     """The jobs that have waited ``age_limit_s`` seconds or more (tier 1, to start at once)."""
     return {j.job.id: Promotion(1, j.job.submitted + age_limit_s, now)
-            for j in jobs if now - j.job.submitted >= age_limit_s}
+            for j in jobs if now - j.job.submitted >= age_limit_s and not by_attained(j.job)}
 
 
 def at_risk(jobs: Iterable[Ranked], starts: dict[str, float], now: float, age_limit_s: float,
@@ -107,7 +133,7 @@ def at_risk(jobs: Iterable[Ranked], starts: dict[str, float], now: float, age_li
         if by is not None and start + job.work_s > by:
             margin = max(_MARGIN * job.runtime_s, _MARGIN_MIN_S)
             new = Promotion(0, by, min(by - job.work_s - margin, job.submitted + age_limit_s))
-        elif start > now and now - job.submitted >= age_limit_s:
+        elif start > now and now - job.submitted >= age_limit_s and not by_attained(job):
             new = Promotion(1, job.submitted + age_limit_s, now)
         else:
             continue

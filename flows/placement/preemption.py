@@ -23,6 +23,12 @@ a victim loses; E31's checkpoints make that loss known, so it comes first here. 
 without it: the caller asks only for a job that must start now (a reservation's start has come, a
 deadline would be missed) and this function checks the "without it" half.
 
+:func:`plan_preemptions` asks it for two kinds of job, in this order: a deadline job the plan would
+otherwise start too late (:func:`deadline_at_risk`), then a waiting job with priority by attained
+service over running jobs that declared no duration (:func:`.attained.ranks_above`: the victims have
+received more service, a deeper level, than it).  In the second case only the running jobs the
+waiting job outranks are candidates (the ``over`` argument of :func:`choose_victims`).
+
 Cost: at most :data:`MAX_CANDIDATES` candidates per node are considered (those losing the least),
 so one node costs at most ``2**MAX_CANDIDATES`` fit checks, and a node whose free capacity plus all
 its candidates' cannot hold the job is skipped after one sum.
@@ -30,10 +36,13 @@ its candidates' cannot hold the job is skipped after one sum.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
+from .attained import by_attained
+from .attained import rank as rank_level
+from .attained import ranks_above
 from .model import Node, Placement, QueuedJob, RunningJob
 
 __all__ = ["DAY_S", "MAX_CANDIDATES", "Need", "PlannedPreemption", "Preemption", "PreemptionRules", "choose_victims",
@@ -114,10 +123,11 @@ def _eligible(node: Node, need: Need) -> bool:
 
 
 def choose_victims(need: Need, nodes: Sequence[Node], running: Sequence[RunningJob], now: float,
-                   rules: PreemptionRules) -> Preemption | None:
+                   rules: PreemptionRules, over: Callable[[RunningJob], bool] | None = None) -> Preemption | None:
     """The preemption that lets a job asking for ``need`` start at ``now`` (Unix seconds), chosen by the
     order in the module docstring, or None: the job fits on some node without one, or no allowed set of
-    victims (:func:`may_preempt`) makes room on any node of the job's GPU type."""
+    victims (:func:`may_preempt`, and ``over(victim)`` when given: the job has priority over it) makes
+    room on any node of the job's GPU type."""
     by_node: dict[str, list[RunningJob]] = {}
     for job in running:
         by_node.setdefault(job.node, []).append(job)
@@ -128,7 +138,7 @@ def choose_victims(need: Need, nodes: Sequence[Node], running: Sequence[RunningJ
     answer: Preemption | None = None
     for index, node in usable:
         here = by_node.get(node.name, [])
-        candidates = sorted((j for j in here if may_preempt(j, now, rules)),
+        candidates = sorted((j for j in here if may_preempt(j, now, rules) and (over is None or over(j))),
                             key=lambda j: (lost_work(j, now), j.priority, j.id))[:MAX_CANDIDATES]
         if _fits(node, need, [j for j in here if j not in candidates]) is None:
             continue  # even stopping every candidate leaves too little
@@ -171,11 +181,13 @@ def deadline_at_risk(job: QueuedJob, placement: Placement, now: float) -> bool:
 def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[QueuedJob],
                      placements: Sequence[Placement], now: float,
                      rules: PreemptionRules) -> list[PlannedPreemption]:
-    """The preemptions that let the plan's deadline jobs at risk (:func:`deadline_at_risk`) start now,
-    in the plan's priority order (``placements`` as :func:`.planner.plan` returns them).  The jobs the
-    plan starts now hold their room (never victims: they have not run their minimum), and a running
-    job is the victim of at most one preemption; a job gets one only when it fits nowhere now without
-    it (:func:`choose_victims`)."""
+    """The preemptions the plan calls for, in the plan's priority order (``placements`` as
+    :func:`.planner.plan` returns them): first for its deadline jobs at risk
+    (:func:`deadline_at_risk`), then for each waiting job over running jobs that have received more
+    service than it (a deeper level of attained service, :func:`.attained.ranks_above`).  The jobs
+    the plan starts now hold their room (never victims: they have not run their minimum), and a
+    running job is the victim of at most one preemption; a job gets one only when it fits nowhere now
+    without it (:func:`choose_victims`)."""
     by_id = {job.id: job for job in queued}
     held = list(running)
     for p in placements:
@@ -183,16 +195,35 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
             job = by_id[p.job]
             held.append(RunningJob(job.id, p.node, p.devices, job.cpus, job.memory, now, now + job.occupancy_s))
     planned: list[PlannedPreemption] = []
-    for p in placements:
-        job = by_id.get(p.job)
-        if job is None or not deadline_at_risk(job, p, now):
-            continue
-        need = Need(job.gpus, job.cpus, job.memory, job.gpu_type)
-        chosen = choose_victims(need, nodes, held, now, rules)
+    done: set[str] = set()
+    failed: set[tuple] = set()  # (need, level) that found no victims this time: the same answer for the next
+
+    def take(job: QueuedJob, over: Callable[[RunningJob], bool] | None, key: tuple | None) -> None:
+        nonlocal held
+        if key is not None and key in failed:
+            return
+        chosen = choose_victims(Need(job.gpus, job.cpus, job.memory, job.gpu_type), nodes, held, now, rules, over)
         if chosen is None:
-            continue
+            if key is not None:
+                failed.add(key)
+            return
         planned.append(PlannedPreemption(job.id, chosen))
+        done.add(job.id)
         gone = set(chosen.victims)
         held = [j for j in held if j.id not in gone]
-        held.append(RunningJob(job.id, chosen.node, chosen.devices, job.cpus, job.memory, now, now + job.occupancy_s))
+        held.append(RunningJob(job.id, chosen.node, chosen.devices, job.cpus, job.memory, now, now + job.occupancy_s,
+                               preemptible=job.preemptible, attained_s=job.attained_s, no_duration=by_attained(job)))
+
+    for p in placements:
+        job = by_id.get(p.job)
+        if job is not None and deadline_at_risk(job, p, now):
+            take(job, None, None)
+    for p in placements:
+        job = by_id.get(p.job)
+        if job is None or p.action != "wait" or job.id in done:
+            continue
+        if not any(may_preempt(r, now, rules) and ranks_above(job, r, now) for r in held):
+            continue
+        take(job, lambda r, job=job: ranks_above(job, r, now),
+             (job.gpus, job.cpus, job.memory, job.gpu_type, rank_level(job, now)))
     return planned

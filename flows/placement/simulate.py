@@ -45,6 +45,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
+from .attained import by_attained
+from .attained import width as service_width
 from .model import Node, QueuedJob, RunningJob, id_order
 from .planner import AGE_LIMIT_S, plan
 from .preemption import PreemptionRules, plan_preemptions
@@ -117,7 +119,8 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
         PlanInputError: (from the planner) an unknown policy, a bad depth, duplicate job ids.
         RuntimeError: the replay stopped making progress (a planner bug).
     """
-    pending = sorted(jobs, key=lambda s: (s.job.submitted, id_order(s.job.id)))
+    pending = sorted((replace(s, job=replace(s.job, preemptible=s.preemptible and preemption is not None))
+                      for s in jobs), key=lambda s: (s.job.submitted, id_order(s.job.id)))
     left = {s.job.id: max(s.actual_s, 0.0) for s in pending}  # work still to do (seconds)
     may = {s.job.id for s in pending if s.preemptible}
     by_id = {s.job.id: s.job for s in pending}
@@ -127,6 +130,7 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
     starts, finished, held, refused = {}, {}, {}, 0
     preempted_at: dict[str, tuple[float, ...]] = {}
     progress: dict[str, float] = {}  # work kept by checkpoints across preemptions (seconds)
+    attained: dict[str, float] = {}  # resource-seconds received in earlier runs (attained service)
     lost = 0.0
     planning, nxt, gen = 0.0, 0, 0
     resource = resource_of([s.job for s in pending])
@@ -139,7 +143,8 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
         end = work_start + min(left[job.id], job.limit_s)
         expected = now + job.staging_s + cost + job.runtime_s
         planned = RunningJob(job.id, node, devices, job.cpus, job.memory, now, expected, preemptible=job.id in may,
-                             preemptions=preempted_at.get(job.id, ()))
+                             preemptions=preempted_at.get(job.id, ()), attained_s=attained.get(job.id, 0.0),
+                             no_duration=by_attained(job))
         running[job.id] = (planned, now + job.staging_s + cost + job.limit_s, work_start, gen)
         heapq.heappush(ends, (end if end > now else now, job.id, gen))
         starts.setdefault(job.id, now)
@@ -152,11 +157,14 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
         left[job_id] -= kept
         width = len(planned.devices) if resource == "gpus" else planned.cpus
         lost += width * (now - planned.start - kept)
+        attained[job_id] = attained.get(job_id, 0.0) + service_width(len(planned.devices), planned.cpus) * (
+            now - planned.start)
         held[job_id] = held.get(job_id, 0.0) + now - planned.start
         preempted_at[job_id] = (*preempted_at.get(job_id, ()), now)
         progress[job_id] = progress.get(job_id, 0.0) + kept
         declared = by_id[job_id]  # waits again for what is left of its estimate (its checkpoint is its progress)
-        queue[job_id] = replace(declared, runtime_s=max(declared.runtime_s - progress[job_id], 60.0))
+        queue[job_id] = replace(declared, runtime_s=max(declared.runtime_s - progress[job_id], 60.0),
+                                attained_s=attained[job_id], waiting_since=now)
         finished.pop(job_id, None)
 
     while nxt < len(pending) or ends or queue:
