@@ -336,7 +336,8 @@ def test_next_attempt_kills_what_a_killed_flow_left_running(prefect_api, scratch
     raw["work"] = {"kind": "processing", "command": [
         "bash", "-c", 'sleep 3600 & echo $! > "$E31_OUTPUT_DIR/grandchild.pid"; wait']}
     proc = _start_cli(tmp_path, raw)
-    _wait_for(lambda: list(scratch.glob("*/output/grandchild.pid")), timeout=90)
+    # the file is created empty before echo writes the pid and its newline: wait for the whole line
+    _wait_for(lambda: any(p.read_text().endswith("\n") for p in scratch.glob("*/output/grandchild.pid")), timeout=90)
     grandchild = int(next(scratch.glob("*/output/grandchild.pid")).read_text())
     proc.kill()
     proc.communicate(timeout=30)
