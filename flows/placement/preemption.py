@@ -26,8 +26,11 @@ deadline would be missed) and this function checks the "without it" half.
 :func:`plan_preemptions` asks it for two kinds of job, in this order: a deadline job the plan would
 otherwise start too late (:func:`deadline_at_risk`), then a waiting job with priority by attained
 service over running jobs that declared no duration (:func:`.attained.ranks_above`: the victims have
-received more service, a deeper level, than it).  In the second case only the running jobs the
-waiting job outranks are candidates (the ``over`` argument of :func:`choose_victims`).
+received far more service, a level at least two deeper, than it).  In the second case only the running jobs the
+waiting job outranks, and that committed a checkpoint at most ``attained_loss_s`` seconds ago, are
+candidates (the ``over`` argument of :func:`choose_victims`): a job gives way for attained service
+just after a checkpoint, so each such preemption loses a few minutes of work, not half a checkpoint
+interval on average.
 
 Cost: at most :data:`MAX_CANDIDATES` candidates per node are considered (those losing the least),
 so one node costs at most ``2**MAX_CANDIDATES`` fit checks, and a node whose free capacity plus all
@@ -45,8 +48,8 @@ from .attained import rank as rank_level
 from .attained import ranks_above
 from .model import Node, Placement, QueuedJob, RunningJob
 
-__all__ = ["DAY_S", "MAX_CANDIDATES", "Need", "PlannedPreemption", "Preemption", "PreemptionRules", "choose_victims",
-           "deadline_at_risk", "lost_work", "may_preempt", "plan_preemptions"]
+__all__ = ["ATTAINED_LOSS_S", "DAY_S", "MAX_CANDIDATES", "Need", "PlannedPreemption", "Preemption", "PreemptionRules",
+           "choose_victims", "deadline_at_risk", "lost_seconds", "lost_work", "may_preempt", "plan_preemptions"]
 
 #: The window of ``max_per_day``, seconds.
 DAY_S = 86_400.0
@@ -54,13 +57,21 @@ DAY_S = 86_400.0
 MAX_CANDIDATES = 10
 
 
+#: Seconds of work a running job may lose at most when it is preempted for attained service (the
+#: seconds since its newest durable checkpoint): it gives way just after a checkpoint, not half-way
+#: to the next one.  A deadline at risk is not held to it.
+ATTAINED_LOSS_S = 300.0
+
+
 @dataclass(frozen=True)
 class PreemptionRules:
     """The pool's ``preemption:`` options in seconds: ``min_run_s`` (default 600) and ``max_per_day``
-    (None: no cap)."""
+    (None: no cap); and ``attained_loss_s`` (default :data:`ATTAINED_LOSS_S`; None: no bound), the
+    most seconds of work a job preempted for attained service loses (:func:`plan_preemptions`)."""
 
     min_run_s: float = 600.0
     max_per_day: int | None = None
+    attained_loss_s: float | None = ATTAINED_LOSS_S
 
 
 @dataclass(frozen=True)
@@ -86,12 +97,18 @@ class Preemption:
     lost: float
 
 
+def lost_seconds(job: RunningJob, now: float) -> float:
+    """Seconds of work a preemption of ``job`` at ``now`` (Unix seconds) throws away: since its newest
+    durable checkpoint, or since its start when it has none."""
+    since = max(job.start, job.checkpoint_at) if job.checkpoint_at is not None else job.start
+    return max(now - since, 0.0)
+
+
 def lost_work(job: RunningJob, now: float) -> float:
     """Resource-seconds a preemption of ``job`` at ``now`` (Unix seconds) throws away: the seconds since
     its newest durable checkpoint (since its start when it has none) times the GPUs it holds, or its CPUs
     when it holds no GPU."""
-    since = max(job.start, job.checkpoint_at) if job.checkpoint_at is not None else job.start
-    return max(now - since, 0.0) * (len(job.devices) or job.cpus)
+    return lost_seconds(job, now) * (len(job.devices) or job.cpus)
 
 
 def may_preempt(job: RunningJob, now: float, rules: PreemptionRules) -> bool:
@@ -184,7 +201,9 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
     """The preemptions the plan calls for, in the plan's priority order (``placements`` as
     :func:`.planner.plan` returns them): first for its deadline jobs at risk
     (:func:`deadline_at_risk`), then for each waiting job over running jobs that have received more
-    service than it (a deeper level of attained service, :func:`.attained.ranks_above`).  The jobs
+    service than it (a level of attained service at least two deeper, :func:`.attained.ranks_above`) and would
+    lose at most ``rules.attained_loss_s`` seconds of work (:func:`lost_seconds`): a waiting job that
+    outranks only jobs far from their last checkpoint waits for one to commit its next.  The jobs
     the plan starts now hold their room (never victims: they have not run their minimum), and a
     running job is the victim of at most one preemption; a job gets one only when it fits nowhere now
     without it (:func:`choose_victims`)."""
@@ -218,12 +237,15 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
         job = by_id.get(p.job)
         if job is not None and deadline_at_risk(job, p, now):
             take(job, None, None)
+    def cheap(victim: RunningJob) -> bool:  # a preemption for attained service loses little
+        return rules.attained_loss_s is None or lost_seconds(victim, now) <= rules.attained_loss_s
+
     for p in placements:
         job = by_id.get(p.job)
         if job is None or p.action != "wait" or job.id in done:
             continue
-        if not any(may_preempt(r, now, rules) and ranks_above(job, r, now) for r in held):
+        if not any(may_preempt(r, now, rules) and ranks_above(job, r, now) and cheap(r) for r in held):
             continue
-        take(job, lambda r, job=job: ranks_above(job, r, now),
+        take(job, lambda r, job=job: ranks_above(job, r, now) and cheap(r),
              (job.gpus, job.cpus, job.memory, job.gpu_type, rank_level(job, now)))
     return planned

@@ -35,7 +35,10 @@ goes back to the queue with its submission time (its priority) kept and its esti
 its checkpoints kept, and pays
 ``restart_cost_s`` seconds at each later start; the job it gave way to starts
 at once on the freed devices (the stop's grace is not modelled).  Waits count
-from submission to the first start.
+from submission to the first start.  While jobs wait, the replay also plans
+just after each checkpoint of a preemptible running job ordered by attained
+service (the moment it may be preempted for one: :mod:`.preemption`), as the
+live queue's ticks, every few seconds, would.
 """
 
 from __future__ import annotations
@@ -52,12 +55,14 @@ from .planner import AGE_LIMIT_S, plan
 from .preemption import PreemptionRules, plan_preemptions
 from .refusals import eligible_nodes
 
-__all__ = ["BSLD_THRESHOLD_S", "OVERRUN_SHARE", "Result", "SimJob", "overrun", "resource_of", "simulate"]
+__all__ = ["BSLD_THRESHOLD_S", "OVERRUN_SHARE", "WAKE_AFTER_S", "Result", "SimJob", "overrun", "resource_of", "simulate"]
 
 #: The bounded-slowdown threshold: runs shorter than this count as this long (seconds).
 BSLD_THRESHOLD_S = 10.0
 #: A job past its estimate is expected to end within this share of the estimate (re-asked each event).
 OVERRUN_SHARE = 0.1
+#: Seconds after a checkpoint at which a replay plans again (the checkpoint counts as committed by then).
+WAKE_AFTER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,10 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
     queue: dict[str, QueuedJob] = {}
     running: dict[str, tuple[RunningJob, float, float, int]] = {}  # id -> (as planned, hard stop, work start, gen)
     ends: list[tuple[float, str, int]] = []
+    # (time, id, gen): just after a checkpoint of a running job ordered by attained service, when it may be
+    # preempted for a job that outranks it (the live queue's ticks come every few seconds; a replay plans
+    # only at events, so a checkpoint is one)
+    wakes: list[tuple[float, str, int]] = []
     starts, finished, held, refused = {}, {}, {}, 0
     preempted_at: dict[str, tuple[float, ...]] = {}
     progress: dict[str, float] = {}  # work kept by checkpoints across preemptions (seconds)
@@ -147,6 +156,8 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
                              no_duration=by_attained(job))
         running[job.id] = (planned, now + job.staging_s + cost + job.limit_s, work_start, gen)
         heapq.heappush(ends, (end if end > now else now, job.id, gen))
+        if preemption is not None and checkpoint_every_s and job.id in may and by_attained(job):
+            heapq.heappush(wakes, (work_start + checkpoint_every_s + WAKE_AFTER_S, job.id, gen))
         starts.setdefault(job.id, now)
         finished[job.id] = end
 
@@ -172,7 +183,16 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
                              (ends[0][0] if ends else None)) if t is not None]
         if not times:
             raise RuntimeError(f"the replay stalled with {len(queue)} queued job(s) and nothing running")
-        now = min(times)
+        if wakes and wakes[0][0] < min(times):
+            at, job_id, which = heapq.heappop(wakes)
+            if job_id not in running or running[job_id][3] != which:
+                continue  # it ended or was preempted since
+            heapq.heappush(wakes, (at + checkpoint_every_s, job_id, which))
+            if not queue:
+                continue  # nobody waits: no plan can change
+            now = at
+        else:
+            now = min(times)
         while ends and ends[0][0] <= now:
             _, done, which = heapq.heappop(ends)
             if done in running and running[done][3] == which:

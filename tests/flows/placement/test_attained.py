@@ -28,18 +28,19 @@ def declared(id_, gpus, runtime_s, *, submitted=NOW - 60):
     return QueuedJob(id_, id_, gpus, 1, GIB, submitted, runtime_s, 2 * runtime_s, runtime_source="duration")
 
 
-def running(id_, devices, *, start, attained_s=0.0, no_duration=True, preemptible=True, end=NOW + 10 * 3600):
+def running(id_, devices, *, start, attained_s=0.0, no_duration=True, preemptible=True, end=NOW + 10 * 3600,
+            checkpoint_at=NOW - 100):
     return RunningJob(id_, "g1", tuple(devices), 1, GIB, start, end, preemptible=preemptible,
-                      attained_s=attained_s, no_duration=no_duration)
+                      attained_s=attained_s, no_duration=no_duration, checkpoint_at=checkpoint_at)
 
 
 def test_levels_cut_at_one_and_ten_gpu_hours():
     assert [level(s) for s in (0, 3_599, 3_600, 35_999, 36_000, 10**9)] == [0, 0, 1, 1, 2, 2]
 
 
-def test_a_job_starves_after_waiting_twice_what_it_ran_and_then_ranks_first():
+def test_a_job_starves_after_waiting_eight_times_what_it_ran_and_then_ranks_first():
     # 4 GPUs x 3,000 s = 12,000 GPU-seconds: level 1, it ran 3,000 s
-    served = undeclared("served", 4, attained_s=12_000.0, waiting_since=NOW - 5_999)
+    served = undeclared("served", 4, attained_s=12_000.0, waiting_since=NOW - 23_999)
     assert (starving(served, NOW), rank(served, NOW)) == (False, (1, 1))
     assert (starving(served, NOW + 1), rank(served, NOW + 1)) == (True, (0, 0))
     fresh = undeclared("fresh", 4)  # never ran: level 0, not "starving"
@@ -53,7 +54,7 @@ def test_the_least_served_job_goes_first_whatever_its_arrival():
     new = undeclared("new", 8, submitted=NOW - 60)
     order = [p.job for p in plan(nodes, [hog], [old, new], NOW, explain=False)]
     assert order == ["new", "old"]
-    starved = undeclared("old", 8, submitted=NOW - 7200, attained_s=8 * 3_000.0, waiting_since=NOW - 6_000)
+    starved = undeclared("old", 8, submitted=NOW - 30_000, attained_s=8 * 3_000.0, waiting_since=NOW - 24_000)
     assert [p.job for p in plan(nodes, [hog], [starved, new], NOW, explain=False)] == ["old", "new"]
 
 
@@ -76,39 +77,60 @@ def _preemptions(running_jobs, waiting):
                                                                     RULES)]
 
 
-def test_a_waiting_job_preempts_running_jobs_of_a_deeper_level_only():
-    deep = running("deep", range(8), start=NOW - 3600)  # 8 x 3,600 = 28,800 GPU-s: level 1
+def test_a_waiting_job_preempts_running_jobs_two_levels_deeper_only():
+    deep = running("deep", range(8), start=NOW - 4_500)  # 8 x 4,500 = 36,000 GPU-s: level 2
     assert (ranks_above(undeclared("new", 8), deep, NOW),
             ranks_above(undeclared("new", 8, attained_s=3_600.0, waiting_since=NOW), deep, NOW)) == (True, False)
     assert _preemptions([deep], [undeclared("new", 8)]) == [("new", ("deep",))]
+    one_deeper = running("one", range(8), start=NOW - 4_499)  # 35,992 GPU-s: level 1, one below level 0
+    assert _preemptions([one_deeper], [undeclared("new", 8)]) == []
     same = running("same", range(8), start=NOW - 400)  # 3,200 GPU-s: level 0, as the newcomer
     assert _preemptions([same], [undeclared("new", 8)]) == []
-    served = undeclared("served", 8, attained_s=4_000.0, waiting_since=NOW - 60)  # level 1 as well
+    served = undeclared("served", 8, attained_s=4_000.0, waiting_since=NOW - 60)  # level 1
     assert _preemptions([deep], [served]) == []
-    declared_victim = running("timed", range(8), start=NOW - 3600, no_duration=False)
+    # the same job once it has waited 8 x its 500 s run: it starves, ranks as level 0 and preempts
+    starving_job = undeclared("served", 8, attained_s=4_000.0, waiting_since=NOW - 4_000)
+    assert _preemptions([deep], [starving_job]) == [("served", ("deep",))]
+    declared_victim = running("timed", range(8), start=NOW - 4_500, no_duration=False)
     assert _preemptions([declared_victim], [undeclared("new", 8)]) == []
     young = running("young", range(8), start=NOW - 500, attained_s=40_000.0)  # level 2, under min_run
     assert _preemptions([young], [undeclared("new", 8)]) == []
 
 
+def test_a_job_is_preempted_for_attained_service_only_soon_after_a_checkpoint():
+    """The deeper job would lose the seconds since its newest checkpoint: 301 s is more than the 300 s
+    allowed, 300 s is not; with no checkpoint it would lose its 4,500 s since its start.  A deadline at
+    risk is not held to the bound (tests/flows/placement/test_preemption.py)."""
+    for checkpoint_at, victims in ((NOW - 301, []), (NOW - 300, [("new", ("deep",))]), (None, [])):
+        deep = running("deep", range(8), start=NOW - 4_500, checkpoint_at=checkpoint_at)
+        assert _preemptions([deep], [undeclared("new", 8)]) == victims, checkpoint_at
+    deep = running("deep", range(8), start=NOW - 4_500, checkpoint_at=None)
+    unbounded = PreemptionRules(min_run_s=600.0, max_per_day=None, attained_loss_s=None)
+    placements = plan([GPU8], [deep], [undeclared("new", 8)], NOW, "e31", explain=False)
+    assert [(c.job, c.preemption.victims) for c in plan_preemptions(
+        [GPU8], [deep], [undeclared("new", 8)], placements, NOW, unbounded)] == [("new", ("deep",))]
+
+
 def test_a_short_job_preempts_a_long_one_and_both_finish_in_a_replay():
-    """One GPU.  A (no duration, limit 10 h) really runs 10,800 s from 0; B (the same declaration)
-    arrives at 7,000 and runs 600 s.  Both checkpoint every 1,800 s.  At 7,000 A has 7,000
-    GPU-seconds (level 1), B none (level 0): A is preempted keeping 5,400 s (its checkpoint at
-    5,400), losing 1,600 GPU-seconds; B runs 7,000-7,600; A starts again at 7,600 with 5,400 s to
-    do and ends at 13,000.  Mean completion (13,000 + 600) / 2 = 6,800 s.  Without preemption B
-    waits for A: 10,800 and 11,400, mean (10,800 + 4,400) / 2 = 7,600 s."""
-    one = [Node("g", 1, 8, 64 * GIB)]
+    """One node of 8 GPUs.  A (8 GPUs, no duration, limit 10 h) really runs 10,800 s from 0; B (the
+    same declaration) arrives at 5,000 and runs 1,000 s.  Both checkpoint every 1,800 s.  At 5,000 A
+    has 40,000 GPU-seconds (level 2), B none (level 0), but A would lose the 1,400 s since its
+    checkpoint at 3,600, more than 300 s: B waits.  The replay plans again 1 s after A's checkpoint
+    at 5,400: A is preempted keeping 5,400 s and losing 8 GPU-seconds; B runs 5,401-6,401; A starts
+    again at 6,401 with 5,400 s to do and ends at 11,801.  Mean completion (11,801 + 1,401) / 2 =
+    6,601 s.  Without preemption B waits for A: 10,800 and 11,800, mean (10,800 + 6,800) / 2 =
+    8,800 s."""
+    one = [Node("g", 8, 64, 512 * GIB)]
     t0 = 1_767_225_600.0
 
     def job(id_, at, actual):
-        return SimJob(QueuedJob(id_, id_, 1, 1, GIB, t0 + at, 36_000.0, 36_000.0, runtime_source="limit"),
+        return SimJob(QueuedJob(id_, id_, 8, 1, GIB, t0 + at, 36_000.0, 36_000.0, runtime_source="limit"),
                       actual, preemptible=True)
 
-    jobs = [job("a", 0, 10_800.0), job("b", 7_000, 600.0)]
+    jobs = [job("a", 0, 10_800.0), job("b", 5_000, 1_000.0)]
     got = simulate(one, jobs, preemption=RULES, checkpoint_every_s=1800.0)
     assert ({k: v - t0 for k, v in got.ends.items()}, got.preemptions, got.lost_gpu_hours,
-            got.mean_completion_s) == ({"a": 13_000.0, "b": 7_600.0}, 1, pytest.approx(1_600 / 3600), 6_800.0)
+            got.mean_completion_s) == ({"a": 11_801.0, "b": 6_401.0}, 1, pytest.approx(8 / 3600), 6_601.0)
     without = simulate(one, jobs)
     assert ({k: v - t0 for k, v in without.ends.items()}, without.preemptions,
-            without.mean_completion_s) == ({"a": 10_800.0, "b": 11_400.0}, 0, 7_600.0)
+            without.mean_completion_s) == ({"a": 10_800.0, "b": 11_800.0}, 0, 8_800.0)
