@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from e31.flows.placement.attained import level, rank, ranks_above, starving
 from e31.flows.placement.model import Node, QueuedJob, RunningJob
@@ -134,3 +136,25 @@ def test_a_short_job_preempts_a_long_one_and_both_finish_in_a_replay():
     without = simulate(one, jobs)
     assert ({k: v - t0 for k, v in without.ends.items()}, without.preemptions,
             without.mean_completion_s) == ({"a": 10_800.0, "b": 11_800.0}, 0, 8_800.0)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 4, 8]), st.integers(0, 20_000), st.integers(60, 40_000)),
+                min_size=1, max_size=25),
+       st.sampled_from([600.0, 1800.0]))
+def test_every_job_of_a_replay_finishes_and_each_preemption_loses_at_most_the_bound_and_its_restart(
+        specs, every):
+    """Random jobs that declare no duration on two nodes of 8 GPUs, no deadlines (so every preemption is
+    for attained service): every job ends, after its actual run time (the work kept by checkpoints is
+    not done twice, the rest is), and the GPU-seconds lost are at most, per preemption, 8 GPUs x
+    (the 300 s bound + the 1 s the replay plans after a checkpoint + the 60 s restart)."""
+    two = [Node("a", 8, 64, 512 * GIB), Node("b", 8, 64, 512 * GIB)]
+    t0 = 1_767_225_600.0
+    jobs = [SimJob(QueuedJob(f"j{i:02d}", f"j{i:02d}", gpus, 1, GIB, t0 + at, 200_000.0, 200_000.0,
+                             runtime_source="limit"), float(run), preemptible=True)
+            for i, (gpus, at, run) in enumerate(specs)]
+    got = simulate(two, jobs, preemption=RULES, checkpoint_every_s=every, restart_cost_s=60.0)
+    assert sorted(got.ends) == sorted(j.job.id for j in jobs)
+    for j in jobs:
+        assert got.ends[j.job.id] - j.job.submitted >= j.actual_s
+    assert got.lost_gpu_hours * 3600 <= got.preemptions * 8 * (300.0 + 1.0 + 60.0) + 1e-6
