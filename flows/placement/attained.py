@@ -16,8 +16,8 @@ Deep Learning", NSDI 2019, its discretised two-dimensional least-attained-servic
   waiting job :data:`PREEMPT_GAP` levels lower, needs the room it is preempted (:func:`ranks_above`,
   :func:`.preemption.plan_preemptions`): it stops with its checkpoint and waits again.  Tiresias
   preempts for any difference of level; with the gap of two, only a job that has received less than
-  the first threshold preempts, and only jobs past the last: each preemption then makes room for a
-  job far less served; in replays of a generated GPU-cluster workload (``bench_attained.py``) it
+  the first threshold (or a starving job) preempts, and only jobs past the last: each preemption
+  then makes room for a job far less served; in replays of a generated GPU-cluster workload (``bench_attained.py``) it
   halved the preemptions and the GPU-hours they lost for the same mean completion (the
   measurements: docs/performance.md, "Jobs without a duration in simulation").
 * **Starvation bound.**  A job that has waited (since its submission, or since its last preemption)

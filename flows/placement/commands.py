@@ -51,6 +51,14 @@ def _duration(text: str) -> float:
     return seconds
 
 
+def _interval(text: str) -> float:
+    """A checkpoint interval: a duration of at least one second (each checkpoint is a planning event)."""
+    seconds = _duration(text)
+    if seconds < 1.0:
+        raise argparse.ArgumentTypeError(f"must be at least 1 second (got {text!r}); use e.g. 30m")
+    return seconds
+
+
 def _factor(text: str) -> float:
     try:
         value = float(text)
@@ -110,7 +118,7 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     s.add_argument("--deadline-every", type=_positive, default=None, metavar="K",
                    help="with --deadlines, only every K-th job of the trace gets one, from the first: jobs 1, "
                         "K+1, 2K+1, ... in trace order (default 1: all)")
-    s.add_argument("--checkpoint-every", type=_duration, metavar="DURATION",
+    s.add_argument("--checkpoint-every", type=_interval, metavar="DURATION",
                    help="jobs checkpoint after each DURATION of work (e.g. 30m); jobs without a deadline are then "
                         "preemptible (request.preemptible's default) and a preempted job keeps its work up to its "
                         "last checkpoint; preemptible jobs that declared no duration (requested time -1) are "

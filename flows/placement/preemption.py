@@ -203,16 +203,19 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
     (:func:`deadline_at_risk`), then for each waiting job over running jobs that have received more
     service than it (a level of attained service at least two deeper, :func:`.attained.ranks_above`) and would
     lose at most ``rules.attained_loss_s`` seconds of work (:func:`lost_seconds`): a waiting job that
-    outranks only jobs far from their last checkpoint waits for one to commit its next.  The jobs
+    outranks only jobs far from their last checkpoint waits for one to commit its next (a job with no
+    checkpoint is, once past that many seconds of its run, never preempted for attained service).  The jobs
     the plan starts now hold their room (never victims: they have not run their minimum), and a
     running job is the victim of at most one preemption; a job gets one only when it fits nowhere now
     without it (:func:`choose_victims`)."""
     by_id = {job.id: job for job in queued}
     held = list(running)
+    fresh: set[str] = set()  # jobs this plan starts: never victims, whatever the pool's min_run (0 included)
     for p in placements:
         if p.action == "start" and p.node is not None:
             job = by_id[p.job]
             held.append(RunningJob(job.id, p.node, p.devices, job.cpus, job.memory, now, now + job.occupancy_s))
+            fresh.add(job.id)
     planned: list[PlannedPreemption] = []
     done: set[str] = set()
     failed: set[tuple] = set()  # (need, level) that found no victims this time: the same answer for the next
@@ -221,13 +224,17 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
         nonlocal held
         if key is not None and key in failed:
             return
-        chosen = choose_victims(Need(job.gpus, job.cpus, job.memory, job.gpu_type), nodes, held, now, rules, over)
+        def allowed(victim: RunningJob) -> bool:
+            return victim.id not in fresh and (over is None or over(victim))
+
+        chosen = choose_victims(Need(job.gpus, job.cpus, job.memory, job.gpu_type), nodes, held, now, rules, allowed)
         if chosen is None:
             if key is not None:
                 failed.add(key)
             return
         planned.append(PlannedPreemption(job.id, chosen))
         done.add(job.id)
+        fresh.add(job.id)
         gone = set(chosen.victims)
         held = [j for j in held if j.id not in gone]
         held.append(RunningJob(job.id, chosen.node, chosen.devices, job.cpus, job.memory, now, now + job.occupancy_s,
@@ -244,7 +251,8 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
         job = by_id.get(p.job)
         if job is None or p.action != "wait" or job.id in done:
             continue
-        if not any(may_preempt(r, now, rules) and ranks_above(job, r, now) and cheap(r) for r in held):
+        if not any(may_preempt(r, now, rules) and ranks_above(job, r, now) and cheap(r) and r.id not in fresh
+                   for r in held):
             continue
         take(job, lambda r, job=job: ranks_above(job, r, now) and cheap(r),
              (job.gpus, job.cpus, job.memory, job.gpu_type, rank_level(job, now)))

@@ -50,12 +50,12 @@ from dataclasses import asdict, dataclass, replace
 
 from .attained import by_attained
 from .attained import width as service_width
-from .model import Node, QueuedJob, RunningJob, id_order
+from .model import Node, PlanInputError, QueuedJob, RunningJob, id_order
 from .planner import AGE_LIMIT_S, plan
 from .preemption import PreemptionRules, plan_preemptions
 from .refusals import eligible_nodes
 
-__all__ = ["BSLD_THRESHOLD_S", "OVERRUN_SHARE", "WAKE_AFTER_S", "Result", "SimJob", "overrun", "resource_of", "simulate"]
+__all__ = ["BSLD_THRESHOLD_S", "MIN_CHECKPOINT_EVERY_S", "OVERRUN_SHARE", "WAKE_AFTER_S", "Result", "SimJob", "overrun", "resource_of", "simulate"]
 
 #: The bounded-slowdown threshold: runs shorter than this count as this long (seconds).
 BSLD_THRESHOLD_S = 10.0
@@ -63,6 +63,10 @@ BSLD_THRESHOLD_S = 10.0
 OVERRUN_SHARE = 0.1
 #: Seconds after a checkpoint at which a replay plans again (the checkpoint counts as committed by then).
 WAKE_AFTER_S = 1.0
+#: The shortest checkpoint interval a replay takes, seconds: each checkpoint of a job that may be preempted
+#: for attained service is a planning event while jobs wait, so the replay's cost grows as 1 / interval
+#: (a 2,000-job replay: 1 s at 1,800 s, 10 s at 60 s).
+MIN_CHECKPOINT_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -121,9 +125,19 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
     ``restart_cost_s`` (seconds): what a preempted job keeps and pays (module docstring).
 
     Raises:
-        PlanInputError: (from the planner) an unknown policy, a bad depth, duplicate job ids.
+        PlanInputError: (from the planner) an unknown policy, a bad depth, duplicate job ids; a
+            ``checkpoint_every_s`` under :data:`MIN_CHECKPOINT_EVERY_S`, or a
+            ``preemption.attained_loss_s`` under :data:`WAKE_AFTER_S` (the replay would never see a
+            checkpoint recent enough to preempt for attained service).
         RuntimeError: the replay stopped making progress (a planner bug).
     """
+    if checkpoint_every_s is not None and not checkpoint_every_s >= MIN_CHECKPOINT_EVERY_S:
+        raise PlanInputError(f"checkpoint_every_s must be at least {MIN_CHECKPOINT_EVERY_S:g} s, got "
+                             f"{checkpoint_every_s!r}")
+    if preemption is not None and preemption.attained_loss_s is not None and \
+            not preemption.attained_loss_s >= WAKE_AFTER_S:
+        raise PlanInputError(f"preemption.attained_loss_s must be at least {WAKE_AFTER_S:g} s (the replay plans "
+                             f"{WAKE_AFTER_S:g} s after a checkpoint), got {preemption.attained_loss_s!r}")
     pending = sorted((replace(s, job=replace(s.job, preemptible=s.preemptible and preemption is not None))
                       for s in jobs), key=lambda s: (s.job.submitted, id_order(s.job.id)))
     left = {s.job.id: max(s.actual_s, 0.0) for s in pending}  # work still to do (seconds)
@@ -254,7 +268,12 @@ def _measure(nodes: Sequence[Node], jobs: dict[str, QueuedJob], starts: dict[str
     last = max(ends.values(), default=first)
     span = last - first
     waits, slowdowns, completions, busy = [], [], [], 0.0
+    ran = 0
     for job_id, start in starts.items():
+        if job_id not in ends:  # preempted, then refused (its deadline could no longer be met): it never ended
+            busy += (jobs[job_id].gpus if gpus else jobs[job_id].cpus) * held.get(job_id, 0.0)
+            continue
+        ran += 1
         job, run = jobs[job_id], held.get(job_id, ends[job_id] - start)
         wait = start - job.submitted
         waits.append(wait)
@@ -263,7 +282,7 @@ def _measure(nodes: Sequence[Node], jobs: dict[str, QueuedJob], starts: dict[str
         busy += (job.gpus if gpus else job.cpus) * run
     with_deadline = [j for j in jobs.values() if j.deadline is not None]
     return Result(
-        jobs=len(starts), refused=refused, makespan_s=span,
+        jobs=ran, refused=refused, makespan_s=span,
         avg_wait_s=sum(waits) / len(waits) if waits else 0.0, max_wait_s=max(waits, default=0.0),
         avg_bounded_slowdown=sum(slowdowns) / len(slowdowns) if slowdowns else 0.0,
         utilization=busy / (capacity * span) if capacity and span > 0 else 0.0,

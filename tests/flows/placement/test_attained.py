@@ -147,7 +147,8 @@ def test_every_job_of_a_replay_finishes_and_each_preemption_loses_at_most_the_bo
     """Random jobs that declare no duration on two nodes of 8 GPUs, no deadlines (so every preemption is
     for attained service): every job ends, after its actual run time (the work kept by checkpoints is
     not done twice, the rest is), and the GPU-seconds lost are at most, per preemption, 8 GPUs x
-    (the 300 s bound + the 1 s the replay plans after a checkpoint + the 60 s restart)."""
+    (the 300 s bound + the 1 s the replay plans after a checkpoint + the 60 s restart); the jobs stage
+    nothing here (a staging time is paid again at each restart too)."""
     two = [Node("a", 8, 64, 512 * GIB), Node("b", 8, 64, 512 * GIB)]
     t0 = 1_767_225_600.0
     jobs = [SimJob(QueuedJob(f"j{i:02d}", f"j{i:02d}", gpus, 1, GIB, t0 + at, 200_000.0, 200_000.0,
@@ -158,3 +159,35 @@ def test_every_job_of_a_replay_finishes_and_each_preemption_loses_at_most_the_bo
     for j in jobs:
         assert got.ends[j.job.id] - j.job.submitted >= j.actual_s
     assert got.lost_gpu_hours * 3600 <= got.preemptions * 8 * (300.0 + 1.0 + 60.0) + 1e-6
+
+
+def test_a_replay_refuses_a_checkpoint_interval_under_a_second_and_a_loss_bound_under_its_wake():
+    from e31.flows.placement.model import PlanInputError
+
+    one = [Node("g", 8, 64, 512 * GIB)]
+    jobs = [SimJob(undeclared("a", 8, submitted=NOW), 60.0, preemptible=True)]
+    for every in (1e-7, -1.0, 0.5):  # a wake per checkpoint: 1e-7 s after 1.7e9 s is the same float, forever
+        with pytest.raises(PlanInputError) as caught:
+            simulate(one, jobs, preemption=RULES, checkpoint_every_s=every)
+        assert str(caught.value) == f"checkpoint_every_s must be at least 1 s, got {every!r}"
+    with pytest.raises(PlanInputError) as caught:
+        simulate(one, jobs, preemption=PreemptionRules(attained_loss_s=0.5), checkpoint_every_s=60.0)
+    assert str(caught.value) == ("preemption.attained_loss_s must be at least 1 s (the replay plans 1 s after a "
+                                 "checkpoint), got 0.5")
+    assert simulate(one, jobs, preemption=RULES, checkpoint_every_s=1.0).ends == {"a": NOW + 60.0}
+
+
+def test_a_job_preempted_for_a_deadline_and_then_refused_counts_as_refused_and_its_run_as_busy():
+    """One node of 8 GPUs.  A (deadline 10,500, runs 10,000 s, preemptible) starts at 0; B (deadline
+    3,000, runs 1,500 s) arrives at 1,000 and would miss its deadline behind A: A is preempted (no
+    checkpoints: it loses its 1,000 s x 8 GPUs, 2.22 GPU-hours), B runs 1,000-2,500, and A, with
+    10,000 s still to do, can no longer meet its deadline: refused.  Busy 8 x (1,000 + 1,500) over
+    8 x 2,500 available: utilisation 1.0."""
+    one = [Node("g1", 8, 64, 512 * GIB, "H100")]
+    t0 = 1_767_225_600.0
+    a = QueuedJob("a", "a", 8, 1, GIB, t0, 1e4, 1e4, deadline=t0 + 10_500)
+    b = QueuedJob("b", "b", 8, 1, GIB, t0 + 1000, 1500.0, 1500.0, deadline=t0 + 3000)
+    got = simulate(one, [SimJob(a, 1e4, preemptible=True), SimJob(b, 1500.0)], preemption=RULES)
+    assert (got.jobs, got.refused, {k: v - t0 for k, v in got.ends.items()}, got.preemptions,
+            got.lost_gpu_hours, got.utilization, got.deadlines_met) == (
+        1, 1, {"b": 2500.0}, 1, pytest.approx(8000 / 3600), 1.0, 1)

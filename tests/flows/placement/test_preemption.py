@@ -215,3 +215,19 @@ def test_two_deadline_jobs_at_risk_take_different_victims_and_a_job_started_now_
     small = queued("small", 4)  # starts now on g2's free half; the plan keeps it
     got = _planned([GPU8, g2], [a, b], [first, second, small])
     assert got == [("first", "g1", ("a",), tuple(range(8)))]  # second: g2 holds b and small, small is not a victim
+
+
+def test_a_job_a_plan_starts_by_a_preemption_is_never_the_victim_of_the_next_even_with_no_minimum_run():
+    """min_run 0: ``running`` has run 100 s; two deadline jobs of 8 GPUs are at risk.  The first
+    (itself preemptible) preempts ``running``; the second finds no victim: the first has just started."""
+    from e31.flows.placement.model import QueuedJob
+    from e31.flows.placement.planner import plan
+    from e31.flows.placement.preemption import plan_preemptions
+
+    victim = running("running", "g1", range(8), start=NOW - 100, checkpoint_at=NOW - 10)
+    first = QueuedJob("d1", "d1", 8, 1, GIB, NOW - 60, 3600.0, 3600.0, deadline=NOW + 4000, preemptible=True)
+    second = QueuedJob("d2", "d2", 8, 1, GIB, NOW - 30, 3600.0, 3600.0, deadline=NOW + 4000)
+    rules = PreemptionRules(min_run_s=0.0)
+    placements = plan([GPU8], [victim], [first, second], NOW, explain=False)
+    got = plan_preemptions([GPU8], [victim], [first, second], placements, NOW, rules)
+    assert [(c.job, c.preemption.victims) for c in got] == [("d1", ("running",))]

@@ -65,3 +65,6 @@ def test_restart_cost_without_checkpoints_is_refused_with_the_fix(e31, files):
                           "with --checkpoint-every; add --checkpoint-every (e.g. 30m), or drop --restart-cost\n")
     out = e31("simulate", trace, "--pool", pool, "--checkpoint-every=-5m")
     assert out.returncode == 2 and "--checkpoint-every" in out.stderr and "use e.g. 30m" in out.stderr
+    out = e31("simulate", trace, "--pool", pool, "--checkpoint-every", "0.5s")  # each checkpoint is an event
+    assert (out.returncode, out.stderr.splitlines()[-1]) == (
+        2, "e31 simulate: error: argument --checkpoint-every: must be at least 1 second (got '0.5s'); use e.g. 30m")
