@@ -55,7 +55,8 @@ from .planner import AGE_LIMIT_S, plan
 from .preemption import PreemptionRules, plan_preemptions
 from .refusals import eligible_nodes
 
-__all__ = ["BSLD_THRESHOLD_S", "MIN_CHECKPOINT_EVERY_S", "OVERRUN_SHARE", "WAKE_AFTER_S", "Result", "SimJob", "overrun", "resource_of", "simulate"]
+__all__ = ["BSLD_THRESHOLD_S", "MIN_CHECKPOINT_EVERY_S", "OVERRUN_SHARE", "WAKE_AFTER_S", "Result", "SimJob", "overrun",
+           "resource_of", "simulate"]
 
 #: The bounded-slowdown threshold: runs shorter than this count as this long (seconds).
 BSLD_THRESHOLD_S = 10.0
