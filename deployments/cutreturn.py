@@ -173,7 +173,7 @@ def settle_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
     from prefect.client.schemas.objects import StateType
 
     from e31.flows.cancelhook import cancelled_message
-    from e31.states import cancelled, for_manifest
+    from e31.states import PREEMPTED, cancelled, for_manifest
 
     with get_client(sync_client=True) as client:
         now = client.read_flow_run(flow_run_id).state
@@ -181,7 +181,7 @@ def settle_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
                                                  StateType.CANCELLED)
         if not left:
             return False
-        if now is not None and now.is_cancelled():
+        if now is not None and now.is_cancelled() and now.name != PREEMPTED:  # a preempted run stays one
             client.set_flow_run_state(flow_run_id, cancelled(cancelled_message(manifest)), force=True)
             return True
         client.set_flow_run_state(flow_run_id, for_manifest(manifest), force=True)

@@ -346,14 +346,22 @@ def _job_of(run: Any) -> str | None:
 async def end_cancelling(client: Any, flow_run_id: Any, status_code: int,
                          logger: logging.Logger | logging.LoggerAdapter) -> bool:
     """After the flow process of ``flow_run_id`` ended with ``status_code``
-    (non-zero): mark the run ``Cancelled`` if it is still ``Cancelling``.
-    True when it did.  Best effort: a failure is logged."""
-    from e31.states import cancelled
+    (non-zero): mark the run ``Cancelled`` if it is still ``Cancelling``
+    (``Cancelled`` named ``Preempted`` when the queue preempted it: it is
+    queued again).  True when it did.  Best effort: a failure is logged."""
+    from e31.states import PREEMPTING, cancelled, preempted
 
     try:
         run = await client.read_flow_run(flow_run_id)
         if run.state is None or run.state.type.value != "CANCELLING":
             return False
+        if run.state.name == PREEMPTING:  # the queue's: it takes the run back and it resumes from its checkpoint
+            await client.set_flow_run_state(flow_run_id, preempted(
+                f"{run.state.message}; its flow process ended (exit status {status_code}) before its return was "
+                "done: it resumes from its newest durable checkpoint"), force=True)
+            logger.warning("flow run %s was preempted and its flow process ended (exit status %s): marked "
+                           "Preempted, to be queued again", flow_run_id, status_code)
+            return True
         await client.set_flow_run_state(flow_run_id, cancelled(_cancelled_message(
             f"its flow process ended (exit status {status_code}) before the cancel was done; its resources are free "
             "again (a manifest at its destination, if any, says what was returned)")), force=True)

@@ -28,9 +28,11 @@ from typing import Any, Awaitable, Callable
 
 #: State names whose events make the scheduler tick at once: a run's end frees its resources, a
 #: submission (and each requeue) may start at once, a run late or awaiting a retry is due.
-SCHEDULER_EVENTS = ("Completed", "Failed", "Cancelled", "Crashed", "TimedOut", "Queued", "Late", "AwaitingRetry")
-#: State names whose events make a worker poll at once: the scheduler placed a run (on some node).
-WORKER_EVENTS = ("Placed",)
+SCHEDULER_EVENTS = ("Completed", "Failed", "Cancelled", "Crashed", "TimedOut", "Queued", "Late", "AwaitingRetry",
+                    "Preempted")
+#: State names whose events make a worker poll at once: the scheduler placed a run (on some node); and the
+#: queue's preemption of a run (its worker nudges the run's flow process: :func:`poll_on_placements`).
+WORKER_EVENTS = ("Placed", "Preempting")
 #: Seconds between attempts to subscribe again after the stream was lost.
 RESUBSCRIBE_S = 5.0
 #: Seconds between a worker's polls for runs that ask the server while the event stream is up and no
@@ -140,7 +142,7 @@ def event_tags(event: Any) -> list[str]:
 
 
 def poll_on_placements(work_pool: str, node: str, gate: PollGate, poll: Callable[[], Awaitable[Any]],
-                       logger: Any) -> list[asyncio.Task]:
+                       logger: Any, on_preempting: Callable[[str], None] | None = None) -> list[asyncio.Task]:
     """A worker's two asyncio tasks (to cancel at its teardown) that call
     ``poll()`` (Prefect's ``get_and_submit_flow_runs``) at once when a run of
     the work pool ``work_pool`` is placed on ``node``: the server's ``Placed``
@@ -150,12 +152,19 @@ def poll_on_placements(work_pool: str, node: str, gate: PollGate, poll: Callable
     wakes it, to be safe).  ``gate`` is told of the stream and
     the events.  A poll that fails is logged at debug level: the worker's
     own poll every ``PREFECT_WORKER_QUERY_SECONDS`` goes on (asking the
-    server only every :data:`QUIET_POLL_S` while the events come)."""
+    server only every :data:`QUIET_POLL_S` while the events come).
+    ``on_preempting(flow_run_id)`` is called for each ``Preempting`` event
+    (any node's: the callee knows its own flow processes)."""
     from e31.flows.queue.mapping import placed_on
 
     placed = asyncio.Event()
 
     def on_placed(event: Any) -> None:
+        if event.event.endswith(".Preempting"):
+            resource = str(getattr(getattr(event, "resource", None), "id", "") or "")
+            if on_preempting is not None and resource.startswith("prefect.flow-run."):
+                on_preempting(resource[len("prefect.flow-run."):])
+            return
         if placed_on(event_tags(event)) not in (None, node):
             return  # another node's run
         gate.seen(event)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from e31.deployments import presence
 from e31.flows import queue
-from e31.flows.queue import clock
+from e31.flows.queue import clock, preempt
 from e31.flows.placement import plan
 from e31.specs.pool import PoolSpec
 
@@ -37,7 +37,7 @@ HISTORY_EVERY_S = 60.0
 #: tick that only wrote (or deferred) waiting runs' reasons, the next one waits for the interval or an
 #: event: with a deep queue there are always reasons to rewrite, and back-to-back ticks reading and
 #: writing them loaded the server the running jobs need.
-AT_ONCE = ("start", "handover", "refuse", "lost", "requeued", "gone", "stale", "undone")
+AT_ONCE = ("start", "handover", "refuse", "lost", "requeued", "gone", "stale", "undone", "preempt")
 
 
 def at_once(counts: dict[str, int]) -> bool:
@@ -146,8 +146,9 @@ def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None 
     snap = snapshot(client, pool, past, now, lease_s, cache)
     t0 = time.monotonic()
     placements = plan(snap.nodes, snap.running, snap.queued, snap.now, policy)
+    preemptions = preempt.plan(snap, placements, preempt.rules_of(pool)) if policy == "e31" else []
     plan_s = time.monotonic() - t0
-    counts = queue.apply(client, snap, placements, cache, max_waits, max_wait_s, handover_s)
+    counts = queue.apply(client, snap, placements, cache, max_waits, max_wait_s, handover_s, preemptions)
     running = sum(1 for r in snap.running if r.id in snap.runs)  # not a node held for want of a live worker
     return Tick(len(snap.queued), running, counts, plan_s, time.monotonic() - started,
                 frozenset(r.id for r in snap.running), t0 - started, cache is None or cache.last_full,

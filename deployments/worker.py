@@ -39,8 +39,9 @@ from e31.deployments.runevents import PollGate
 from e31.deployments.warmstart import FLOW_PROCESS_SETTINGS, WARM_SOCKET as _WARM_SOCKET, flow_process_command, \
     start_warm_process
 from e31.flows.deploy import ENTRYPOINT
-from e31.flows.queue import AFTER_VAR, CPUS_VAR, DEVICES_VAR, NODE_VAR, WORKER_TYPE, placement_of
+from e31.flows.queue import CPUS_VAR, DEVICES_VAR, NODE_VAR, WORKER_TYPE, placement_of
 from e31.flows.queue.handover import AFTER_ENV, end_leftover_work
+from e31.tasks.placement_record import PlacementRecord
 from e31.deployments.nodecheck import NodeMismatch, check_node, node_gpus_override  # noqa: F401 (their home before)
 
 #: ``0`` starts every flow process cold (to compare, or to rule warm starts out).
@@ -86,13 +87,15 @@ class E31JobConfiguration(ProcessJobConfiguration):
         without one, the job variables) into this configuration and the flow
         process's environment: ``CUDA_VISIBLE_DEVICES`` and
         ``E31_GPU_DEVICES`` (the placed devices, e.g. ``4,5``; empty for a CPU
-        job) and ``E31_NODE``; for a run handed over behind another,
-        ``E31_AFTER`` (that run's id: :mod:`e31.flows.queue.handover`)."""
+        job) and ``E31_NODE``; for a run handed over behind another, or placed
+        by preempting others, ``E31_AFTER`` (the ids of the runs its work
+        waits for, comma-separated: :mod:`e31.flows.queue.handover`)."""
         configured = self.command is not None
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id=worker_id)
         placed = placement_of(flow_run)
         if placed.get(NODE_VAR):  # the placement whole (an older one's e31_after does not outlive it)
-            self.e31_node, self.e31_after = placed[NODE_VAR], placed.get(AFTER_VAR)
+            self.e31_node = placed[NODE_VAR]
+            self.e31_after = ",".join(PlacementRecord.from_parameter(placed).waits_for()) or None
             self.gpu_devices = [int(d) for d in placed.get(DEVICES_VAR) or ()]
             self.cpus = placed.get(CPUS_VAR) or self.cpus
         devices = ",".join(str(d) for d in self.gpu_devices)
@@ -255,12 +258,22 @@ class E31Worker(ProcessWorker):
                           finish if self._runs_task_group is not None else None)
 
     def _follow_placements(self) -> None:
-        """Poll at once when the scheduler places a run on this node
+        """Poll at once when the scheduler places a run on this node, and
+        nudge a flow process of this worker's whose run the queue preempts
         (:func:`e31.deployments.runevents.poll_on_placements`)."""
         from e31.deployments.runevents import poll_on_placements
 
         self._followers = poll_on_placements(self._work_pool_name, self.node, self._gate, self.get_and_submit_flow_runs,
-                                             self._logger)
+                                             self._logger, self._preempting)
+
+    def _preempting(self, flow_run_id: str) -> None:
+        """The queue preempts the flow run ``flow_run_id``: when its flow process is one of this worker's,
+        nudge it to read its state now (:func:`e31.tasks.supervisor.cancel.nudge`), so its work is warned
+        within a second, not at its next read."""
+        from e31.tasks.supervisor.cancel import nudge
+
+        if flow_run_id in self.flows.values():
+            nudge(flow_run_id)
 
     async def teardown(self, *exc_info: Any) -> None:
         """Prefect's teardown; the outer one also stops following the

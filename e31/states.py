@@ -27,6 +27,13 @@ PLACED = "Placed"
 RETURNING = "Returning"
 #: The name of the ``Completed`` state of a run that stopped early and returned what it had.
 PARTIAL = "Partial"
+#: The name of the ``Cancelling`` state the queue writes on a run it preempts (:mod:`e31.flows.queue.preempt`):
+#: its events are ``prefect.flow-run.Preempting``, which Prefect's own cancellation observer does not follow, so
+#: the flow process stops its work and returns its output itself (its ``e31 worker`` sends it SIGTERM at once).
+PREEMPTING = "Preempting"
+#: The name of the ``Cancelled`` state a preempted run ends in, once its output is returned; the next tick of
+#: the scheduler queues it again (``Queued``), as the same job, with none of its retries used.
+PREEMPTED = "Preempted"
 #: The name of the ``Cancelled`` state of a run refused because its job is held by another run.
 REFUSED = "Refused"
 
@@ -83,6 +90,22 @@ def cancelling(message: str) -> Any:
     return Cancelling(message=message)
 
 
+def preempting(message: str) -> Any:
+    """``Cancelling`` named :data:`PREEMPTING` with ``message``: the queue stops a run for a job with priority
+    over it."""
+    from prefect.states import Cancelling
+
+    return Cancelling(name=PREEMPTING, message=message)
+
+
+def preempted(message: str, data: Any = None) -> Any:
+    """``Cancelled`` named :data:`PREEMPTED` with ``message`` (and ``data``: the run's manifest): a preempted
+    run that returned its output; the queue takes it back."""
+    from prefect.states import Cancelled
+
+    return Cancelled(name=PREEMPTED, message=message, data=data)
+
+
 def crashed(message: str) -> Any:
     """``Crashed`` with ``message``: a run whose process is gone."""
     from prefect.states import Crashed
@@ -115,7 +138,8 @@ def copy_of(state: Any) -> Any:
 def manifest_state(manifest: Any) -> dict[str, str]:
     """The one map from a manifest's verdict to the state its run ends in, as ``type``, ``name`` and
     ``message`` (a JSON-able dict, so it can be recorded and set later): ``completed`` -> Completed;
-    ``partial`` with reason ``cancelled`` -> Cancelled; another ``partial`` -> Completed named
+    ``partial`` with reason ``cancelled`` -> Cancelled; with reason ``preempted`` -> Cancelled named
+    :data:`PREEMPTED`; another ``partial`` -> Completed named
     :data:`PARTIAL`, message ``"partial (<reason>): <message>"``; ``failed`` -> Failed.  The message is
     the manifest's, or ``"<status> (<reason>)"`` without one.  ``manifest``: a manifest's dict, or the part
     of one with ``status``, ``reason`` and ``message`` (:class:`e31.tasks.manifest_model.ManifestHead`)."""
@@ -128,6 +152,8 @@ def manifest_state(manifest: Any) -> dict[str, str]:
         return {"type": "COMPLETED", "name": "Completed", "message": message}
     if status == "partial" and reason == "cancelled":
         return {"type": "CANCELLED", "name": "Cancelled", "message": message}
+    if status == "partial" and reason == "preempted":
+        return {"type": "CANCELLED", "name": PREEMPTED, "message": message}
     if status == "partial":
         return {"type": "COMPLETED", "name": PARTIAL, "message": f"partial ({reason}): {message}"}
     return {"type": "FAILED", "name": "Failed", "message": message}

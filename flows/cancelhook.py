@@ -81,12 +81,13 @@ def cancelled_message(returned: dict[str, Any] | None | object) -> str:
 
 def stopped_by_cancel(manifest: dict[str, Any]) -> bool:
     """Whether ``manifest`` is a cancel's (``partial``, reason ``cancelled``:
-    the cancel stopped the work or kept it from starting).  Any other
+    the cancel stopped the work or kept it from starting; or ``preempted``:
+    the queue's ``Cancelling`` named ``Preempting`` did).  Any other
     verdict -- ``completed``, another stop's ``partial``, ``failed`` -- was
     reached by the work's own end: a cancel that came after it changes
     nothing, and the run ends in the manifest's state."""
     head = ManifestHead.of(manifest)
-    return head.status == "partial" and head.reason == "cancelled"
+    return head.status == "partial" and head.reason in ("cancelled", "preempted")
 
 
 def keep_manifest_state(flow_run_id: str, manifest: dict[str, Any]) -> bool:
@@ -135,6 +136,10 @@ def settle_cancelled(flow: Any, flow_run: Any, state: Any) -> None:
     from e31.states import cancelled
     from e31.tasks.storage import scrub
 
+    from e31.states import PREEMPTED
+
+    if getattr(state, "name", None) == PREEMPTED:  # the queue's preemption, ended as the flow said: queued again
+        return
     guard_worker_cancel()  # (run by a worker: its forced Cancelled, next, does not overwrite the manifest's state)
     returned = returned_by(flow_run)
     if isinstance(returned, dict) and ManifestHead.of(returned).status != "returning" and \

@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 #: A final manifest's ``status``: whether the files beside it are the job's whole output.
 Status = Literal["completed", "partial", "failed"]
 #: How the run ended (``reason``).
-Reason = Literal["finished", "time_limit", "deadline", "cancelled", "signal", "crashed", "error", "out_of_memory"]
+Reason = Literal["finished", "time_limit", "deadline", "cancelled", "preempted", "signal", "crashed", "error",
+                 "out_of_memory"]
 #: ``folder``: where the run's files are, relative to ``output.url``.
 Folder = Literal[".", "partial"]
 
@@ -45,6 +46,8 @@ REASON_MEANING: dict[str, str] = {
                 "to return its output: SIGKILL at the deadline less the return reserve, SIGTERM `request.grace` "
                 "before that (status `partial`)",
     "cancelled": "the flow run was cancelled (status `partial`)",
+    "preempted": "the queue stopped the run for a job with priority over it (`request.preemptible`); the run is "
+                 "queued again and resumes from its newest checkpoint (status `partial`)",
     "signal": "the run's process got SIGTERM or SIGINT (status `partial`)",
     "crashed": "the work process was killed outside E31, or an earlier attempt's process died (status `partial`)",
     "error": "the work exited non-zero, did not write a declared file, wrote a file that may not leave the job, or "

@@ -15,8 +15,8 @@ from typing import Any
 
 from e31.tasks.supervisor.fence import NODE_VAR, placement_of
 
-__all__ = ["AFTER_VAR", "ATTEMPT_VAR", "CPUS_VAR", "DEVICES_VAR", "FREE_VAR", "NODE_VAR", "PLANNED_VAR",
-           "PlacementRecord", "PlannedStart", "record_of"]
+__all__ = ["AFTER_VAR", "ATTAINED_VAR", "ATTEMPT_VAR", "CPUS_VAR", "DEVICES_VAR", "FREE_VAR", "NODE_VAR",
+           "PLANNED_VAR", "PREEMPTED_VAR", "VICTIMS_VAR", "PlacementRecord", "PlannedStart", "record_of"]
 
 #: The keys of the ``placement`` parameter (:data:`e31.tasks.supervisor.fence.PLACEMENT_PARAM`).
 DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = "gpu_devices", "cpus", "e31_attempt"
@@ -26,6 +26,15 @@ AFTER_VAR = "e31_after"
 FREE_VAR = "e31_unstarted"
 #: The node a waiting run's reserved start is planned on (absent: no reservation, or not planned yet).
 PLANNED_VAR = "e31_planned"
+#: The runs a run placed by a preemption waits for: the queue stops them, and its work starts once every one
+#: of them has returned its output (:mod:`e31.flows.queue.preempt`).
+VICTIMS_VAR = "e31_preempts"
+#: When the run was preempted (Unix seconds, oldest first): those attempts use none of its retries, and the
+#: pool's ``preemption.max_per_day`` counts them.
+PREEMPTED_VAR = "e31_preempted"
+#: Resource-seconds (GPU-seconds; CPU-seconds for a job of no GPU) the run received in its earlier attempts:
+#: its attained service, by which the planner orders jobs that declared no duration.
+ATTAINED_VAR = "e31_attained_s"
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,10 @@ class PlacementRecord:
     ``unstarted``: its attempts that crashed before their work started.
     ``planned``: the node a waiting run's reserved start is planned on (the
     node whose prefetcher stages its inputs; the next plan keeps it between
-    equally free nodes)."""
+    equally free nodes).  ``victims``: the runs its placement preempts (its
+    work starts once each has returned its output); ``preempted``: when it
+    was preempted (Unix seconds); ``attained_s``: the resource-seconds its
+    earlier attempts received."""
 
     node: str | None = None
     devices: tuple[int, ...] = field(default=())
@@ -60,6 +72,20 @@ class PlacementRecord:
     after: str | None = None
     unstarted: int = 0
     planned: str | None = None
+    victims: tuple[str, ...] = field(default=())
+    preempted: tuple[float, ...] = field(default=())
+    attained_s: float = 0.0
+
+    def waits_for(self) -> tuple[str, ...]:
+        """The runs whose output must be returned before this run's work starts: the run it is handed over
+        behind and the runs its placement preempts."""
+        return tuple(dict.fromkeys(r for r in (self.after, *self.victims) if r))
+
+    def kept(self) -> PlacementRecord:
+        """What a run taken back into the queue keeps: its attempt and the counts its retries and the
+        planner's order are judged by (no node, devices, runs it waits for or planned node)."""
+        return PlacementRecord(attempt=self.attempt, unstarted=self.unstarted, preempted=self.preempted,
+                               attained_s=self.attained_s)
 
     def parameter(self) -> dict[str, Any]:
         """The ``placement`` parameter's value (JSON): only the keys that
@@ -75,6 +101,12 @@ class PlacementRecord:
             value[FREE_VAR] = self.unstarted
         if self.planned is not None:
             value[PLANNED_VAR] = self.planned
+        if self.victims:
+            value[VICTIMS_VAR] = list(self.victims)
+        if self.preempted:
+            value[PREEMPTED_VAR] = list(self.preempted)
+        if self.attained_s:
+            value[ATTAINED_VAR] = self.attained_s
         return value
 
     @classmethod
@@ -88,7 +120,10 @@ class PlacementRecord:
                    devices=tuple(d for d in devices if isinstance(d, int)) if isinstance(devices, list) else (),
                    cpus=_count(value.get(CPUS_VAR)), attempt=_count(value.get(ATTEMPT_VAR)),
                    after=_text(value.get(AFTER_VAR)), unstarted=_count(value.get(FREE_VAR)) or 0,
-                   planned=_text(value.get(PLANNED_VAR)))
+                   planned=_text(value.get(PLANNED_VAR)),
+                   victims=tuple(v for v in _list(value.get(VICTIMS_VAR)) if isinstance(v, str) and v),
+                   preempted=tuple(float(t) for t in _list(value.get(PREEMPTED_VAR)) if _number(t)),
+                   attained_s=float(value.get(ATTAINED_VAR)) if _number(value.get(ATTAINED_VAR)) else 0.0)
 
 
 def record_of(run: Any) -> PlacementRecord:
@@ -105,3 +140,11 @@ def _text(value: Any) -> str | None:
 def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 and value == value

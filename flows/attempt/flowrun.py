@@ -70,6 +70,8 @@ def run_in_flow(spec: JobSpec, code_dir: str | None) -> Any:
     if leaving is not None:
         raise leaving  # (outside the handler: nothing is chained to it)
     m = Manifest.model_validate(manifest)
+    if m.status == "partial" and m.reason == "preempted":  # the queue takes it back (e31.flows.queue.preempt)
+        return states.preempted(preempted_message(run_id, m), data=manifest)
     if m.status != "partial" or m.reason == "cancelled":
         return manifest  # (a cancelled run's state is Prefect's: a State returned here would make the call raise)
     return states.partial(f"partial ({m.reason}): {step_text(m.step)}; {m.message}".rstrip("; "), data=manifest)
@@ -92,3 +94,24 @@ def late_cancel(manifest: dict[str, Any]) -> None:
             get_run_logger().warning("%s", scrub(late_cancel_message(manifest)))
     except Exception:
         pass
+
+
+def preempted_message(run_id: str | None, manifest: Manifest) -> str:
+    """The ``Preempted`` state's message: the queue's words on the preemption
+    (its ``Preempting`` state's message, read once: who preempted the run,
+    why and when) and what came back, e.g. ``preempted by retrain-7
+    (1c9f0a2e): its deadline 06:00 UTC is at risk, at 02:41 UTC; returned
+    step 1200 (partial)``.  The queue's words are left out when the API does
+    not answer."""
+    said = None
+    if run_id:
+        try:
+            from prefect.client.orchestration import get_client
+
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(run_id).state
+            said = state.message if state is not None and state.name == states.PREEMPTING else None
+        except Exception:  # the words are a courtesy: the manifest says what came back
+            said = None
+    returned = f"returned {step_text(manifest.step)} (partial)"
+    return f"{scrub(said)}; {returned}" if said else f"preempted by the queue; {returned}"

@@ -21,8 +21,8 @@ from e31.flows.queue.handover import run_ahead, signals_end_wait, wait_for_run_a
 from e31.tasks.checkpoint import latest_durable
 from e31.tasks.deliver import write_failure_manifest
 from e31.tasks.outcome import RunOutcome
-from e31.tasks.supervisor.cancel import (CancelWatcher, cancel_requested, cancel_seen, cancel_stops_staging,
-                                         mark_work_ended)
+from e31.tasks.supervisor.cancel import (CancelWatcher, cancel_reason, cancel_requested, cancel_seen,
+                                         cancel_stops_staging, mark_checkpoint, mark_work_ended)
 from e31.tasks.supervisor.fence import step_aside
 
 if TYPE_CHECKING:
@@ -45,8 +45,9 @@ HANDOVER_HELD_S = 0.1
 
 
 def handover(attempt: Attempt) -> RunOutcome | None:
-    """A run handed over behind another on its node (``E31_AFTER``) waits
-    here for that run to return its output (:mod:`e31.flows.queue.handover`);
+    """A run handed over behind another on its node (``E31_AFTER``), or
+    placed by preempting others (their ids, comma-separated), waits here
+    for each of them to return its output (:mod:`e31.flows.queue.handover`);
     a cancel, a SIGTERM or SIGINT (a drain, Ctrl-C) or a move to another
     node ends the wait.  A signal without a cancel returns ``signal``, a
     cancel ``cancelled``; the time waited is the manifest's
@@ -56,9 +57,11 @@ def handover(attempt: Attempt) -> RunOutcome | None:
     if not ahead or attempt.staging_cancelled:
         return None
     with cancel_stops_staging(target.run_id, str(attempt.plan.data_dir)) as watcher, signals_end_wait() as told:
-        target.handover_wait_s = wait_for_run_ahead(
-            ahead, stop=lambda: watcher.cancelled() or bool(told) or watcher.moved_to() is not None,
-            say=get_run_logger().info)
+        stop = lambda: watcher.cancelled() or bool(told) or watcher.moved_to() is not None  # noqa: E731
+        target.handover_wait_s = 0.0
+        for each in ahead.split(","):  # a placement that preempts waits for every run it stops
+            if each and not stop():
+                target.handover_wait_s += wait_for_run_ahead(each, stop=stop, say=get_run_logger().info)
     cancelled = watcher.cancelled()
     if target.handover_wait_s > HANDOVER_HELD_S:  # the run ahead still held the node: staged before allocation
         target.handover_staging_s, target.staging_s = target.staging_s, 0.0
@@ -69,7 +72,7 @@ def handover(attempt: Attempt) -> RunOutcome | None:
                           message="stopped by a signal while it waited for the job ahead of it on its node; the "
                                   "work did not start")
     if cancelled or told:
-        return _cancelled(attempt)
+        return _cancelled(attempt, watcher.stop_reason() if cancelled else cancel_reason(target.run_id))
     return None
 
 
@@ -87,7 +90,7 @@ def not_cancelled(attempt: Attempt) -> RunOutcome | None:
     reader saw it last (<= 2 s ago): a cancel since then reaches the work
     through the run's own watch of the same reader."""
     if attempt.staging_cancelled or cancel_seen(attempt.target.run_id):
-        return _cancelled(attempt)
+        return _cancelled(attempt, cancel_reason(attempt.target.run_id))
     return None
 
 
@@ -132,11 +135,13 @@ def no_time(attempt: Attempt, now: float, stop_at: float) -> str:
             f"and it is {utc(now)}, with {plan.grace_s:g} s of grace; give a later deadline or start the job sooner")
 
 
-def _cancelled(attempt: Attempt) -> RunOutcome:
+def _cancelled(attempt: Attempt, reason: str = "cancelled") -> RunOutcome:
+    """The outcome of a cancel (``reason`` ``cancelled``) or a preemption (``preempted``) seen before the
+    work started."""
     when = "it waited for the job ahead of it on its node" if attempt.target.handover_wait_s else \
         "the inputs were staged"
-    return RunOutcome(reason="cancelled", exit_code=None, run_s=0.0,
-                      message=f"cancelled while {when}; the work did not start")
+    return RunOutcome(reason=reason, exit_code=None, run_s=0.0,
+                      message=f"{reason} while {when}; the work did not start")
 
 
 #: The gates every attempt takes, in order, between its staging and its work.
@@ -149,7 +154,8 @@ class RunGates(CancelWatcher):
     a move of the run to another node ends this flow process with nothing
     more written (:func:`e31.tasks.supervisor.fence.step_aside`), and the
     work's own end makes a later cancel change nothing
-    (:func:`e31.tasks.supervisor.cancel.mark_work_ended`).  Reads share the
+    (:func:`e31.tasks.supervisor.cancel.mark_work_ended`), and each durable
+    checkpoint is tagged (:func:`e31.tasks.supervisor.cancel.mark_checkpoint`).  Reads share the
     one reader of the flow run's state (:class:`CancelWatcher`)."""
 
     def step_aside(self, moved: str) -> NoReturn:
@@ -158,3 +164,6 @@ class RunGates(CancelWatcher):
 
     def work_ended(self) -> None:
         mark_work_ended(self.flow_run_id)
+
+    def checkpoint_durable(self) -> None:
+        mark_checkpoint(self.flow_run_id)

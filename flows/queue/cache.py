@@ -45,6 +45,7 @@ from e31.flows.queue.clock import server_now
 from e31.flows.queue.overheads import Overheads
 from e31.flows.queue.mapping import AHEAD_S, QUEUED, STAGED, work_pool_name
 from e31.specs.pool import PoolSpec
+from e31.states import PREEMPTED
 
 #: The state types of the runs the queue plans with (waiting, holding resources, or crashed: maybe requeued).
 ACTIVE = ("SCHEDULED", "PENDING", "RUNNING", "CANCELLING", "CRASHED")
@@ -177,7 +178,7 @@ class RunCache:
         return runs
 
     def _read_every(self, client: Any) -> list[Any]:
-        return read_all(client, self.pool, flow_run_filter(state=state_filter(ACTIVE)))
+        return read_active(client, self.pool)
 
     def _read_in_background(self, read_at: float, full_at: float) -> tuple[list[Any], float, float]:
         from prefect.client.orchestration import get_client
@@ -238,7 +239,10 @@ class RunCache:
                                                                     state=state_filter(ACTIVE)))
         for run in submitted + due + moving + staged:
             self.runs[str(run.id)] = run
-        for run in ended:  # last: a run read above that ended since is gone
+        for run in ended:  # last: a run read above that ended since is gone (a preempted one is taken back)
+            if kept(run.state):
+                self.runs[str(run.id)] = run
+                continue
             self.runs.pop(str(run.id), None)
             if run.end_time is not None:
                 self.ended_at[str(run.id)] = run.end_time.timestamp()
@@ -253,7 +257,7 @@ class RunCache:
         state = getattr(result, "state", None)
         if run is None or state is None:
             return
-        if state.type.value not in ACTIVE:
+        if not kept(state):
             del self.runs[str(run_id)]
             return
         run.state = state
@@ -272,7 +276,7 @@ class RunCache:
 
     def refresh(self, run: Any) -> None:
         """Keep ``run`` as just read (or drop it when it is no longer active)."""
-        if run.state is not None and run.state.type.value in ACTIVE:
+        if kept(run.state):
             self.runs[str(run.id)] = run
         else:
             self.runs.pop(str(run.id), None)
@@ -280,6 +284,23 @@ class RunCache:
     def forget(self, run_id: str) -> None:
         """Drop a run (deleted on the server: a write to it found nothing)."""
         self.runs.pop(str(run_id), None)
+
+
+def kept(state: Any) -> bool:
+    """Whether a run in ``state`` is one the queue plans with: its type is in :data:`ACTIVE`, or it is a
+    preempted run the queue takes back (``Cancelled`` named :data:`e31.states.PREEMPTED`)."""
+    return state is not None and (state.type.value in ACTIVE or
+                                  (state.type.value == "CANCELLED" and state.name == PREEMPTED))
+
+
+def read_active(client: Any, pool: PoolSpec) -> list[Any]:
+    """Every run of the pool the queue plans with (:func:`kept`): the active types, then the preempted runs
+    not yet queued again (a filter on the state name: few, each for one tick)."""
+    from prefect.client.schemas.filters import FlowRunFilterState, FlowRunFilterStateName
+
+    found = read_all(client, pool, flow_run_filter(state=state_filter(ACTIVE)))
+    taken_back = FlowRunFilterState(name=FlowRunFilterStateName(any_=[PREEMPTED]))
+    return found + [r for r in read_all(client, pool, flow_run_filter(state=taken_back)) if kept(r.state)]
 
 
 def _type(run: Any) -> str | None:

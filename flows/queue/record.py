@@ -17,7 +17,7 @@ from e31.flows.queue.cache import RunCache
 from e31.flows.queue.clock import server_now
 from e31.flows.queue.pace import (DEEP_AHEAD_S, ESTIMATE_EVERY_S, REASON_DEPTH, REASON_EVERY_S, WRITTEN, Written,
                                   start_moved)
-from e31.flows.queue.snapshot import Snapshot, unstarted_of
+from e31.flows.queue.snapshot import Snapshot, retries_used, unstarted_of
 from e31.specs import JobSpec
 from e31.tasks.supervisor.cancel import work_never_started
 
@@ -258,9 +258,11 @@ def _crashes_before_start(client: Any, key: str) -> int:
 
 def _placed(run: Any, p: Placement, after: str | None = None) -> PlacementRecord:
     """The placement record of ``p`` (a start, or a handover behind the run ``after``) for the run ``run``:
-    its attempt and its count of attempts that crashed before their work started carried over."""
-    return PlacementRecord(node=p.node, devices=tuple(p.devices), cpus=p.cpus, attempt=record_of(run).attempt or 0,
-                           after=after, unstarted=unstarted_of(run))
+    its attempt, its counts of attempts that crashed before their work started and of preemptions, and its
+    attained service carried over."""
+    was = record_of(run)
+    return replace(was.kept(), node=p.node, devices=tuple(p.devices), cpus=p.cpus, attempt=was.attempt or 0,
+                   after=after)
 
 
 def _words(snap: Snapshot, p: Placement, deep: bool) -> tuple[str, str | None]:
@@ -303,7 +305,8 @@ def _fence(client: Any, snap: Snapshot, key: str, node: str) -> bool:
 
 
 def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCache | None = None,
-          max_waits: int | None = None, max_wait_s: float | None = None, handover_s: float = 0.0) -> dict[str, int]:
+          max_waits: int | None = None, max_wait_s: float | None = None, handover_s: float = 0.0,
+          preemptions: list[Any] | None = None) -> dict[str, int]:
     """Record the plan on the flow runs: place the runs that start now (their
     node, devices and CPUs in their ``placement`` parameter, state ``Placed``), write each
     waiting run's reason and planned start (only when they changed), fail the
@@ -334,20 +337,28 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
     (:func:`handover_lead`): placed at once like a start, with ``e31_after``
     naming the job ahead in its ``placement``, and counted
     ``handover``; its flow process waits for the job ahead to end before
-    its work starts (:mod:`e31.flows.queue.handover`)."""
+    its work starts (:mod:`e31.flows.queue.handover`).
+
+    ``preemptions``: the plan's preemptions
+    (:func:`e31.flows.queue.preempt.plan`): their victims are stopped
+    (``Preempting``, counted ``preempt``) and each job placed behind them
+    (counted ``start``); preempted runs that have returned their output
+    (``snap.preempted``) are queued again (``requeued``)."""
     logs = _Logs(client)
     try:
-        return _apply(client, snap, placements, cache, max_waits, max_wait_s, logs, handover_s)
+        return _apply(client, snap, placements, cache, max_waits, max_wait_s, logs, handover_s, preemptions or [])
     finally:
         logs.send()
 
 
 def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCache | None, max_waits: int | None,
-           max_wait_s: float | None, logs: _Logs, handover_s: float = 0.0) -> dict[str, int]:
+           max_wait_s: float | None, logs: _Logs, handover_s: float = 0.0,
+           preemptions: list[Any] = ()) -> dict[str, int]:
+    from e31.flows.queue import preempt
     from e31.states import cancelled, crashed, placed, queued, refused
 
     counts = {"start": 0, "handover": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0, "gone": 0,
-              "stale": 0, "undone": 0, "deferred": 0, "kept": 0}
+              "stale": 0, "undone": 0, "deferred": 0, "kept": 0, "preempt": 0}
     write = _Writer(client, cache, counts)
     now = datetime.fromtimestamp(snap.now, timezone.utc)
     for key in snap.lost:
@@ -359,8 +370,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             message = (f"Queued again: node {node} stopped answering (no worker heartbeat for {snap.lease_s:g} s) "
                        "before its worker took the run; nothing of it ran there, which uses none of its retries")
             requeued = queued(message, now + timedelta(seconds=AHEAD_S))
-            was = record_of(run)
-            kept = PlacementRecord(attempt=was.attempt, unstarted=was.unstarted)
+            kept = record_of(run).kept()
             if write.state(key, requeued) and write.place(key, run, kept, check=False):
                 logs.add(key, message)
                 counts["requeued"] += 1
@@ -371,8 +381,9 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
         # (a run marked lost always has its node fenced), then the crash
         if not write.current(key) or not _fence(client, snap, key, node):
             continue
+        # a cancelled run is never requeued; a preempted one is (as a crash: its output may not have come back)
         ending = cancelled(f"cancelled (a cancel was requested); {lost}") \
-            if run.state.type.value == "CANCELLING" else crashed(lost)  # a cancelled run is never requeued
+            if run.state.type.value == "CANCELLING" and not preempt.is_preempting(run.state) else crashed(lost)
         if write.state(key, ending, check=False):
             counts["lost"] += 1  # requeued by a later tick, once the crash has settled, when it has retries left
     for key in snap.requeue:
@@ -389,14 +400,15 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
                 counts["refuse"] += 1
             continue
         attempt = run.run_count or 1
-        message = (f"Queued: retry {attempt - free} of {snap.specs[key].request.retries} after a crash (resumes from "
+        message = (f"Queued: retry {retries_used(run)} of {snap.specs[key].request.retries} after a crash (resumes from "
                    "its newest durable checkpoint)") if not startless else \
             "Queued again: it crashed before its work started, which uses none of its retries"
         requeued = queued(message, now + timedelta(seconds=AHEAD_S))
-        kept = PlacementRecord(attempt=attempt, unstarted=free_now)
+        kept = replace(record_of(run).kept(), attempt=attempt, unstarted=free_now)
         # the state first: a crashed run's job variables cannot be changed
         if write.state(key, requeued) and write.place(key, run, kept, check=False):
             counts["requeued"] += 1
+    preempt.requeue(write, snap, logs, counts)
     for key, why in snap.bad.items():
         run = snap.runs[key]
         if run.state.type.value == "SCHEDULED" and run.state.name == QUEUED:
@@ -412,11 +424,14 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             WRITTEN.note(key, Written(getattr(getattr(write.result, "state", None), "id", None), (message, None), None))
             logs.add(key, message)
             counts["wait"] += 1
+    by_preemption = preempt.start(write, snap, list(preemptions), placements, logs, counts)
     order = {"start": 0, "refuse": 1}
     waits_from: float | None = None  # when the first waiting run's reason was written
     taken = set(snap.behind.values())  # runs that have a run handed over behind them
     waits_seen = 0  # waiting runs so far, soonest planned start first
     for p in sorted(placements, key=lambda p: (order.get(p.action, 2), p.start or 0.0)):
+        if p.job in by_preemption:
+            continue
         run = snap.runs[p.job]
         lead = handover_lead(snap, p, handover_s, taken)
         if lead is not None:

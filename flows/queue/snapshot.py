@@ -13,11 +13,12 @@ from e31.flows.placement.estimates import estimate_runtime
 from e31.flows.placement.text import gib
 from e31.flows.queue.clock import server_now
 from e31.flows.queue.overheads import from_run
-from e31.flows.queue.cache import ACTIVE, RunCache, flow_run_filter, read_all, state_filter
+from e31.flows.queue.cache import RunCache, read_active
 from e31.flows.queue.pace import WRITTEN
+from e31.flows.queue.preempt import hold_behind_victims, is_preempted, queued_fields, victim_fields, waiting
 from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, FENCED, FREE_VAR, LEASE_S, NODE_VAR,
                                      PLACED, QUEUED, SETTLE_S, inputs_key, nodes_of, placement_of, planned_node,
-                                     staged_tags, work_pool_name)
+                                     record_of, staged_tags, work_pool_name)
 from e31.specs import JobSpec
 from e31.specs.pool import PoolSpec
 # the name of the Pending state a worker holds a run in while it finishes a return its flow process cut
@@ -61,6 +62,8 @@ class Snapshot:
     requeue: list[str] = field(default_factory=list)
     blocked: dict[str, str] = field(default_factory=dict)
     behind: dict[str, str] = field(default_factory=dict)
+    #: Ids of preempted runs that returned their output (``Cancelled`` named ``Preempted``): queued again.
+    preempted: list[str] = field(default_factory=list)
     lease_s: float = LEASE_S
     #: Node name -> the last heartbeat of its worker (Unix seconds), for every worker the work pool knows.
     heard: dict[str, float] = field(default_factory=dict)
@@ -179,7 +182,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
     snap.heard = heard(client, pool)
     alive = live_nodes(client, pool, now, lease_s, snap.heard)
     runs = cache.read(client, now) if cache is not None else \
-        read_all(client, pool, flow_run_filter(state=state_filter(ACTIVE)))
+        read_active(client, pool)
     known = {n.name for n in snap.nodes}
     silent = known - set(alive)
     reserve = _return_reserve_s()
@@ -201,12 +204,15 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
         if cache is not None:
             cache.overheads.saw(key, *from_run(run), node)
         req = spec.request
+        if is_preempted(run):  # its output is returned: the queue takes it back (e31.flows.queue.preempt)
+            snap.preempted.append(key)
+            continue
         crashed = state.type == StateType.CRASHED
         if crashed:
             settled = now - (_ts(state.timestamp) or now) >= SETTLE_S  # the worker may still be reporting the crash
             if settled or node in lost_nodes:
                 # run_count: the attempts that ran, less those that crashed before their work started
-                if settled and (work_never_started(run) or (run.run_count or 0) - unstarted_of(run) <= req.retries):
+                if settled and (work_never_started(run) or retries_used(run) <= req.retries):
                     snap.requeue.append(key)
                 continue
             # Not settled: Prefect's worker reports a flow process that exited non-zero as Crashed a moment before
@@ -225,7 +231,8 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
             snap.running.append(RunningJob(
                 id=key, node=node, devices=tuple(int(d) for d in variables.get(DEVICES_VAR) or ()),
                 cpus=int(variables.get(CPUS_VAR) or req.cpus), memory=req.memory or 0,
-                start=start, expected_end=start + estimate.runtime_s + _output_s(returns, spec.name, estimate)))
+                start=start, expected_end=start + estimate.runtime_s + _output_s(returns, spec.name, estimate),
+                **victim_fields(spec, run, waiting(run))))
             continue
         due = state.name == QUEUED or (_ts(run.expected_start_time) or now) <= now
         if state.type == StateType.SCHEDULED and due:
@@ -243,7 +250,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 preferred_nodes=tuple(dict.fromkeys(n for n in (*prefetched, *(staged or {}).get(inputs_key(spec), ()))
                                                     if n in known)),
                 locality_wait_s=wait_s, planned_node=_planned(run), return_s=reserve,
-                start_s=start_s, output_s=_output_s(returns, spec.name, estimate)))
+                start_s=start_s, output_s=_output_s(returns, spec.name, estimate), **queued_fields(spec, run)))
     for job in list(snap.queued):  # its attempt on a lost node may still run: not a second one beside it
         fence = next((f for f in fences_of_run(snap.fences, job.id) if not f.get("down")), None)
         if fence is not None:
@@ -252,6 +259,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
     if cache is not None and snap.lost:
         cache.fences = None  # the tick fences their nodes: the next one reads the fences
     _chain_handovers(snap, cache.ended_at if cache is not None else {})
+    hold_behind_victims(snap)
     _one_run_per_job(snap)
     _clip_overbooked(snap)
     for node in snap.nodes:  # a node without a live worker takes nothing: what its runs leave is held
@@ -283,6 +291,13 @@ def unstarted_of(run: Any) -> int:
     placement; 0 when absent or not a count)."""
     value = placement_of(run).get(FREE_VAR, 0)
     return value if isinstance(value, int) and value > 0 else 0
+
+
+def retries_used(run: Any) -> int:
+    """How many of its retries the flow run ``run`` has used: Prefect's
+    ``run_count`` less its attempts that crashed before their work started
+    and those the queue preempted (neither counts)."""
+    return (run.run_count or 0) - unstarted_of(run) - len(record_of(run).preempted)
 
 
 def _fence_wait(fence: dict) -> str:

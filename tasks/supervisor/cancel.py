@@ -10,15 +10,19 @@ it, so a slow or lost API cannot delay a stop.
 from __future__ import annotations
 
 import contextvars
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
 
+from e31.states import PREEMPTED, PREEMPTING
 from e31.tasks.supervisor.fence import superseded, this_node
 
 POLL_EVERY_S = 2.0  # seconds between state reads
@@ -74,14 +78,33 @@ def mark_work_ended(flow_run_id: str | None, at: float | None = None) -> bool:
     return _tag_attempt(flow_run_id, WORK_ENDED, f":{when}")
 
 
-def _tag_attempt(flow_run_id: str, prefix: str, suffix: str = "") -> bool:
+#: The tag a flow process puts on its run at each checkpoint made durable, in a flow process an ``e31 worker``
+#: started: ``e31-checkpoint:``, the attempt and the time (Unix seconds), e.g. ``e31-checkpoint:2:1796523661``.
+#: The queue reads it as the work a preemption would throw away: the work since then
+#: (:func:`e31.flows.placement.preemption.lost_seconds`).
+CHECKPOINT_TAG = "e31-checkpoint:"
+
+
+def mark_checkpoint(flow_run_id: str | None, at: float | None = None) -> None:
+    """Tag the flow run ``flow_run_id`` :data:`CHECKPOINT_TAG` with its attempt and the time ``at`` (Unix
+    seconds; now when None), in a flow process an ``e31 worker`` started; returns at once (the write runs in
+    a thread of its own, and one the API does not take is dropped: the queue then counts the work since the
+    attempt's start, or since the checkpoint before, as the loss)."""
+    if flow_run_id is None or this_node() is None:
+        return
+    # read fresh: the tags its reader read last may lack this process's own newer tags (work started)
+    _tag_attempt(flow_run_id, CHECKPOINT_TAG, f":{time.time() if at is None else at:.0f}", wait_s=0.0, fresh=True)
+
+
+def _tag_attempt(flow_run_id: str, prefix: str, suffix: str = "", wait_s: float = MARK_WAIT_S,
+                 fresh: bool = False) -> bool:
     """Tag the flow run ``prefix`` + its attempt (``run_count``) + ``suffix``, replacing an older tag of
     that prefix, from a daemon thread; the other tags are those its reader read last (<= 10 s ago), else
-    read now.  Waits at most :data:`MARK_WAIT_S` seconds; returns whether it was written by then.  A
+    read now (always, when ``fresh``).  Waits at most ``wait_s`` seconds; returns whether it was written by then.  A
     write the API does not take is dropped: the manifest is still the job's word."""
     done = threading.Event()
     reader = _READERS.get(flow_run_id)
-    known = reader.last if reader is not None else None
+    known = reader.last if reader is not None and not fresh else None
 
     def write() -> None:
         try:
@@ -95,7 +118,7 @@ def _tag_attempt(flow_run_id: str, prefix: str, suffix: str = "") -> bool:
 
     threading.Thread(target=contextvars.copy_context().run, args=(write,), name=f"e31-{prefix.strip(':')}",
                      daemon=True).start()
-    return done.wait(MARK_WAIT_S)
+    return done.wait(wait_s) if wait_s > 0 else False
 
 
 #: The tag a handed-over flow run gets as its work starts, once the job ahead of it has ended:
@@ -123,7 +146,8 @@ def work_never_started(run: object) -> bool:
     """Whether the current attempt of ``run`` (a Prefect ``FlowRun``, ended
     ``Crashed``) never started its work: Prefect's ``run_count`` is 0 (it
     never ran), or it was handed over behind another run (``e31_after`` in
-    its placement: Prefect counts it ``Running`` while it waits) and its
+    its placement), or placed by preempting others (``e31_preempts``):
+    Prefect counts it ``Running`` while it waits and its
     tags hold neither :data:`WORK_STARTED` nor :data:`WORK_ENDED` for this
     attempt."""
     from e31.tasks.supervisor.fence import placement_of
@@ -131,7 +155,8 @@ def work_never_started(run: object) -> bool:
     count = getattr(run, "run_count", None) or 0
     if count == 0:
         return True
-    if not placement_of(run).get("e31_after"):
+    placed = placement_of(run)
+    if not placed.get("e31_after") and not placed.get("e31_preempts"):
         return False
     marks = (f"{WORK_STARTED}{count}", f"{WORK_ENDED}{count}:")
     return not any(isinstance(t, str) and (t == marks[0] or t.startswith(marks[1])) for t in run.tags or ())
@@ -150,6 +175,32 @@ def work_ended_at(run: object) -> str | None:
     return None
 
 
+#: Seconds between a reader's looks for its nudge (:func:`nudge`): a stat of one file.
+NUDGE_CHECK_S = 0.25
+
+
+def nudge_path(flow_run_id: str) -> Path:
+    """The file whose presence makes this machine's reader of the flow run ``flow_run_id`` read its state at
+    once (:func:`nudge`): in ``$TMPDIR/e31-nudge-<uid>``."""
+    return Path(tempfile.gettempdir()) / f"e31-nudge-{os.getuid()}" / str(flow_run_id)
+
+
+def nudge(flow_run_id: str) -> bool:
+    """Make the reader of the flow run ``flow_run_id`` on this machine read its state within
+    :data:`NUDGE_CHECK_S` seconds rather than at its next poll (up to :data:`POLL_UNDER_WORKER_S`): an
+    ``e31 worker`` does so when the queue preempts one of its runs (``prefect.flow-run.Preempting``, an
+    event Prefect's own worker does not act on).  A file, not a signal: a signal that came before the flow
+    process's handlers were in place would end it.  The reader removes it.  Returns whether it was
+    written."""
+    path = nudge_path(flow_run_id)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+        return True
+    except OSError:
+        return False
+
+
 class _Reader:
     """The background thread that reads one flow run's state every
     :data:`POLL_EVERY_S` seconds (:data:`POLL_UNDER_WORKER_S` in a flow
@@ -166,6 +217,8 @@ class _Reader:
         self.seen = threading.Event()
         self.moved_to: str | None = None  # the other node the run was placed on (fencing: e31.tasks.supervisor.fence)
         self.last = None  # the flow run as last read (a Prefect FlowRun: its tags and run_count)
+        self.preempting = False  # the cancel seen is the queue's preemption (a Cancelling named Preempting)
+        self.message: str | None = None  # the message of the cancelling state seen
         self.wake = threading.Event()
         self.polled = threading.Condition()
         self.polls = 0
@@ -174,6 +227,19 @@ class _Reader:
         # in a copy of this context: the Prefect settings (API URL) in force here apply there
         threading.Thread(target=contextvars.copy_context().run, args=(self._loop,), name="e31-cancel-watch",
                          daemon=True).start()
+
+    def _wait(self) -> None:
+        """Until the next read: :attr:`every` seconds, or less when woken (:meth:`CancelWatcher.refresh`) or
+        nudged (:func:`nudge`: its worker heard of a preemption)."""
+        until = time.monotonic() + self.every
+        marker = nudge_path(self.flow_run_id)
+        while not self.done:
+            left = until - time.monotonic()
+            if left <= 0 or self.wake.wait(min(left, NUDGE_CHECK_S)):
+                return
+            if marker.exists():
+                marker.unlink(missing_ok=True)
+                return
 
     def _loop(self) -> None:
         client = None  # one client for the thread's life (one connection, not a new client every poll)
@@ -189,13 +255,15 @@ class _Reader:
                     self.failures_in_row = 0
                     self.moved_to = self.moved_to or superseded(run, self.node)  # fencing: placed elsewhere, or lost
                     if run.state is not None and run.state.type in (StateType.CANCELLING, StateType.CANCELLED):
+                        self.preempting = run.state.name in (PREEMPTING, PREEMPTED)  # before seen: read after it
+                        self.message = run.state.message
                         self.seen.set()
                 except Exception:
                     self.failures_in_row += 1
                 with self.polled:
                     self.polls += 1
                     self.polled.notify_all()
-                self.wake.wait(self.every)
+                self._wait()
                 self.wake.clear()
         finally:
             if client is not None:
@@ -232,6 +300,20 @@ class CancelWatcher:
     def cancelled(self) -> bool:
         """True once a cancel was seen (never blocks)."""
         return self._reader is not None and self._reader.seen.is_set()
+
+    def preempted(self) -> bool:
+        """True once the cancel seen is the queue's preemption of the run
+        (``Cancelling`` named :data:`e31.states.PREEMPTING`): the stop's
+        reason is ``preempted``, not ``cancelled`` (never blocks)."""
+        return self.cancelled() and self._reader is not None and self._reader.preempting
+
+    def stop_reason(self) -> str:
+        """The reason of the stop a cancel seen makes: ``preempted`` or ``cancelled``."""
+        return "preempted" if self.preempted() else "cancelled"
+
+    def cancel_message(self) -> str | None:
+        """The message of the cancelling state seen (the queue's words of a preemption), or None."""
+        return self._reader.message if self._reader is not None and self.cancelled() else None
 
     def moved_to(self) -> str | None:
         """The other node the run was seen placed on (once seen, for good):
@@ -299,6 +381,14 @@ def cancel_seen(flow_run_id: str | None) -> bool:
     if reader is None or reader.done:
         return cancel_requested(flow_run_id)
     return reader.seen.is_set()
+
+
+def cancel_reason(flow_run_id: str | None) -> str:
+    """The reason of the stop the cancel this process's reader of the flow
+    run saw makes: ``preempted`` for the queue's preemption (``Cancelling``
+    named :data:`e31.states.PREEMPTING`), else ``cancelled``."""
+    reader = _READERS.get(flow_run_id) if flow_run_id is not None else None
+    return "preempted" if reader is not None and reader.seen.is_set() and reader.preempting else "cancelled"
 
 
 def moved_to(flow_run_id: str | None) -> str | None:

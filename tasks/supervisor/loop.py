@@ -49,6 +49,8 @@ BEGUN = "begun"  # written beside the progress file by the child just before the
 MEMORY_EVERY_S = 0.5  # seconds between measurements of the work's resident memory  # written beside the progress file by the child once the work's function returned
 CHILD_PGID = "child.pgid"  # process group of the running work
 RESERVE_EVERY_S = 2.0  # seconds between re-estimates of the deadline's return reserve
+#: The stop reasons of a cancel through the Prefect API: the user's (``cancelled``) or the queue's preemption.
+CANCEL_REASONS = ("cancelled", "preempted")
 TAIL_LINES = 20  # lines of the work's stdout and stderr kept in the outcome and the manifest
 
 
@@ -69,6 +71,15 @@ class RunWatch(Protocol):
     def refresh(self, timeout_s: float = 3.0) -> bool:
         """Read the run now (at most ``timeout_s`` seconds); True when it is
         being cancelled."""
+        ...
+
+    def preempted(self) -> bool:
+        """True once the cancel seen is the queue's preemption (the stop's reason is ``preempted``)."""
+        ...
+
+    def checkpoint_durable(self) -> None:
+        """A checkpoint of the work has become durable (told at once; never blocks): the queue counts the
+        work a preemption throws away from here."""
         ...
 
     def api_alive(self) -> bool:
@@ -202,7 +213,8 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
         stop, clock = _Stop(), _Clock(settings)
         cancel = settings.watch(settings.flow_run_id)
         uploader = Uploader(Path(settings.child.checkpoint_dir), settings.checkpoint_url, settings.keep,
-                            settings.work_sha256, settings.flow_run_id, api_alive=cancel.api_alive)
+                            settings.work_sha256, settings.flow_run_id, api_alive=cancel.api_alive,
+                            on_durable=getattr(cancel, "checkpoint_durable", None))
         progress = ProgressReporter(settings.job, Path(settings.child.progress_file))
         output = OutputForwarder(run_dir, emit=_run_log, mask=scrub)
     except BaseException:
@@ -253,10 +265,10 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
                 tree.kill()
                 cancel.step_aside(moved)
             if cancel.cancelled():
-                stop.request("cancelled")
+                stop.request(_cancel_reason(cancel))
             if stop.reason and stop.warned_at is None:
                 if stop.reason == "signal" and cancel.refresh():
-                    stop.reason = "cancelled"  # a worker's SIGTERM after a cancel
+                    stop.reason = _cancel_reason(cancel)  # a worker's SIGTERM after a cancel or a preemption
                 stop.warned_at = now
                 stop.hard_at = min(clock.stop_at, now + settings.grace_s) if stop.reason in ("time_limit", "deadline") else now + settings.grace_s
                 _signal_group(proc, signal.SIGTERM)
@@ -290,7 +302,7 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     tree.kill(spare=proc.pid)  # ... and every process the work started, in any session
     progress.poll(final=True)
     output.finish()
-    cancelled = stop.reason == "cancelled"
+    cancelled = stop.reason in CANCEL_REASONS
     exited = time.time()
     latest = uploader.finish(inline=cancelled)
     phases = _phases(started, begun, returned, exited)
@@ -436,9 +448,15 @@ def _ended_by_itself(stop: _Stop, code: int | None, settings: SupervisorConfig, 
     """Whether the work ended without a cancel stopping it: no cancel was
     requested, or a Python work finished within the grace period without
     ever reading ``ctx.should_stop`` as true (counted as finished below)."""
-    if stop.reason != "cancelled":
+    if stop.reason not in CANCEL_REASONS:
         return True
     return code == 0 and not settings.child.command and not stop_seen.exists()
+
+
+def _cancel_reason(cancel: RunWatch) -> str:
+    """``preempted`` when the cancel seen is the queue's preemption of the run, else ``cancelled``."""
+    preempted = getattr(cancel, "preempted", None)
+    return "preempted" if preempted is not None and preempted() else "cancelled"
 
 
 def _install_signal_handlers(stop: _Stop):

@@ -37,11 +37,15 @@ def _inner(future: Any) -> Future:
 class Uploader:
     """Uploads checkpoints from ``local_root`` to ``durable_root`` keeping
     ``keep`` of them on both sides.  ``api_alive``: whether the Prefect API
-    answers now (never blocks); without it the API is taken to answer."""
+    answers now (never blocks); without it the API is taken to answer.
+    ``on_durable()``: called (it must not block) as each checkpoint becomes
+    durable."""
 
     def __init__(self, local_root: Path, durable_root: str, keep: int, work_sha256: str | None = None,
-                 run_id: str | None = None, api_alive: Callable[[], bool] = lambda: True):
+                 run_id: str | None = None, api_alive: Callable[[], bool] = lambda: True,
+                 on_durable: Callable[[], None] | None = None):
         self.root, self.durable_root, self.keep = Path(local_root), durable_root, keep
+        self.on_durable = on_durable  # told as each checkpoint becomes durable (never blocks)
         self.work_sha256, self.run_id = work_sha256, run_id
         self.api_alive = api_alive
         self.done: list[DurableCheckpoint] = []
@@ -134,6 +138,8 @@ class Uploader:
 
     def _record(self, done: DurableCheckpoint) -> None:
         self.done.append(done)
+        if self.on_durable is not None:
+            self.on_durable()
         local = [c for c in committed(self.root) if c.step <= done.step]
         for ckpt in local[: max(0, len(local) - self.keep)]:
             shutil.rmtree(ckpt.path, ignore_errors=True)

@@ -108,7 +108,7 @@ def test_a_worker_polls_at_once_only_for_placements_on_its_own_node(monkeypatch)
     stream = [placed("n2"), placed("n1"), placed("n3"), placed(None)]
 
     async def follow(work_pool, states, on_event, connected=None):
-        assert (work_pool, states) == ("e31-pool", ("Placed",))
+        assert (work_pool, states) == ("e31-pool", ("Placed", "Preempting"))
         connected(True)
         for event in stream:
             on_event(event)

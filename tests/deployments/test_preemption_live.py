@@ -1,0 +1,114 @@
+"""Preemption in the live queue, against a real ``prefect server start``, ``e31 scheduler`` and
+``e31 worker`` (its node told it has 1 GPU with E31_NODE_GPUS: this machine has none): a deadline job
+arriving on a full node preempts a preemptible job, which returns its output marked ``partial``
+(reason ``preempted``), goes back to the queue as the same flow run with none of its retries used,
+and resumes from the checkpoint it returned."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tests.conftest import final_manifest
+from tests.deployments.test_queue import _states, queue, wait_for
+
+pytestmark = pytest.mark.server
+
+#: A work of N steps of 0.5 s, a checkpoint after each, that resumes from the one it is given; SIGTERM
+#: (the stop warning) makes it note when it stopped and exit 0.  Each attempt is a line of attempts.txt;
+#: the last attempt writes record.json.
+STEPS = textwrap.dedent("""
+    import json, os, pathlib, signal, sys, time
+    out, ck = pathlib.Path(os.environ["E31_OUTPUT_DIR"]), pathlib.Path(os.environ["E31_CHECKPOINT_DIR"])
+    resume = os.environ.get("E31_RESUME_DIR") or ""
+    start = int(pathlib.Path(resume, "step").read_text()) if resume else 0
+    log = pathlib.Path(sys.argv[2])
+    with log.open("a") as f:
+        f.write(json.dumps({"from": start, "start": time.time()}) + "\\n")
+
+    def stopped(signum, frame):
+        with log.open("a") as f:
+            f.write(json.dumps({"stopped": time.time()}) + "\\n")
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stopped)
+    total = 0
+    for step in range(start + 1, int(sys.argv[1]) + 1):
+        time.sleep(0.5)
+        folder = ck / f"step-{step}"
+        folder.mkdir()
+        (folder / "step").write_text(str(step))
+        (folder / "COMMITTED").write_text("")
+    (out / "record.json").write_text(json.dumps({"resumed_from": start, "steps": int(sys.argv[1])}))
+""")
+
+
+def _pool(q, min_run: str) -> None:
+    pool = json.loads(q.pool.read_text())
+    pool["preemption"] = {"min_run": min_run}
+    q.pool.write_text(json.dumps(pool))
+
+
+def _history(run_id: str) -> list[tuple[str, str, str]]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return [(s.timestamp.timestamp(), s.type.value, s.name, s.message or "")
+                for s in client.read_flow_run_states(run_id)]
+
+
+def _run_id(submitted: str) -> str:
+    return next(w for w in submitted.split() if len(w) == 36 and w.count("-") == 4)
+
+
+def test_a_deadline_job_preempts_a_preemptible_one_which_resumes_where_it_stopped(prefect_api, tmp_path):
+    with queue(tmp_path, {"n1": 1}) as q:
+        _pool(q, "2s")
+        (q.root / "steps.py").write_text(STEPS)
+        log = q.root / "trainer-attempts.jsonl"
+        q.scheduler()
+        q.worker("n1", 1)
+        trainer = q.job("trainer", 1, 40, work="steps.py", preemptible=True, retries=0)
+        spec = json.loads(trainer.read_text())
+        spec["work"]["command"].append(str(log))
+        spec["request"]["duration"] = "60s"  # the plan has the node busy for a minute: the deadline is at risk
+        trainer.write_text(json.dumps(spec))
+        victim = _run_id(q.submit(trainer))
+        durable = q.root / "out" / "trainer" / "checkpoints"
+        wait_for(lambda: any(durable.glob("step-*/COMMITTED")) and len(list(durable.glob("step-*"))) >= 1
+                 and log.exists(), what="the trainer's first durable checkpoint")
+        deadline = datetime.now(timezone.utc) + timedelta(seconds=75)
+        urgent = q.job("urgent", 1, 2, deadline=deadline.isoformat())
+        q.submit(urgent)
+        wait_for(lambda: final_manifest(q.root / "out" / "urgent") is not None, timeout=120, what="the urgent job")
+        wait_for(lambda: final_manifest(q.root / "out" / "trainer") is not None, timeout=180,
+                 what="the trainer's completion")
+        lines = [json.loads(line) for line in log.read_text().splitlines()]
+        history = _history(victim)
+        urgent_record, trainer_record = q.record("urgent"), q.record("trainer")
+        manifest = final_manifest(q.root / "out" / "trainer")
+    attempts = [line for line in lines if "from" in line]
+    stops = [line for line in lines if "stopped" in line]
+    names = [name for _, _, name, _ in history]
+    assert len(attempts) == 2 and len(stops) == 1, lines
+    # the urgent work started only once the trainer's work had stopped (one device, never two works on it)
+    assert stops[0]["stopped"] <= urgent_record["start"], (stops, urgent_record)
+    assert urgent_record["end"] <= deadline.timestamp()
+    # from the decision to the urgent job's work: the victim's stop (it stops at once), its return, the start
+    decided = next(at for at, _, name, _ in history if name == "Preempting")
+    assert urgent_record["start"] - decided < 20, (decided, urgent_record)
+    # the same flow run: Preempting, Preempted (its output returned), queued again, placed, completed
+    for name in ("Preempting", "Preempted", "Queued", "Placed", "Completed"):
+        assert name in names, history
+    assert names.index("Preempting") < names.index("Preempted") < len(names) - 1 - names[::-1].index("Queued")
+    preempted = next(message for _, _, name, message in history if name == "Preempted")
+    assert preempted.startswith(f"preempted by urgent (") and "its deadline" in preempted, preempted
+    returned = int(preempted.rsplit("returned step ", 1)[1].split()[0])
+    # it resumed from the checkpoint its preemption returned, and its retries (0) were not used
+    assert attempts[1]["from"] == returned == trainer_record["resumed_from"] >= 1
+    assert manifest["status"] == "completed"
+    requeued = next(message for _, _, name, message in history if name == "Queued" and "preempted by" in message)
+    assert requeued.endswith("queued again, resumes from there"), requeued
