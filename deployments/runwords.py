@@ -53,6 +53,7 @@ def holding(state: Any, labels: dict[str, Any] | None = None) -> str:
     :mod:`e31.flows.attempt.steplabel`)."""
     from e31.deployments.cutreturn import RETURNING
     from e31.flows.queue import SETTLE_S
+    from e31.states import PREEMPTING
 
     kind = state.type.value
     if kind == "CRASHED":  # a fresh crash (under SETTLE_S) keeps its node: see e31.flows.queue.snapshot.read
@@ -60,6 +61,9 @@ def holding(state: Any, labels: dict[str, Any] | None = None) -> str:
                 "then it is freed")
     if kind == "PENDING" and state.name == RETURNING:
         return "returning: its flow process ended during the return of its output; its worker finishes the return"
+    if kind == "CANCELLING" and state.name == PREEMPTING:
+        return ("preempting: its work is being stopped and its latest output returned, for a job with priority over "
+                "it; then it is queued again and resumes from there")
     if kind == "CANCELLING":
         return "cancelling: its work is being stopped and its latest output returned"
     if kind == "PENDING":

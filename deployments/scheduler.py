@@ -37,7 +37,7 @@ HISTORY_EVERY_S = 60.0
 #: tick that only wrote (or deferred) waiting runs' reasons, the next one waits for the interval or an
 #: event: with a deep queue there are always reasons to rewrite, and back-to-back ticks reading and
 #: writing them loaded the server the running jobs need.
-AT_ONCE = ("start", "handover", "refuse", "lost", "requeued", "gone", "stale", "undone", "preempt")
+AT_ONCE = ("start", "handover", "refuse", "lost", "requeued", "gone", "stale", "undone", "preempt", "cancel")
 
 
 def at_once(counts: dict[str, int]) -> bool:

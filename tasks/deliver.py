@@ -98,7 +98,9 @@ class ReturnTarget:
     ``attempt``: a token of the flow process that ran this attempt of the
     run (a run queued again after its node was lost runs again under the
     same flow run id, elsewhere: its return replaces the earlier
-    attempt's even when that one was complete; None: not known)."""
+    attempt's even when that one was complete; None: not known).
+    ``preemptions`` and ``lost_s``: the queue's earlier preemptions of the
+    run and the seconds of work they threw away (its placement record)."""
 
     job: str
     run_id: str | None
@@ -115,6 +117,21 @@ class ReturnTarget:
     handover_wait_s: float = 0.0
     handover_staging_s: float = 0.0
     attempt: str | None = None
+    preemptions: int = 0
+    lost_s: float = 0.0
+
+
+def preempted_so_far(req: ReturnTarget, out: RunOutcome, reason: str) -> dict[str, Any]:
+    """The manifest's ``preemptions`` and ``lost_s``: the run's earlier preemptions (``req``), and this
+    stop when its ``reason`` is ``preempted``, which throws away the work since this attempt's newest
+    durable checkpoint (or since its work's start; none when the work never started)."""
+    count, lost = req.preemptions, req.lost_s
+    if reason == "preempted":
+        count += 1
+        since = max(filter(None, (out.checkpoint_at, out.work_started_at)), default=None)
+        if since is not None and out.stop_requested_at is not None:
+            lost += max(0.0, out.stop_requested_at - since)
+    return {"preemptions": count, "lost_s": lost}
 
 
 def existing_manifest(output_url: str) -> dict[str, Any] | None:
@@ -221,6 +238,7 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
         work_started_at=out.work_started_at,
         released_at=released_at,
         resumed_from_step=out.resumed_from_step,
+        **preempted_so_far(req, out, v.reason),
     )
     if completed:
         Destination(storage.join(req.output_url, PARTIAL)).clear()  # superseded by this complete output

@@ -71,6 +71,8 @@ def build_manifest(
     work_started_at: float | None = None,
     released_at: float = 0.0,
     resumed_from_step: int | None = None,
+    preemptions: int = 0,
+    lost_s: float = 0.0,
 ) -> dict[str, Any]:
     """The manifest as a JSON-ready dict: :meth:`Manifest.to_json_dict` of the
     :class:`e31.tasks.manifest_model.Manifest` built here (raises
@@ -99,7 +101,9 @@ def build_manifest(
     the run; None when the job reads no data.  ``meter``: from
     ``work_started_at`` to ``released_at`` (Unix seconds), see
     :func:`e31.tasks.meter.meter`.  ``resumed_from_step``: the checkpoint
-    step the run's work resumed from (None: a fresh start).
+    step the run's work resumed from (None: a fresh start).  ``preemptions``
+    and ``lost_s``: how many times the queue preempted the run so far and
+    the seconds of work those preemptions threw away.
     """
     return Manifest(
         job=job,
@@ -111,6 +115,8 @@ def build_manifest(
         exit_code=exit_code,
         step=step,
         resumed_from_step=resumed_from_step,
+        preemptions=preemptions,
+        lost_s=round(float(lost_s), 3),
         folder=folder,
         files=[ManifestFile.model_validate(f) for f in files],
         stale=list(stale or []),

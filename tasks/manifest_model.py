@@ -94,7 +94,8 @@ class Logs(_Part):
 #: What a manifest an earlier E31 wrote lacks, read as (the fields added since; ``folder``
 #: follows from ``status``).  This E31 writes every field.
 EARLIER_DEFAULTS: dict[str, Any] = {
-    "attempt": None, "message": "", "exit_code": None, "step": None, "resumed_from_step": None, "stale": [],
+    "attempt": None, "message": "", "exit_code": None, "step": None, "resumed_from_step": None, "preemptions": 0,
+    "lost_s": 0.0, "stale": [],
     "checkpoint": None, "timings": {}, "staged_before_allocation": None, "peak_memory_bytes": 0, "spec_sha256": "",
     "finished_at": "", "stop_requested_at": None, "logs": {"stdout_tail": "", "stderr_tail": "", "lines_not_forwarded": 0},
 }
@@ -136,6 +137,11 @@ class Manifest(_Part):
     step: int | None = Field(description="The step of the newest checkpoint returned; null when none.")
     resumed_from_step: int | None = Field(description="The checkpoint step the work resumed from; null for a fresh "
                                                       "start.")
+    preemptions: int = Field(description="How many times the queue has preempted this flow run so far (this stop "
+                                         "included when its reason is `preempted`); each time it was queued again "
+                                         "and resumed.")
+    lost_s: float = Field(description="Seconds of work those preemptions threw away: for each, from its newest "
+                                      "durable checkpoint (or its work's start) to the stop; the work redone.")
     folder: Folder = Field(description="Where the files are, relative to `output.url`: `.` for `completed`, "
                                        "`partial` otherwise.")
     files: list[ManifestFile] = Field(description="The returned files, relative to `folder`.")

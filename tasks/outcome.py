@@ -52,6 +52,8 @@ class RunOutcome:
     work_started_at: float | None = None
     released_at: float | None = None
     resumed_from_step: int | None = None
+    #: When this attempt's newest checkpoint became durable (Unix seconds; None: none in this attempt).
+    checkpoint_at: float | None = None
 
 
 class ChildLost(RuntimeError):

@@ -16,7 +16,7 @@ from typing import Any
 from e31.tasks.supervisor.fence import NODE_VAR, placement_of
 
 __all__ = ["AFTER_VAR", "ATTAINED_VAR", "ATTEMPT_VAR", "CPUS_VAR", "DEVICES_VAR", "FREE_VAR", "NODE_VAR",
-           "PLANNED_VAR", "PREEMPTED_VAR", "VICTIMS_VAR", "PlacementRecord", "PlannedStart", "record_of"]
+           "LOST_VAR", "PLANNED_VAR", "PREEMPTED_VAR", "VICTIMS_VAR", "PlacementRecord", "PlannedStart", "record_of"]
 
 #: The keys of the ``placement`` parameter (:data:`e31.tasks.supervisor.fence.PLACEMENT_PARAM`).
 DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = "gpu_devices", "cpus", "e31_attempt"
@@ -35,6 +35,8 @@ PREEMPTED_VAR = "e31_preempted"
 #: Resource-seconds (GPU-seconds; CPU-seconds for a job of no GPU) the run received in its earlier attempts:
 #: its attained service, by which the planner orders jobs that declared no duration.
 ATTAINED_VAR = "e31_attained_s"
+#: Seconds of work the run's preemptions threw away (each: from its newest durable checkpoint to the decision).
+LOST_VAR = "e31_lost_s"
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,8 @@ class PlacementRecord:
     equally free nodes).  ``victims``: the runs its placement preempts (its
     work starts once each has returned its output); ``preempted``: when it
     was preempted (Unix seconds); ``attained_s``: the resource-seconds its
-    earlier attempts received."""
+    earlier attempts received; ``lost_s``: the seconds of work its
+    preemptions threw away."""
 
     node: str | None = None
     devices: tuple[int, ...] = field(default=())
@@ -75,6 +78,7 @@ class PlacementRecord:
     victims: tuple[str, ...] = field(default=())
     preempted: tuple[float, ...] = field(default=())
     attained_s: float = 0.0
+    lost_s: float = 0.0
 
     def waits_for(self) -> tuple[str, ...]:
         """The runs whose output must be returned before this run's work starts: the run it is handed over
@@ -85,7 +89,7 @@ class PlacementRecord:
         """What a run taken back into the queue keeps: its attempt and the counts its retries and the
         planner's order are judged by (no node, devices, runs it waits for or planned node)."""
         return PlacementRecord(attempt=self.attempt, unstarted=self.unstarted, preempted=self.preempted,
-                               attained_s=self.attained_s)
+                               attained_s=self.attained_s, lost_s=self.lost_s)
 
     def parameter(self) -> dict[str, Any]:
         """The ``placement`` parameter's value (JSON): only the keys that
@@ -107,6 +111,8 @@ class PlacementRecord:
             value[PREEMPTED_VAR] = list(self.preempted)
         if self.attained_s:
             value[ATTAINED_VAR] = self.attained_s
+        if self.lost_s:
+            value[LOST_VAR] = self.lost_s
         return value
 
     @classmethod
@@ -123,7 +129,8 @@ class PlacementRecord:
                    planned=_text(value.get(PLANNED_VAR)),
                    victims=tuple(v for v in _list(value.get(VICTIMS_VAR)) if isinstance(v, str) and v),
                    preempted=tuple(float(t) for t in _list(value.get(PREEMPTED_VAR)) if _number(t)),
-                   attained_s=float(value.get(ATTAINED_VAR)) if _number(value.get(ATTAINED_VAR)) else 0.0)
+                   attained_s=float(value.get(ATTAINED_VAR)) if _number(value.get(ATTAINED_VAR)) else 0.0,
+                   lost_s=float(value.get(LOST_VAR)) if _number(value.get(LOST_VAR)) else 0.0)
 
 
 def record_of(run: Any) -> PlacementRecord:

@@ -173,7 +173,22 @@ class Attempt:
             job=plan.job, run_id=self.run_id, output_dir=str(plan.output_dir),
             output_url=plan.output_url, declared=plan.output_files, gpus=plan.gpus, cpus=plan.cpus,
             spec_sha256=plan.spec_sha256, checkpoint_url=plan.checkpoint_url, attempt=attempt_token(),
+            **self.preempted_before(),
         )
+
+    def preempted_before(self) -> dict[str, Any]:
+        """The queue's earlier preemptions of this flow run and the seconds of work they threw away, as its
+        ``placement`` parameter records them (:class:`e31.tasks.placement_record.PlacementRecord`); none
+        outside a queue."""
+        from prefect.runtime import flow_run
+
+        from e31.tasks.placement_record import PlacementRecord
+
+        try:
+            record = PlacementRecord.from_parameter((flow_run.parameters or {}).get("placement"))
+        except Exception:  # not in a flow run
+            return {}
+        return {"preemptions": len(record.preempted), "lost_s": record.lost_s}
 
     def checkpoints(self) -> dict[str, Any]:
         """Where the job's checkpoints go, for a pending record: URL, ``keep``,

@@ -191,8 +191,9 @@ def start(write: Any, snap: Any, planned: list[PlannedPreemption], placements: l
 def requeue(write: Any, snap: Any, logs: Any, counts: dict[str, int]) -> None:
     """Queue each preempted run (:func:`is_preempted`, in ``snap.preempted``) again: ``Queued`` with its
     ``Preempted`` message and what comes next; its placement record keeps its attempt and counts and adds
-    the preemption's time and the service this attempt received (its width x the seconds from its
-    attempt's start to its end).  Counted ``requeued``."""
+    the preemption's time, the service this attempt received (its width x the seconds from its attempt's
+    start to its end) and the work it threw away (from its newest durable checkpoint, or its attempt's
+    start, to the decision).  Counted ``requeued``."""
     from e31.states import queued
 
     now = datetime.fromtimestamp(snap.now, timezone.utc)
@@ -200,10 +201,11 @@ def requeue(write: Any, snap: Any, logs: Any, counts: dict[str, int]) -> None:
         run = snap.runs[key]
         record, spec = record_of(run), snap.specs[key]
         ended = run.state.timestamp.timestamp() if run.state.timestamp is not None else snap.now
-        began = _attempt_began(write.client, key, ended)
+        began, decided = _attempt_times(write.client, key, ended)
         served = width(spec.request.gpus, spec.request.cpus) * max(0.0, ended - began)
+        lost = max(0.0, decided - max(checkpoint_at(run) or began, began))  # since its newest durable checkpoint
         kept = replace(record.kept(), preempted=(*record.preempted, ended),
-                       attained_s=round(record.attained_s + served, 3))
+                       attained_s=round(record.attained_s + served, 3), lost_s=round(record.lost_s + lost, 3))
         message = f"Queued: {run.state.message or 'preempted by the queue'}; queued again, resumes from there"
         if write.state(key, queued(message, now + timedelta(seconds=AHEAD_S))) and \
                 write.place(key, run, kept, check=False):
@@ -211,15 +213,17 @@ def requeue(write: Any, snap: Any, logs: Any, counts: dict[str, int]) -> None:
             counts["requeued"] = counts.get("requeued", 0) + 1
 
 
-def _attempt_began(client: Any, key: str, ended: float) -> float:
-    """When the preempted run ``key``'s attempt entered ``Running`` last (Unix seconds; ``ended`` when its
-    states cannot be read): one read of its states, once per preemption."""
+def _attempt_times(client: Any, key: str, ended: float) -> tuple[float, float]:
+    """When the preempted run ``key``'s attempt entered ``Running`` last, and when the queue decided to
+    preempt it (its last ``Preempting``), Unix seconds (``ended`` for either when its states cannot be
+    read): one read of its states, once per preemption."""
     try:
-        times = [s.timestamp.timestamp() for s in client.read_flow_run_states(key)
-                 if s.type.value == "RUNNING" and s.timestamp is not None]
-    except Exception:  # its service is then counted as nothing: the order errs towards serving it sooner
-        return ended
-    return max((t for t in times if t <= ended), default=ended)
+        states = [(s.timestamp.timestamp(), s) for s in client.read_flow_run_states(key) if s.timestamp is not None]
+    except Exception:  # its service and loss are then counted as nothing: the order errs towards serving it sooner
+        return ended, ended
+    began = max((t for t, s in states if s.type.value == "RUNNING" and t <= ended), default=ended)
+    decided = max((t for t, s in states if s.name == PREEMPTING and t <= ended), default=ended)
+    return began, max(began, decided)
 
 
 def is_preempting(state: Any) -> bool:

@@ -358,7 +358,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
     from e31.states import cancelled, crashed, placed, queued, refused
 
     counts = {"start": 0, "handover": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0, "gone": 0,
-              "stale": 0, "undone": 0, "deferred": 0, "kept": 0, "preempt": 0}
+              "stale": 0, "undone": 0, "deferred": 0, "kept": 0, "preempt": 0, "cancel": 0}
     write = _Writer(client, cache, counts)
     now = datetime.fromtimestamp(snap.now, timezone.utc)
     for key in snap.lost:
@@ -409,6 +409,11 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
         if write.state(key, requeued) and write.place(key, run, kept, check=False):
             counts["requeued"] += 1
     preempt.requeue(write, snap, logs, counts)
+    for key in snap.unplaced_cancels:
+        message = "cancelled while it waited in the queue; the work did not run again"
+        if write.state(key, cancelled(message)):
+            logs.add(key, f"Cancelled: {message}")
+            counts["cancel"] += 1
     for key, why in snap.bad.items():
         run = snap.runs[key]
         if run.state.type.value == "SCHEDULED" and run.state.name == QUEUED:

@@ -64,6 +64,9 @@ class Snapshot:
     behind: dict[str, str] = field(default_factory=dict)
     #: Ids of preempted runs that returned their output (``Cancelled`` named ``Preempted``): queued again.
     preempted: list[str] = field(default_factory=list)
+    #: Ids of runs cancelled while queued after an earlier attempt (``Cancelling``, placed nowhere): no process
+    #: of theirs exists to end the cancel, so the queue makes them ``Cancelled``.
+    unplaced_cancels: list[str] = field(default_factory=list)
     lease_s: float = LEASE_S
     #: Node name -> the last heartbeat of its worker (Unix seconds), for every worker the work pool knows.
     heard: dict[str, float] = field(default_factory=dict)
@@ -219,6 +222,11 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
             # the e31 worker holds the run Pending ('Returning') to finish a return it cut; the node stays its own
         holding = crashed or state.type in (StateType.PENDING, StateType.RUNNING, StateType.CANCELLING) or \
             (state.type == StateType.SCHEDULED and state.name == PLACED)
+        if state.type == StateType.CANCELLING and node is None:
+            # cancelled while queued after an earlier attempt (a crash, a preemption): the server lets such a run
+            # be Cancelling (its last attempt left an infrastructure pid) and no process of it exists to end it
+            snap.unplaced_cancels.append(key)
+            continue
         if holding:
             if node not in known:
                 continue

@@ -320,6 +320,7 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     outcome.phases = phases
     outcome.work_started_at = exec_at if settings.child.command else _read_time(begun)
     outcome.resumed_from_step = resumed_from
+    outcome.checkpoint_at = uploader.durable_at
     if stop.reason == "out_of_memory":
         outcome.message = (f"the work used {human_size(tree.peak_rss)} of resident memory, over request.memory "
                            f"{human_size(settings.memory or 0)}; killed. Ask for more memory, or use less")

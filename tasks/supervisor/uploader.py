@@ -46,6 +46,7 @@ class Uploader:
                  on_durable: Callable[[], None] | None = None):
         self.root, self.durable_root, self.keep = Path(local_root), durable_root, keep
         self.on_durable = on_durable  # told as each checkpoint becomes durable (never blocks)
+        self.durable_at: float | None = None  # when the newest checkpoint became durable (Unix seconds)
         self.work_sha256, self.run_id = work_sha256, run_id
         self.api_alive = api_alive
         self.done: list[DurableCheckpoint] = []
@@ -138,6 +139,7 @@ class Uploader:
 
     def _record(self, done: DurableCheckpoint) -> None:
         self.done.append(done)
+        self.durable_at = time.time()
         if self.on_durable is not None:
             self.on_durable()
         local = [c for c in committed(self.root) if c.step <= done.step]

@@ -110,5 +110,86 @@ def test_a_deadline_job_preempts_a_preemptible_one_which_resumes_where_it_stoppe
     # it resumed from the checkpoint its preemption returned, and its retries (0) were not used
     assert attempts[1]["from"] == returned == trainer_record["resumed_from"] >= 1
     assert manifest["status"] == "completed"
+    # the manifest counts the preemption and the work it threw away: less than a step (0.5 s) and its upload
+    assert manifest["preemptions"] == 1 and 0.0 <= manifest["lost_s"] < 3.0, manifest
     requeued = next(message for _, _, name, message in history if name == "Queued" and "preempted by" in message)
     assert requeued.endswith("queued again, resumes from there"), requeued
+
+
+def _trainer(q, log, steps: int = 40):
+    """The preemptible job: ``steps`` steps of 0.5 s, planned to hold its node for a minute."""
+    (q.root / "steps.py").write_text(STEPS)
+    trainer = q.job("trainer", 1, steps, work="steps.py", preemptible=True, retries=0)
+    spec = json.loads(trainer.read_text())
+    spec["work"]["command"].append(str(log))
+    spec["request"]["duration"] = "60s"
+    trainer.write_text(json.dumps(spec))
+    return trainer
+
+
+def _urgent(q, seconds: float = 2, within: float = 75):
+    return q.job("urgent", 1, seconds, deadline=(datetime.now(timezone.utc) + timedelta(seconds=within)).isoformat())
+
+
+def test_a_preempted_job_killed_during_its_return_is_still_returned_whole_and_queued_again(prefect_api, tmp_path):
+    """kill -9 of the victim's flow process in the middle of its preemption's return: its worker
+    finishes the return (every file and the partial manifest at the destination agree), the run ends
+    ``Preempted`` (not ``Cancelled``: it is not lost), is queued again and completes; the urgent job's
+    work starts only once that return is finished."""
+    from e31.flows.joblock import lock_holder
+    from tests import hold
+    import os
+    import signal
+
+    with queue(tmp_path, {"n1": 1}) as q:
+        _pool(q, "2s")
+        log = q.root / "trainer-attempts.jsonl"
+        q.scheduler()
+        q.worker("n1", 1, env=hold.env("returning", q.root / "held"))
+        victim = _run_id(q.submit(_trainer(q, log)))
+        durable = q.root / "out" / "trainer" / "checkpoints"
+        wait_for(lambda: any(durable.glob("step-*/COMMITTED")), what="the trainer's first durable checkpoint")
+        q.submit(_urgent(q))
+        flow_pid = hold.wait_stopped(lambda: lock_holder(str(q.root / "scratch-n1" / "trainer"))[0])
+        returning = json.loads((q.root / "out" / "trainer" / "partial" / "manifest.json").read_text())
+        os.kill(flow_pid, signal.SIGKILL)
+        wait_for(lambda: final_manifest(q.root / "out" / "urgent") is not None, timeout=120, what="the urgent job")
+        wait_for(lambda: final_manifest(q.root / "out" / "trainer") is not None, timeout=180,
+                 what="the trainer's completion")
+        history = _history(victim)
+        urgent_record = q.record("urgent")
+        lines = [json.loads(line) for line in log.read_text().splitlines()]
+    names = [name for _, _, name, _ in history]
+    assert returning["status"] == "returning"
+    assert "Preempting" in names and "Preempted" in names and names[-1] == "Completed", history
+    assert "Cancelled" not in names, history
+    preempted_at = next(at for at, _, name, _ in history if name == "Preempted")
+    assert urgent_record["start"] >= preempted_at - 1.0, (urgent_record, preempted_at)  # after the return ended
+    attempts = [line for line in lines if "from" in line]
+    assert len(attempts) == 2 and attempts[1]["from"] >= 1, lines
+
+
+def test_a_preempted_job_cancelled_while_it_waits_to_run_again_never_runs_again(prefect_api, tmp_path):
+    import subprocess
+
+    with queue(tmp_path, {"n1": 1}) as q:
+        _pool(q, "2s")
+        log = q.root / "trainer-attempts.jsonl"
+        q.scheduler()
+        q.worker("n1", 1)
+        victim = _run_id(q.submit(_trainer(q, log)))
+        durable = q.root / "out" / "trainer" / "checkpoints"
+        wait_for(lambda: any(durable.glob("step-*/COMMITTED")), what="the trainer's first durable checkpoint")
+        q.submit(_urgent(q, seconds=15))
+        wait_for(lambda: any(name == "Queued" and "preempted by" in message
+                             for _, _, name, message in _history(victim)), what="the trainer queued again")
+        done = subprocess.run([q.exe, "cancel", victim, "--pool", str(q.pool)], capture_output=True, text=True,
+                              cwd=q.root)
+        assert done.returncode == 0, done.stderr
+        wait_for(lambda: final_manifest(q.root / "out" / "urgent") is not None, timeout=120, what="the urgent job")
+        history = _history(victim)
+        lines = [json.loads(line) for line in log.read_text().splitlines()]
+        partial = final_manifest(q.root / "out" / "trainer" / "partial")
+    assert history[-1][1:3] == ("CANCELLED", "Cancelled"), history
+    assert len([line for line in lines if "from" in line]) == 1, lines  # it never ran again
+    assert (partial["status"], partial["reason"], partial["preemptions"]) == ("partial", "preempted", 1)

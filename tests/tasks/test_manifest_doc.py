@@ -91,6 +91,8 @@ GOLDEN = """{
   "exit_code": 3,
   "step": 12,
   "resumed_from_step": null,
+  "preemptions": 0,
+  "lost_s": 0.0,
   "folder": "partial",
   "files": [
     {

@@ -1,0 +1,171 @@
+"""The live queue's preemption pieces that need no server (:mod:`e31.flows.queue.preempt`): which
+running runs may be victims, what a run placed by a preemption holds while its victims still run,
+the placement record that carries a run's preemptions across attempts, and the states and manifest
+words of a preemption.  The end-to-end behaviour is in tests/deployments/test_preemption_live.py."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from types import SimpleNamespace
+
+from e31.flows.placement import Node, Placement, QueuedJob, RunningJob
+from e31.flows.queue import preempt
+from e31.flows.queue.cache import kept
+from e31.flows.queue.snapshot import retries_used
+from e31.specs import JobSpec
+from e31.states import manifest_state
+from e31.tasks.placement_record import PlacementRecord
+from e31.flows.cancelhook import stopped_by_cancel
+
+SPEC = {"name": "train", "work": {"kind": "training", "command": ["true"]},
+        "request": {"gpus": 1, "cpus": 1, "limit": "1h"},
+        "output": {"kind": "model", "url": "/tmp/out", "files": ["m.pt"], "checkpoint": {"every": "5m"}}}
+
+
+def _state(kind: str, name: str, message: str = "") -> SimpleNamespace:
+    return SimpleNamespace(type=SimpleNamespace(value=kind), name=name, message=message,
+                           timestamp=datetime.fromtimestamp(1000.0, timezone.utc))
+
+
+def _run(kind: str = "RUNNING", name: str = "Running", placement: dict | None = None, tags=(), run_count: int = 1,
+         key: str = "v1") -> SimpleNamespace:
+    return SimpleNamespace(id=key, state=_state(kind, name), parameters={"spec": SPEC, "placement": placement or {}},
+                           tags=list(tags), run_count=run_count, job_variables=None)
+
+
+def test_the_placement_record_carries_victims_preemptions_and_attained_service():
+    record = PlacementRecord(node="n1", devices=(0,), cpus=1, attempt=2, after="a", unstarted=1,
+                             victims=("v1", "v2"), preempted=(100.0, 200.5), attained_s=3600.25, lost_s=12.5)
+    value = record.parameter()
+    assert value["e31_preempts"] == ["v1", "v2"] and value["e31_preempted"] == [100.0, 200.5]
+    assert (value["e31_attained_s"], value["e31_lost_s"]) == (3600.25, 12.5)
+    assert PlacementRecord.from_parameter(value) == record
+    assert record.waits_for() == ("a", "v1", "v2")
+    assert record.kept() == PlacementRecord(attempt=2, unstarted=1, preempted=(100.0, 200.5), attained_s=3600.25,
+                                            lost_s=12.5)
+    # a value of the wrong type reads as not set
+    bad = PlacementRecord.from_parameter({"e31_preempts": "v1", "e31_preempted": [True, -1, "x", 5],
+                                          "e31_attained_s": "lots"})
+    assert (bad.victims, bad.preempted, bad.attained_s) == ((), (5.0,), 0.0)
+    assert PlacementRecord().parameter() == {}
+
+
+def test_only_a_preemptible_run_at_its_work_may_be_a_victim():
+    spec = JobSpec.model_validate(SPEC)
+    assert preempt.victim_fields(spec, _run(), waiting=False)["preemptible"] is True
+    assert preempt.victim_fields(spec, _run("PENDING", "Pending"), waiting=False)["preemptible"] is False
+    assert preempt.victim_fields(spec, _run("CANCELLING", "Preempting"), waiting=False)["preemptible"] is False
+    assert preempt.victim_fields(spec, _run(), waiting=True)["preemptible"] is False
+    ended = _run(tags=["e31-work-ended:1:2026-12-06T00:00:00Z"])
+    assert preempt.victim_fields(spec, ended, waiting=False)["preemptible"] is False  # its output is on its way
+    deadline = JobSpec.model_validate({**SPEC, "request": {**SPEC["request"], "deadline_within": "2h"}})
+    assert preempt.victim_fields(deadline, _run(), waiting=False)["preemptible"] is False
+    declared = JobSpec.model_validate({**SPEC, "request": {**SPEC["request"], "preemptible": False}})
+    assert preempt.victim_fields(declared, _run(), waiting=False)["preemptible"] is False
+
+
+def test_the_checkpoint_tag_of_the_current_attempt_is_the_work_a_preemption_loses():
+    spec = JobSpec.model_validate(SPEC)
+    run = _run(tags=["e31-checkpoint:1:900", "other"], run_count=2)  # an earlier attempt's: not this one's
+    assert preempt.checkpoint_at(run) is None
+    run = _run(tags=["e31-checkpoint:2:1500"], run_count=2,
+               placement={"e31_preempted": [700.0], "e31_attained_s": 50.0})
+    fields = preempt.victim_fields(spec, run, waiting=False)
+    assert (fields["checkpoint_at"], fields["preemptions"], fields["attained_s"], fields["no_duration"]) == \
+        (1500.0, (700.0,), 50.0, True)
+    assert preempt.checkpoint_at(_run(tags=["e31-checkpoint:1:soon"])) is None
+
+
+def test_a_run_waits_for_its_victims_until_its_work_started_tag():
+    placed = {"e31_node": "n1", "gpu_devices": [0], "cpus": 1, "e31_preempts": ["v9"]}
+    assert preempt.waiting(_run(placement=placed)) is True
+    assert preempt.waiting(_run(placement=placed, tags=["e31-work-started:1"])) is False
+    assert preempt.waiting(_run(placement=placed, tags=["e31-work-started:1"], run_count=2)) is True
+    assert preempt.waiting(_run(placement={"e31_node": "n1"})) is False
+
+
+def test_a_run_placed_by_a_preemption_holds_only_what_its_victims_do_not():
+    victim = RunningJob("v1", "n1", (0, 1), 4, 2**30, 0.0, 5000.0, preemptible=True)
+    other = RunningJob("o1", "n1", (2,), 1, 0, 0.0, 5000.0, preemptible=True)
+    placed = RunningJob("p1", "n1", (0, 1, 3), 6, 2**31, 100.0, 900.0)
+    runs = {"v1": _run(key="v1"), "o1": _run(key="o1"),
+            "p1": _run(key="p1", placement={"e31_node": "n1", "e31_preempts": ["v1", "gone"]})}
+    snap = SimpleNamespace(running=[victim, other, placed], runs=runs)
+    preempt.hold_behind_victims(snap)
+    assert snap.running[2] == RunningJob("p1", "n1", (3,), 2, 2**30, 100.0, 900.0, preemptible=False)
+    snap = SimpleNamespace(running=[other, placed], runs=runs)  # its victim ended: it holds its whole placement
+    preempt.hold_behind_victims(snap)
+    assert snap.running[1] == placed
+
+
+def test_a_run_with_a_run_handed_over_behind_it_or_on_an_overbooked_node_is_never_a_victim():
+    nodes = [Node("n1", 1, 4, 2**32), Node("n2", 1, 4, 2**32)]
+    running = [RunningJob("a", "n1", (0,), 1, 0, 0.0, 9000.0, preemptible=True),
+               RunningJob("b", "n2", (0,), 1, 0, 0.0, 9000.0, preemptible=True)]
+    job = QueuedJob("d", "urgent", 1, 1, 0, 0.0, 60.0, 60.0, deadline=500.0, runtime_source="duration")
+    wait = [Placement("d", "wait", "n1", (0,), 1, 9000.0, 9060.0, "waits")]
+    snap = SimpleNamespace(running=running, queued=[job], nodes=nodes, now=1000.0 - 700, behind={}, overbooked={})
+    rules = preempt.PreemptionRules(min_run_s=10.0)
+    assert [p.preemption.victims for p in preempt.plan(snap, wait, rules)] == [("a",)]
+    snap.behind = {"f": "a"}
+    assert [p.preemption.victims for p in preempt.plan(snap, wait, rules)] == [("b",)]
+    snap.overbooked = {"n2": "2 runs hold ..."}
+    assert preempt.plan(snap, wait, rules) == []
+
+
+def test_a_preempted_run_stays_in_the_queue_s_view_and_uses_none_of_its_retries():
+    assert kept(_state("CANCELLED", "Preempted")) is True
+    assert kept(_state("CANCELLED", "Cancelled")) is False
+    assert kept(_state("RUNNING", "Running")) is True
+    assert preempt.is_preempted(_run("CANCELLED", "Preempted")) is True
+    assert preempt.is_preempting(_state("CANCELLING", "Preempting")) is True
+    assert preempt.is_preempting(_state("CANCELLING", "Cancelling")) is False
+    run = _run("CRASHED", "Crashed", placement={"e31_unstarted": 1, "e31_preempted": [10.0, 20.0]}, run_count=4)
+    assert retries_used(run) == 1
+
+
+def test_a_preempted_manifest_ends_its_run_preempted_and_counts_as_a_cancel_s_stop():
+    head = {"status": "partial", "reason": "preempted", "message": "stopped early (preempted)"}
+    assert manifest_state(head) == {"type": "CANCELLED", "name": "Preempted", "message": "stopped early (preempted)"}
+    assert stopped_by_cancel(head) is True
+
+
+def test_a_nudge_makes_the_reader_read_at_once(tmp_path, monkeypatch):
+    from e31.tasks.supervisor import cancel
+
+    monkeypatch.setattr(cancel.tempfile, "gettempdir", lambda: str(tmp_path))
+    reader = object.__new__(cancel._Reader)  # its wait alone, with no thread reading an API
+    reader.flow_run_id, reader.every, reader.done = "r1", 10.0, False
+    reader.wake = __import__("threading").Event()
+    assert cancel.nudge("r1") and cancel.nudge_path("r1").exists()
+    started = time.monotonic()
+    reader._wait()
+    assert time.monotonic() - started < 1.0 and not cancel.nudge_path("r1").exists()
+    reader.every = 0.3
+    started = time.monotonic()
+    reader._wait()  # not nudged: the whole interval
+    assert time.monotonic() - started >= 0.3
+
+
+def test_the_manifest_counts_the_run_s_preemptions_and_the_work_they_threw_away():
+    from e31.tasks.deliver import ReturnTarget, preempted_so_far
+    from e31.tasks.outcome import RunOutcome
+
+    target = ReturnTarget(job="j", run_id="r", output_dir="/o", output_url="/u", declared=[], gpus=1, cpus=1,
+                          spec_sha256="", preemptions=2, lost_s=40.0)
+    stopped = RunOutcome(reason="preempted", exit_code=0, run_s=100.0, stop_requested_at=1100.0,
+                         work_started_at=1000.0, checkpoint_at=1090.5)
+    assert preempted_so_far(target, stopped, "preempted") == {"preemptions": 3, "lost_s": 49.5}
+    fresh = RunOutcome(reason="preempted", exit_code=0, run_s=5.0, stop_requested_at=1005.0, work_started_at=1000.0)
+    assert preempted_so_far(target, fresh, "preempted") == {"preemptions": 3, "lost_s": 45.0}  # no checkpoint yet
+    staging = RunOutcome(reason="preempted", exit_code=None, run_s=0.0)  # stopped before its work started
+    assert preempted_so_far(target, staging, "preempted") == {"preemptions": 3, "lost_s": 40.0}
+    assert preempted_so_far(target, stopped, "finished") == {"preemptions": 2, "lost_s": 40.0}
+
+
+def test_e31_queue_says_a_run_is_being_preempted():
+    from e31.deployments.runwords import holding
+
+    assert holding(_state("CANCELLING", "Preempting")).startswith("preempting: its work is being stopped")
+    assert holding(_state("CANCELLING", "Cancelling")).startswith("cancelling: ")
