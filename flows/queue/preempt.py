@@ -44,7 +44,7 @@ from e31.specs.preemption import is_preemptible
 from e31.states import PREEMPTED, PREEMPTING
 from e31.tasks.supervisor.cancel import CHECKPOINT_TAG
 
-__all__ = ["CHECKPOINT_TAG", "checkpoint_at", "hold_behind_victims", "is_preempted", "is_preempting", "plan", "queued_fields", "requeue", "rules_of", "start", "victim_fields", "waiting"]
+__all__ = ["CHECKPOINT_TAG", "checkpoint_at", "hold_behind_victims", "is_preempted", "is_preempting", "lost_so_far", "plan", "queued_fields", "requeue", "rules_of", "start", "victim_fields", "waiting"]
 
 
 
@@ -68,6 +68,21 @@ def checkpoint_at(run: Any) -> float | None:
         if isinstance(tag, str) and tag.startswith(prefix):
             try:
                 return float(tag[len(prefix):])
+            except ValueError:
+                return None
+    return None
+
+
+def lost_so_far(run: Any) -> float | None:
+    """The seconds of work the preemptions of ``run`` threw away so far, as its current attempt's flow
+    process tagged it (:data:`e31.tasks.supervisor.cancel.LOST_TAG`: its manifest's ``lost_s``), or None."""
+    from e31.tasks.supervisor.cancel import LOST_TAG
+
+    prefix = f"{LOST_TAG}{getattr(run, 'run_count', None)}:"
+    for tag in getattr(run, "tags", None) or ():
+        if isinstance(tag, str) and tag.startswith(prefix):
+            try:
+                return max(0.0, float(tag[len(prefix):]))
             except ValueError:
                 return None
     return None
@@ -193,7 +208,8 @@ def requeue(write: Any, snap: Any, logs: Any, counts: dict[str, int]) -> None:
     ``Preempted`` message and what comes next; its placement record keeps its attempt and counts and adds
     the preemption's time, the service this attempt received (its width x the seconds from its attempt's
     start to its end) and the work it threw away (from its newest durable checkpoint, or its attempt's
-    start, to the decision).  Counted ``requeued``."""
+    start, to the decision; as the flow process counted it in its manifest when it tagged it so,
+    :func:`lost_so_far`).  Counted ``requeued``."""
     from e31.states import queued
 
     now = datetime.fromtimestamp(snap.now, timezone.utc)
@@ -203,9 +219,11 @@ def requeue(write: Any, snap: Any, logs: Any, counts: dict[str, int]) -> None:
         ended = run.state.timestamp.timestamp() if run.state.timestamp is not None else snap.now
         began, decided = _attempt_times(write.client, key, ended)
         served = width(spec.request.gpus, spec.request.cpus) * max(0.0, ended - began)
-        lost = max(0.0, decided - max(checkpoint_at(run) or began, began))  # since its newest durable checkpoint
+        said = lost_so_far(run)  # the flow process's count (its manifest's), else an estimate from the times
+        lost = said if said is not None else \
+            record.lost_s + max(0.0, decided - max(checkpoint_at(run) or began, began))
         kept = replace(record.kept(), preempted=(*record.preempted, ended),
-                       attained_s=round(record.attained_s + served, 3), lost_s=round(record.lost_s + lost, 3))
+                       attained_s=round(record.attained_s + served, 3), lost_s=round(lost, 3))
         message = f"Queued: {run.state.message or 'preempted by the queue'}; queued again, resumes from there"
         if write.state(key, queued(message, now + timedelta(seconds=AHEAD_S))) and \
                 write.place(key, run, kept, check=False):

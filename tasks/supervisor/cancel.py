@@ -96,6 +96,21 @@ def mark_checkpoint(flow_run_id: str | None, at: float | None = None) -> None:
     _tag_attempt(flow_run_id, CHECKPOINT_TAG, f":{time.time() if at is None else at:.0f}", wait_s=0.0, fresh=True)
 
 
+#: The tag a preempted run's flow process puts on its run before it ends: ``e31-lost-s:``, the attempt and the
+#: seconds of work the run's preemptions have thrown away so far (its manifest's ``lost_s``), e.g.
+#: ``e31-lost-s:2:41.5``: the queue carries it into the run's placement record when it queues it again.
+LOST_TAG = "e31-lost-s:"
+
+
+def mark_lost(flow_run_id: str | None, lost_s: float) -> bool:
+    """Tag the flow run ``flow_run_id`` :data:`LOST_TAG` with its attempt and ``lost_s`` (seconds), in a
+    flow process an ``e31 worker`` started; waits for the write at most :data:`MARK_WAIT_S` seconds and
+    returns whether it was written (a lost write makes the queue estimate the loss itself)."""
+    if flow_run_id is None or this_node() is None:
+        return False
+    return _tag_attempt(flow_run_id, LOST_TAG, f":{lost_s:.3f}", fresh=True)
+
+
 def _tag_attempt(flow_run_id: str, prefix: str, suffix: str = "", wait_s: float = MARK_WAIT_S,
                  fresh: bool = False) -> bool:
     """Tag the flow run ``prefix`` + its attempt (``run_count``) + ``suffix``, replacing an older tag of

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tests.conftest import final_manifest
-from tests.deployments.test_queue import _states, queue, wait_for
+from tests.deployments.test_queue import queue, wait_for
 
 pytestmark = pytest.mark.server
 
@@ -60,6 +60,11 @@ def _history(run_id: str) -> list[tuple[str, str, str]]:
                 for s in client.read_flow_run_states(run_id)]
 
 
+def _final(run_id: str) -> bool:
+    """Whether the flow run's state is final (its manifest is written a moment before)."""
+    return _history(run_id)[-1][1] in ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
+
+
 def _run_id(submitted: str) -> str:
     return next(w for w in submitted.split() if len(w) == 36 and w.count("-") == 4)
 
@@ -86,6 +91,7 @@ def test_a_deadline_job_preempts_a_preemptible_one_which_resumes_where_it_stoppe
         wait_for(lambda: final_manifest(q.root / "out" / "urgent") is not None, timeout=120, what="the urgent job")
         wait_for(lambda: final_manifest(q.root / "out" / "trainer") is not None, timeout=180,
                  what="the trainer's completion")
+        wait_for(lambda: _final(victim), what="the trainer's final state")
         lines = [json.loads(line) for line in log.read_text().splitlines()]
         history = _history(victim)
         urgent_record, trainer_record = q.record("urgent"), q.record("trainer")
@@ -103,9 +109,10 @@ def test_a_deadline_job_preempts_a_preemptible_one_which_resumes_where_it_stoppe
     # the same flow run: Preempting, Preempted (its output returned), queued again, placed, completed
     for name in ("Preempting", "Preempted", "Queued", "Placed", "Completed"):
         assert name in names, history
+    assert names.count("Preempting") == 1, history  # the ticks after the decision did not preempt again
     assert names.index("Preempting") < names.index("Preempted") < len(names) - 1 - names[::-1].index("Queued")
     preempted = next(message for _, _, name, message in history if name == "Preempted")
-    assert preempted.startswith(f"preempted by urgent (") and "its deadline" in preempted, preempted
+    assert preempted.startswith("preempted by urgent (") and "its deadline" in preempted, preempted
     returned = int(preempted.rsplit("returned step ", 1)[1].split()[0])
     # it resumed from the checkpoint its preemption returned, and its retries (0) were not used
     assert attempts[1]["from"] == returned == trainer_record["resumed_from"] >= 1
@@ -156,6 +163,7 @@ def test_a_preempted_job_killed_during_its_return_is_still_returned_whole_and_qu
         wait_for(lambda: final_manifest(q.root / "out" / "urgent") is not None, timeout=120, what="the urgent job")
         wait_for(lambda: final_manifest(q.root / "out" / "trainer") is not None, timeout=180,
                  what="the trainer's completion")
+        wait_for(lambda: _final(victim), what="the trainer's final state")
         history = _history(victim)
         urgent_record = q.record("urgent")
         lines = [json.loads(line) for line in log.read_text().splitlines()]
@@ -193,3 +201,69 @@ def test_a_preempted_job_cancelled_while_it_waits_to_run_again_never_runs_again(
     assert history[-1][1:3] == ("CANCELLED", "Cancelled"), history
     assert len([line for line in lines if "from" in line]) == 1, lines  # it never ran again
     assert (partial["status"], partial["reason"], partial["preemptions"]) == ("partial", "preempted", 1)
+
+
+def test_a_job_preempted_while_it_stages_its_inputs_never_starts_that_work_and_runs_later(prefect_api, tmp_path):
+    """The victim's staging (a download served at 64 KiB/s the first time) is stopped by the preemption:
+    its work never starts on that attempt, its manifest says ``preempted`` with no work lost, and it
+    runs once the urgent job is done."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    gets = []
+
+    class Slow(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_HEAD(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(30 * 65536))
+            self.end_headers()
+
+        def do_GET(self):
+            gets.append(time.time())
+            self.do_HEAD()
+            try:
+                for _ in range(30):
+                    self.wfile.write(b"x" * 65536)
+                    self.wfile.flush()
+                    if len(gets) == 1:
+                        time.sleep(1)
+            except OSError:
+                pass  # the client went away: the stop
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with queue(tmp_path, {"n1": 1}) as q:
+            _pool(q, "1s")
+            log = q.root / "trainer-attempts.jsonl"
+            q.scheduler()
+            q.worker("n1", 1)
+            trainer = _trainer(q, log, steps=4)
+            spec = json.loads(trainer.read_text())
+            spec["data"] = [{"name": "inp", "url": f"http://127.0.0.1:{server.server_address[1]}/inputs.bin"}]
+            trainer.write_text(json.dumps(spec))
+            victim = _run_id(q.submit(trainer))
+            wait_for(lambda: len(gets) == 1, what="the trainer's download to start")
+            time.sleep(1.5)  # past the pool's min_run of 1 s, still downloading (30 s)
+            q.submit(_urgent(q))
+            wait_for(lambda: final_manifest(q.root / "out" / "urgent") is not None, timeout=120, what="the urgent job")
+            wait_for(lambda: final_manifest(q.root / "out" / "trainer") is not None, timeout=180,
+                     what="the trainer's completion")
+            wait_for(lambda: _final(victim), what="the trainer's final state")
+            history = _history(victim)
+            lines = [json.loads(line) for line in log.read_text().splitlines()]
+            urgent_record = q.record("urgent")
+            manifest = final_manifest(q.root / "out" / "trainer")
+    finally:
+        server.shutdown()
+    names = [name for _, _, name, _ in history]
+    assert names.count("Preempting") == 1 and names[-1] == "Completed", history
+    preempted = next(message for _, _, name, message in history if name == "Preempted")
+    assert preempted.endswith("returned no checkpoint (partial)"), preempted
+    assert [line["from"] for line in lines if "from" in line] == [0], lines  # the first attempt's work never ran
+    assert urgent_record["start"] < lines[0]["start"]
+    assert (manifest["preemptions"], manifest["lost_s"]) == (1, 0.0), manifest

@@ -169,3 +169,9 @@ def test_e31_queue_says_a_run_is_being_preempted():
 
     assert holding(_state("CANCELLING", "Preempting")).startswith("preempting: its work is being stopped")
     assert holding(_state("CANCELLING", "Cancelling")).startswith("cancelling: ")
+
+
+def test_the_work_lost_is_read_from_the_current_attempt_s_tag():
+    assert preempt.lost_so_far(_run(tags=["e31-lost-s:2:41.5"], run_count=2)) == 41.5
+    assert preempt.lost_so_far(_run(tags=["e31-lost-s:1:41.5"], run_count=2)) is None  # an earlier attempt's
+    assert preempt.lost_so_far(_run(tags=["e31-lost-s:1:many"])) is None
