@@ -381,6 +381,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             # A crashed run waits to be requeued and runs nowhere (a requeue, placement and start in between
             # would take seconds): it is cancelled outright.
             name = snap.specs[key].name
+            if snap.runs[key].state.type.value == "CANCELLED":  # preempted, its output returned: not queued again
+                client.set_flow_run_state(key, cancelled(
+                    "cancelled after a preemption, before it was queued again (e31 cancel)"), force=True)
+                print(f"cancelled {name} ({key}): it had been preempted; it will not be queued again")
+                continue
             if snap.runs[key].state.type.value == "CRASHED":
                 client.set_flow_run_state(key, cancelled(
                     "cancelled after a crash, before it was queued again (e31 cancel)"), force=True)

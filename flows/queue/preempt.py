@@ -179,7 +179,7 @@ def start(write: Any, snap: Any, planned: list[PlannedPreemption], placements: l
         words = f"preempted by {name} ({job_id[:8]}): {_why(snap, each, by_id)}; at {now:%H:%M:%S} UTC"
         stopped = []
         for victim in choice.victims:
-            if write.state(victim, preempting(words)):
+            if write.state(victim, preempting(words), force=False):  # never over a run that ended meanwhile
                 logs.add(victim, f"Preempting: {words}; the work is warned, its newest checkpoint committed and "
                                  "its output returned, then the run is queued again and resumes from there")
                 stopped.append(victim)

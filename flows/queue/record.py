@@ -120,18 +120,23 @@ class _Writer:
         self.counts["stale"] += 1
         return False
 
-    def state(self, key: str, state: Any, check: bool = True) -> bool:
+    def state(self, key: str, state: Any, check: bool = True, force: bool = True) -> bool:
         """Force ``state`` on the run ``key`` (``check``: only when it is
-        :meth:`current`); False when it was not written."""
+        :meth:`current`; ``force`` False: as Prefect's rules allow, which
+        refuse to leave a final state); False when it was not written."""
         from prefect.exceptions import ObjectNotFound
 
         if check and not self.current(key):
             return False
         try:
-            result = self.client.set_flow_run_state(key, state, force=True)
+            result = self.client.set_flow_run_state(key, state, force=force)
         except ObjectNotFound:
             return self._gone(key)
         self.result = result
+        if not force and getattr(getattr(result, "status", None), "value", "ACCEPT") != "ACCEPT":
+            if self.cache is not None:
+                self.cache.forget(key)  # it ended meanwhile: the next read has it as it is
+            return False
         if self.cache is not None:
             self.cache.note_state(key, result, getattr(state.state_details, "scheduled_time", None))
             if state.type.value == "SCHEDULED" and key in self.seen and self._overtaken(key, result):

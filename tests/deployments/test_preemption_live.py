@@ -267,3 +267,4 @@ def test_a_job_preempted_while_it_stages_its_inputs_never_starts_that_work_and_r
     assert [line["from"] for line in lines if "from" in line] == [0], lines  # the first attempt's work never ran
     assert urgent_record["start"] < lines[0]["start"]
     assert (manifest["preemptions"], manifest["lost_s"]) == (1, 0.0), manifest
+
