@@ -207,35 +207,11 @@ def test_a_job_preempted_while_it_stages_its_inputs_never_starts_that_work_and_r
     """The victim's staging (a download served at 64 KiB/s the first time) is stopped by the preemption:
     its work never starts on that attempt, its manifest says ``preempted`` with no work lost, and it
     runs once the urgent job is done."""
-    import threading
     import time
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    gets = []
+    from tests.slowhttp import slow_server
 
-    class Slow(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_HEAD(self):
-            self.send_response(200)
-            self.send_header("Content-Length", str(30 * 65536))
-            self.end_headers()
-
-        def do_GET(self):
-            gets.append(time.time())
-            self.do_HEAD()
-            try:
-                for _ in range(30):
-                    self.wfile.write(b"x" * 65536)
-                    self.wfile.flush()
-                    if len(gets) == 1:
-                        time.sleep(1)
-            except OSError:
-                pass  # the client went away: the stop
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, gets = slow_server(slow_gets=1)
     try:
         with queue(tmp_path, {"n1": 1}) as q:
             _pool(q, "1s")

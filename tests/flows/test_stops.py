@@ -356,33 +356,12 @@ def test_cancel_while_inputs_stage_keeps_the_earlier_checkpoints_and_runs_nothin
     checkpoints.  The download is stopped (it would take 30 s: 64 KiB a
     second), the work never starts, nothing is removed, no partial copy is
     left, and the manifest says what happened."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
-    class Slow(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
+    from tests.slowhttp import slow_server
 
-        def do_HEAD(self):
-            self.send_response(200)
-            self.send_header("Content-Length", str(30 * 65536))
-            self.end_headers()
-
-        def do_GET(self):
-            self.do_HEAD()
-            try:
-                for _ in range(30):
-                    self.wfile.write(b"x" * 65536)
-                    self.wfile.flush()
-                    time.sleep(1)
-            except OSError:
-                pass  # the client went away: the stop
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, _ = slow_server()
     out = tmp_path / "out"
     earlier = out / "checkpoints" / "step-2"
     earlier.mkdir(parents=True)
