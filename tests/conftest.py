@@ -62,6 +62,18 @@ _QUIET = {
 }
 os.environ.update(_QUIET)
 
+def pytest_sessionfinish(session, exitstatus):
+    """Remove this process's session folder (servers' data, scratch: up to
+    hundreds of MiB) when its tests passed; keep it, and say where, when one
+    failed, for the server logs it holds."""
+    import shutil
+
+    if exitstatus == 0 and not os.environ.get("E31_KEEP_TEST_DIRS"):
+        shutil.rmtree(_SESSION_DIR, ignore_errors=True)
+    elif _SESSION_DIR.exists():
+        print(f"\ntest session folder kept: {_SESSION_DIR}", file=sys.stderr)
+
+
 #: Fixtures that start a real server: a test that uses one (directly or through another fixture) is marked ``server``.
 SERVER_FIXTURES = frozenset({"prefect_api", "s3_server"})
 
