@@ -356,7 +356,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from prefect.client.orchestration import get_client
 
     from e31.flows.queue import read
-    from e31.states import cancelled, cancelling
+    from e31.states import PREEMPTING, cancelled, cancelling
     from e31.tasks.supervisor.cancel import work_ended_at
 
     pool = _pool(args.pool)
@@ -391,6 +391,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
                     "cancelled after a crash, before it was queued again (e31 cancel)"), force=True)
                 print(f"cancelled {name} ({key}): it had crashed; it will not be queued again")
                 continue
+            if snap.runs[key].state.name == PREEMPTING:
+                _cancel_preempting(client, key)
+                print(f"cancelling {name} ({key}): it is being preempted; what it has is returned, with its "
+                      "manifest, and it will not be queued again")
+                continue
             # A run whose work has ended (its flow process tags it so, before the return starts) is not
             # cancelled: its output comes back whole and the run ends as its manifest says.  Not forced, so
             # the server refuses (aborts) a cancel of a run that ended meanwhile, in the same transaction.
@@ -418,6 +423,23 @@ def cmd_cancel(args: argparse.Namespace) -> int:
                 print(f"cancelling {name} ({key}): its work is stopped (or never starts, if it has "
                       "not yet) and what it has is returned, with its manifest")
     return EXIT_FAILED if late == len(targets) else EXIT_OK
+
+
+def _cancel_preempting(client: Any, key: str) -> None:
+    """Cancel the run ``key``, which the queue is preempting (``Cancelling`` named ``Preempting``): a plain
+    ``Cancelling`` after the decision tells the scheduler not to queue it again once its output is returned
+    (:func:`e31.flows.queue.preempt.requeue`).  Prefect's rules refuse a ``Cancelling`` over a
+    ``Cancelling``, so it is forced; a run that ended ``Preempted`` just before that write is made
+    ``Cancelled`` at once (a forced ``Cancelling`` of a run with no process would wait for the server's
+    cleanup)."""
+    from e31.states import cancelled, cancelling
+
+    client.set_flow_run_state(key, cancelling("cancel requested (e31 cancel)"), force=True)
+    states = sorted((s for s in client.read_flow_run_states(key) if s.timestamp is not None),
+                    key=lambda s: s.timestamp)
+    if len(states) >= 2 and states[-2].type.value == "CANCELLED":
+        client.set_flow_run_state(key, cancelled(
+            "cancelled after a preemption, before it was queued again (e31 cancel)"), force=True)
 
 
 def _utc(stamp: str) -> str:

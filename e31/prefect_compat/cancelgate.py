@@ -15,8 +15,13 @@ return at its SIGKILL and, even when the return finished, wrote
   (:data:`e31.tasks.supervisor.cancel.WORK_ENDED`, written by the flow
   process as the work ends): no signal, no kill; the flow process finishes
   its return and sets its state from the manifest;
+- skip the sequence for a run the queue is preempting (a ``Preempting``
+  state after its last ``Running``): its flow process is already stopping
+  and returning its output; the scheduler ends it ``Cancelled`` once that
+  output is returned;
 - never force ``Cancelled`` over a run that is already in another final
-  state (the flow process, or E31's hook, set it from the manifest): as
+  state (the flow process, or E31's hook, set it from the manifest), nor
+  over a ``Preempted`` run (the scheduler reads that run's cancel): as
   Prefect itself does when a cancelled flow process concluded on its own
   (``should_skip_cancel_after_acked_process_exit``).
 
@@ -70,12 +75,21 @@ def guard_worker_cancel() -> None:
     from prefect.runner._cancellation_manager import CancellationManager
     from prefect.runner._state_proposer import StateProposer
 
+    from e31.states import PREEMPTED
     from e31.tasks.supervisor.cancel import work_ended_at
 
     cancel, propose_cancelled = CancellationManager.cancel, StateProposer.propose_cancelled
 
     async def cancel_unless_ended(self: Any, flow_run: Any, state_msg: str | None = None) -> None:
         ended = work_ended_at(flow_run)
+        if ended is None and await _being_preempted(self._client, flow_run.id):
+            try:
+                flow_run_logger(flow_run).warning(
+                    "flow run %s was cancelled while the queue preempts it: its flow process is already "
+                    "stopping and returns its output; it will not be queued again", flow_run.id)
+            except Exception:  # the log line is a courtesy
+                pass
+            return
         if ended is not None:
             try:  # in the run's log, where the cancel's user looks
                 flow_run_logger(flow_run).warning(
@@ -91,10 +105,31 @@ def guard_worker_cancel() -> None:
             now = (await self._client.read_flow_run(flow_run.id)).state
         except Exception:
             now = None
-        if now is not None and now.is_final() and not now.is_cancelled():
+        if now is not None and now.is_final() and (not now.is_cancelled() or now.name == PREEMPTED):
             return False  # (Prefect's finalizer then reads the run, finds it final and emits no cancelled event)
         return await propose_cancelled(self, flow_run, state_updates)
 
     CancellationManager.cancel = cancel_unless_ended  # type: ignore[method-assign]
     StateProposer.propose_cancelled = propose_unless_final  # type: ignore[method-assign]
     _GUARDED.append(True)
+
+
+async def _being_preempted(client: Any, flow_run_id: Any) -> bool:
+    """Whether the queue preempted flow run ``flow_run_id``'s current attempt (a ``Preempting`` state after
+    its last ``Running``): its flow process is then already stopping and returning its output, which a
+    SIGTERM and a SIGKILL 30 s later would cut; the scheduler ends a run cancelled meanwhile ``Cancelled``
+    once that output is returned (:func:`e31.flows.queue.preempt.requeue`).  False when its states cannot
+    be read (Prefect's sequence then runs as usual)."""
+    from e31.states import PREEMPTING
+
+    try:
+        states = sorted((s for s in await client.read_flow_run_states(flow_run_id) if s.timestamp is not None),
+                        key=lambda s: s.timestamp)
+    except Exception:
+        return False
+    for state in reversed(states):
+        if state.name == PREEMPTING:
+            return True
+        if state.type.value == "RUNNING":
+            return False
+    return False

@@ -101,7 +101,7 @@ def late_cancel(manifest: dict[str, Any]) -> None:
 
 def preempted_message(run_id: str | None, manifest: Manifest) -> str:
     """The ``Preempted`` state's message: the queue's words on the preemption
-    (its ``Preempting`` state's message, read once: who preempted the run,
+    (its last ``Preempting`` state's message, read once: who preempted the run,
     why and when) and what came back, e.g. ``preempted by retrain-7
     (1c9f0a2e): its deadline 06:00 UTC is at risk, at 02:41 UTC; returned
     step 1200 (partial)``.  The queue's words are left out when the API does
@@ -111,9 +111,10 @@ def preempted_message(run_id: str | None, manifest: Manifest) -> str:
         try:
             from prefect.client.orchestration import get_client
 
-            with get_client(sync_client=True) as client:
-                state = client.read_flow_run(run_id).state
-            said = state.message if state is not None and state.name == states.PREEMPTING else None
+            with get_client(sync_client=True) as client:  # its last Preempting (a cancel may have come after it)
+                said = next((s.message for s in sorted((s for s in client.read_flow_run_states(run_id)
+                                                       if s.timestamp is not None), key=lambda s: s.timestamp,
+                                                      reverse=True) if s.name == states.PREEMPTING), None)
         except Exception:  # the words are a courtesy: the manifest says what came back
             said = None
     returned = f"returned {step_text(manifest.step)} (partial)"

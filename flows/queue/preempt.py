@@ -209,20 +209,28 @@ def requeue(write: Any, snap: Any, logs: Any, counts: dict[str, int]) -> None:
     the preemption's time, the service this attempt received (its width x the seconds from its attempt's
     start to its end) and the work it threw away (from its newest durable checkpoint, or its attempt's
     start, to the decision; as the flow process counted it in its manifest when it tagged it so,
-    :func:`lost_so_far`).  Counted ``requeued``."""
-    from e31.states import queued
+    :func:`lost_so_far`).  Counted ``requeued``.  A run cancelled while it stopped for its preemption (a
+    ``Cancelling`` written after the decision, not named ``Preempting``) ends ``Cancelled`` instead, its
+    output returned as its manifest says; counted ``cancel``."""
+    from e31.states import cancelled, queued
 
     now = datetime.fromtimestamp(snap.now, timezone.utc)
     for key in snap.preempted:
         run = snap.runs[key]
         record, spec = record_of(run), snap.specs[key]
         ended = run.state.timestamp.timestamp() if run.state.timestamp is not None else snap.now
-        began, decided = _attempt_times(write.client, key, ended)
+        began, decided, cancel = _attempt_times(write.client, key, ended)
+        if cancel is not None:  # cancelled while it stopped for the preemption: its output is returned, it ends
+            message = f"cancelled while it was being preempted ({cancel}); {run.state.message or 'preempted'}"
+            if write.state(key, cancelled(message)):
+                logs.add(key, f"Cancelled: {message}")
+                counts["cancel"] = counts.get("cancel", 0) + 1
+            continue
         served = width(spec.request.gpus, spec.request.cpus) * max(0.0, ended - began)
         said = lost_so_far(run)  # the flow process's count (its manifest's), else an estimate from the times
         lost = said if said is not None else \
             record.lost_s + max(0.0, decided - max(checkpoint_at(run) or began, began))
-        kept = replace(record.kept(), preempted=(*record.preempted, ended),
+        kept = replace(record.kept(), attempt=run.run_count or 0, preempted=(*record.preempted, ended),
                        attained_s=round(record.attained_s + served, 3), lost_s=round(lost, 3))
         message = f"Queued: {run.state.message or 'preempted by the queue'}; queued again, resumes from there"
         if write.state(key, queued(message, now + timedelta(seconds=AHEAD_S))) and \
@@ -231,17 +239,20 @@ def requeue(write: Any, snap: Any, logs: Any, counts: dict[str, int]) -> None:
             counts["requeued"] = counts.get("requeued", 0) + 1
 
 
-def _attempt_times(client: Any, key: str, ended: float) -> tuple[float, float]:
-    """When the preempted run ``key``'s attempt entered ``Running`` last, and when the queue decided to
-    preempt it (its last ``Preempting``), Unix seconds (``ended`` for either when its states cannot be
-    read): one read of its states, once per preemption."""
+def _attempt_times(client: Any, key: str, ended: float) -> tuple[float, float, str | None]:
+    """When the preempted run ``key``'s attempt entered ``Running`` last, when the queue decided to preempt
+    it (its last ``Preempting``), Unix seconds (``ended`` for either when its states cannot be read), and
+    the message of a cancel written after that decision (``e31 cancel``, the Prefect UI: a ``Cancelling``
+    not named ``Preempting``), or None: one read of its states, once per preemption."""
     try:
         states = [(s.timestamp.timestamp(), s) for s in client.read_flow_run_states(key) if s.timestamp is not None]
     except Exception:  # its service and loss are then counted as nothing: the order errs towards serving it sooner
-        return ended, ended
+        return ended, ended, None
     began = max((t for t, s in states if s.type.value == "RUNNING" and t <= ended), default=ended)
     decided = max((t for t, s in states if s.name == PREEMPTING and t <= ended), default=ended)
-    return began, max(began, decided)
+    cancel = next((s.message or "cancel requested" for t, s in reversed(states)
+                   if t >= decided and s.type.value == "CANCELLING" and s.name != PREEMPTING), None)
+    return began, max(began, decided), cancel
 
 
 def is_preempting(state: Any) -> bool:

@@ -222,9 +222,10 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
             # the e31 worker holds the run Pending ('Returning') to finish a return it cut; the node stays its own
         holding = crashed or state.type in (StateType.PENDING, StateType.RUNNING, StateType.CANCELLING) or \
             (state.type == StateType.SCHEDULED and state.name == PLACED)
-        if state.type == StateType.CANCELLING and node is None:
-            # cancelled while queued after an earlier attempt (a crash, a preemption): the server lets such a run
-            # be Cancelling (its last attempt left an infrastructure pid) and no process of it exists to end it
+        if state.type == StateType.CANCELLING and (node is None or _cancelled_unstarted(run, now)):
+            # cancelled while queued or placed after an earlier attempt (a crash, a preemption): the server lets
+            # such a run be Cancelling (its last attempt left an infrastructure pid) and no process of it exists
+            # to end it
             snap.unplaced_cancels.append(key)
             continue
         if holding:
@@ -291,6 +292,25 @@ def _planned(run: Any) -> str | None:
     kept there where a node of the pool prefetches)."""
     known, node = WRITTEN.planned(run)
     return node if known else planned_node(run)
+
+
+#: Seconds a run ``Cancelling`` since before its placed attempt started is left to its worker (a flow process
+#: started meanwhile is stopped by the worker's runner, which ends the run ``Cancelled``) before the scheduler
+#: ends it: a process starts and enters ``Running`` in a few seconds, also on a loaded machine.
+UNSTARTED_CANCEL_S = 15.0
+
+
+def _cancelled_unstarted(run: Any, now: float) -> bool:
+    """Whether ``run``, ``Cancelling``, was cancelled while placed for an attempt that never entered
+    ``Running`` (its ``run_count`` is still the one its placement record counted), at least
+    :data:`UNSTARTED_CANCEL_S` ago.  A run queued again after an earlier attempt keeps that attempt's
+    infrastructure pid, so the server does not end such a cancel itself, and no process of it exists to."""
+    from e31.tasks.placement_record import record_of
+
+    record = record_of(run)
+    if not run.run_count or record.attempt is None or run.run_count > record.attempt:
+        return False
+    return now - (_ts(run.state.timestamp) or now) >= UNSTARTED_CANCEL_S
 
 
 def unstarted_of(run: Any) -> int:

@@ -244,3 +244,42 @@ def test_a_job_preempted_while_it_stages_its_inputs_never_starts_that_work_and_r
     assert urgent_record["start"] < lines[0]["start"]
     assert (manifest["preemptions"], manifest["lost_s"]) == (1, 0.0), manifest
 
+
+
+def test_a_job_cancelled_while_it_is_being_preempted_ends_cancelled_and_never_runs_again(prefect_api, tmp_path):
+    """``e31 cancel`` of the victim while its flow process returns its output for the preemption (held
+    there, stopped): its return finishes, the run ends ``Cancelled`` (not queued again), and its partial
+    output says ``preempted``."""
+    import os
+    import signal
+    import subprocess
+
+    from e31.flows.joblock import lock_holder
+    from tests import hold
+
+    with queue(tmp_path, {"n1": 1}) as q:
+        _pool(q, "2s")
+        log = q.root / "trainer-attempts.jsonl"
+        q.scheduler()
+        q.worker("n1", 1, env=hold.env("returning", q.root / "held"))
+        victim = _run_id(q.submit(_trainer(q, log)))
+        durable = q.root / "out" / "trainer" / "checkpoints"
+        wait_for(lambda: any(durable.glob("step-*/COMMITTED")), what="the trainer's first durable checkpoint")
+        q.submit(_urgent(q, seconds=2))
+        flow_pid = hold.wait_stopped(lambda: lock_holder(str(q.root / "scratch-n1" / "trainer"))[0])
+        done = subprocess.run([q.exe, "cancel", victim, "--pool", str(q.pool)], capture_output=True, text=True,
+                              cwd=q.root)
+        os.kill(flow_pid, signal.SIGCONT)
+        wait_for(lambda: final_manifest(q.root / "out" / "urgent") is not None, timeout=120, what="the urgent job")
+        wait_for(lambda: _history(victim)[-1][2] == "Cancelled", what="the trainer cancelled")
+        history = _history(victim)
+        lines = [json.loads(line) for line in log.read_text().splitlines()]
+        partial = final_manifest(q.root / "out" / "trainer" / "partial")
+    assert done.returncode == 0 and "it is being preempted" in done.stdout, (done.stdout, done.stderr)
+    names = [name for _, _, name, _ in history]
+    assert names[-1] == "Cancelled" and "Preempted" in names and "Queued" not in names[names.index("Preempted"):], \
+        history
+    assert history[-1][3].startswith("cancelled while it was being preempted (cancel requested (e31 cancel)); "
+                                     "preempted by urgent ("), history
+    assert len([line for line in lines if "from" in line]) == 1, lines  # it never ran again
+    assert (partial["status"], partial["reason"], partial["preemptions"]) == ("partial", "preempted", 1)

@@ -175,3 +175,65 @@ def test_the_work_lost_is_read_from_the_current_attempt_s_tag():
     assert preempt.lost_so_far(_run(tags=["e31-lost-s:2:41.5"], run_count=2)) == 41.5
     assert preempt.lost_so_far(_run(tags=["e31-lost-s:1:41.5"], run_count=2)) is None  # an earlier attempt's
     assert preempt.lost_so_far(_run(tags=["e31-lost-s:1:many"])) is None
+
+
+def test_a_run_cancelled_while_placed_for_an_attempt_that_never_started_is_ended_by_the_scheduler():
+    """A run queued again after an earlier attempt keeps that attempt's infrastructure pid, so the
+    server leaves its cancel ``Cancelling``: once that has lasted UNSTARTED_CANCEL_S with no new
+    ``Running`` (its run_count is the one its placement counted), the scheduler ends it."""
+    from e31.flows.queue.snapshot import UNSTARTED_CANCEL_S, _cancelled_unstarted
+
+    placed = {"e31_node": "n1", "gpu_devices": [0], "cpus": 1, "e31_attempt": 1}
+    at = 1000.0  # the state's time (_state)
+    assert _cancelled_unstarted(_run("CANCELLING", "Cancelling", placed, run_count=1), at + UNSTARTED_CANCEL_S)
+    assert not _cancelled_unstarted(_run("CANCELLING", "Cancelling", placed, run_count=1), at + 1.0)  # may be starting
+    assert not _cancelled_unstarted(_run("CANCELLING", "Cancelling", placed, run_count=2), at + 600)  # it started
+    assert not _cancelled_unstarted(_run("CANCELLING", "Cancelling", {**placed, "e31_attempt": 0}, run_count=0),
+                                    at + 600)  # a first attempt: its worker's runner ends that cancel
+
+
+class _Writes:
+    """The scheduler's writer, recording: every write succeeds."""
+
+    def __init__(self, states):
+        self.client = SimpleNamespace(read_flow_run_states=lambda key: states)
+        self.written: list = []
+
+    def state(self, key, state, check=True, force=True):
+        self.written.append((key, state.type.value, state.name, state.message))
+        return True
+
+    def place(self, key, run, record, check=True):
+        self.written.append((key, "placement", record))
+        return True
+
+
+def _logs():
+    return SimpleNamespace(lines=[], add=lambda key, line: None)
+
+
+def test_a_preempted_run_cancelled_while_it_stopped_is_not_queued_again():
+    from datetime import timedelta
+
+    t0 = datetime.fromtimestamp(1000.0, timezone.utc)
+
+    def at(seconds, kind, name, message=""):
+        return SimpleNamespace(type=SimpleNamespace(value=kind), name=name, message=message,
+                               timestamp=t0 + timedelta(seconds=seconds))
+
+    history = [at(0, "RUNNING", "Running"), at(50, "CANCELLING", "Preempting", "preempted by urgent (1a2b3c4d)"),
+               at(52, "CANCELLING", "Cancelling", "cancel requested (e31 cancel)")]
+    victim = _run("CANCELLED", "Preempted", {"e31_node": "n1", "e31_attempt": 0})
+    victim.state = at(55, "CANCELLED", "Preempted", "preempted by urgent (1a2b3c4d); returned step 4 (partial)")
+    snap = SimpleNamespace(now=1060.0, preempted=["v1"], runs={"v1": victim}, specs={"v1": JobSpec.model_validate(SPEC)})
+    cancelled, counts = _Writes(history), {}
+    preempt.requeue(cancelled, snap, _logs(), counts)
+    assert cancelled.written == [("v1", "CANCELLED", "Cancelled", "cancelled while it was being preempted (cancel "
+                                  "requested (e31 cancel)); preempted by urgent (1a2b3c4d); returned step 4 (partial)")]
+    assert counts == {"cancel": 1}
+    requeued, counts = _Writes(history[:2]), {}
+    preempt.requeue(requeued, snap, _logs(), counts)
+    assert [w[1] for w in requeued.written] == ["SCHEDULED", "placement"]
+    record = requeued.written[1][2]  # the attempt that ran (run_count): a cancel while placed again is then seen
+    assert (record.attempt, record.preempted, record.attained_s, record.lost_s) == (1, (1055.0,), 55.0, 50.0)
+    assert counts == {"requeued": 1}
