@@ -380,7 +380,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             # that started in between be forced Cancelled while it ran on, to its end.
             # A crashed run waits to be requeued and runs nowhere (a requeue, placement and start in between
             # would take seconds): it is cancelled outright.
-            name = snap.specs[key].name
+            name = snap.specs[key].name if key in snap.specs else (snap.runs[key].name or key)
             if snap.runs[key].state.type.value == "CANCELLED":  # preempted, its output returned: not queued again
                 client.set_flow_run_state(key, cancelled(
                     "cancelled after a preemption, before it was queued again (e31 cancel)"), force=True)

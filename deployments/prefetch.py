@@ -183,7 +183,7 @@ class Prefetcher:
         module docstring); the staged copies of the jobs in ``keep`` (runs
         planned here sooner) are not evicted for it."""
         from e31.flows.compile import compile_plan
-        from e31.specs import JobSpec
+        from e31.flows.queue.mapping import stored_spec
         from e31.tasks.stage import Reused, StagingCancelled, preflight, stage_input, staged_now
         from e31.tasks.storage.options import register_inputs
         from e31.tasks.storage.scratch_cache import evict, note_prefetch, remove_torn, try_hold_data
@@ -192,7 +192,7 @@ class Prefetcher:
         started = time.monotonic()
         key = str(run.id)
         try:
-            spec = JobSpec.model_validate((run.parameters or {}).get("spec"))
+            spec = stored_spec(run)  # as of its submission
         except Exception as exc:
             return Result(key, "?", "failed", detail=f"not a job spec ({type(exc).__name__})")
         plan = compile_plan(spec, scratch_root=self.root)

@@ -37,12 +37,12 @@ def returned_by(flow_run: Any) -> dict[str, Any] | None | object:
         return known
     try:
         from e31.flows.compile import compile_plan
-        from e31.specs import JobSpec
+        from e31.flows.queue.mapping import stored_spec
         from e31.tasks import storage
         from e31.tasks.destination import PARTIAL, read_manifest
         from e31.tasks.storage.options import register_destination
 
-        spec = JobSpec.model_validate((flow_run.parameters or {})["spec"])
+        spec = stored_spec(flow_run)  # as of its submission: its deadline may have passed since
         plan = compile_plan(spec)
         register_destination(spec, plan)
         for url in (storage.join(plan.output_url, PARTIAL), plan.output_url):

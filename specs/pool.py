@@ -24,7 +24,7 @@ from pydantic import AfterValidator, Field, StrictInt, WithJsonSchema
 
 from .base import RuleError, SpecModel, spec_error
 from .errors import DOCUMENT, Problem, SpecError, short_repr
-from .fields import SAFE_NAME, Duration, GpuType, JobName, Memory, valid_job_name
+from .fields import SAFE_NAME, GpuType, Grace, JobName, Memory, valid_job_name
 from .friendly import Vocabulary, register_document
 from .loader import _parse_text, _read
 
@@ -83,15 +83,16 @@ class NodeSpec(SpecModel):
 class PreemptionPolicy(SpecModel):
     """How a pool's queue may preempt jobs (``request.preemptible``) for jobs with priority over them.
 
-    ``min_run`` (a duration, default 10 minutes): a job is never preempted before it has run this long
-    in its current run, so that jobs do not thrash (Slurm's ``PreemptExemptTime`` plays the same part).
-    ``max_per_day`` (default none): at most this many preemptions of one job in any 24 hours; once
+    ``min_run`` (a duration, default 10 minutes; 0: none): a job is never preempted before it has run this
+    long in its current run, counted from its flow run's ``Running`` (its staging included), so that jobs
+    do not thrash (Slurm's ``PreemptExemptTime`` plays the same part).  ``max_per_day`` (default none: no
+    cap; 0: the pool never preempts): at most this many preemptions of one job in any 24 hours; once
     reached, the job runs on unpreempted.  Raises (on validation) :class:`SpecError`: a negative or
     unreadable duration, a negative count.
     """
 
-    min_run: Duration = Field(timedelta(minutes=10), description=(
-        "A job is not preempted before it has run this long in its current run, e.g. 10m."))
+    min_run: Grace = Field(timedelta(minutes=10), description=(
+        "A job is not preempted before it has run this long in its current run, e.g. 10m (0: no minimum)."))
     max_per_day: StrictInt | None = Field(None, ge=0, le=10_000, description=(
         "At most this many preemptions of one job in any 24 hours (none: no cap)."))
 

@@ -40,8 +40,14 @@ def is_preemptible(spec: JobSpec) -> bool:
 
 def preemption_notes(spec: JobSpec) -> list[str]:
     """One sentence per preemption setting that is valid but probably not meant: a job made preemptible
-    by hand that declares no checkpoints (each preemption would lose all its work)."""
+    by hand that declares no checkpoints (each preemption would lose all its work), or that has a
+    deadline (the queue may then stop it, which its deadline is not protected from)."""
+    notes = []
     if spec.request.preemptible and not checkpoints_declared(spec):
-        return ["request.preemptible: the job declares no checkpoints, so each preemption loses all its "
-                "work so far; add output.checkpoint.every (e.g. 10m) and save checkpoints in the work"]
-    return []
+        notes.append("request.preemptible: the job declares no checkpoints, so each preemption loses all its "
+                     "work so far; add output.checkpoint.every (e.g. 10m) and save checkpoints in the work")
+    if spec.request.preemptible and has_deadline(spec):
+        notes.append("request.preemptible: true on a job with a deadline: the queue may preempt it, and the "
+                     "time it waits to run again counts towards its deadline; drop request.preemptible (a "
+                     "deadline job is not preemptible by default) to keep it running")
+    return notes

@@ -41,3 +41,14 @@ class JobFailedError(E31Error, RuntimeError):
         detail = m.message or "work failed"
         tail = m.stderr_tail
         super().__init__(f"job {m.job} failed: {detail}" + (f"\n--- stderr (last lines) ---\n{tail}" if tail else ""))
+
+
+class PreemptedStop(E31Error, RuntimeError):
+    """The run was preempted by the queue: its output came back marked ``partial`` (reason
+    ``preempted``; ``manifest``, the manifest written) and the queue runs it again.  The data of its
+    ``Preempted`` state: Prefect's engine raises a cancelled state's data when the flow returns it, and an
+    E31 error ends the flow process in one line (its state's message), with no traceback in its log."""
+
+    def __init__(self, message: str, manifest: dict[str, Any]):
+        self.manifest = manifest
+        super().__init__(message)

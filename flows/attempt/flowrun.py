@@ -10,7 +10,7 @@ from prefect.runtime import flow_run
 
 from e31.errors import E31Error
 from e31.flows.attempt.attempt import Attempt
-from e31.flows.attempt.errors import JobFailedError
+from e31.flows.attempt.errors import JobFailedError, PreemptedStop
 from e31.flows.attempt.fencing import fence_at_end, leave_to_first_process
 from e31.flows.cancelhook import RETURNED, keep_manifest_state, late_cancel_message, stopped_by_cancel
 from e31.flows.queue.handover import release
@@ -74,7 +74,8 @@ def run_in_flow(spec: JobSpec, code_dir: str | None) -> Any:
         from e31.tasks.supervisor.cancel import mark_lost
 
         mark_lost(run_id, m.lost_s)  # the work thrown away, as the manifest counts it: kept across attempts
-        return states.preempted(preempted_message(run_id, m), data=manifest)
+        said = preempted_message(run_id, m)
+        return states.preempted(said, data=PreemptedStop(said, manifest))
     if m.status != "partial" or m.reason == "cancelled":
         return manifest  # (a cancelled run's state is Prefect's: a State returned here would make the call raise)
     return states.partial(f"partial ({m.reason}): {step_text(m.step)}; {m.message}".rstrip("; "), data=manifest)

@@ -61,7 +61,8 @@ def handover(attempt: Attempt) -> RunOutcome | None:
         target.handover_wait_s = 0.0
         for each in ahead.split(","):  # a placement that preempts waits for every run it stops
             if each and not stop():
-                target.handover_wait_s += wait_for_run_ahead(each, stop=stop, say=get_run_logger().info)
+                target.handover_wait_s += wait_for_run_ahead(each, stop=stop, say=get_run_logger().info,
+                                                              me=target.run_id)
     cancelled = watcher.cancelled()
     if target.handover_wait_s > HANDOVER_HELD_S:  # the run ahead still held the node: staged before allocation
         target.handover_staging_s, target.staging_s = target.staging_s, 0.0

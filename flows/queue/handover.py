@@ -89,12 +89,17 @@ def leftover_work(run_id: str) -> list[int]:
     process its flow process starts inherits it) and an ``E31_WORK_TOKEN``
     (the work's own processes, :class:`e31.tasks.supervisor.process.WorkTree`;
     not the flow process).  Once its flow process is gone (kill -9), such a
-    process is an orphan still using the run's devices.  Linux only ([]
-    elsewhere)."""
+    process is an orphan still using the run's devices.  Only this node's
+    (``E31_NODE``, when set: a machine may hold several declared nodes).
+    Linux only ([] elsewhere)."""
+    from e31.tasks.supervisor.fence import this_node
     from e31.tasks.supervisor.process import TOKEN_VAR, processes_where
 
     run_mark, token = f"PREFECT__FLOW_RUN_ID={run_id}".encode(), f"{TOKEN_VAR}=".encode()
-    return processes_where(lambda environ: run_mark in environ and any(e.startswith(token) for e in environ))
+    node = this_node()
+    here = f"E31_NODE={node}".encode() if node else None  # several nodes on one machine: only this node's
+    return processes_where(lambda environ: run_mark in environ and any(e.startswith(token) for e in environ)
+                           and (here is None or here in environ))
 
 
 def end_leftover_work(run_id: str, wait_s: float = 10.0) -> list[int]:
@@ -205,8 +210,30 @@ def cut_return_ahead(run: Any) -> bool:
     return cut_return_of(default_scratch_root() / job, str(run.id))
 
 
+def _this_node() -> str | None:
+    from e31.tasks.supervisor.fence import this_node
+
+    return this_node()
+
+
+def attempt_over(run: Any, me: str | None, node: str | None) -> str | None:
+    """Why the attempt of the run ahead, ``run`` (a Prefect flow run), that the run ``me`` waits for has
+    ended although ``run`` is alive: its placement now hands it over behind ``me`` (``after``: it was
+    stopped, by a preemption for ``me``, and queued again: its new attempt waits for ``me``), or places it
+    on another node than this one, ``node``; None otherwise.  Its old attempt may have returned before this
+    wait left its marker, so the marker never tells; its new attempt's flow process is alive."""
+    from e31.flows.queue.mapping import AFTER_VAR, NODE_VAR, PLACEMENT_PARAM
+
+    placed = (run.parameters or {}).get(PLACEMENT_PARAM) or {}
+    if me and me in str(placed.get(AFTER_VAR) or "").split(","):
+        return "behind"
+    if node and placed.get(NODE_VAR) and placed.get(NODE_VAR) != node:
+        return "moved"
+    return None
+
+
 def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
-                       say: Callable[[str], None] = print, client: Any = None) -> float:
+                       say: Callable[[str], None] = print, client: Any = None, me: str | None = None) -> float:
     """Block until the flow run ``ahead`` has ended: it removed the marker
     this wait leaves for it (:func:`release`, once its output is returned:
     that ends the wait at once), or its flow process is
@@ -215,7 +242,10 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
     in the queue (:func:`requeued`; read
     every :data:`API_EVERY_S` s; every :data:`API_ALIVE_EVERY_S` s once its
     flow process is seen alive here), or it no longer exists; or until
-    ``stop()`` is true (e.g. this run was cancelled).  A run ahead whose
+    ``stop()`` is true (e.g. this run was cancelled), or the attempt ahead
+    is over while the run lives on (:func:`attempt_over`: its placement
+    hands it over behind ``me``, this run, or places it on another node).
+    A run ahead whose
     flow process died during its return (:func:`cut_return_ahead`) has not
     ended: the wait goes on while its worker delivers that return (its
     state read every :data:`RETURNING_READ_S` s), until the return's
@@ -246,7 +276,7 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
 
     watch(client)  # fresh_crash judges the run's state on the server's clock
     try:
-        run, read_at, said, every, cut = None, float("-inf"), False, API_EVERY_S, False
+        run, read_at, said, every, cut, over = None, float("-inf"), False, API_EVERY_S, False, None
         while not stop():
             ended = False
             if time.monotonic() - read_at >= every:
@@ -261,6 +291,9 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
                     if cut and not fresh_crash(run.state):  # its worker gave the return up (e31 return finishes it)
                         break
                     ended = True
+                over = attempt_over(run, me, _this_node()) if run is not None and not cut else None
+                if over is not None:
+                    break
                 if run is not None and not said:
                     said = True
                     say(f"handed over behind {run.name} ({ahead[:8]}): the work starts once it has returned its "

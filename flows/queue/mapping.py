@@ -139,3 +139,17 @@ def inputs_key(spec: Any) -> tuple[str, ...]:
     urls = sorted(str(d.get("url")) for d in data or [] if isinstance(d, dict))
     return (str(name), *urls) if urls else ()
 
+
+
+def stored_spec(run: Any) -> Any:
+    """The job spec a flow run was submitted with (its ``spec`` parameter), as a ``JobSpec``, validated as
+    of the run's creation: a deadline was checked to be in the future when the job was submitted, and one
+    that has passed since (the job runs late, or is being stopped) leaves the spec valid, so the run stays
+    in the queue's view, holding its node.  Raises :class:`e31.specs.errors.SpecError` for a parameter that
+    is not a valid job spec."""
+    from e31.specs import JobSpec
+    from e31.specs.deadlines import deadlines_as_of
+
+    created = getattr(run, "created", None)
+    with deadlines_as_of(created if created is not None and created.tzinfo is not None else None):
+        return JobSpec.model_validate((run.parameters or {}).get("spec"))

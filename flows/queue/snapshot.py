@@ -3,7 +3,6 @@ that hold resources, the queued ones, and the lost, crashed and blocked."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -16,6 +15,7 @@ from e31.flows.queue.overheads import from_run
 from e31.flows.queue.cache import RunCache, read_active
 from e31.flows.queue.pace import WRITTEN
 from e31.flows.queue.preempt import hold_behind_victims, is_preempted, queued_fields, victim_fields, waiting
+from e31.flows.queue.mapping import stored_spec
 from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, FENCED, FREE_VAR, LEASE_S, NODE_VAR,
                                      PLACED, QUEUED, SETTLE_S, inputs_key, nodes_of, placement_of, planned_node,
                                      record_of, staged_tags, work_pool_name)
@@ -90,7 +90,7 @@ _SPECS: dict[str, JobSpec] = {}  # flow run id -> parsed spec (a run's parameter
 def _spec(run: Any) -> JobSpec:
     key = str(run.id)
     if key not in _SPECS:
-        _SPECS[key] = JobSpec.model_validate((run.parameters or {}).get("spec"))
+        _SPECS[key] = stored_spec(run)  # as of its submission: a deadline passed since keeps it in view
     return _SPECS[key]
 
 

@@ -393,3 +393,22 @@ def test_a_stopping_scheduler_gives_a_frozen_server_a_few_seconds_for_its_claim(
     finally:
         frozen.close()
     assert waited < 30  # not the client's 60 s timeout and its retries (a bound, not a speed: 1 s asked)
+
+
+def test_a_running_job_whose_deadline_has_passed_stays_in_the_queue_s_view():
+    """Its spec is read as of its submission (the deadline was in the future then): a scheduler, ``e31
+    queue`` or ``e31 cancel`` started after the deadline still sees the run holding its node."""
+    from datetime import datetime, timedelta, timezone
+    from types import SimpleNamespace
+
+    from e31.flows.queue.mapping import stored_spec
+    from e31.specs.errors import SpecError
+
+    created = datetime.now(timezone.utc) - timedelta(hours=2)
+    spec = {"name": "late", "work": {"kind": "training", "command": ["true"]},
+            "request": {"gpus": 0, "cpus": 1, "limit": "3h", "deadline": (created + timedelta(hours=1)).isoformat()},
+            "output": {"kind": "results", "url": "/tmp/out", "files": ["r.json"]}}
+    run = SimpleNamespace(created=created, parameters={"spec": spec})
+    assert stored_spec(run).request.deadline == created + timedelta(hours=1)
+    with pytest.raises(SpecError, match="request.deadline: must be in the future; this deadline has already passed"):
+        stored_spec(SimpleNamespace(created=None, parameters={"spec": spec}))  # no creation time: as of now

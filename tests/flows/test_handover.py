@@ -393,3 +393,33 @@ def test_the_release_of_the_run_ahead_ends_the_wait_at_once_while_its_return_rec
     assert len(polls) == 5  # the turn that saw the marker gone (the old code waited on: 101)
     assert said == [f"handed over behind ahead ({str(ahead)[:8]}): the work starts once it has returned its output"]
     assert record.exists() and not (tmp_path / ".handover" / str(ahead)).exists()
+
+
+def test_a_victim_queued_again_behind_the_run_that_preempted_it_ends_that_run_s_wait(monkeypatch):
+    """The run placed by a preemption waits for its victim; a victim that returned its output before
+    that wait left its marker, and was queued again and handed over behind that run, has a live flow
+    process (its new attempt, waiting): its placement naming the waiting run ends the wait at once,
+    where the two would otherwise wait for each other."""
+    import e31.flows.queue.handover as handover
+
+    monkeypatch.setattr(handover, "API_EVERY_S", 0.01)
+    monkeypatch.setattr(handover, "handover_dir", lambda: Path(tempfile.mkdtemp()))
+    ahead, me = uuid.uuid4(), str(uuid.uuid4())
+    alive = FlowRun(id=ahead, flow_id=uuid.uuid4(), name="victim", state=Running(), infrastructure_pid=str(os.getpid()),
+                    parameters={"placement": {"e31_node": "n1", AFTER_VAR: me}})
+    monkeypatch.setattr(handover, "flow_process_alive", lambda run: True)
+    reads = []
+
+    class _Api:
+        def read_flow_run(self, key):
+            reads.append(key)
+            return alive
+
+    wait_for_run_ahead(str(ahead), stop=lambda: len(reads) > 50, say=lambda line: None, client=_Api(), me=me)
+    assert len(reads) == 1  # ended at its first read
+    alive.parameters["placement"][AFTER_VAR] = str(uuid.uuid4())  # behind another run: still ahead of this one
+    reads.clear()
+    wait_for_run_ahead(str(ahead), stop=lambda: len(reads) > 5, say=lambda line: None, client=_Api(), me=me)
+    assert len(reads) == 6
+    assert handover.attempt_over(alive, me, "n1") is None
+    assert handover.attempt_over(alive, me, "n2") == "moved"  # placed on n1, this wait is on n2

@@ -60,6 +60,14 @@ def test_a_preemptible_job_without_checkpoints_gets_a_note_from_validate(tmp_pat
     assert out.stdout.splitlines()[1:] == [f"note: {NOTE}"]
 
 
+def test_a_deadline_job_made_preemptible_by_hand_gets_a_note(tmp_path):
+    spec = load_spec(spec_file(tmp_path, "preemptible: true, deadline_within: 4h", EVERY))
+    assert preemption_notes(spec) == [
+        "request.preemptible: true on a job with a deadline: the queue may preempt it, and the time it waits to "
+        "run again counts towards its deadline; drop request.preemptible (a deadline job is not preemptible by "
+        "default) to keep it running"]
+
+
 def test_preemptible_must_be_a_boolean(tmp_path):
     path = spec_file(tmp_path, "preemptible: maybe")
     with pytest.raises(SpecError) as err:
@@ -79,6 +87,8 @@ def test_the_pool_preemption_options_and_their_defaults(tmp_path):
     assert (default.min_run, default.max_per_day) == (timedelta(minutes=10), None)
     given = load_pool(pool_file(tmp_path, "preemption: {min_run: 30m, max_per_day: 4}\n")).preemption
     assert (given.min_run, given.max_per_day) == (timedelta(minutes=30), 4)
+    none = load_pool(pool_file(tmp_path, "preemption: {min_run: 0s, max_per_day: 0}\n")).preemption
+    assert (none.min_run, none.max_per_day) == (timedelta(0), 0)  # no minimum run; never preempts
 
 
 def test_bad_pool_preemption_options_are_refused_with_every_problem(tmp_path):
