@@ -49,7 +49,7 @@ from .attained import ranks_above
 from .model import Node, Placement, QueuedJob, RunningJob
 
 __all__ = ["ATTAINED_LOSS_S", "DAY_S", "MAX_CANDIDATES", "Need", "PlannedPreemption", "Preemption", "PreemptionRules",
-           "choose_victims", "deadline_at_risk", "lost_seconds", "lost_work", "may_preempt", "plan_preemptions"]
+           "choose_victims", "deadline_at_risk", "deferred_preemptions", "lost_seconds", "lost_work", "may_preempt", "plan_preemptions"]
 
 #: The window of ``max_per_day``, seconds.
 DAY_S = 86_400.0
@@ -257,3 +257,40 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
         take(job, lambda r, job=job: ranks_above(job, r, now) and cheap(r),
              (job.gpus, job.cpus, job.memory, job.gpu_type, rank_level(job, now)))
     return planned
+
+
+def deferred_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[QueuedJob],
+                         placements: Sequence[Placement], planned: Sequence[PlannedPreemption], now: float,
+                         rules: PreemptionRules) -> dict[str, tuple[float, Preemption] | str]:
+    """For each deadline job at risk (:func:`deadline_at_risk`) that :func:`plan_preemptions` found no
+    victims for now: the preemption it gets once running jobs reach the pool's minimum run (a
+    :class:`Preemption` whose ``lost`` is replaced by the Unix time it becomes allowed, at most one day
+    ahead), or why it gets none (a phrase: the jobs on its way are not preemptible, or have reached the
+    pool's ``max_per_day``).  What a queued job's reason tells (Slurm's ``PreemptExemptTime`` plays the
+    same part and is as silent)."""
+    taken = {v for p in planned for v in p.preemption.victims} | {p.job for p in planned}
+    by_id = {job.id: job for job in queued}
+    held = [r for r in running if r.id not in taken]
+    out: dict[str, tuple[float, Preemption] | str] = {}
+    for p in placements:
+        job = by_id.get(p.job)
+        if job is None or job.id in taken or not deadline_at_risk(job, p, now):
+            continue
+        need = Need(job.gpus, job.cpus, job.memory, job.gpu_type)
+        by = job.work_deadline
+        times = sorted({r.start + rules.min_run_s for r in held if r.preemptible and r.start + rules.min_run_s > now})
+        found = None
+        for at in times:
+            if at > now + DAY_S or (by is not None and at + job.work_s > by):
+                break
+            chosen = choose_victims(need, nodes, held, at, rules, lambda victim: True)
+            if chosen is not None:
+                found = (at, chosen)
+                break
+        if found is not None:
+            out[job.id] = found
+        elif rules.max_per_day is not None and not any(may_preempt(r, max(now, r.start + rules.min_run_s), rules)
+                                                        for r in held if r.preemptible):
+            out[job.id] = (f"no preemption: the jobs on its way have been preempted the pool's max_per_day "
+                           f"({rules.max_per_day}) times in 24 hours")
+    return out

@@ -36,7 +36,8 @@ from typing import Any
 
 from e31.flows.placement import Placement
 from e31.flows.placement.attained import width
-from e31.flows.placement.preemption import PlannedPreemption, PreemptionRules, deadline_at_risk, plan_preemptions
+from e31.flows.placement.preemption import (PlannedPreemption, PreemptionRules, deadline_at_risk,
+                                            deferred_preemptions, plan_preemptions)
 from e31.flows.queue.mapping import AHEAD_S, PlacementRecord, record_of
 from e31.specs import JobSpec
 from e31.specs.pool import PoolSpec
@@ -146,7 +147,29 @@ def plan(snap: Any, placements: list[Placement], rules: PreemptionRules) -> list
                else replace(r, preemptible=False) for r in snap.running]
     if not any(r.preemptible for r in running):
         return []
-    return plan_preemptions(snap.nodes, running, snap.queued, placements, snap.now, rules)
+    planned = plan_preemptions(snap.nodes, running, snap.queued, placements, snap.now, rules)
+    snap.preempt_notes = _deferred_words(snap, deferred_preemptions(snap.nodes, running, snap.queued, placements,
+                                                                    planned, snap.now, rules), rules)
+    return planned
+
+
+def _deferred_words(snap: Any, deferred: dict[str, Any], rules: PreemptionRules) -> dict[str, str]:
+    """What a deadline job at risk's waiting reason adds about the preemption it waits for
+    (:func:`deferred_preemptions`): ``; preempts NAME (ID) at 03:10:05 UTC, once it has run the pool's
+    min_run (10m)``, or why none comes."""
+    from e31.specs.units import format_duration
+
+    words = {}
+    for key, what in deferred.items():
+        if isinstance(what, str):
+            words[key] = f"; {what}"
+            continue
+        at, chosen = what
+        names = ", ".join(f"{snap.specs[v].name} ({v[:8]})" if v in snap.specs else v[:8] for v in chosen.victims)
+        min_run = format_duration(timedelta(seconds=rules.min_run_s))
+        words[key] = (f"; preempts {names} at {datetime.fromtimestamp(at, timezone.utc):%H:%M:%S} UTC, once "
+                      f"{'they have' if len(chosen.victims) > 1 else 'it has'} run the pool's min_run ({min_run})")
+    return words
 
 
 def _why(snap: Any, planned: PlannedPreemption, placements: dict[str, Placement]) -> str:

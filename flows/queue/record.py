@@ -475,7 +475,8 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             waits_seen += 1
             deep = cache is not None and waits_seen > REASON_DEPTH
             reason = p.reason.replace(ender_clause(p.ender), "") if deep and p.ender else p.reason
-            message = f"Queued: {humane(reason, snap)}"
+            note = snap.preempt_notes.get(p.job, "")  # a deadline job at risk: the preemption it waits for
+            message = f"Queued: {humane(reason, snap)}{note}"
             start_s = p.start or snap.now
             planned = datetime.fromtimestamp(max(start_s, snap.now + (DEEP_AHEAD_S if deep else AHEAD_S)), timezone.utc)
             current = run.state
@@ -484,6 +485,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             # back): the words' key and the planned node
             before = WRITTEN.of(run)
             words = _words(snap, p, deep)
+            words = (words[0] + note, words[1]) if note else words
             same_words = before is not None and before.words == words
             was_on, now_on = (before.node if before is not None else None), (p.node if p.reserved else None)
             # the node matters to a worker that prefetches (planned_start); deep in the queue, to nobody else

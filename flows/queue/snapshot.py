@@ -67,6 +67,9 @@ class Snapshot:
     #: Ids of runs cancelled while queued after an earlier attempt (``Cancelling``, placed nowhere): no process
     #: of theirs exists to end the cancel, so the queue makes them ``Cancelled``.
     unplaced_cancels: list[str] = field(default_factory=list)
+    #: What a waiting deadline job's reason adds about the preemption it waits for (flow run id -> words;
+    #: :func:`e31.flows.queue.preempt.plan` fills it)
+    preempt_notes: dict[str, str] = field(default_factory=dict)
     lease_s: float = LEASE_S
     #: Node name -> the last heartbeat of its worker (Unix seconds), for every worker the work pool knows.
     heard: dict[str, float] = field(default_factory=dict)

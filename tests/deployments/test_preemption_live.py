@@ -70,8 +70,10 @@ def _run_id(submitted: str) -> str:
 
 
 def test_a_deadline_job_preempts_a_preemptible_one_which_resumes_where_it_stopped(prefect_api, tmp_path):
+    """...not before the victim has run the pool's min_run (12 s), which the deadline job's reason
+    tells while it waits."""
     with queue(tmp_path, {"n1": 1}) as q:
-        _pool(q, "2s")
+        _pool(q, "12s")
         (q.root / "steps.py").write_text(STEPS)
         log = q.root / "trainer-attempts.jsonl"
         q.scheduler()
@@ -87,8 +89,9 @@ def test_a_deadline_job_preempts_a_preemptible_one_which_resumes_where_it_stoppe
                  and log.exists(), what="the trainer's first durable checkpoint")
         deadline = datetime.now(timezone.utc) + timedelta(seconds=75)
         urgent = q.job("urgent", 1, 2, deadline=deadline.isoformat())
-        q.submit(urgent)
+        urgent_id = _run_id(q.submit(urgent))
         wait_for(lambda: final_manifest(q.root / "out" / "urgent") is not None, timeout=120, what="the urgent job")
+        waited = [message for _, _, name, message in _history(urgent_id) if name == "Queued"]
         wait_for(lambda: final_manifest(q.root / "out" / "trainer") is not None, timeout=180,
                  what="the trainer's completion")
         wait_for(lambda: _final(victim), what="the trainer's final state")
@@ -105,6 +108,10 @@ def test_a_deadline_job_preempts_a_preemptible_one_which_resumes_where_it_stoppe
     assert urgent_record["end"] <= deadline.timestamp()
     # from the decision to the urgent job's work: the victim's stop (it stops at once), its return, the start
     decided = next(at for at, _, name, _ in history if name == "Preempting")
+    began = next(at for at, kind, _, _ in history if kind == "RUNNING")
+    assert decided - began >= 12.0, history  # never before the pool's min_run
+    told = [m for m in waited if "once it has run the pool's min_run (12s)" in m]
+    assert told and told[0].split("; ")[-1].startswith(f"preempts trainer ({victim[:8]}) at "), waited
     assert urgent_record["start"] - decided < 20, (decided, urgent_record)
     # the same flow run: Preempting, Preempted (its output returned), queued again, placed, completed
     for name in ("Preempting", "Preempted", "Queued", "Placed", "Completed"):

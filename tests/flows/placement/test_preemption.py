@@ -231,3 +231,28 @@ def test_a_job_a_plan_starts_by_a_preemption_is_never_the_victim_of_the_next_eve
     placements = plan([GPU8], [victim], [first, second], NOW, explain=False)
     got = plan_preemptions([GPU8], [victim], [first, second], placements, NOW, rules)
     assert [(c.job, c.preemption.victims) for c in got] == [("d1", ("running",))]
+
+
+def test_a_deadline_job_held_back_by_the_minimum_run_is_told_when_it_preempts_and_whom():
+    """A young victim (300 s into a 600 s minimum run) is preempted once it reaches it, 300 s from now,
+    in time for the deadline: the queue's reason names it and that time.  A victim at its daily cap
+    gives the cap as the reason; a deadline job with slack gets no word."""
+    from e31.flows.placement.planner import plan
+    from e31.flows.placement.preemption import deferred_preemptions, plan_preemptions
+
+    def deferred(jobs, waiting, rules=RULES):
+        placements = plan([GPU8], jobs, waiting, NOW, explain=False)
+        planned = plan_preemptions([GPU8], jobs, waiting, placements, NOW, rules)
+        return deferred_preemptions([GPU8], jobs, waiting, placements, planned, NOW, rules)
+
+    young = RunningJob("young", "g1", tuple(range(8)), 1, GIB, NOW - 300, NOW + 10 * 3600, preemptible=True)
+    urgent = queued("urgent", 8, deadline=NOW + 2 * 3600)
+    [(at, chosen)] = deferred([young], [urgent]).values()
+    assert (at, chosen.victims, chosen.node) == (NOW + 300, ("young",), "g1")
+    capped = RunningJob("capped", "g1", tuple(range(8)), 1, GIB, NOW - 3600, NOW + 10 * 3600, preemptible=True,
+                        preemptions=(NOW - 100, NOW - 50))
+    assert deferred([capped], [urgent]) == {
+        "urgent": "no preemption: the jobs on its way have been preempted the pool's max_per_day (2) times in 24 hours"}
+    assert deferred([young], [queued("relaxed", 8, deadline=NOW + 20 * 3600)]) == {}
+    late = queued("late", 8, deadline=NOW + 3600 + 200)  # 300 s from now is too late for its hour of work
+    assert deferred([young], [late]) == {}
