@@ -136,7 +136,21 @@ def cmd_compile(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> in
 
     plan = compile_plan(spec)
     print(describe(plan))
+    print(f"  {preemptible_line(spec)}")
     return EXIT_OK if args.no_list else list_inputs(spec, plan)
+
+
+def preemptible_line(spec: JobSpec) -> str:
+    """Whether a queue may preempt the job, and why (``request.preemptible`` or its default)."""
+    from e31.specs.preemption import checkpoints_declared, has_deadline, is_preemptible
+
+    if spec.request.preemptible is not None:
+        why = "request.preemptible"
+    elif is_preemptible(spec):
+        why = "default: it declares checkpoints and no deadline"
+    else:
+        why = "default: it has a deadline" if has_deadline(spec) else "default: it declares no checkpoints"
+    return f"preemptible: {'yes' if is_preemptible(spec) else 'no'} ({why})"
 
 
 def cmd_return(args: argparse.Namespace) -> int:

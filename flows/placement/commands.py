@@ -158,6 +158,13 @@ def cmd_pool(args: argparse.Namespace) -> int:
         span = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
         rows.append((span, str(len(names)), str(line.gpus), line.gpu_type or "-", str(line.cpus), gib(line.memory)))
     _table(rows, right={1, 2, 4, 5})
+    if args.pool:
+        from e31.specs.units import format_duration
+
+        rules = pool.preemption
+        cap = "no cap" if rules.max_per_day is None else (
+            "never preempts" if rules.max_per_day == 0 else f"at most {rules.max_per_day} per job in 24 hours")
+        print(f"preemption: min_run {format_duration(rules.min_run)}; {cap}")
     return EXIT_OK
 
 

@@ -103,6 +103,7 @@ def test_compile_prints_the_plan_with_overrides(e31, tmp_path):
         "    stop after 20s (time_limit); warning 10s before the hard stop",
         f"  checkpoint every 1 steps, keep 3, durable at {tmp_path}/out/checkpoints",
         f"  return model.pt, metrics.json (+ manifest.json) to {tmp_path}/out",
+        "  preemptible: yes (default: it declares checkpoints and no deadline)",
         "  data: 1 input(s), 1 file(s), 56.2 KiB (57523 bytes); ~0 s to stage at 200 MiB/s",
         "    digits: file, 1 file(s), 56.2 KiB",
     ]
@@ -113,7 +114,8 @@ def test_compile_names_a_missing_input_and_no_list_skips_the_listing(e31, tmp_pa
     result = e31("compile", str(EXAMPLE), "--set", f"data[0].url={missing}")
     assert result.returncode == 1
     assert result.stderr == f"e31: data 'digits': {missing}: not found\n"
-    assert result.stdout.splitlines()[-1].startswith("  return model.pt, metrics.json (+ manifest.json) to ")
+    assert result.stdout.splitlines()[-2].startswith("  return model.pt, metrics.json (+ manifest.json) to ")
+    assert result.stdout.splitlines()[-1] == "  preemptible: yes (default: it declares checkpoints and no deadline)"
     skipped = e31("compile", str(EXAMPLE), "--no-list", "--set", f"data[0].url={missing}")
     assert skipped.returncode == 0 and "data:" not in skipped.stdout
 
