@@ -63,6 +63,7 @@ def test_a_job_waiting_behind_another_has_its_inputs_staged_before_it_starts(pre
         node = next(n for n, d in scratches.items() if (d / ".prefetch.json").exists())
         note = json.loads((scratches[node] / ".prefetch.json").read_text())
         listed = subprocess.run([q.exe, "queue", "--pool", str(q.pool)], capture_output=True, text=True, cwd=q.root)
+        assert listed.returncode == 0 and listed.stdout.startswith("JOB"), (listed.stdout, listed.stderr)
         assert not _started(q, node, "late")  # staged while the job waited
         wait_for(lambda: final_manifest(q.root / "out" / "late"), timeout=120, what="the late job's manifest")
         manifest = final_manifest(q.root / "out" / "late")
@@ -80,7 +81,7 @@ def test_a_job_waiting_behind_another_has_its_inputs_staged_before_it_starts(pre
     assert {"e31-staged", f"e31-staged:{node}"} <= set(tags)  # ... which the prefetcher told the scheduler
     assert any(t.startswith("e31-staging-s:") for t in tags)
     assert placed.message.endswith("; inputs already staged there")
-    line = next(x for x in listed.stdout.splitlines() if x.startswith("late "))
+    line = next((x for x in listed.stdout.splitlines() if x.startswith("late ")), listed.stdout)
     assert re.search(rf"; inputs 30\.0 MiB of 30\.0 MiB staged on {node} before allocation, in \d+\.\d s$", line), line
     assert manifest["status"] == "completed"
     assert manifest["staged_before_allocation"] is True
