@@ -63,7 +63,7 @@ def test_compile_shows_the_resolved_deadline_for_the_next_run(e31):
     result = e31("compile", str(HERE.parents[1] / "specs/examples/digits-nightly-retrain.yaml"),
                  "--set", "request.deadline_at=06:00 Europe/London")
     assert result.returncode == 0, result.stderr
-    (line,) = [l for l in result.stdout.splitlines() if "deadline" in l]
+    (line,) = [l for l in result.stdout.splitlines() if l.startswith("    deadline ")]
     match = re.fullmatch(r"    deadline (\S+) \(06:00 Europe/London, the next after the scheduled start; return reserve 30s\)", line)
     resolved = datetime.fromisoformat(match.group(1))
     now = datetime.now(UTC)
