@@ -92,8 +92,8 @@ def job_rows(snap: Any, placements: list[Any], staging: dict[str, str] | None = 
     by the runs handed over behind it, then those it took for lost with
     their node), then ``placements`` (the planner's answer for the queued
     runs; ``staging``: run id -> its inputs' staging progress), the runs
-    held back behind another run of their job, and the crashed runs about
-    to be queued again."""
+    held back behind another run of their job, and the crashed and the
+    preempted runs about to be queued again."""
     from e31.flows.queue import DEVICES_VAR, NODE_VAR, humane, placement_of
     from e31.flows.queue.snapshot import attempt_start
 
@@ -128,6 +128,11 @@ def job_rows(snap: Any, placements: list[Any], staging: dict[str, str] | None = 
         run = snap.runs[key]
         rows.append((snap.specs[key].name, key[:8], run.state.name, placement_of(run).get(NODE_VAR) or "-",
                      "-", "-", crashed_line(run, snap.specs[key].request.retries)))
+    for key in snap.preempted:  # its output returned: queued again at the scheduler's next tick
+        run = snap.runs[key]
+        rows.append((snap.specs[key].name, key[:8], run.state.name, "-", "-", "-",
+                     f"{run.state.message or 'preempted'}; queued again at the scheduler's next tick, resumes "
+                     "from there"))
     return rows
 
 

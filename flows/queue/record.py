@@ -348,7 +348,10 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
     (:func:`e31.flows.queue.preempt.plan`): their victims are stopped
     (``Preempting``, counted ``preempt``) and each job placed behind them
     (counted ``start``); preempted runs that have returned their output
-    (``snap.preempted``) are queued again (``requeued``)."""
+    (``snap.preempted``) are queued again (``requeued``).  A tick that queues
+    runs again (a crash, a preemption, a lost node) starts nothing and
+    preempts nothing (its starts are counted ``deferred``): the next tick
+    plans with those runs."""
     logs = _Logs(client)
     try:
         return _apply(client, snap, placements, cache, max_waits, max_wait_s, logs, handover_s, preemptions or [])
@@ -434,13 +437,20 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             WRITTEN.note(key, Written(getattr(getattr(write.result, "state", None), "id", None), (message, None), None))
             logs.add(key, message)
             counts["wait"] += 1
-    by_preemption = preempt.start(write, snap, list(preemptions), placements, logs, counts)
+    # Runs queued again this tick (a crash, a preemption, a lost node) were not in the plan: what it starts now
+    # could take what one of them has priority to (a deadline job that crashed would then preempt again).  The
+    # next tick plans with them.
+    held = counts["requeued"] > 0
+    by_preemption = preempt.start(write, snap, [] if held else list(preemptions), placements, logs, counts)
     order = {"start": 0, "refuse": 1}
     waits_from: float | None = None  # when the first waiting run's reason was written
     taken = set(snap.behind.values())  # runs that have a run handed over behind them
     waits_seen = 0  # waiting runs so far, soonest planned start first
     for p in sorted(placements, key=lambda p: (order.get(p.action, 2), p.start or 0.0)):
         if p.job in by_preemption:
+            continue
+        if held and p.action == "start":
+            counts["deferred"] += 1
             continue
         run = snap.runs[p.job]
         lead = handover_lead(snap, p, handover_s, taken)

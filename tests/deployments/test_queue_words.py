@@ -149,3 +149,30 @@ def test_rewording_every_reason_changes_nothing_the_queue_does(monkeypatch):
         "e31_node": "n1", "gpu_devices": [], "cpus": 2, "e31_attempt": 0}})), ["e31", "e31-placed:n1"], PLACED)
     assert third[3] == {Q1: ["n1"]}  # its Placed event wakes n1's worker alone
     assert third[2] == {"n1": [Q3], "n2": [Q2]}  # q1 is no longer waiting; q3 keeps n1
+
+
+def test_a_tick_that_queues_a_run_again_starts_nothing_the_next_tick_plans_with_it():
+    """A crashed run queued again is not in this tick's plan: a start the plan made without it could take
+    what it has priority to (a crashed deadline job would then preempt its victim a second time).  The
+    start waits one tick (counted deferred); the requeue is written."""
+    from prefect.states import Crashed
+
+    server = _Server(None)
+    for key in (Q1, Q2):
+        server.submit(key)
+    crash = Crashed(message="its flow process is gone").model_copy(
+        update={"id": uuid.uuid4(), "timestamp": datetime.fromtimestamp(NOW - 30, timezone.utc)})
+    server.runs[Q1].state, server.runs[Q1].run_count = crash, 1
+    server.runs[Q1].parameters = {"spec": {"name": Q1}, "placement": {"e31_node": "n1", "e31_attempt": 0}}
+    server.runs[Q1].tags = ["e31", "e31-work-started:1:1799999900"]
+    server.runs[Q2].run_count = 0
+    specs = {key: SimpleNamespace(name=key, request=SimpleNamespace(memory=0, retries=1)) for key in (Q1, Q2)}
+    n1 = Node("n1", 0, 2, 2**30)
+    queued = [QueuedJob(id=Q2, name=Q2, gpus=0, cpus=2, memory=0, submitted=NOW - 100, runtime_s=600.0, limit_s=1200.0)]
+    snap = Snapshot(now=NOW, nodes=[n1], runs=server.runs, specs=specs, running=[], queued=queued, pool="words")
+    snap.requeue.append(Q1)
+    placements = plan([n1], [], queued, NOW)
+    assert [(p.job, p.action) for p in placements] == [(Q2, "start")]
+    counts = apply(server, snap, placements)
+    assert (counts["requeued"], counts["start"], counts["deferred"]) == (1, 0, 1)
+    assert (server.runs[Q1].state.name, server.runs[Q2].state.name) == (QUEUED, QUEUED)

@@ -237,3 +237,18 @@ def test_a_preempted_run_cancelled_while_it_stopped_is_not_queued_again():
     record = requeued.written[1][2]  # the attempt that ran (run_count): a cancel while placed again is then seen
     assert (record.attempt, record.preempted, record.attained_s, record.lost_s) == (1, (1055.0,), 55.0, 50.0)
     assert counts == {"requeued": 1}
+
+
+def test_e31_queue_lists_a_preempted_run_until_it_is_queued_again():
+    """Between its Preempted end and the scheduler's requeue (a scheduler stopped meanwhile: until a
+    standby takes over), the run is listed, with the preemption's words."""
+    from e31.deployments.runwords import job_rows
+
+    victim = _run("CANCELLED", "Preempted", {"e31_node": "n1"})
+    victim.state.message = "preempted by urgent (1a2b3c4d): its deadline 06:00:00 UTC would be missed otherwise"
+    snap = SimpleNamespace(running=[], behind={}, lost=[], blocked={}, requeue=[], preempted=["v1"],
+                           runs={"v1": victim}, specs={"v1": JobSpec.model_validate(SPEC)}, now=1000.0)
+    assert job_rows(snap, []) == [
+        ("JOB", "RUN", "STATE", "NODE", "GPUS", "START", "REASON"),
+        ("train", "v1", "Preempted", "-", "-", "-", "preempted by urgent (1a2b3c4d): its deadline 06:00:00 UTC would "
+         "be missed otherwise; queued again at the scheduler's next tick, resumes from there")]
