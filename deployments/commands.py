@@ -214,6 +214,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                             heartbeat_interval_seconds=10))
 
     print(f"e31 worker: node {args.node} of pool {pool.name}", flush=True)
+    _quiet_network_tracebacks()
     prefetcher = _start_prefetch(args.pool, args.node, pool)
     try:
         with temporary_settings(updates={PREFECT_WORKER_QUERY_SECONDS: query}):
@@ -226,6 +227,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
             prefetcher.kill()  # a copy cut short leaves only a temporary folder, which no run reuses
             prefetcher.wait()
     return EXIT_OK
+
+
+def _quiet_network_tracebacks() -> None:
+    """Prefect's logging set up, then its console handler shows a network error (the server frozen or
+    away: a closed event stream, a timeout) in one line, not a traceback
+    (:func:`e31.prefect_compat.runlog.hide_tracebacks_on_console`)."""
+    from prefect.logging.configuration import setup_logging
+
+    from e31.prefect_compat.runlog import hide_tracebacks_on_console
+
+    setup_logging()
+    hide_tracebacks_on_console()
 
 
 def _start_prefetch(pool_path: str, node: str, pool: Any) -> Any:

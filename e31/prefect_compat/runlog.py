@@ -22,18 +22,22 @@ from e31.errors import E31Error
 #: logged in one line on the console: the traceback says nothing more.
 _STORAGE_CLIENTS = ("botocore.", "aiobotocore.", "aiohttp.", "fsspec.", "s3fs.", "gcsfs.", "adlfs.", "azure.")
 
+#: Modules of the clients Prefect reaches its server with: their errors (a closed event stream, a timeout)
+#: say only that the server is frozen or away, which one line tells.
+_API_CLIENTS = ("websockets.", "httpx.", "httpcore.")
+
 
 def _quiet(exc: BaseException | None) -> bool:
     from e31.tasks.outcome import ChildLost
 
     return exc is not None and (isinstance(exc, (E31Error, ChildLost, OSError))
-                                or type(exc).__module__.startswith(_STORAGE_CLIENTS))
+                                or type(exc).__module__.startswith(_STORAGE_CLIENTS + _API_CLIENTS))
 
 
 class QuietFormatter(logging.Formatter):
     """Wraps the console handler's formatter: a record carrying one of E31's
-    errors, a lost child or a storage client's error is shown without its
-    traceback."""
+    errors, a lost child, a storage client's error or a network error of the
+    Prefect API's clients is shown without its traceback."""
 
     def __init__(self, inner: logging.Formatter):
         super().__init__()
@@ -42,7 +46,10 @@ class QuietFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         exc = record.exc_info[1] if record.exc_info else None
         if _quiet(exc):
-            record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
+            said = {}
+            if type(exc).__module__.startswith(_API_CLIENTS):  # its name only: the text may quote a URL
+                said = {"msg": f"{record.getMessage()} ({type(exc).__name__})", "args": None}
+            record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None, **said})
         return self.inner.format(record)
 
 

@@ -39,3 +39,18 @@ def test_a_run_cancelled_as_its_flow_process_starts_ends_in_one_line_not_a_trace
     assert quiet.filter(unfinished) is True and unfinished.exc_info is not None  # not a cancel: kept as it was
     elsewhere = _record(UnfinishedRun("Run is in CANCELLING state"), message="another line")
     assert quiet.filter(elsewhere) is True and elsewhere.exc_info is not None
+
+
+def test_a_network_error_of_prefect_s_clients_is_one_line_on_the_console():
+    """A server frozen for 40 s made Prefect's observers in ``e31 worker`` print four tracebacks of a
+    closed event stream: one line each, with the error's name (not its text, which may quote a URL);
+    any other error keeps its traceback."""
+    import websockets.exceptions
+
+    from e31.prefect_compat.runlog import QuietFormatter
+
+    quiet = QuietFormatter(logging.Formatter("%(message)s"))
+    closed = _record(websockets.exceptions.ConnectionClosedError(None, None), "Cancellation polling task failed.")
+    assert quiet.format(closed) == "Cancellation polling task failed. (ConnectionClosedError)"
+    other = quiet.format(_record(KeyError("x"), "something else"))
+    assert other.startswith("something else\nTraceback") and other.endswith("KeyError: 'x'")
