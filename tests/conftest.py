@@ -62,16 +62,31 @@ _QUIET = {
 }
 os.environ.update(_QUIET)
 
+_SESSION_PASSED: list[bool] = []
+
+
 def pytest_sessionfinish(session, exitstatus):
-    """Remove this process's session folder (servers' data, scratch: up to
-    hundreds of MiB) when its tests passed; keep it, and say where, when one
-    failed, for the server logs it holds."""
+    """Note whether this process's tests passed: its session folder (servers'
+    data, scratch: up to hundreds of MiB) is removed at its exit when they did
+    (:func:`_remove_session_dir`); kept, and named, when one failed, for the
+    server logs it holds."""
+    _SESSION_PASSED.append(exitstatus == 0)
+    if exitstatus != 0:
+        print(f"\ntest session folder kept: {_SESSION_DIR}", file=sys.stderr)
+
+
+def _remove_session_dir() -> None:
+    """At the process's exit, after Prefect's own exit handlers (registered later, so run earlier), which
+    may still write under its ``PREFECT_HOME`` there."""
     import shutil
 
-    if exitstatus == 0 and not os.environ.get("E31_KEEP_TEST_DIRS"):
+    if _SESSION_PASSED and all(_SESSION_PASSED) and not os.environ.get("E31_KEEP_TEST_DIRS"):
         shutil.rmtree(_SESSION_DIR, ignore_errors=True)
-    elif _SESSION_DIR.exists():
-        print(f"\ntest session folder kept: {_SESSION_DIR}", file=sys.stderr)
+
+
+import atexit  # noqa: E402
+
+atexit.register(_remove_session_dir)
 
 
 #: Fixtures that start a real server: a test that uses one (directly or through another fixture) is marked ``server``.
