@@ -145,26 +145,34 @@ def _urgent(q, seconds: float = 2, within: float = 75):
     return q.job("urgent", 1, seconds, deadline=(datetime.now(timezone.utc) + timedelta(seconds=within)).isoformat())
 
 
+def _preempted_held_in_its_return(q, log) -> tuple[str, int]:
+    """A queue whose worker holds a flow process stopped once its return has begun (tests/hold): the
+    trainer runs to its first durable checkpoint, an urgent job preempts it, and its flow process stops
+    in the return of its output.  Returns the trainer's run id and that flow process's pid."""
+    from e31.flows.joblock import lock_holder
+    from tests import hold
+
+    _pool(q, "2s")
+    q.scheduler()
+    q.worker("n1", 1, env=hold.env("returning", q.root / "held"))
+    victim = _run_id(q.submit(_trainer(q, log)))
+    durable = q.root / "out" / "trainer" / "checkpoints"
+    wait_for(lambda: any(durable.glob("step-*/COMMITTED")), what="the trainer's first durable checkpoint")
+    q.submit(_urgent(q))
+    return victim, hold.wait_stopped(lambda: lock_holder(str(q.root / "scratch-n1" / "trainer"))[0])
+
+
 def test_a_preempted_job_killed_during_its_return_is_still_returned_whole_and_queued_again(prefect_api, tmp_path):
     """kill -9 of the victim's flow process in the middle of its preemption's return: its worker
     finishes the return (every file and the partial manifest at the destination agree), the run ends
     ``Preempted`` (not ``Cancelled``: it is not lost), is queued again and completes; the urgent job's
     work starts only once that return is finished."""
-    from e31.flows.joblock import lock_holder
-    from tests import hold
     import os
     import signal
 
     with queue(tmp_path, {"n1": 1}) as q:
-        _pool(q, "2s")
         log = q.root / "trainer-attempts.jsonl"
-        q.scheduler()
-        q.worker("n1", 1, env=hold.env("returning", q.root / "held"))
-        victim = _run_id(q.submit(_trainer(q, log)))
-        durable = q.root / "out" / "trainer" / "checkpoints"
-        wait_for(lambda: any(durable.glob("step-*/COMMITTED")), what="the trainer's first durable checkpoint")
-        q.submit(_urgent(q))
-        flow_pid = hold.wait_stopped(lambda: lock_holder(str(q.root / "scratch-n1" / "trainer"))[0])
+        victim, flow_pid = _preempted_held_in_its_return(q, log)
         returning = json.loads((q.root / "out" / "trainer" / "partial" / "manifest.json").read_text())
         os.kill(flow_pid, signal.SIGKILL)
         wait_for(lambda: final_manifest(q.root / "out" / "urgent") is not None, timeout=120, what="the urgent job")
@@ -261,19 +269,9 @@ def test_a_job_cancelled_while_it_is_being_preempted_ends_cancelled_and_never_ru
     import signal
     import subprocess
 
-    from e31.flows.joblock import lock_holder
-    from tests import hold
-
     with queue(tmp_path, {"n1": 1}) as q:
-        _pool(q, "2s")
         log = q.root / "trainer-attempts.jsonl"
-        q.scheduler()
-        q.worker("n1", 1, env=hold.env("returning", q.root / "held"))
-        victim = _run_id(q.submit(_trainer(q, log)))
-        durable = q.root / "out" / "trainer" / "checkpoints"
-        wait_for(lambda: any(durable.glob("step-*/COMMITTED")), what="the trainer's first durable checkpoint")
-        q.submit(_urgent(q, seconds=2))
-        flow_pid = hold.wait_stopped(lambda: lock_holder(str(q.root / "scratch-n1" / "trainer"))[0])
+        victim, flow_pid = _preempted_held_in_its_return(q, log)
         done = subprocess.run([q.exe, "cancel", victim, "--pool", str(q.pool)], capture_output=True, text=True,
                               cwd=q.root)
         os.kill(flow_pid, signal.SIGCONT)
