@@ -278,6 +278,17 @@ def _attempt_times(client: Any, key: str, ended: float) -> tuple[float, float, s
     return began, max(began, decided), cancel
 
 
+#: How the crash of a run lost with its node while it was being preempted begins: that attempt was a
+#: preemption, which uses none of its retries (:func:`e31.flows.queue.snapshot.retries_used`).
+PREEMPTED_LOST = "preempted, then lost with its node: "
+
+
+def preempted_then_lost(state: Any) -> bool:
+    """Whether ``state`` is the crash the scheduler wrote for a run lost with its node while it was being
+    preempted (:data:`PREEMPTED_LOST`)."""
+    return state is not None and state.type.value == "CRASHED" and (state.message or "").startswith(PREEMPTED_LOST)
+
+
 def is_preempting(state: Any) -> bool:
     """Whether ``state`` is the queue's ``Preempting`` (a cancel of the user's is not)."""
     return state is not None and state.type.value == "CANCELLING" and state.name == PREEMPTING

@@ -391,7 +391,8 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             continue
         # a cancelled run is never requeued; a preempted one is (as a crash: its output may not have come back)
         ending = cancelled(f"cancelled (a cancel was requested); {lost}") \
-            if run.state.type.value == "CANCELLING" and not preempt.is_preempting(run.state) else crashed(lost)
+            if run.state.type.value == "CANCELLING" and not preempt.is_preempting(run.state) else \
+            crashed(f"{preempt.PREEMPTED_LOST}{lost}") if preempt.is_preempting(run.state) else crashed(lost)
         if write.state(key, ending, check=False):
             counts["lost"] += 1  # requeued by a later tick, once the crash has settled, when it has retries left
     for key in snap.requeue:
@@ -411,8 +412,12 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
         message = (f"Queued: retry {retries_used(run)} of {snap.specs[key].request.retries} after a crash (resumes from "
                    "its newest durable checkpoint)") if not startless else \
             "Queued again: it crashed before its work started, which uses none of its retries"
-        requeued = queued(message, now + timedelta(seconds=AHEAD_S))
         kept = replace(record_of(run).kept(), attempt=attempt, unstarted=free_now)
+        if preempt.preempted_then_lost(run.state):  # a preemption: none of its retries used
+            message = ("Queued: preempted, then lost with its node before its output came back; none of its retries "
+                       "used (resumes from its newest durable checkpoint)")
+            kept = replace(kept, preempted=(*kept.preempted, run.state.timestamp.timestamp()))
+        requeued = queued(message, now + timedelta(seconds=AHEAD_S))
         # the state first: a crashed run's job variables cannot be changed
         if write.state(key, requeued) and write.place(key, run, kept, check=False):
             counts["requeued"] += 1

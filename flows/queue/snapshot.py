@@ -14,7 +14,8 @@ from e31.flows.queue.clock import server_now
 from e31.flows.queue.overheads import from_run
 from e31.flows.queue.cache import RunCache, read_active
 from e31.flows.queue.pace import WRITTEN
-from e31.flows.queue.preempt import hold_behind_victims, is_preempted, queued_fields, victim_fields, waiting
+from e31.flows.queue.preempt import (hold_behind_victims, is_preempted, preempted_then_lost, queued_fields,
+                                     victim_fields, waiting)
 from e31.flows.queue.mapping import stored_spec
 from e31.flows.queue.mapping import (AFTER_VAR, CPUS_VAR, DEVICES_VAR, DOWN, FENCED, FREE_VAR, LEASE_S, NODE_VAR,
                                      PLACED, QUEUED, SETTLE_S, inputs_key, nodes_of, placement_of, planned_node,
@@ -327,8 +328,10 @@ def unstarted_of(run: Any) -> int:
 def retries_used(run: Any) -> int:
     """How many of its retries the flow run ``run`` has used: Prefect's
     ``run_count`` less its attempts that crashed before their work started
-    and those the queue preempted (neither counts)."""
-    return (run.run_count or 0) - unstarted_of(run) - len(record_of(run).preempted)
+    and those the queue preempted (neither counts), including one lost with
+    its node while it was being preempted."""
+    lost = 1 if preempted_then_lost(run.state) else 0  # its preemption, not yet in its record
+    return (run.run_count or 0) - unstarted_of(run) - len(record_of(run).preempted) - lost
 
 
 def _fence_wait(fence: dict) -> str:

@@ -176,3 +176,32 @@ def test_a_tick_that_queues_a_run_again_starts_nothing_the_next_tick_plans_with_
     counts = apply(server, snap, placements)
     assert (counts["requeued"], counts["start"], counts["deferred"]) == (1, 0, 1)
     assert (server.runs[Q1].state.name, server.runs[Q2].state.name) == (QUEUED, QUEUED)
+
+
+def test_a_run_lost_with_its_node_while_it_was_preempted_is_queued_again_using_none_of_its_retries():
+    """Its crash (the scheduler's, for the lost node) says it was being preempted: that attempt counts
+    as a preemption, so a job with no retries left is still queued again, and its record keeps it."""
+    from prefect.states import Crashed
+
+    from e31.flows.queue.preempt import PREEMPTED_LOST
+    from e31.flows.queue.snapshot import retries_used
+
+    server = _Server(None)
+    server.submit(Q1)
+    crash = Crashed(message=f"{PREEMPTED_LOST}node n1 stopped answering").model_copy(
+        update={"id": uuid.uuid4(), "timestamp": datetime.fromtimestamp(NOW - 30, timezone.utc)})
+    run = server.runs[Q1]
+    run.state, run.run_count = crash, 1
+    run.parameters = {"spec": {"name": Q1}, "placement": {"e31_node": "n1", "e31_attempt": 0}}
+    run.tags = ["e31", "e31-work-started:1:1799999900"]
+    assert retries_used(run) == 0
+    specs = {Q1: SimpleNamespace(name=Q1, request=SimpleNamespace(memory=0, retries=0))}
+    snap = Snapshot(now=NOW, nodes=[Node("n1", 0, 2, 2**30)], runs=server.runs, specs=specs, running=[], queued=[],
+                    pool="words")
+    snap.requeue.append(Q1)
+    assert apply(server, snap, [])["requeued"] == 1
+    assert run.state.name == QUEUED and run.state.message.startswith(
+        "Queued: preempted, then lost with its node before its output came back; none of its retries used")
+    assert record_of(run).preempted == (NOW - 30,)
+    assert retries_used(SimpleNamespace(run_count=1, state=run.state, parameters=run.parameters,
+                                        job_variables=None, tags=run.tags)) == 0
