@@ -155,7 +155,7 @@ def test_e31_cancel_of_a_run_that_started_after_it_was_read_stops_it_and_never_f
     from prefect.states import Running
 
     import e31.flows.queue as queue
-    from e31.deployments.commands import cmd_cancel
+    from e31.deployments.cancelcmd import cmd_cancel
 
     made = _Pool(tmp_path)
     pool_file = tmp_path / "pool.json"
@@ -187,7 +187,7 @@ def test_e31_cancel_of_a_crashed_run_waiting_to_be_requeued_cancels_it_outright(
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed
 
-    from e31.deployments.commands import cmd_cancel
+    from e31.deployments.cancelcmd import cmd_cancel
     from e31.flows.queue import read
 
     made = _Pool(tmp_path)
