@@ -142,7 +142,7 @@ def cmd_compile(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> in
 
 def preemptible_line(spec: JobSpec) -> str:
     """Whether a queue may preempt the job, and why (``request.preemptible`` or its default)."""
-    from e31.specs.preemption import checkpoints_declared, has_deadline, is_preemptible
+    from e31.specs.preemption import has_deadline, is_preemptible
 
     if spec.request.preemptible is not None:
         why = "request.preemptible"
