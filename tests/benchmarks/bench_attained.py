@@ -1,7 +1,8 @@
 """Benchmark: jobs that declare no duration, ordered by attained service with preemption, in simulated time.
 
     python tests/benchmarks/bench_attained.py [--seed 36] [--jobs 3000] [--nodes 16] [--load 0.95]
-                                              [--model gpu|lublin] [--processors 256]
+                                              [--model gpu|lublin|philly] [--processors 256]
+                                              [--trace PHILLY_CSV] [--skip 0]
                                               [--checkpoint-every 1800] [--restart-cost 60] [--min-run 600]
                                               [--attained-loss 300]
 
@@ -11,8 +12,11 @@ tail (a few jobs run for days), so a small share of the jobs holds most of the G
 public traces of such clusters.  Jobs arrive as a Poisson stream sized to offer ``--load`` of the
 pool's GPUs.  ``--model lublin`` replays the Lublin-Feitelson model of rigid parallel jobs instead
 (:mod:`tests.benchmarks.lublin`: sizes of 1 to ``--processors``, run times of seconds to 45 hours, a
-daily cycle of arrivals) on one machine of ``--processors`` processors, each counted as a GPU.  This is a generated workload: no public GPU-cluster trace could be fetched on the
-machine this was written on, so the replay of a real one is still to do.
+daily cycle of arrivals) on one machine of ``--processors`` processors, each counted as a GPU.
+``--model philly --trace FILE`` replays a real GPU cluster's jobs: ``--jobs`` jobs of Microsoft's
+Philly trace from the ``--skip``-th by submission time, with their real submission times, GPUs and
+run times, on as many nodes of 8 GPUs as make them offer ``--load`` (:mod:`tests.benchmarks.philly`
+says where the file comes from; it is not part of this repository).
 
 Side by side in one run:
 
@@ -45,7 +49,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script: the repository's tests package
     sys.path.insert(0, str(REPO))
-from tests.benchmarks import lublin  # noqa: E402
+from tests.benchmarks import lublin, philly  # noqa: E402
 from tests.benchmarks.cleanup import Cleanup  # noqa: E402
 
 from e31.flows.placement.model import Node, QueuedJob  # noqa: E402
@@ -91,13 +95,31 @@ def lublin_workload(seed: int, count: int, processors: int, load: float,
     return out
 
 
+def philly_workload(path: Path, count: int, skip: int, load: float,
+                    limit_s: float) -> tuple[list[tuple[QueuedJob, float]], int, int]:
+    """``count`` jobs of the Philly trace at ``path`` (:mod:`tests.benchmarks.philly`) as
+    :func:`workload` returns them, the number of nodes of 8 GPUs on which they offer ``load``, and
+    how many jobs of the window were left out (over 8 GPUs)."""
+    window, left_out = philly.jobs(path, count, skip)
+    out = []
+    for k, (at, gpus, run, cluster) in enumerate(window):
+        job = QueuedJob(id=f"p{k:05d}", name=f"{cluster}-{k}", gpus=gpus, cpus=4 * gpus, memory=32 * GIB * gpus,
+                        submitted=round(at), runtime_s=round(run), limit_s=max(limit_s, round(run)),
+                        runtime_source="duration")
+        out.append((job, round(run)))
+    return out, philly.nodes_for_load(window, load), left_out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=36)
     parser.add_argument("--jobs", type=int, default=3000)
-    parser.add_argument("--model", choices=("gpu", "lublin"), default="gpu",
+    parser.add_argument("--model", choices=("gpu", "lublin", "philly"), default="gpu",
                         help="gpu: the GPU-cluster-shaped workload on --nodes nodes of 8 GPUs; lublin: the "
-                             "Lublin-Feitelson model on one machine of --processors processors (as GPUs)")
+                             "Lublin-Feitelson model on one machine of --processors processors (as GPUs); "
+                             "philly: the Philly trace's jobs (--trace) on nodes of 8 GPUs sized for --load")
+    parser.add_argument("--trace", type=Path, help="the Philly trace's per-job CSV (--model philly)")
+    parser.add_argument("--skip", type=int, default=0, help="--model philly: jobs of the trace to skip first")
     parser.add_argument("--processors", type=int, default=256, help="the Lublin-Feitelson machine's size")
     parser.add_argument("--nodes", type=int, default=16, help="nodes of 8 GPUs")
     parser.add_argument("--load", type=float, default=0.95, help="offered load, a share of the pool's GPUs")
@@ -109,11 +131,21 @@ def main() -> None:
                         help="most seconds since its checkpoint a job preempted for attained service loses "
                              "(negative: no bound)")
     args = parser.parse_args()
+    if args.model == "philly" and (args.trace is None or not args.trace.is_file()):
+        parser.error("--model philly needs --trace FILE, the Philly trace's per-job CSV "
+                     "(tests/benchmarks/philly.py says where to get it)")
     with Cleanup("bench_attained"):  # nothing to stop; a signal ends it with 128 + its number
         if args.model == "lublin":
             nodes = [Node("lf", args.processors, args.processors, args.processors * GIB, "H100")]
             jobs = lublin_workload(args.seed, args.jobs, args.processors, args.load, args.limit)
             where = f"the Lublin-Feitelson model on one machine of {args.processors} processors (as GPUs)"
+        elif args.model == "philly":
+            jobs, count, left_out = philly_workload(args.trace, args.jobs, args.skip, args.load, args.limit)
+            nodes = [Node(f"g{i:03d}", 8, 64, 512 * GIB, "H100") for i in range(count)]
+            sha = philly.digest(args.trace)
+            where = (f"the Philly trace (sha256 {sha[:12]}{'' if sha == philly.SHA256 else ', NOT the documented copy'}) "
+                     f"from job {args.skip:,}, {left_out} jobs over 8 GPUs left out, on {count} nodes x 8 GPUs")
+            args.jobs = len(jobs)
         else:
             nodes = [Node(f"g{i:03d}", 8, 64, 512 * GIB, "H100") for i in range(args.nodes)]
             jobs = workload(args.seed, args.jobs, args.nodes, args.load, args.limit)
