@@ -249,15 +249,20 @@ def requeue(write: Any, snap: Any, logs: Any, counts: dict[str, int]) -> None:
                 logs.add(key, f"Cancelled: {message}")
                 counts["cancel"] = counts.get("cancel", 0) + 1
             continue
-        served = width(spec.request.gpus, spec.request.cpus) * max(0.0, ended - began)
-        said = lost_so_far(run)  # the flow process's count (its manifest's), else an estimate from the times
-        lost = said if said is not None else \
-            record.lost_s + max(0.0, decided - max(checkpoint_at(run) or began, began))
-        kept = replace(record.kept(), attempt=run.run_count or 0, preempted=(*record.preempted, ended),
-                       attained_s=round(record.attained_s + served, 3), lost_s=round(lost, 3))
+        # The record first, then the state: a run left Preempted by a failed state write is requeued by a
+        # later tick, which finds this preemption already counted (its end is the record's last) and writes
+        # only the state; the other order lost the count when the record's write failed.
+        if not record.preempted or record.preempted[-1] != ended:
+            served = width(spec.request.gpus, spec.request.cpus) * max(0.0, ended - began)
+            said = lost_so_far(run)  # the flow process's count (its manifest's), else an estimate from the times
+            lost = said if said is not None else \
+                record.lost_s + max(0.0, decided - max(checkpoint_at(run) or began, began))
+            kept = replace(record.kept(), attempt=run.run_count or 0, preempted=(*record.preempted, ended),
+                           attained_s=round(record.attained_s + served, 3), lost_s=round(lost, 3))
+            if not write.place(key, run, kept, check=False):
+                continue
         message = f"Queued: {run.state.message or 'preempted by the queue'}; queued again, resumes from there"
-        if write.state(key, queued(message, now + timedelta(seconds=AHEAD_S))) and \
-                write.place(key, run, kept, check=False):
+        if write.state(key, queued(message, now + timedelta(seconds=AHEAD_S))):
             logs.add(key, message)
             counts["requeued"] = counts.get("requeued", 0) + 1
 

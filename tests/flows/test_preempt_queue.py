@@ -233,10 +233,43 @@ def test_a_preempted_run_cancelled_while_it_stopped_is_not_queued_again():
     assert counts == {"cancel": 1}
     requeued, counts = _Writes(history[:2]), {}
     preempt.requeue(requeued, snap, _logs(), counts)
-    assert [w[1] for w in requeued.written] == ["SCHEDULED", "placement"]
-    record = requeued.written[1][2]  # the attempt that ran (run_count): a cancel while placed again is then seen
+    assert [w[1] for w in requeued.written] == ["placement", "SCHEDULED"]  # the record first
+    record = requeued.written[0][2]  # the attempt that ran (run_count): a cancel while placed again is then seen
     assert (record.attempt, record.preempted, record.attained_s, record.lost_s) == (1, (1055.0,), 55.0, 50.0)
     assert counts == {"requeued": 1}
+
+
+def test_a_requeue_whose_state_write_failed_is_finished_by_the_next_tick_without_counting_twice():
+    """The record is written before the ``Queued`` state: when that state's write fails, the run stays
+    ``Preempted`` and the next tick finds this preemption in its record (its end is the last one) and
+    writes only the state; when the record's write fails, no state is written and nothing is lost."""
+    from datetime import timedelta
+
+    from e31.flows.queue.mapping import PlacementRecord
+
+    t0 = datetime.fromtimestamp(1000.0, timezone.utc)
+    history = [SimpleNamespace(type=SimpleNamespace(value="RUNNING"), name="Running", message="",
+                               timestamp=t0)]
+    counted = PlacementRecord(node="n1", devices=(0,), cpus=1, attempt=1, preempted=(1055.0,), attained_s=55.0,
+                              lost_s=50.0).parameter()
+    victim = _run("CANCELLED", "Preempted", counted, run_count=1)
+    victim.state.timestamp = t0 + timedelta(seconds=55)
+    snap = SimpleNamespace(now=1060.0, preempted=["v1"], runs={"v1": victim}, specs={"v1": JobSpec.model_validate(SPEC)})
+    again, counts = _Writes(history), {}
+    preempt.requeue(again, snap, _logs(), counts)
+    assert [w[1] for w in again.written] == ["SCHEDULED"] and counts == {"requeued": 1}
+
+    class _RecordRefused(_Writes):
+        def place(self, key, run, record, check=True):
+            self.written.append((key, "refused"))
+            return False
+
+    fresh = _run("CANCELLED", "Preempted", {"e31_node": "n1", "e31_attempt": 0}, run_count=1)
+    fresh.state.timestamp = t0 + timedelta(seconds=55)
+    snap.runs = {"v1": fresh}
+    refused, counts = _RecordRefused(history), {}
+    preempt.requeue(refused, snap, _logs(), counts)
+    assert refused.written == [("v1", "refused")] and counts == {}
 
 
 def test_e31_queue_lists_a_preempted_run_until_it_is_queued_again():
