@@ -185,9 +185,10 @@ def _why(snap: Any, planned: PlannedPreemption, placements: dict[str, Placement]
 
 def start(write: Any, snap: Any, planned: list[PlannedPreemption], placements: list[Placement], logs: Any,
           counts: dict[str, int]) -> set[str]:
-    """Carry out the planned preemptions: each victim ``Preempting`` (only while it is as the plan saw it),
-    then the job placed behind them, with ``Placed`` and its words.  A preemption one of whose victims
-    changed meanwhile (ended, cancelled) places nothing: the next tick plans with what is left.  Returns
+    """Carry out the planned preemptions: each victim ``Preempting`` (only when every one of them is as the
+    plan saw it), then the job placed behind them, with ``Placed`` and its words.  A preemption one of whose
+    victims changed meanwhile (ended, cancelled) stops none of them and places nothing: the next tick plans
+    with what is left.  Returns
     the ids of the jobs placed (their waiting words are not written); counts ``preempt`` (victims) and
     ``start``."""
     from e31.flows.queue.record import humane
@@ -200,9 +201,13 @@ def start(write: Any, snap: Any, planned: list[PlannedPreemption], placements: l
         job_id, choice = each.job, each.preemption
         name = snap.specs[job_id].name
         words = f"preempted by {name} ({job_id[:8]}): {_why(snap, each, by_id)}; at {now:%H:%M:%S} UTC"
+        # Every victim checked before any is stopped: one that changed since the plan (ended, cancelled)
+        # would leave the others stopped for a job that is then not placed.
+        if not all(write.current(victim) for victim in choice.victims):
+            continue
         stopped = []
         for victim in choice.victims:
-            if write.state(victim, preempting(words), force=False):  # never over a run that ended meanwhile
+            if write.state(victim, preempting(words), check=False, force=False):  # never over a run that ended
                 logs.add(victim, f"Preempting: {words}; the work is warned, its newest checkpoint committed and "
                                  "its output returned, then the run is queued again and resumes from there")
                 stopped.append(victim)

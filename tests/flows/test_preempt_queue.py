@@ -285,3 +285,32 @@ def test_e31_queue_lists_a_preempted_run_until_it_is_queued_again():
         ("JOB", "RUN", "STATE", "NODE", "GPUS", "START", "REASON"),
         ("train", "v1", "Preempted", "-", "-", "-", "preempted by urgent (1a2b3c4d): its deadline 06:00:00 UTC would "
          "be missed otherwise; queued again at the scheduler's next tick, resumes from there")]
+
+
+def test_a_preemption_one_of_whose_victims_changed_since_the_plan_stops_none_of_them():
+    from e31.flows.placement.model import Placement
+    from e31.flows.placement.preemption import PlannedPreemption, Preemption
+
+    class _OneChanged(_Writes):
+        def current(self, key):
+            return key != "v2"  # v2 ended between the plan and the write
+
+    victims = {k: _run(key=k) for k in ("v1", "v2")}
+    urgent = _run("SCHEDULED", "Scheduled", key="u1")
+    snap = SimpleNamespace(now=1060.0, behind={}, running=[], runs={**victims, "u1": urgent}, queued=[SimpleNamespace(
+                               id="u1", deadline=None, work_deadline=None, attained_s=0.0, gpus=2)],
+                           specs={k: JobSpec.model_validate(SPEC) for k in ("v1", "v2", "u1")})
+    planned = [PlannedPreemption("u1", Preemption("n1", ("v1", "v2"), (0, 1), 10.0))]
+    placements = [Placement("u1", "start", "n1", (0, 1), 2, 1060.0, 1160.0, "")]
+    write, counts = _OneChanged([]), {}
+    assert preempt.start(write, snap, planned, placements, _logs(), counts) == set()
+    assert write.written == [] and counts == {}
+
+    class _AllCurrent(_Writes):
+        def current(self, key):
+            return True
+
+    write = _AllCurrent([])
+    assert preempt.start(write, snap, planned, placements, _logs(), counts) == {"u1"}
+    assert [(w[0], w[1]) for w in write.written] == [("v1", "CANCELLING"), ("v2", "CANCELLING"), ("u1", "placement"),
+                                                      ("u1", "SCHEDULED")]
