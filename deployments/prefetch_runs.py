@@ -37,14 +37,18 @@ def tag_staged(client: Any, run_id: str, node: str, seconds: float) -> None:
     :attr:`e31.flows.placement.QueuedJob.locality_wait_s`).  Best effort."""
     from e31.flows.queue import STAGED, STAGED_ON, STAGING_S, staged_tags
 
-    try:
-        tags = list(client.read_flow_run(run_id).tags or [])
+    from e31.prefect_compat.tags import change_tags
+
+    def staged(tags: list[str]) -> list[str]:
         _, before = staged_tags(tags)
         keep = [t for t in tags if t != STAGED and t != STAGED_ON + node and not t.startswith(STAGING_S)]
         keep += [STAGED, STAGED_ON + node]
         if max(before, seconds) > 0:
             keep.append(f"{STAGING_S}{max(before, seconds):.0f}")
-        client.update_flow_run(run_id, tags=keep)
+        return keep
+
+    try:
+        change_tags(client, run_id, staged)
     except Exception:
         pass
 
@@ -53,11 +57,14 @@ def untag_staged(client: Any, run_id: str, node: str) -> None:
     """Take back :func:`tag_staged` of ``node`` (its copy was evicted).  Best effort."""
     from e31.flows.queue import STAGED, STAGED_ON
 
+    from e31.prefect_compat.tags import change_tags
+
+    def unstaged(tags: list[str]) -> list[str]:
+        tags = [t for t in tags if t != STAGED_ON + node]
+        return tags if any(t.startswith(STAGED_ON) for t in tags) else [t for t in tags if t != STAGED]
+
     try:
-        tags = [t for t in client.read_flow_run(run_id).tags or [] if t != STAGED_ON + node]
-        if not any(t.startswith(STAGED_ON) for t in tags):
-            tags = [t for t in tags if t != STAGED]
-        client.update_flow_run(run_id, tags=tags)
+        change_tags(client, run_id, unstaged)
     except Exception:
         pass
 

@@ -114,9 +114,13 @@ def mark_lost(flow_run_id: str | None, lost_s: float) -> bool:
 def _tag_attempt(flow_run_id: str, prefix: str, suffix: str = "", wait_s: float = MARK_WAIT_S,
                  fresh: bool = False) -> bool:
     """Tag the flow run ``prefix`` + its attempt (``run_count``) + ``suffix``, replacing an older tag of
-    that prefix, from a daemon thread; the other tags are those its reader read last (<= 10 s ago), else
-    read now (always, when ``fresh``).  Waits at most ``wait_s`` seconds; returns whether it was written by then.  A
-    write the API does not take is dropped: the manifest is still the job's word."""
+    that prefix, from a daemon thread: the other tags as read just before the write, and read back after
+    it (:func:`e31.prefect_compat.tags.change_tags`: a node's prefetcher and the scheduler write tags too).
+    The attempt is the one its reader read last (<= 10 s ago), else read now (always, when ``fresh``).
+    Waits at most ``wait_s`` seconds; returns whether it was written by then.  A write the API does not
+    take is dropped: the manifest is still the job's word."""
+    from e31.prefect_compat.tags import change_tags
+
     done = threading.Event()
     reader = _READERS.get(flow_run_id)
     known = reader.last if reader is not None and not fresh else None
@@ -124,10 +128,10 @@ def _tag_attempt(flow_run_id: str, prefix: str, suffix: str = "", wait_s: float 
     def write() -> None:
         try:
             with get_client(sync_client=True) as client:
-                run = known or client.read_flow_run(flow_run_id)
-                tags = [t for t in run.tags or [] if not t.startswith(prefix)]
-                client.update_flow_run(flow_run_id, tags=[*tags, f"{prefix}{run.run_count}{suffix}"])
-            done.set()
+                attempt = (known or client.read_flow_run(flow_run_id)).run_count
+                tag = f"{prefix}{attempt}{suffix}"
+                if change_tags(client, flow_run_id, lambda tags: [*(t for t in tags if not t.startswith(prefix)), tag]):
+                    done.set()
         except Exception:
             pass
 

@@ -1,0 +1,56 @@
+"""e31.prefect_compat.tags: a tag change lost to a concurrent writer's overwrite is made again (real server)."""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.client.orchestration import get_client
+
+from e31.prefect_compat.tags import change_tags
+
+
+@flow
+def _tagged() -> None:
+    pass
+
+
+class _Overwritten:
+    """The sync client, with another writer's write landing right after our first one: that writer read the
+    tags before our write, so its list lacks our tag."""
+
+    def __init__(self, client, theirs: list[str]):
+        self.client, self.theirs, self.updates = client, theirs, 0
+
+    def read_flow_run(self, run_id):
+        return self.client.read_flow_run(run_id)
+
+    def update_flow_run(self, run_id, tags):
+        self.updates += 1
+        self.client.update_flow_run(run_id, tags=tags)
+        if self.updates == 1:
+            self.client.update_flow_run(run_id, tags=self.theirs)
+
+
+def test_a_tag_overwritten_by_another_writer_is_written_again_with_theirs_kept(prefect_api):
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(_tagged, tags=["e31-job", "e31-attempt:1"])
+        racing = _Overwritten(client, ["e31-job", "e31-attempt:1", "e31-staged"])
+        assert change_tags(racing, run.id, lambda tags: [*(t for t in tags if t != "e31-attempt:1"), "e31-attempt:2"])
+        assert sorted(client.read_flow_run(run.id).tags) == ["e31-attempt:2", "e31-job", "e31-staged"]
+        assert racing.updates == 2
+        # a change already made writes nothing
+        assert change_tags(racing, run.id, lambda tags: [*tags, "e31-job"]) and racing.updates == 2
+
+
+def test_a_change_that_keeps_being_overwritten_gives_up_after_its_tries_and_says_so(prefect_api):
+    class _AlwaysOverwritten(_Overwritten):
+        def update_flow_run(self, run_id, tags):
+            self.updates += 1
+            self.client.update_flow_run(run_id, tags=tags)
+            self.client.update_flow_run(run_id, tags=self.theirs)
+
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(_tagged, tags=["e31-job"])
+        racing = _AlwaysOverwritten(client, ["e31-job", "e31-staged"])
+        assert not change_tags(racing, run.id, lambda tags: [*tags, "e31-mine"], tries=3)
+        assert racing.updates == 3
+        assert sorted(client.read_flow_run(run.id).tags) == ["e31-job", "e31-staged"]
