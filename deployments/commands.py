@@ -112,9 +112,9 @@ class _NoServer(E31Error):
 
 
 def _server_clock() -> datetime:
-    """Now on the Prefect server's clock (:func:`e31.flows.queue.clock.server_now`, UTC): the scheduler's
+    """Now on the Prefect server's clock (:func:`e31.prefect_compat.clock.server_now`, UTC): the scheduler's
     lines are stamped as the runs' states and the workers' heartbeats they speak of."""
-    from e31.flows.queue.clock import server_now
+    from e31.prefect_compat.clock import server_now
 
     return datetime.fromtimestamp(server_now(), timezone.utc)
 
@@ -338,7 +338,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
     from e31.deployments.runwords import job_rows, node_lines, print_table
     from e31.deployments.scheduler import snapshot
     from e31.flows.placement import plan
-    from e31.flows.queue import LEASE_S, clock
+    from e31.flows.queue import LEASE_S
+    from e31.prefect_compat import clock
 
     pool = _pool(args.pool)
     _need_api()

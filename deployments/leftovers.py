@@ -32,7 +32,7 @@ import logging
 import os
 from typing import Any, Callable
 
-from e31.flows.queue.clock import server_now
+from e31.prefect_compat.clock import server_now
 from e31.flows.queue.handover import flow_process_alive
 from e31.flows.queue.mapping import NODE_VAR, placement_of
 

@@ -5,7 +5,7 @@ resources (each plans against what it read, before the other's placements
 land), so a second one waits as a standby.  Each scheduler keeps a Prefect
 Variable named after its pool (:func:`variable_name`) holding its identity,
 its ``--lease`` and its last beat (Unix seconds on the Prefect server's
-clock: :func:`e31.flows.queue.clock.server_now`), written every
+clock: :func:`e31.prefect_compat.clock.server_now`), written every
 :data:`BEAT_S` seconds by a thread of its own (:class:`Beats`: a long
 tick does not hold it back) and deleted when it stops.  A scheduler starting
 while another's beat is younger than :data:`STALE_S` seconds waits, and
@@ -44,7 +44,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from e31.flows.queue.clock import server_now
+from e31.prefect_compat.clock import server_now
 
 #: Seconds between a scheduler's beats.
 BEAT_S = 10.0
@@ -230,7 +230,7 @@ class Beats:
     ``send`` returning False stops it and sets :attr:`lost` (another
     scheduler's claim replaced this one's).  ``alive`` (optional): beat only
     while it answers True (the process's own loop still moves).  ``say``
-    (optional): told :class:`e31.flows.queue.clock.SkewNews` ``news`` (the
+    (optional): told :class:`e31.prefect_compat.clock.SkewNews` ``news`` (the
     clock's skew against the server's) after each beat."""
 
     def __init__(self, name: str, every_s: float, send: Callable[[Any], Any],
@@ -238,7 +238,7 @@ class Beats:
                  news: Any = None) -> None:
         import threading
 
-        from e31.flows.queue.clock import SkewNews
+        from e31.prefect_compat.clock import SkewNews
 
         self.name, self.every_s, self.send, self.alive, self.say = name, every_s, send, alive, say
         self.news = news if news is not None else SkewNews()
@@ -266,7 +266,7 @@ class Beats:
     def _run(self) -> None:
         from prefect.client.orchestration import get_client
 
-        from e31.flows.queue.clock import watch
+        from e31.prefect_compat.clock import watch
         from e31.prefect_compat.busy import retry_busy_quickly
 
         with retry_busy_quickly(get_client(sync_client=True)) as client:

@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 from e31.deployments import presence
 from e31.flows import queue
-from e31.flows.queue import clock, preempt
+from e31.flows.queue import preempt
+from e31.prefect_compat import clock
 from e31.flows.placement import plan
 from e31.specs.pool import PoolSpec
 
@@ -175,7 +176,7 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
     from e31.prefect_compat.busy import retry_busy_quickly
 
     with retry_busy_quickly(get_client(sync_client=True)) as client:
-        clock.measure(client)  # every server timestamp is judged on the server's clock (e31.flows.queue.clock)
+        clock.measure(client)  # every server timestamp is judged on the server's clock (e31.prefect_compat.clock)
         queue.ensure_pool(client, pool, E31Worker.get_default_base_job_template())
         me = presence.new_identity()
         presence.claim_pool(client, pool.name, me, lease_s, standby=not once)  # one scheduler per pool

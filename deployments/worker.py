@@ -175,9 +175,9 @@ class E31Worker(ProcessWorker):
         try:
             await super().setup()
             retry_busy_quickly(self._client)
-            from e31.flows.queue.clock import watch
+            from e31.prefect_compat.clock import watch
 
-            watch(self._client)  # the server's clock, from its answers (e31.flows.queue.clock)
+            watch(self._client)  # the server's clock, from its answers (e31.prefect_compat.clock)
             self._depth += 1
             if self._depth == 1:
                 await self._crash_orphans()
@@ -213,7 +213,7 @@ class E31Worker(ProcessWorker):
 
     def _beat_apart(self) -> None:
         """After the first heartbeat: say the clock's skew against the
-        server's (:func:`e31.flows.queue.clock.skew_line`) and start the
+        server's (:func:`e31.prefect_compat.clock.skew_line`) and start the
         heartbeat's own thread (:func:`e31.deployments.presence.worker_beats`),
         which beats while this worker's event loop has polled within
         :data:`e31.deployments.presence.LOOP_STUCK_S`."""
@@ -455,7 +455,7 @@ class E31Worker(ProcessWorker):
         asking the server, when :class:`PollGate` says this poll need not."""
         import time
 
-        from e31.flows.queue.clock import offset_s
+        from e31.prefect_compat.clock import offset_s
 
         self._loop_seen = time.monotonic()
         self._keep_warm()

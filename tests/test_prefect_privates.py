@@ -93,11 +93,11 @@ PRIVATES: tuple[Private, ...] = (
             "e31/prefect_compat/cancelgate.py: the run's state read before Cancelled is proposed"),
     Private("prefect.runner._workspace_runtime_bootstrap", "", "module",
             "flows/cancelhook.py: a hook run in Prefect's workspace process is told by its file name"),
-    # Prefect's API clients (e31/prefect_compat/busy.py: quick 503 resends; flows/queue/clock.py: server clock)
+    # Prefect's API clients (e31/prefect_compat/busy.py: quick 503 resends; e31/prefect_compat/clock.py: server clock)
     Private("prefect.client.orchestration:SyncPrefectClient", "_client", "attribute",
-            "e31/prefect_compat/busy.py, flows/queue/clock.py: the httpx client under Prefect's client"),
+            "e31/prefect_compat/busy.py, e31/prefect_compat/clock.py: the httpx client under Prefect's client"),
     Private("prefect.client.orchestration:PrefectClient", "_client", "attribute",
-            "e31/prefect_compat/busy.py, flows/queue/clock.py: the httpx client under Prefect's client"),
+            "e31/prefect_compat/busy.py, e31/prefect_compat/clock.py: the httpx client under Prefect's client"),
     Private("httpx:Client", "_transport", "attribute", "e31/prefect_compat/busy.py: wrapped by the quick 503 resends"),
     Private("httpx:Client", "_mounts", "attribute", "e31/prefect_compat/busy.py: proxies' transports, wrapped too"),
     Private("httpx:AsyncClient", "_transport", "attribute", "e31/prefect_compat/busy.py: wrapped by the quick resends"),

@@ -41,7 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from e31.flows.queue.clock import server_now
+from e31.prefect_compat.clock import server_now
 from e31.flows.queue.overheads import Overheads
 from e31.flows.queue.mapping import AHEAD_S, QUEUED, STAGED, work_pool_name
 from e31.specs.pool import PoolSpec

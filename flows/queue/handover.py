@@ -186,7 +186,7 @@ def fresh_crash(state: Any) -> bool:
 
     if state.type.value != "CRASHED":
         return False
-    from e31.flows.queue.clock import server_now
+    from e31.prefect_compat.clock import server_now
 
     now = server_now()  # the state's timestamp is the server's
     stamp = state.timestamp.timestamp() if state.timestamp is not None else now
@@ -272,7 +272,7 @@ def wait_for_run_ahead(ahead: str, stop: Callable[[], bool] = lambda: False,
 
         own = client = get_client(sync_client=True)
         client.__enter__()
-    from e31.flows.queue.clock import watch
+    from e31.prefect_compat.clock import watch
 
     watch(client)  # fresh_crash judges the run's state on the server's clock
     try:

@@ -14,7 +14,7 @@ from e31.flows.placement.reasons import ender_clause
 from e31.flows.queue.mapping import (AHEAD_S, DOWN, FENCED, PLACED, PLACEMENT_PARAM, QUEUED, PlacementRecord,
                                      placed_on, placed_tags, record_of)
 from e31.flows.queue.cache import RunCache
-from e31.flows.queue.clock import server_now
+from e31.prefect_compat.clock import server_now
 from e31.flows.queue.pace import (DEEP_AHEAD_S, ESTIMATE_EVERY_S, REASON_DEPTH, REASON_EVERY_S, WRITTEN, Written,
                                   start_moved)
 from e31.flows.queue.snapshot import Snapshot, retries_used, unstarted_of

@@ -10,7 +10,7 @@ from typing import Any
 from e31.flows.placement import Node, QueuedJob, RunningJob
 from e31.flows.placement.estimates import estimate_runtime
 from e31.flows.placement.text import gib
-from e31.flows.queue.clock import server_now
+from e31.prefect_compat.clock import server_now
 from e31.flows.queue.overheads import from_run
 from e31.flows.queue.cache import RunCache, read_active
 from e31.flows.queue.pace import WRITTEN

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from e31.flows.queue.clock import measure, offset_s, server_now
+from e31.prefect_compat.clock import measure, offset_s, server_now
 from e31.flows.queue.mapping import AHEAD_S, WORKER_TYPE, deployment_name, work_pool_name
 from e31.specs.pool import PoolSpec
 

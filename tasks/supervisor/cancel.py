@@ -74,8 +74,10 @@ def mark_work_ended(flow_run_id: str | None, at: float | None = None) -> bool:
         return False
     from datetime import datetime, timezone
 
-    when = datetime.fromtimestamp(time.time() if at is None else at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return _tag_attempt(flow_run_id, WORK_ENDED, f":{when}")
+    def stamp(t: float) -> str:
+        return f":{datetime.fromtimestamp(t, timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
+
+    return _tag_attempt(flow_run_id, WORK_ENDED, at=time.time() if at is None else at, stamp=stamp)
 
 
 #: The tag a flow process puts on its run at each checkpoint made durable, in a flow process an ``e31 worker``
@@ -93,7 +95,8 @@ def mark_checkpoint(flow_run_id: str | None, at: float | None = None) -> None:
     if flow_run_id is None or this_node() is None:
         return
     # read fresh: the tags its reader read last may lack this process's own newer tags (work started)
-    _tag_attempt(flow_run_id, CHECKPOINT_TAG, f":{time.time() if at is None else at:.0f}", wait_s=0.0, fresh=True)
+    _tag_attempt(flow_run_id, CHECKPOINT_TAG, wait_s=0.0, fresh=True, at=time.time() if at is None else at,
+                 stamp=lambda t: f":{t:.0f}")
 
 
 #: The tag a preempted run's flow process puts on its run before it ends: ``e31-lost-s:``, the attempt and the
@@ -112,13 +115,17 @@ def mark_lost(flow_run_id: str | None, lost_s: float) -> bool:
 
 
 def _tag_attempt(flow_run_id: str, prefix: str, suffix: str = "", wait_s: float = MARK_WAIT_S,
-                 fresh: bool = False) -> bool:
+                 fresh: bool = False, at: float | None = None, stamp: Callable[[float], str] | None = None) -> bool:
     """Tag the flow run ``prefix`` + its attempt (``run_count``) + ``suffix``, replacing an older tag of
     that prefix, from a daemon thread: the other tags as read just before the write, and read back after
     it (:func:`e31.prefect_compat.tags.change_tags`: a node's prefetcher and the scheduler write tags too).
     The attempt is the one its reader read last (<= 10 s ago), else read now (always, when ``fresh``).
+    A time ``at`` (this machine's Unix seconds) is written on the server's clock, as ``stamp(at + offset)``
+    after ``suffix``: the queue judges every time against the server's (:mod:`e31.prefect_compat.clock`;
+    the offset measured from the answers of this write's client), and a node's clock may be off by minutes.
     Waits at most ``wait_s`` seconds; returns whether it was written by then.  A write the API does not
     take is dropped: the manifest is still the job's word."""
+    from e31.prefect_compat.clock import measure
     from e31.prefect_compat.tags import change_tags
 
     done = threading.Event()
@@ -130,6 +137,8 @@ def _tag_attempt(flow_run_id: str, prefix: str, suffix: str = "", wait_s: float 
             with get_client(sync_client=True) as client:
                 attempt = (known or client.read_flow_run(flow_run_id)).run_count
                 tag = f"{prefix}{attempt}{suffix}"
+                if at is not None and stamp is not None:
+                    tag += stamp(at + (measure(client) or 0.0))
                 if change_tags(client, flow_run_id, lambda tags: [*(t for t in tags if not t.startswith(prefix)), tag]):
                     done.set()
         except Exception:

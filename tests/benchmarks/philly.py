@@ -13,7 +13,7 @@ What the replay keeps of each job is what the trace says: its submission time, i
 time.  What it adds: every job is single-node (jobs over ``max_gpus`` GPUs are left out and counted),
 asks for 4 CPUs and 32 GiB of memory per GPU (the trace has neither), and a run shorter than 30 s is
 counted as 30 s (the restart cost of a preempted job is of that order).  The pool's size is chosen
-so that the window of jobs offers the asked load: ``nodes = ceil(GPU-seconds / (span * 8 * load))``.
+so that the window of jobs offers the asked load (:func:`nodes_for_load`).
 """
 
 from __future__ import annotations
@@ -55,8 +55,10 @@ def jobs(path: Path, count: int, skip: int = 0, max_gpus: int = 8) -> tuple[list
 
 
 def nodes_for_load(window: list[tuple[float, int, float, str]], load: float, gpus_per_node: int = 8) -> int:
-    """The number of nodes of ``gpus_per_node`` GPUs on which ``window`` offers ``load``: its
-    GPU-seconds over (its span from the first submission to the last, times the pool's GPUs)."""
-    span = max(r[0] for r in window) - min(r[0] for r in window)
-    work = sum(g * run for _, g, run, _ in window)
-    return max(1, math.ceil(work / (max(span, 1.0) * gpus_per_node * load)))
+    """The number of nodes of ``gpus_per_node`` GPUs on which ``window`` offers ``load``: the GPU-seconds
+    its jobs ask for between the first submission and the last (a job's run counted up to the last
+    submission: the trace's runs of weeks would otherwise size the pool for work that falls after the
+    window), over that span times the pool's GPUs."""
+    first, last = min(r[0] for r in window), max(r[0] for r in window)
+    work = sum(g * min(run, last - at) for at, g, run, _ in window)
+    return max(1, math.ceil(work / (max(last - first, 1.0) * gpus_per_node * load)))

@@ -129,7 +129,7 @@ def test_the_server_s_clock_is_read_from_the_date_of_its_answers():
     moment early crosses them, and none within ``RESOLUTION_S``.  No
     ``Date``, a bad one or a slow answer (over ``SLOW_S``) is no sample.
     The skew line beyond ``SKEW_WARN_S``."""
-    from e31.flows.queue.clock import SKEW_WARN_S, SLOW_S, ServerClock, skew_line
+    from e31.prefect_compat.clock import SKEW_WARN_S, SLOW_S, ServerClock, skew_line
 
     clock = ServerClock()
     assert clock.offset() is None
