@@ -6,6 +6,9 @@
       - {name: a100, count: 125, gpus: 8, gpu_type: A100, cpus: 64, memory: 512GiB}
       - {name: cpu-big, cpus: 192, memory: 1.5TiB}
     preemption: {min_run: 10m, max_per_day: 4}   # optional
+    tenants:                                      # optional: the teams sharing it (e31.specs.tenants)
+      - {name: vision, quota: {gpus: 16}, weight: 2, members: [alice]}
+    fair_share: {half_life: 7d}                   # optional
 
 A node line with ``count: N`` (N > 1) stands for N identical nodes named
 ``NAME-1`` ... ``NAME-N``; with ``count: 1`` (the default) the node is named
@@ -27,6 +30,7 @@ from .errors import DOCUMENT, Problem, SpecError, short_repr
 from .fields import SAFE_NAME, GpuType, Grace, JobName, Memory, valid_job_name
 from .friendly import Vocabulary, register_document
 from .loader import _parse_text, _read
+from .tenants import DEFAULT_TENANT, FairShare, Resources, TenantSpec, tenant_rules
 
 __all__ = ["MAX_NODES", "NodeSpec", "PoolSpec", "PreemptionPolicy", "load_pool", "parse_pool", "pool_json_schema"]
 
@@ -110,6 +114,11 @@ class PoolSpec(SpecModel):
     nodes: list[NodeSpec] = Field(min_length=1, description="Node lines; each may stand for several identical nodes.")
     preemption: PreemptionPolicy = Field(default_factory=PreemptionPolicy, title="Preemption", description=(
         "When a job that may be preempted (request.preemptible) gives way to one with priority over it."))
+    tenants: list[TenantSpec] = Field(default_factory=list, max_length=10_000, description=(
+        "The teams sharing the pool: each with a quota it is guaranteed, a weight (its fair share), a borrow "
+        "limit and its members. None declared: every job is tenant default's."))
+    fair_share: FairShare = Field(default_factory=FairShare, title="Fair share", description=(
+        "How tenants' past usage is weighed: it counts half as much after half_life."))
 
     @classmethod
     def _rules(cls, data: Mapping[str, Any]) -> list[RuleError]:
@@ -136,21 +145,66 @@ class PoolSpec(SpecModel):
         if total > MAX_NODES:
             err = spec_error(f"must declare at most {MAX_NODES:,} nodes", got=f"{total:,} with counts expanded")
             problems.append((("nodes",), err, None))
+        problems += [(("tenants", *loc), err, value) for loc, err, value in
+                     tenant_rules(data.get("tenants"), _totals(nodes))]
         return problems
+
+    def tenant(self, name: str) -> TenantSpec | None:
+        """The tenant ``name`` (``default``, when not declared: no quota, weight 1), or None: the pool has
+        no such tenant."""
+        found = next((t for t in self.tenants if t.name == name), None)
+        if found is None and name == DEFAULT_TENANT:
+            return TenantSpec(name=DEFAULT_TENANT)
+        return found
+
+    def tenant_of(self, user: str) -> str:
+        """The tenant whose ``members`` include the OS user ``user``, else ``default``."""
+        return next((t.name for t in self.tenants if user in t.members), DEFAULT_TENANT)
+
+    def tenant_names(self) -> list[str]:
+        """Every tenant's name, ``default`` included (declared or not)."""
+        names = [t.name for t in self.tenants]
+        return names if DEFAULT_TENANT in names else [*names, DEFAULT_TENANT]
 
     def node_lines(self) -> list[tuple[str, NodeSpec]]:
         """Every node as ``(name, its line)``, in declaration order, ``count`` expanded."""
         return [(name, line) for line in self.nodes for name in line.names()]
 
 
+def _totals(nodes: Any) -> tuple[int, int, int] | None:
+    """The pool's GPUs, CPUs and memory bytes from its raw node lines, or None when a line is not valid
+    (its own errors say so; the tenants' quotas are then not checked against it)."""
+    from .units import parse_memory
+
+    sums = [0, 0, 0]
+    for line in nodes:
+        if not isinstance(line, Mapping):
+            return None
+        count, gpus, cpus = line.get("count", 1), line.get("gpus", 0), line.get("cpus")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (count, gpus, cpus)):
+            return None
+        try:
+            memory = parse_memory(line.get("memory"))
+        except (ValueError, TypeError):
+            return None
+        sums = [sums[0] + count * gpus, sums[1] + count * cpus, sums[2] + count * memory]
+    return sums[0], sums[1], sums[2]
+
+
 _POOL_WORDS = Vocabulary(
-    models={(): PoolSpec, ("nodes",): NodeSpec, ("preemption",): PreemptionPolicy},
+    models={(): PoolSpec, ("nodes",): NodeSpec, ("preemption",): PreemptionPolicy, ("tenants",): TenantSpec,
+            ("tenants", "quota"): Resources, ("tenants", "borrow_limit"): Resources, ("fair_share",): FairShare},
     add={("nodes",): "add e.g. nodes: [{name: gpu, count: 4, gpus: 8, cpus: 64, memory: 512GiB}]",
          ("nodes", "name"): "add e.g. name: gpu",
          ("nodes", "cpus"): "add e.g. cpus: 64",
-         ("nodes", "memory"): "add e.g. memory: 512GiB"},
-    mapping_of={(): "pool_version, name, nodes, preemption", ("preemption",): "min_run, max_per_day", ("nodes",): "name, count, gpus, gpu_type, cpus, memory, "
-                                                                "scratch_budget"},
+         ("nodes", "memory"): "add e.g. memory: 512GiB",
+         ("tenants", "name"): "add e.g. name: vision"},
+    mapping_of={(): "pool_version, name, nodes, preemption, tenants, fair_share",
+                ("preemption",): "min_run, max_per_day",
+                ("nodes",): "name, count, gpus, gpu_type, cpus, memory, scratch_budget",
+                ("tenants",): "name, quota, weight, borrow_limit, members",
+                ("tenants", "quota"): "gpus, cpus, memory", ("tenants", "borrow_limit"): "gpus, cpus, memory",
+                ("fair_share",): "half_life"},
 )
 
 register_document(_POOL_WORDS, "pool", "<pool>")  # PoolSpec(...) from Python raises SpecError worded as load_pool's

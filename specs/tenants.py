@@ -1,0 +1,148 @@
+"""Tenants of a pool: the teams that share it, each with a quota, a weight and a borrow limit.
+
+    tenants:
+      - name: vision
+        quota: {gpus: 16, cpus: 128, memory: 1TiB}   # guaranteed to it (nominal quota)
+        weight: 2                                    # its fair share, relative to the others'
+        borrow_limit: {gpus: 8}                      # idle capacity beyond its quota it may use (default: any)
+        members: [alice, bob]                        # OS user names whose jobs are its by default
+      - name: nlp
+        quota: {gpus: 8}
+    fair_share: {half_life: 7d}
+
+A quota is what a tenant is guaranteed: its jobs within it are admitted before any tenant's borrowing,
+and capacity lent to others beyond their quotas is taken back for it by preemption (Kueue's ClusterQueue
+``nominalQuota``, ``borrowingLimit`` and reclaim within a cohort play the same parts).  Among tenants,
+the queue orders by fair share: each tenant's dominant resource share of its usage decayed with
+``fair_share.half_life`` (Slurm's ``PriorityDecayHalfLife``, default 7 days), over its weight.  A job of
+a user who is no tenant's member, submitted without ``--tenant``, is tenant ``default``'s: declared or
+not (undeclared, it has no quota and a weight of 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from pydantic import Field, StrictInt
+
+from .base import RuleError, SpecModel, spec_error
+from .errors import short_repr
+from .fields import JobName
+from .quantities import Duration, Memory
+
+__all__ = ["DEFAULT_TENANT", "FairShare", "Resources", "TenantSpec", "tenant_rules"]
+
+#: The tenant of a job whose submitter is no tenant's member and who named none.
+DEFAULT_TENANT = "default"
+
+
+class Resources(SpecModel):
+    """An amount of compute: ``gpus`` (whole devices), ``cpus`` (cores), ``memory`` (BYTES; ``1TiB`` etc.
+    accepted); a field left out is 0.  Raises (on validation) :class:`e31.specs.errors.SpecError`: a
+    negative count, an unreadable size."""
+
+    gpus: StrictInt = Field(0, ge=0, le=10_000_000, description="GPU devices.")
+    cpus: StrictInt = Field(0, ge=0, le=100_000_000, description="CPU cores.")
+    memory: Memory | None = Field(None, description="Memory in bytes, or a size such as 1TiB (left out: 0).")
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        """``(gpus, cpus, memory bytes)``."""
+        return self.gpus, self.cpus, self.memory or 0
+
+
+class FairShare(SpecModel):
+    """How the queue weighs tenants' past usage: ``half_life`` (a duration, default 7 days), after which
+    a GPU-hour used counts half as much (Slurm's ``PriorityDecayHalfLife``)."""
+
+    half_life: Duration = Field(timedelta(days=7), description=(
+        "Past usage counts half as much after this long, e.g. 7d (Slurm's PriorityDecayHalfLife)."))
+
+
+class TenantSpec(SpecModel):
+    """One tenant of a pool (see the module docstring).  Raises (on validation)
+    :class:`e31.specs.errors.SpecError`: a bad name, a weight of 0 or less, a bad quota or limit."""
+
+    name: JobName = Field(description="Tenant name: 1-63 letters, digits, '.', '_', '-' (a job's --tenant).")
+    quota: Resources = Field(default_factory=Resources, description=(
+        "The compute guaranteed to the tenant: its jobs within it start before any tenant's borrowing, and "
+        "capacity lent to others is taken back for them by preemption."))
+    weight: float = Field(1.0, gt=0, le=1_000_000, description="The tenant's fair share, relative to the others' weights.")
+    borrow_limit: Resources | None = Field(None, description=(
+        "How much idle capacity beyond its quota the tenant may use (left out: any)."))
+    members: list[JobName] = Field(default_factory=list, description=(
+        "OS user names whose submissions are the tenant's when they name no --tenant."))
+
+
+def tenant_rules(tenants: Any, totals: tuple[int, int, int] | None) -> list[RuleError]:
+    """The pool-level rules on ``tenants`` (the raw ``tenants`` list): unique names, a member in one
+    tenant only, and quotas that the pool can hold, each alone and together (``totals``: the pool's
+    GPUs, CPUs and memory bytes; None: not checked).  Each problem with its field path."""
+    if not isinstance(tenants, list):
+        return []
+    problems: list[RuleError] = []
+    named: dict[str, int] = {}
+    member_of: dict[str, int] = {}
+    sums = [0, 0, 0]
+    for index, tenant in enumerate(tenants):
+        if not isinstance(tenant, Mapping):
+            continue
+        name = tenant.get("name")
+        if isinstance(name, str):
+            if name in named:
+                problems.append(((index, "name"), spec_error(
+                    f"tenant {name!r} is also declared by tenants[{named[name]}]", fix="give each tenant its own name",
+                    got=short_repr(name)), name))
+            named.setdefault(name, index)
+        members = tenant.get("members")
+        for m_index, member in enumerate(members if isinstance(members, list) else []):
+            if not isinstance(member, str):
+                continue
+            if member in member_of and member_of[member] != index:
+                other = tenants[member_of[member]]
+                problems.append(((index, "members", m_index), spec_error(
+                    f"user {member!r} is also a member of tenant {other.get('name')!r} (tenants[{member_of[member]}])",
+                    fix="list each user in one tenant (a job names another with --tenant)", got=short_repr(member)),
+                    member))
+            member_of.setdefault(member, index)
+        quota = tenant.get("quota")
+        if totals is None or not isinstance(quota, Mapping):
+            continue
+        for k, key in enumerate(("gpus", "cpus", "memory")):
+            value = _amount(quota.get(key), key)
+            if value is None:
+                continue
+            sums[k] += value
+            if value > totals[k]:
+                problems.append(((index, "quota", key), spec_error(
+                    f"is more than the pool has ({_say(totals[k], key)})", fix="lower it, or add nodes",
+                    got=_say(value, key)), quota.get(key)))
+    if totals is not None:
+        for k, key in enumerate(("gpus", "cpus", "memory")):
+            if sums[k] > totals[k] and not any(p[0][1:] == ("quota", key) for p in problems):
+                problems.append(((), spec_error(
+                    f"the tenants' quotas of {key} add up to more than the pool's {_say(totals[k], key)}",
+                    fix="lower the quotas: a quota is a guarantee, and the pool must hold all of them at once",
+                    got=_say(sums[k], key)), None))
+    return problems
+
+
+def _amount(value: Any, key: str) -> int | None:
+    """A quota field's amount (bytes for memory), or None when it is not valid (its own error says so)."""
+    if key != "memory":
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    from .units import parse_memory
+
+    try:
+        return parse_memory(value) if value is not None else None
+    except (ValueError, TypeError):
+        return None
+
+
+def _say(value: int, key: str) -> str:
+    if key != "memory":
+        return f"{value:,}"
+    from .units import format_memory
+
+    return format_memory(value)
