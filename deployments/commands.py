@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 import signal
 import sys
@@ -65,6 +66,8 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     m.add_argument("--pool", required=True, help="pool file (YAML)")
     m.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a field by dotted path")
+    m.add_argument("--tenant", help="the pool's tenant the job is for (default: the tenant whose members include "
+                                    "you, else default)")
     q = sub.add_parser("queue", help="list a pool's queued and running jobs",
                        description="every queued and running job: node, devices, planned start, reason")
     q.add_argument("--pool", required=True, help="pool file (YAML)")
@@ -306,16 +309,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from e31.flows.checks import SpecChecks
     from e31.flows.deploy import job_tags, parameters
     from e31.flows.queue import submit
+    from e31.flows.queue.tenancy import TENANT_TAG, choose_tenant
     from e31.specs import load_spec
     from e31.prefect_compat.busy import retry_busy_quickly
 
     pool = _pool(args.pool)
+    tenant = choose_tenant(pool, args.tenant, getpass.getuser())
     _need_api()
     checks = SpecChecks(code_dir=str(Path(args.spec).resolve().parent))
     spec = load_spec(args.spec, overrides=args.overrides, checks=checks)
     with retry_busy_quickly(get_client(sync_client=True)) as client:
-        run = submit(client, pool, parameters(spec, str(Path(args.spec).resolve().parent)), job_tags(spec),
-                     E31Worker.get_default_base_job_template())
+        run = submit(client, pool, parameters(spec, str(Path(args.spec).resolve().parent)),
+                     [*job_tags(spec), TENANT_TAG + tenant], E31Worker.get_default_base_job_template())
         snap = snapshot(client, pool)
         from e31.flows.placement import plan
 
@@ -324,7 +329,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             state = client.read_flow_run(run.id).state
             line = f"{state.name}: {state.message or ''}".rstrip(": ")
         note = scheduler_note(client, pool.name, args.pool)
-    print(f"submitted {spec.name}: flow run {run.id}")
+    print(f"submitted {spec.name} for tenant {tenant}: flow run {run.id}")
     print(f"  {line}")
     if note:
         print(f"e31: {note}", file=sys.stderr)

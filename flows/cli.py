@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from e31 import __version__
-from e31.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK, E31Error
+from e31.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK, E31Error, InvalidInput
 from e31.flows.checks import SpecChecks
 from e31.specs import JobSpec, SpecError, json_schema, load_spec, mask_url
 from e31.tasks import settings
@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     deploy.add_argument("--cron", help='cron schedule, e.g. "0 2 * * *" (none: runs only when triggered)')
     deploy.add_argument("--timezone", help="IANA timezone of the --cron schedule, e.g. Europe/London (default UTC)")
     deploy.add_argument("--name", help="deployment name (default: the job's name)")
+    deploy.add_argument("--tenant", help="with an E31 pool file: the pool's tenant the runs are for (default: the "
+                                         "tenant whose members include you, else default)")
     _add_set(deploy)
     sub.add_parser("schema", help="print the JSON Schema of job specs", description="print the JSON Schema of job specs")
     ret = sub.add_parser("return", help="deliver the output a run could not return (kept in scratch)",
@@ -221,16 +223,24 @@ def cmd_deploy(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> int
         return EXIT_FAILED
     timezone = args.timezone or "UTC"
     name = args.name or spec.name
-    pool = args.pool
+    pool, tags = args.pool, ()
     try:
         if pool.endswith((".yaml", ".yml")) or Path(pool).is_file():  # a pool file, as the queue's commands take
+            import getpass
+
             from e31.flows.queue.mapping import work_pool_name
+            from e31.flows.queue.tenancy import TENANT_TAG, choose_tenant
             from e31.specs.pool import load_pool
 
-            pool = work_pool_name(load_pool(pool))
+            declared = load_pool(pool)
+            tags = (TENANT_TAG + choose_tenant(declared, args.tenant, getpass.getuser()),)
+            pool = work_pool_name(declared)
+        elif args.tenant is not None:
+            raise InvalidInput(f"--tenant needs an E31 pool file as --pool (got the work pool {pool!r}): tenants are "
+                               "declared in a pool file")
         earlier = existing_schedules(f"{FLOW_NAME}/{name}")
         deployment_id = deploy_spec(spec, str(Path(args.spec).resolve().parent), pool=pool, cron=args.cron,
-                                    timezone=timezone if args.cron else None, name=args.name)
+                                    timezone=timezone if args.cron else None, name=args.name, tags=tags)
     except E31Error as exc:
         print(f"e31: deploy refused: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -242,7 +252,8 @@ def cmd_deploy(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> int
     schedule = f"cron {args.cron!r} in {timezone}" if args.cron else "no schedule"
     if not args.cron and earlier:
         schedule += f" (its earlier schedule {', '.join(earlier)} was removed; pass --cron to keep one)"
-    print(f"deployed {FLOW_NAME}/{name} ({deployment_id}) on pool {pool}, {schedule}")
+    tenant = f" for tenant {tags[0].split(':', 1)[1]}" if tags else ""
+    print(f"deployed {FLOW_NAME}/{name} ({deployment_id}) on pool {pool}{tenant}, {schedule}")
     return EXIT_OK
 
 

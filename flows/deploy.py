@@ -62,14 +62,14 @@ def schedules(cron: str | None, timezone: str | None) -> list | None:
 
 def deploy_spec(
     spec: JobSpec, code_dir: str | None, *, pool: str, cron: str | None = None, timezone: str | None = None,
-    name: str | None = None,
+    name: str | None = None, tags: tuple[str, ...] = (),
 ) -> str:
     """Create or update the deployment ``e31-job/<name or spec.name>`` on the
     work pool ``pool``; returns its id.  Its entrypoint is the module path
     :data:`ENTRYPOINT`: every worker of the pool runs the ``e31`` installed
     in its own environment, from any working folder.  ``code_dir`` (work
     code beside the spec) must be visible to the workers (one machine, or a
-    shared filesystem)."""
+    shared filesystem).  ``tags``: more tags for its runs (a pool's tenant, ``tenant:NAME``)."""
     from prefect.deployments.runner import RunnerDeployment
 
     from e31.flows.job import run_job
@@ -79,7 +79,7 @@ def deploy_spec(
         name=name or spec.name,
         parameters=parameters(spec, code_dir),
         schedules=schedules(cron, timezone),
-        tags=job_tags(spec),
+        tags=[*job_tags(spec), *tags],
         description=f"E31 job {spec.name}: {spec.work.kind}, output {spec.output.kind}",
         work_pool_name=pool,
     )
