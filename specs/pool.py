@@ -30,7 +30,7 @@ from .errors import DOCUMENT, Problem, SpecError, short_repr
 from .fields import SAFE_NAME, GpuType, Grace, JobName, Memory, valid_job_name
 from .friendly import Vocabulary, register_document
 from .loader import _parse_text, _read
-from .tenants import DEFAULT_TENANT, FairShare, Resources, TenantSpec, tenant_rules
+from .tenants import DEFAULT_TENANT, BorrowLimit, FairShare, Resources, TenantSpec, tenant_rules
 
 __all__ = ["MAX_NODES", "NodeSpec", "PoolSpec", "PreemptionPolicy", "load_pool", "parse_pool", "pool_json_schema"]
 
@@ -193,7 +193,7 @@ def _totals(nodes: Any) -> tuple[int, int, int] | None:
 
 _POOL_WORDS = Vocabulary(
     models={(): PoolSpec, ("nodes",): NodeSpec, ("preemption",): PreemptionPolicy, ("tenants",): TenantSpec,
-            ("tenants", "quota"): Resources, ("tenants", "borrow_limit"): Resources, ("fair_share",): FairShare},
+            ("tenants", "quota"): Resources, ("tenants", "borrow_limit"): BorrowLimit, ("fair_share",): FairShare},
     add={("nodes",): "add e.g. nodes: [{name: gpu, count: 4, gpus: 8, cpus: 64, memory: 512GiB}]",
          ("nodes", "name"): "add e.g. name: gpu",
          ("nodes", "cpus"): "add e.g. cpus: 64",

@@ -4,7 +4,7 @@
       - name: vision
         quota: {gpus: 16, cpus: 128, memory: 1TiB}   # guaranteed to it (nominal quota)
         weight: 2                                    # its fair share, relative to the others'
-        borrow_limit: {gpus: 8}                      # idle capacity beyond its quota it may use (default: any)
+        borrow_limit: {gpus: 8}                      # beyond its quota it may use (a resource left out: any)
         members: [alice, bob]                        # OS user names whose jobs are its by default
       - name: nlp
         quota: {gpus: 8}
@@ -32,7 +32,7 @@ from .errors import short_repr
 from .fields import JobName
 from .quantities import Duration, Memory
 
-__all__ = ["DEFAULT_TENANT", "FairShare", "Resources", "TenantSpec", "tenant_rules"]
+__all__ = ["DEFAULT_TENANT", "BorrowLimit", "FairShare", "Resources", "TenantSpec", "tenant_rules"]
 
 #: The tenant of a job whose submitter is no tenant's member and who named none.
 DEFAULT_TENANT = "default"
@@ -52,6 +52,22 @@ class Resources(SpecModel):
         return self.gpus, self.cpus, self.memory or 0
 
 
+class BorrowLimit(SpecModel):
+    """How much beyond its quota a tenant may hold: ``gpus``, ``cpus``, ``memory`` (BYTES); a field left
+    out is no limit on that resource (Kueue's ``borrowingLimit`` reads so).  Raises (on validation)
+    :class:`e31.specs.errors.SpecError`: a negative count, an unreadable size."""
+
+    gpus: StrictInt | None = Field(None, ge=0, le=10_000_000, description="GPU devices (left out: no limit).")
+    cpus: StrictInt | None = Field(None, ge=0, le=100_000_000, description="CPU cores (left out: no limit).")
+    memory: Memory | None = Field(None, description="Memory in bytes, or a size such as 1TiB (left out: no limit).")
+
+    def as_tuple(self) -> tuple[float, float, float]:
+        """``(gpus, cpus, memory bytes)``, ``inf`` for a resource without a limit."""
+        inf = float("inf")
+        return (inf if self.gpus is None else float(self.gpus), inf if self.cpus is None else float(self.cpus),
+                inf if self.memory is None else float(self.memory))
+
+
 class FairShare(SpecModel):
     """How the queue weighs tenants' past usage: ``half_life`` (a duration, default 7 days), after which
     a GPU-hour used counts half as much (Slurm's ``PriorityDecayHalfLife``)."""
@@ -69,8 +85,8 @@ class TenantSpec(SpecModel):
         "The compute guaranteed to the tenant: its jobs within it start before any tenant's borrowing, and "
         "capacity lent to others is taken back for them by preemption."))
     weight: float = Field(1.0, gt=0, le=1_000_000, description="The tenant's fair share, relative to the others' weights.")
-    borrow_limit: Resources | None = Field(None, description=(
-        "How much idle capacity beyond its quota the tenant may use (left out: any)."))
+    borrow_limit: BorrowLimit | None = Field(None, description=(
+        "How much idle capacity beyond its quota the tenant may use, per resource (left out: any)."))
     members: list[JobName] = Field(default_factory=list, description=(
         "OS user names whose submissions are the tenant's when they name no --tenant."))
 

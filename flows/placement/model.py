@@ -67,7 +67,8 @@ class RunningJob:
     (resource-seconds it received in earlier runs: GPU-seconds, CPU-seconds
     for a job of no GPU; :mod:`.attained`), ``no_duration`` (it declared no
     duration: ordered by attained service, it may have started in room
-    reserved for another job, :mod:`.attained`)."""
+    reserved for another job, :mod:`.attained`), ``tenant`` (the pool's tenant
+    it runs for, :mod:`.tenants`)."""
 
     id: str
     node: str
@@ -82,6 +83,7 @@ class RunningJob:
     preemptions: tuple[float, ...] = ()
     attained_s: float = 0.0
     no_duration: bool = False
+    tenant: str = "default"
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,7 @@ class QueuedJob:
             CPU-seconds for a job of no GPU), 0 before its first start.
         waiting_since: when its current wait began (Unix seconds): its last
             preemption; None: ``submitted``.
+        tenant: the pool's tenant it was submitted for (:mod:`.tenants`).
     """
 
     id: str
@@ -153,6 +156,7 @@ class QueuedJob:
     preemptible: bool = False
     attained_s: float = 0.0
     waiting_since: float | None = None
+    tenant: str = "default"
 
     @property
     def work_deadline(self) -> float | None:

@@ -102,7 +102,9 @@ from .capacity import Capacity, devices_of, lowest_bits
 from .model import Node, PlanInputError, Placement, QueuedJob, RunningJob
 from .policy import Promotion, Ranked, at_risk, order, overdue
 from .reasons import Explainer, start_reason
+from .text import clock
 from .refusals import deadline_refusal, eligible_nodes, fit_refusal
+from .tenants import BorrowLimits, Tenancy, amount_words, bounded, exceeds_limit, fair_order
 
 __all__ = ["AGE_LIMIT_S", "DEPTH", "POLICIES", "plan"]
 
@@ -124,10 +126,12 @@ _Slot = tuple[float, int, int, bool]  # start, node index, device mask, reserved
 
 
 def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
-           promoted: dict[str, Promotion]) -> dict[str, _Slot]:
+           promoted: dict[str, Promotion], limits: BorrowLimits | None = None) -> dict[str, _Slot]:
     """One pass: reservations for the first ``depth`` waiting jobs, backfilling for the rest.
 
-    A job ranked after a reservation starts now only on its limit (:func:`_behind`)."""
+    A job ranked after a reservation starts now only on its limit (:func:`_behind`).  With
+    ``limits``, a job that would take its tenant past its borrow limit starts no earlier than
+    :meth:`.tenants.BorrowLimits.after` says, a reservation there."""
     now = cap.now
     slots: dict[str, _Slot] = {}
     held: dict[str, float] = {}  # job id -> seconds its slot holds the node (estimate or limit)
@@ -160,6 +164,14 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
             deep.append(j)
             blocked = True  # first come, first served: nothing after it starts before it
             continue
+        if limits is not None and start <= now:
+            if limits.allows(job):
+                limits.take(job)
+            else:  # its tenant's borrow limit: no earlier than enough of its tenant's running jobs end
+                start, i, mask = cap.earliest(j.req, j.eligible, max(limits.after(job), floor if fcfs else now),
+                                              preferred=j.preferred)
+                length = j.req[3]
+                limits.hold(job)
         devices = lowest_bits(mask, job.gpus)
         cap.reserve(i, start, start + length, devices, job.cpus, job.memory, job.id)
         slots[job.id], held[job.id] = (start, i, devices, True), length
@@ -169,7 +181,7 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
         if fcfs:
             floor = start
     if late and not fcfs:
-        deep = _fill_now(cap, ranked, slots, held, deep)
+        deep = _fill_now(cap, ranked, slots, held, deep, limits)
     tails = sorted((cap.tail(i), i) for i in range(len(cap.nodes)))
     for j in deep:  # estimates only: after every reservation on the soonest-free eligible node
         pos = next(p for p, (_, i) in enumerate(tails) if j.eligible is None or j.eligible[i])
@@ -201,7 +213,7 @@ def _behind(cap: Capacity, j: Ranked, after: float) -> tuple[float, int, int, fl
 
 
 def _fill_now(cap: Capacity, ranked: list[Ranked], slots: dict[str, _Slot], held: dict[str, float],
-              deep: list[Ranked]) -> list[Ranked]:
+              deep: list[Ranked], limits: BorrowLimits | None = None) -> list[Ranked]:
     """Keep the plan work-conserving after a promoted deadline job was placed no earlier than
     needed: a waiting job that fits now, around every other placement (reservations ahead of it
     on its limit, as in :func:`_place`), starts now.  Without this a node the deferred job leaves
@@ -220,6 +232,10 @@ def _fill_now(cap: Capacity, ranked: list[Ranked], slots: dict[str, _Slot], held
                 continue
             if slot is None and job.id not in waiting:
                 continue
+            if limits is not None and not limits.allows(job):  # its tenant's borrow limit: it stays where it is
+                ahead = ahead or slot is not None
+                limits.hold(job)
+                continue
             size = j.hard if ahead else j.req
             if slot is not None:
                 start, i, devices, _ = slot
@@ -232,6 +248,8 @@ def _fill_now(cap: Capacity, ranked: list[Ranked], slots: dict[str, _Slot], held
                 slots[job.id], held[job.id] = (now, i, devices, True), size[3]
                 waiting.discard(job.id)
                 moved = True
+                if limits is not None:
+                    limits.take(job)
                 continue
             if slot is not None:
                 cap.reserve(i, start, start + held[job.id], devices, job.cpus, job.memory, job.id)
@@ -241,13 +259,16 @@ def _fill_now(cap: Capacity, ranked: list[Ranked], slots: dict[str, _Slot], held
 
 def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[QueuedJob], now: float,
          policy: str = "e31", *, depth: int | None = None, age_limit_s: float = AGE_LIMIT_S,
-         explain: bool = True) -> list[Placement]:
+         explain: bool = True, tenancy: Tenancy | None = None) -> list[Placement]:
     """Plan ``queued`` onto ``nodes`` at ``now`` (Unix seconds), around the ``running`` jobs.
 
     ``policy``: ``e31``, ``fcfs``, ``easy`` or ``edf`` (module docstring).  ``depth``: how many
     waiting jobs get reservations (default :data:`DEPTH`; ``easy`` and ``edf`` always 1).
     ``age_limit_s``: the ageing bound of ``e31`` in seconds.  ``explain=False`` leaves the reasons of
     started and waiting jobs empty (a simulation needs only the decisions; they are the same).
+    ``tenancy``: the pool's tenants (:mod:`.tenants`): jobs within their tenant's quota first, then
+    borrowing ones, each by fair share; borrow limits held (None, or tenants that do not matter:
+    the policy's order alone).
 
     Returns one :class:`Placement` per queued job: the planned ones in priority order, then the
     refused ones in the order given.
@@ -265,6 +286,7 @@ def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[
     if len(set(ids)) != len(ids):
         raise PlanInputError("two running or queued jobs have the same id")
     now = float(now)
+    tenants = tenancy is not None and tenancy.matters()
     where = {node.name: i for i, node in enumerate(nodes)}
     cap = Capacity(nodes, running, now)
     jobs, refused, shapes = [], [], {}
@@ -273,6 +295,10 @@ def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[
         if key not in shapes:
             shapes[key] = eligible_nodes(nodes, job)
         why = fit_refusal(nodes, job, shapes[key]) or deadline_refusal(job, now)
+        if not why and tenants and exceeds_limit(job, tenancy):
+            t = tenancy.of(job.tenant)
+            why = (f"asks for more than tenant {job.tenant} may hold (its quota and borrow_limit: "
+                   f"{amount_words(bounded(t))}); ask for less, or raise the tenant's borrow_limit in the pool file")
         if why:
             refused.append(Placement(job.id, "refuse", None, (), job.cpus, None, None, why, reserved=False))
         else:
@@ -282,7 +308,11 @@ def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[
         if attempt:
             cap = Capacity(nodes, running, now)
         ranked = order(policy, jobs, now, promoted)
-        slots = _place(cap, ranked, depth, policy == "fcfs", promoted)
+        if tenants:
+            positions, _ = fair_order([r.job for r in ranked], running, tenancy)
+            ranked = [ranked[k] for k in positions]
+        limits = BorrowLimits(running, tenancy, now) if tenants else None
+        slots = _place(cap, ranked, depth, policy == "fcfs", promoted, limits)
         if policy != "e31" or attempt == _PASSES - 1:
             break
         risky = at_risk(jobs, {k: v[0] for k, v in slots.items()}, now, age_limit_s, promoted)
@@ -290,14 +320,21 @@ def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[
             break
         promoted.update(risky)
     explainer = Explainer(cap, depth, policy == "fcfs") if explain else None
-    return [_placement(j, slots[j.job.id], cap, explainer) for j in ranked] + refused
+    held = limits.delayed if tenants and explain else {}
+    return [_placement(j, slots[j.job.id], cap, explainer, held.get(j.job.id)) for j in ranked] + refused
 
 
-def _placement(j: Ranked, slot: _Slot, cap: Capacity, explainer: Explainer | None) -> Placement:
+def _placement(j: Ranked, slot: _Slot, cap: Capacity, explainer: Explainer | None,
+               limited: str | None = None) -> Placement:
     job, (start, i, devices, reserved) = j.job, slot
     node, end = cap.nodes[i].name, start + j.req[3]
     if start <= cap.now:
         why = start_reason(job, node, devices, end, cap.now) if explainer else ""
         return Placement(job.id, "start", node, devices_of(devices), job.cpus, start, end, why)
+    if limited is not None:  # held back by its tenant's borrow limit, not by the room
+        why = f"waiting: {limited}; planned to start {clock(start, cap.now)} on {node}"
+        return Placement(job.id, "wait", node, devices_of(devices), job.cpus, start, end, why, reserved, None,
+                         f"waiting: {limited}")
     why, shape, ender = explainer.words(job, j.eligible, i, start, reserved) if explainer else ("", "", None)
     return Placement(job.id, "wait", node, devices_of(devices), job.cpus, start, end, why, reserved, ender, shape)
+

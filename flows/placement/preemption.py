@@ -47,6 +47,7 @@ from .attained import by_attained
 from .attained import rank as rank_level
 from .attained import ranks_above
 from .model import Node, Placement, QueuedJob, RunningJob
+from .tenants import Tenancy, borrowing, fair_order
 
 __all__ = ["ATTAINED_LOSS_S", "DAY_S", "MAX_CANDIDATES", "Need", "PlannedPreemption", "Preemption", "PreemptionRules",
            "choose_victims", "deadline_at_risk", "deferred_preemptions", "lost_seconds", "lost_work", "may_preempt", "plan_preemptions"]
@@ -197,10 +198,12 @@ def deadline_at_risk(job: QueuedJob, placement: Placement, now: float) -> bool:
 
 def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[QueuedJob],
                      placements: Sequence[Placement], now: float,
-                     rules: PreemptionRules) -> list[PlannedPreemption]:
+                     rules: PreemptionRules, tenancy: Tenancy | None = None) -> list[PlannedPreemption]:
     """The preemptions the plan calls for, in the plan's priority order (``placements`` as
     :func:`.planner.plan` returns them): first for its deadline jobs at risk
-    (:func:`deadline_at_risk`), then for each waiting job over running jobs that have received more
+    (:func:`deadline_at_risk`); then, with ``tenancy``, for each waiting job within its tenant's quota
+    over running jobs of other tenants that hold what they borrowed beyond their quotas
+    (:func:`.tenants.borrowing`: Kueue's reclaim within a cohort); then for each waiting job over running jobs that have received more
     service than it (a level of attained service at least two deeper, :func:`.attained.ranks_above`) and would
     lose at most ``rules.attained_loss_s`` seconds of work (:func:`lost_seconds`): a waiting job that
     outranks only jobs far from their last checkpoint waits for one to commit its next (a job with no
@@ -214,7 +217,8 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
     for p in placements:
         if p.action == "start" and p.node is not None:
             job = by_id[p.job]
-            held.append(RunningJob(job.id, p.node, p.devices, job.cpus, job.memory, now, now + job.occupancy_s))
+            held.append(RunningJob(job.id, p.node, p.devices, job.cpus, job.memory, now, now + job.occupancy_s,
+                                   tenant=job.tenant))
             fresh.add(job.id)
     planned: list[PlannedPreemption] = []
     done: set[str] = set()
@@ -238,12 +242,22 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
         gone = set(chosen.victims)
         held = [j for j in held if j.id not in gone]
         held.append(RunningJob(job.id, chosen.node, chosen.devices, job.cpus, job.memory, now, now + job.occupancy_s,
-                               preemptible=job.preemptible, attained_s=job.attained_s, no_duration=by_attained(job)))
+                               preemptible=job.preemptible, attained_s=job.attained_s, no_duration=by_attained(job),
+                               tenant=job.tenant))
 
     for p in placements:
         job = by_id.get(p.job)
         if job is not None and deadline_at_risk(job, p, now):
             take(job, None, None)
+    if tenancy is not None and tenancy.matters():  # reclaim: a job within its quota takes back what others borrow
+        lent = borrowing(held, tenancy)
+        ordered = [by_id[p.job] for p in placements if p.job in by_id and p.action != "refuse"]
+        _, nominal = fair_order(ordered, running, tenancy)
+        for p in placements:
+            job = by_id.get(p.job)
+            if job is None or p.action != "wait" or job.id in done or job.id not in nominal:
+                continue
+            take(job, lambda r, job=job: r.id in lent and r.tenant != job.tenant, None)
     def cheap(victim: RunningJob) -> bool:  # a preemption for attained service loses little
         return rules.attained_loss_s is None or lost_seconds(victim, now) <= rules.attained_loss_s
 

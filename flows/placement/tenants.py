@@ -1,0 +1,258 @@
+"""Tenants in the plan: quotas, borrowing and fair share (pure, no IO).
+
+A pool's tenants (the pool file's ``tenants:``, :mod:`e31.specs.tenants`) share its nodes.  The planner
+orders the queue in two classes, then by fair share:
+
+* **Within quota first.**  Taking each tenant's jobs in the policy's own order (deadlines, ageing,
+  expansion factor, attained service: :mod:`.policy`), a job is *nominal* while its tenant's running
+  jobs and its jobs ordered before it, with it, fit the tenant's ``quota`` in every resource; from the
+  first that does not, its tenant's jobs *borrow*.  Every nominal job is ordered before every borrowing
+  one (Kueue admits a ClusterQueue's workloads within its nominal quota before any borrowing from the
+  cohort).  A tenant with no quota (``default`` unless declared) only borrows.
+* **Fair share among tenants.**  Within each class the next job comes from the tenant with the lowest
+  ``(history + allocation) / weight``, each a dominant share (Ghodsi et al., "Dominant Resource
+  Fairness", NSDI 2011: the largest of the shares of GPUs, CPUs and memory): ``history``, its past usage
+  decayed with the pool's half-life (:func:`decayed_service`; Slurm's fair share decays usage so,
+  ``PriorityDecayHalfLife``) over all tenants' decayed usage together (Slurm's effective usage);
+  ``allocation``, what its running jobs and its jobs ordered so far hold, over the pool.  Each job ordered adds its request
+  to its tenant's allocation (progressive filling), so tenants' jobs interleave in proportion to their
+  weights rather than one tenant's whole queue going first.
+* **Borrow limit.**  A job that would take its tenant past ``quota + borrow_limit`` while its tenant's
+  running jobs hold what they hold does not start now: it starts no earlier than the planned end of
+  enough of them (:class:`BorrowLimits`); one that alone asks for more is refused.
+* **Reclaim.**  A tenant's running jobs beyond its quota (the latest started first) are *borrowing*
+  (:func:`borrowing`); a nominal job that waits may preempt borrowing jobs of other tenants, preemptible
+  ones only, the pool's minimum run holding (:func:`e31.flows.placement.preemption.plan_preemptions`).
+
+With one tenant (or none declared), nothing changes: the planner's order is the policy's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .model import QueuedJob, RunningJob
+
+__all__ = ["BorrowLimits", "Tenancy", "Tenant", "borrowing", "decayed_service", "dominant_share", "exceeds_limit",
+           "amount_words", "bounded", "fair_order", "held_by", "sum_of"]
+
+Amount = tuple[float, float, float]  # GPUs, CPUs, memory bytes (or the same times seconds)
+_NONE: Amount = (0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """One tenant as the planner sees it: ``quota`` and ``borrow_limit`` as ``(gpus, cpus, memory
+    bytes)`` (``borrow_limit`` None: any), ``weight`` (> 0), ``usage`` (its decayed past usage, as
+    ``(GPU-seconds, CPU-seconds, byte-seconds)``, :func:`decayed_service`)."""
+
+    name: str
+    quota: Amount = _NONE
+    weight: float = 1.0
+    borrow_limit: Amount | None = None
+    usage: Amount = _NONE
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """The pool's tenants (by name; a job of a tenant not listed counts as one with no quota and a
+    weight of 1), the pool's ``capacity`` ``(gpus, cpus, memory bytes)`` and the usage ``half_life_s``."""
+
+    tenants: dict[str, Tenant] = field(default_factory=dict)
+    capacity: Amount = _NONE
+    half_life_s: float = 7 * 86400.0
+
+    def of(self, name: str) -> Tenant:
+        """The tenant ``name`` (an undeclared one: no quota, weight 1, no usage)."""
+        return self.tenants.get(name) or Tenant(name)
+
+    def matters(self) -> bool:
+        """Whether tenants change the plan: two or more declared, or one with a quota or a limit."""
+        return len(self.tenants) > 1 or any(t.quota != _NONE or t.borrow_limit is not None
+                                            for t in self.tenants.values())
+
+
+def dominant_share(amount: Amount, capacity: Amount) -> float:
+    """The largest of ``amount``'s shares of ``capacity`` (resource by resource; a resource the pool
+    lacks counts 0)."""
+    return max((a / c for a, c in zip(amount, capacity) if c > 0), default=0.0)
+
+
+def decayed_service(held: Amount, start: float, end: float, now: float, half_life_s: float) -> Amount:
+    """The usage ``held`` (GPUs, CPUs, bytes) from ``start`` to ``end`` (Unix seconds) counts at ``now``,
+    each moment weighted ``2 ** (-(now - t) / half_life_s)``: resource-seconds, the integral
+    ``held * H / ln 2 * (2**(-(now-end)/H) - 2**(-(now-start)/H))``."""
+    end, start = min(end, now), min(start, now)
+    if end <= start:
+        return _NONE
+    scale = half_life_s / math.log(2) * (2 ** (-(now - end) / half_life_s) - 2 ** (-(now - start) / half_life_s))
+    return tuple(h * scale for h in held)  # type: ignore[return-value]
+
+
+def _history(tenant: Tenant, total: Amount) -> float:
+    """The tenant's decayed usage as a dominant share of all tenants' decayed usage ``total`` (Slurm's
+    effective usage: a tenant's usage over its siblings' together); 0 before anyone used anything."""
+    return dominant_share(tenant.usage, total)
+
+
+def _add(a: Amount, b: Amount) -> Amount:
+    return a[0] + b[0], a[1] + b[1], a[2] + b[2]
+
+
+def _within(a: Amount, bound: Amount) -> bool:
+    return all(x <= y for x, y in zip(a, bound))
+
+
+def _request(job: QueuedJob) -> Amount:
+    return float(job.gpus), float(job.cpus), float(job.memory)
+
+
+def _holding(job: RunningJob) -> Amount:
+    return float(len(job.devices)), float(job.cpus), float(job.memory)
+
+
+def held_by(running: Iterable[RunningJob]) -> dict[str, Amount]:
+    """What each tenant's running jobs hold, ``(gpus, cpus, memory bytes)``."""
+    out: dict[str, Amount] = {}
+    for job in running:
+        out[job.tenant] = _add(out.get(job.tenant, _NONE), _holding(job))
+    return out
+
+
+def borrowing(running: Sequence[RunningJob], tenancy: Tenancy) -> set[str]:
+    """The running jobs that hold their tenant's resources beyond its quota: for each tenant, its
+    running jobs by start (then id) fill its quota; every one from the first that does not fit is
+    borrowing (the latest started give way first, as a reclaim takes them)."""
+    out: set[str] = set()
+    used: dict[str, Amount] = {}
+    for job in sorted(running, key=lambda j: (j.start, j.id)):
+        total = _add(used.get(job.tenant, _NONE), _holding(job))
+        used[job.tenant] = total
+        if not _within(total, tenancy.of(job.tenant).quota):
+            out.add(job.id)
+    return out
+
+
+def fair_order(jobs: Sequence[QueuedJob], running: Sequence[RunningJob], tenancy: Tenancy) -> tuple[list[int], set[str]]:
+    """The order of ``jobs`` (given in the policy's order) among tenants, as positions into ``jobs``,
+    and the ids of the nominal ones (module docstring): nominal jobs first, then borrowing ones, each
+    class by progressive filling on ``(history + allocation) / weight`` (ties: the tenant whose next job
+    comes first in the policy's order).  Each tenant's own jobs keep the policy's order."""
+    held = held_by(running)
+    queues: dict[str, list[int]] = {}
+    for index, job in enumerate(jobs):
+        queues.setdefault(job.tenant, []).append(index)
+    nominal: set[str] = set()
+    classes: tuple[dict[str, list[int]], dict[str, list[int]]] = ({}, {})
+    for name, positions in queues.items():
+        quota, used = tenancy.of(name).quota, held.get(name, _NONE)
+        within = True
+        for index in positions:
+            used = _add(used, _request(jobs[index]))
+            within = within and _within(used, quota)
+            classes[0 if within else 1].setdefault(name, []).append(index)
+            if within:
+                nominal.add(jobs[index].id)
+    allocation = dict(held)
+    total = sum_of(tenancy.of(name).usage for name in {*tenancy.tenants, *queues})
+    out: list[int] = []
+    for queued in classes:
+        heads = {name: 0 for name in queued}
+        while heads:
+            def key(name: str) -> tuple[float, int]:
+                tenant = tenancy.of(name)
+                share = _history(tenant, total) + dominant_share(allocation.get(name, _NONE), tenancy.capacity)
+                return share / tenant.weight, queued[name][heads[name]]
+
+            name = min(heads, key=key)
+            index = queued[name][heads[name]]
+            out.append(index)
+            allocation[name] = _add(allocation.get(name, _NONE), _request(jobs[index]))
+            heads[name] += 1
+            if heads[name] == len(queued[name]):
+                del heads[name]
+    return out, nominal
+
+
+class BorrowLimits:
+    """Each tenant's bound ``quota + borrow_limit`` during one planning pass: what its running jobs
+    hold, plus what the pass starts now (:meth:`take`).  Tenants without a ``borrow_limit`` are not
+    bounded."""
+
+    def __init__(self, running: Sequence[RunningJob], tenancy: Tenancy, now: float) -> None:
+        self.tenancy, self.now = tenancy, now
+        self.held = held_by(running)
+        self.ends: dict[str, list[tuple[float, Amount]]] = {}
+        for r in running:
+            self.ends.setdefault(r.tenant, []).append((max(r.expected_end, now + 1.0), _holding(r)))
+        for ends in self.ends.values():
+            ends.sort()
+        self.delayed: dict[str, str] = {}  # job id -> why its tenant's limit holds it back (words)
+
+    def _bound(self, tenant: str) -> Amount | None:
+        t = self.tenancy.of(tenant)
+        return None if t.borrow_limit is None else _add(t.quota, t.borrow_limit)
+
+    def allows(self, job: QueuedJob) -> bool:
+        """Whether ``job`` may start now: its tenant stays within its bound with it."""
+        bound = self._bound(job.tenant)
+        return bound is None or _within(_add(self.held.get(job.tenant, _NONE), _request(job)), bound)
+
+    def take(self, job: QueuedJob) -> None:
+        """``job`` starts now: its request counts against its tenant's bound for the rest of the pass."""
+        self.held[job.tenant] = _add(self.held.get(job.tenant, _NONE), _request(job))
+
+    def hold(self, job: QueuedJob) -> None:
+        """``job`` is held back by its tenant's bound: say so (:attr:`delayed`)."""
+        t = self.tenancy.of(job.tenant)
+        used = self.held.get(job.tenant, _NONE)
+        self.delayed[job.id] = (f"tenant {job.tenant} holds {amount_words(used)}, and {amount_words(_request(job))} "
+                                f"more would pass its quota and borrow_limit ({amount_words(bounded(t))}); it starts "
+                                "as the tenant's running jobs end")
+
+    def after(self, job: QueuedJob) -> float:
+        """The earliest time ``job`` fits its tenant's bound as its tenant's running jobs end (their planned
+        ends, earliest first; jobs this pass starts now are taken to hold their room until the last of them
+        ends): Unix seconds, ``now + 1`` at the least; ``math.inf`` when the job alone exceeds the bound."""
+        bound = self._bound(job.tenant)
+        if bound is None:
+            return self.now
+        if not _within(_request(job), bound):
+            return math.inf
+        used = _add(self.held.get(job.tenant, _NONE), _request(job))
+        last = self.now + 1.0
+        for end, holding in self.ends.get(job.tenant, []):
+            used = tuple(u - h for u, h in zip(used, holding))  # type: ignore[assignment]
+            last = end
+            if _within(used, bound):
+                return end
+        return last
+
+
+def bounded(tenant: Tenant) -> Amount:
+    """What ``tenant`` may hold at most: ``quota + borrow_limit`` (``inf`` where there is no limit)."""
+    return _add(tenant.quota, tenant.borrow_limit) if tenant.borrow_limit is not None else (math.inf,) * 3
+
+
+def exceeds_limit(job: QueuedJob, tenancy: Tenancy) -> bool:
+    """Whether ``job`` alone asks for more than its tenant's ``quota + borrow_limit``: it can never run."""
+    tenant = tenancy.of(job.tenant)
+    return tenant.borrow_limit is not None and not _within(_request(job), _add(tenant.quota, tenant.borrow_limit))
+
+
+def sum_of(amounts: Iterable[Amount]) -> Amount:
+    """The sum of ``amounts`` resource by resource."""
+    total = _NONE
+    for a in amounts:
+        total = _add(total, a)
+    return total
+
+
+def amount_words(amount: Amount) -> str:
+    """An amount in words, resources of 0 or without a limit left out: ``4 GPUs, 16 CPUs``."""
+    parts = [f"{int(amount[0])} GPUs" if 0 < amount[0] < math.inf else "",
+             f"{int(amount[1])} CPUs" if 0 < amount[1] < math.inf else "",
+             f"{amount[2] / 1024**3:g} GiB" if 0 < amount[2] < math.inf else ""]
+    return ", ".join(p for p in parts if p) or "nothing"

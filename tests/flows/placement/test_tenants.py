@@ -1,0 +1,182 @@
+"""Tenants in the pure planner: quota first, fair share by weight and decayed usage, borrow limits,
+reclaim of borrowed capacity; properties over random pools, queues and tenants."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from e31.flows.placement import POLICIES, plan
+from e31.flows.placement.tenants import (BorrowLimits, Tenancy, Tenant, borrowing, decayed_service, dominant_share,
+                                         fair_order)
+from tests.flows.placement.helpers import GIB, H, T0, node, queued, running
+from tests.flows.placement.test_properties import FEW, busy, check_never_oversubscribed, pools, queues
+
+DAY = 86400.0
+
+
+def _tenancy(*tenants: Tenant, gpus: int = 8, half_life_s: float = 7 * DAY) -> Tenancy:
+    return Tenancy({t.name: t for t in tenants}, (float(gpus), 64.0, 512.0 * GIB), half_life_s)
+
+
+def _of(job, tenant: str):
+    return replace(job, tenant=tenant)
+
+
+def test_usage_decays_by_half_each_half_life():
+    # 2 GPUs for one hour, ended one half-life ago: half of what it would count just after its end
+    fresh = decayed_service((2.0, 0.0, 0.0), T0 - H, T0, T0, 7 * DAY)
+    old = decayed_service((2.0, 0.0, 0.0), T0 - 7 * DAY - H, T0 - 7 * DAY, T0, 7 * DAY)
+    assert math.isclose(old[0], fresh[0] / 2, rel_tol=1e-9)
+    assert round(fresh[0], 1) == 7185.2  # 7,200 GPU-seconds, the hour's start already decayed by 2^(-1/168)
+    assert decayed_service((2.0, 0.0, 0.0), T0, T0 + H, T0, 7 * DAY) == (0.0, 0.0, 0.0)  # not yet used
+    assert dominant_share((4.0, 16.0, 0.0), (8.0, 64.0, 0.0)) == 0.5
+
+
+def test_jobs_within_their_tenant_s_quota_come_before_any_borrowing():
+    tenancy = _tenancy(Tenant("vision", quota=(4.0, 32.0, 256.0 * GIB)), Tenant("nlp", quota=(4.0, 32.0, 256.0 * GIB)))
+    # vision submitted first and asks for 8 GPUs in two jobs; nlp's one job comes later
+    jobs = [_of(queued("v1", 4, 1, ago_h=3), "vision"), _of(queued("v2", 4, 1, ago_h=3), "vision"),
+            _of(queued("n1", 4, 1, ago_h=1), "nlp")]
+    order, nominal = fair_order(jobs, [], tenancy)
+    assert [jobs[k].id for k in order] == ["v1", "n1", "v2"] and nominal == {"v1", "n1"}
+    got = {p.job: p for p in plan([node("a", gpus=8)], [], jobs, T0, tenancy=tenancy)}
+    assert (got["v1"].action, got["n1"].action, got["v2"].action) == ("start", "start", "wait")
+    # without tenants, arrival order: vision's two jobs take the node
+    plain = {p.job: p for p in plan([node("a", gpus=8)], [], jobs, T0, "easy")}
+    assert (plain["v1"].action, plain["v2"].action, plain["n1"].action) == ("start", "start", "wait")
+
+
+def test_fair_share_follows_weights_and_decayed_usage():
+    a, b = Tenant("a", weight=2.0), Tenant("b", weight=1.0)
+    jobs = [_of(queued(f"a{k}", 1, 1, ago_h=2), "a") for k in range(6)] + \
+           [_of(queued(f"b{k}", 1, 1, ago_h=1), "b") for k in range(6)]
+    order, _ = fair_order(jobs, [], _tenancy(a, b))
+    first_six = [jobs[k].tenant for k in order[:6]]
+    assert first_six.count("a") == 4 and first_six.count("b") == 2  # 2:1 by weight
+    # tenant a used the whole pool for the last day: b goes first until its allocation catches up
+    used = decayed_service((8.0, 0.0, 0.0), T0 - DAY, T0, T0, 7 * DAY)
+    order, _ = fair_order(jobs, [], _tenancy(replace(a, weight=1.0, usage=used), b))
+    assert [jobs[k].tenant for k in order[:3]] == ["b", "b", "b"]
+
+
+def test_a_tenant_at_its_borrow_limit_waits_for_its_own_jobs_to_end_and_a_job_over_it_is_refused():
+    nlp = Tenant("nlp", quota=(2.0, 0.0, 0.0), borrow_limit=(2.0, math.inf, math.inf))  # at most 4 GPUs
+    tenancy = _tenancy(nlp, Tenant("vision", quota=(6.0, 0.0, 0.0)))
+    held = [_of(running("r1", "a", (0, 1, 2), until_h=2), "nlp")]
+    jobs = [_of(queued("n2", 2, 1), "nlp"), _of(queued("n3", 1, 1), "nlp"), _of(queued("huge", 5, 1), "nlp")]
+    got = {p.job: p for p in plan([node("a", gpus=8)], held, jobs, T0, tenancy=tenancy)}
+    assert got["n3"].action == "start"  # 3 + 1 = 4: within the limit
+    assert (got["n2"].action, got["n2"].start) == ("wait", T0 + 2 * H)  # 4 + 2 > 4: after r1 ends
+    assert got["n2"].reason == ("waiting: tenant nlp holds 3 GPUs, 4 CPUs, and 2 GPUs, 4 CPUs more would pass its "
+                                "quota and borrow_limit (4 GPUs); it starts as the tenant's running jobs end; planned "
+                                "to start 02:00 UTC on a")
+    assert got["huge"].action == "refuse"
+    assert got["huge"].reason == ("asks for more than tenant nlp may hold (its quota and borrow_limit: 4 GPUs); "
+                                  "ask for less, or raise the tenant's borrow_limit in the pool file")
+    limits = BorrowLimits(held, tenancy, T0)
+    assert limits.allows(jobs[1]) and not limits.allows(jobs[0]) and limits.after(jobs[0]) == T0 + 2 * H
+
+
+def test_the_latest_started_jobs_beyond_a_quota_are_the_borrowing_ones():
+    tenancy = _tenancy(Tenant("vision", quota=(4.0, 64.0, 512.0 * GIB)))
+    jobs = [replace(_of(running(f"r{k}", "a", (2 * k, 2 * k + 1), until_h=5), "vision"), start=T0 - (5 - k) * H)
+            for k in range(3)]
+    assert borrowing(jobs, tenancy) == {"r2"}
+    assert borrowing([_of(running("d", "a", (0,), until_h=1), "default")], tenancy) == {"d"}  # no quota
+
+
+@FEW
+@given(data=st.data(), policy=st.sampled_from(POLICIES))
+def test_one_tenant_plans_as_no_tenants(data, policy):
+    nodes = data.draw(pools())
+    running_, queued_ = data.draw(busy(nodes)), data.draw(queues())
+    alone = Tenancy({"default": Tenant("default")}, (8.0, 64.0, 64.0 * GIB))
+    assert plan(nodes, running_, queued_, T0, policy, tenancy=alone) == plan(nodes, running_, queued_, T0, policy)
+
+
+@st.composite
+def tenancies(draw, nodes):
+    names = ["a", "b", "c"][:draw(st.integers(2, 3))]
+    total = (float(sum(n.gpus for n in nodes)), float(sum(n.cpus for n in nodes)), float(sum(n.memory for n in nodes)))
+    tenants = []
+    for name in names:
+        quota = (float(draw(st.integers(0, 4))), float(draw(st.integers(0, 8))), 0.0)
+        limit = draw(st.one_of(st.none(), st.tuples(st.integers(0, 6), st.sampled_from([0, 4, 16, math.inf])).map(
+            lambda t: (float(t[0]), float(t[1]), math.inf))))
+        tenants.append(Tenant(name, quota, draw(st.sampled_from([0.5, 1.0, 3.0])), limit))
+    return Tenancy({t.name: t for t in tenants}, total), names
+
+
+@FEW
+@given(data=st.data(), policy=st.sampled_from([p for p in POLICIES if p != "fcfs"]))
+def test_no_plan_oversubscribes_or_takes_a_tenant_past_its_borrow_limit(data, policy):
+    nodes = data.draw(pools())
+    tenancy, names = data.draw(tenancies(nodes))
+    running_ = [replace(r, tenant=data.draw(st.sampled_from(names))) for r in data.draw(busy(nodes))]
+    queued_ = [replace(q, tenant=data.draw(st.sampled_from(names))) for q in data.draw(queues())]
+    placements = plan(nodes, running_, queued_, T0, policy, tenancy=tenancy)
+    check_never_oversubscribed(nodes, running_, queued_, placements)
+    by_id = {q.id: q for q in queued_}
+    for name in names:
+        t = tenancy.of(name)
+        if t.borrow_limit is None:
+            continue
+        bound = [q + b for q, b in zip(t.quota, t.borrow_limit)]
+        now = [sum(len(r.devices) for r in running_ if r.tenant == name), sum(r.cpus for r in running_ if r.tenant == name)]
+        started = [by_id[p.job] for p in placements if p.action == "start" and by_id[p.job].tenant == name]
+        if not started:
+            continue
+        gpus, cpus = now[0] + sum(j.gpus for j in started), now[1] + sum(j.cpus for j in started)
+        assert gpus <= bound[0] and cpus <= bound[1], (name, t, started)
+
+
+@FEW
+@given(data=st.data())
+def test_every_nominal_job_is_ordered_before_every_borrowing_one_and_each_tenant_keeps_its_order(data):
+    nodes = data.draw(pools())
+    tenancy, names = data.draw(tenancies(nodes))
+    running_ = [replace(r, tenant=data.draw(st.sampled_from(names))) for r in data.draw(busy(nodes))]
+    queued_ = [replace(q, tenant=data.draw(st.sampled_from(names))) for q in data.draw(queues())]
+    order, nominal = fair_order(queued_, running_, tenancy)
+    assert sorted(order) == list(range(len(queued_)))
+    flags = [queued_[k].id in nominal for k in order]
+    assert flags == sorted(flags, reverse=True)  # every True before every False
+    for name in names:
+        mine = [k for k in order if queued_[k].tenant == name]
+        assert mine == sorted(mine)
+
+
+def test_a_job_within_its_quota_takes_back_what_another_tenant_borrowed():
+    """vision (quota 4 GPUs) waits while nlp (quota 4) holds all 8: nlp's latest-started preemptible job
+    beyond its quota is the victim, once it has run the pool's min_run; nlp's jobs within its quota and
+    non-preemptible ones never are."""
+    from e31.flows.placement.preemption import PreemptionRules, plan_preemptions
+
+    tenancy = _tenancy(Tenant("vision", quota=(4.0, 32.0, 256.0 * GIB)), Tenant("nlp", quota=(4.0, 32.0, 256.0 * GIB)))
+    nodes = [node("a", gpus=8)]
+
+    def nlp(job_id, devices, started_h, preemptible=True):
+        r = _of(running(job_id, "a", devices, until_h=10), "nlp")
+        return replace(r, start=T0 - started_h * H, preemptible=preemptible)
+
+    held = [nlp("within", (0, 1, 2, 3), 5), nlp("lent", (4, 5, 6, 7), 1)]
+    waiting = [_of(queued("v1", 4, 1), "vision")]
+    placements = plan(nodes, held, waiting, T0, tenancy=tenancy)
+    assert placements[0].action == "wait"
+    rules = PreemptionRules(min_run_s=600.0)
+    got = plan_preemptions(nodes, held, waiting, placements, T0, rules, tenancy)
+    assert [(p.job, p.preemption.victims) for p in got] == [("v1", ("lent",))]
+    assert plan_preemptions(nodes, held, waiting, placements, T0, rules) == []  # without tenants: nothing to reclaim
+    young = [held[0], replace(held[1], start=T0 - 60)]  # the borrowed job has run a minute: under min_run
+    assert plan_preemptions(nodes, young, waiting, plan(nodes, young, waiting, T0, tenancy=tenancy), T0, rules,
+                            tenancy) == []
+    fixed = [held[0], replace(held[1], preemptible=False)]
+    assert plan_preemptions(nodes, fixed, waiting, plan(nodes, fixed, waiting, T0, tenancy=tenancy), T0, rules,
+                            tenancy) == []
+    # a vision job beyond vision's quota reclaims nothing
+    over = [_of(queued("v9", 8, 1), "vision")]
+    assert plan_preemptions(nodes, held, over, plan(nodes, held, over, T0, tenancy=tenancy), T0, rules, tenancy) == []
