@@ -54,6 +54,7 @@ from .model import Node, PlanInputError, QueuedJob, RunningJob, id_order
 from .planner import AGE_LIMIT_S, plan
 from .preemption import PreemptionRules, plan_preemptions
 from .refusals import eligible_nodes
+from .tenants import Tenancy, decayed_service
 
 __all__ = ["BSLD_THRESHOLD_S", "MIN_CHECKPOINT_EVERY_S", "OVERRUN_SHARE", "WAKE_AFTER_S", "Result", "SimJob", "overrun",
            "resource_of", "simulate"]
@@ -102,11 +103,14 @@ class Result:
     planning_s: float
     starts: dict[str, float]
     ends: dict[str, float]
+    tenants: dict[str, dict[str, float]] | None = None
 
     def summary(self) -> dict[str, float | int]:
-        """The metrics as one JSON-ready dict (no per-job times)."""
+        """The metrics as one JSON-ready dict (no per-job times; ``tenants`` only in a replay with tenants)."""
         out = asdict(self)
         del out["starts"], out["ends"]
+        if out["tenants"] is None:
+            del out["tenants"]
         return out
 
 
@@ -120,10 +124,15 @@ def overrun(job: RunningJob, now: float, hard_stop: float) -> RunningJob:
 
 def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31", *, depth: int | None = None,
              age_limit_s: float = AGE_LIMIT_S, preemption: PreemptionRules | None = None,
-             checkpoint_every_s: float | None = None, restart_cost_s: float = 0.0) -> Result:
+             checkpoint_every_s: float | None = None, restart_cost_s: float = 0.0,
+             tenancy: Tenancy | None = None) -> Result:
     """Replay ``jobs`` on ``nodes`` under ``policy`` (see :func:`.planner.plan`); returns the metrics.
     ``preemption``: the pool's rules (None: nothing is preempted); ``checkpoint_every_s`` and
     ``restart_cost_s`` (seconds): what a preempted job keeps and pays (module docstring).
+    ``tenancy``: the pool's tenants (each job's ``tenant``): quotas, borrowing, fair share and reclaim
+    as the live queue applies them, each tenant's usage decayed as it accrues in simulated time; the
+    result then counts, per tenant (``Result.tenants``): ``jobs`` run, ``mean_wait_s`` and ``gpu_hours``
+    (resource-hours held: CPU-hours for a CPU trace).
 
     Raises:
         PlanInputError: (from the planner) an unknown policy, a bad depth, duplicate job ids; a
@@ -168,7 +177,7 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
         expected = now + job.staging_s + cost + job.runtime_s
         planned = RunningJob(job.id, node, devices, job.cpus, job.memory, now, expected, preemptible=job.id in may,
                              preemptions=preempted_at.get(job.id, ()), attained_s=attained.get(job.id, 0.0),
-                             no_duration=by_attained(job))
+                             no_duration=by_attained(job), tenant=job.tenant)
         running[job.id] = (planned, now + job.staging_s + cost + job.limit_s, work_start, gen)
         heapq.heappush(ends, (end if end > now else now, job.id, gen))
         if preemption is not None and checkpoint_every_s and job.id in may and by_attained(job):
@@ -176,9 +185,35 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
         starts.setdefault(job.id, now)
         finished[job.id] = end
 
+    usage: dict[str, tuple[tuple[float, float, float], float]] = {}  # tenant -> (decayed usage, as of when)
+
+    def used(planned: RunningJob, end: float) -> None:  # a run ended: its service joins its tenant's usage
+        if tenancy is None:
+            return
+        half = tenancy.half_life_s
+        before, at = usage.get(planned.tenant, ((0.0, 0.0, 0.0), end))
+        decay = 2 ** (-(end - at) / half) if end > at else 1.0
+        added = decayed_service((float(len(planned.devices)), float(planned.cpus), float(planned.memory)),
+                                planned.start, end, end, half)
+        usage[planned.tenant] = (tuple(b * decay + a for b, a in zip(before, added)), max(end, at))
+
+    def tenancy_at(now: float) -> Tenancy | None:  # every tenant's usage as of now, running jobs' so far included
+        if tenancy is None:
+            return None
+        half = tenancy.half_life_s
+        totals: dict[str, list[float]] = {}
+        for name, (value, at) in usage.items():
+            totals[name] = [v * 2 ** (-(now - at) / half) for v in value]
+        for r, _, _, _ in running.values():
+            add = decayed_service((float(len(r.devices)), float(r.cpus), float(r.memory)), r.start, now, now, half)
+            totals[r.tenant] = [a + b for a, b in zip(totals.get(r.tenant, [0.0, 0.0, 0.0]), add)]
+        return replace(tenancy, tenants={name: replace(tenancy.of(name), usage=tuple(totals.get(name, (0.0,) * 3)))
+                                         for name in {*tenancy.tenants, *totals}})
+
     def stop(job_id: str, now: float) -> None:
         nonlocal lost
         planned, _, work_start, _ = running.pop(job_id)
+        used(planned, now)
         kept = _kept(now - work_start, checkpoint_every_s)
         left[job_id] -= kept
         width = len(planned.devices) if resource == "gpus" else planned.cpus
@@ -213,16 +248,18 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
             if done in running and running[done][3] == which:
                 planned = running.pop(done)[0]
                 held[done] = held.get(done, 0.0) + finished[done] - planned.start
+                used(planned, finished[done])
         while nxt < len(pending) and pending[nxt].job.submitted <= now:
             queue[pending[nxt].job.id] = pending[nxt].job
             nxt += 1
         shown = [_shown(r, now, stop_at, work_start, checkpoint_every_s)
                  for r, stop_at, work_start, _ in running.values()]
         began = time.perf_counter()
+        tenants_now = tenancy_at(now)
         placements = plan(nodes, shown, list(queue.values()), now, policy, depth=depth, age_limit_s=age_limit_s,
-                          explain=False)
-        chosen = plan_preemptions(nodes, shown, list(queue.values()), placements, now, preemption) if preemption \
-            else []
+                          explain=False, tenancy=tenants_now)
+        chosen = plan_preemptions(nodes, shown, list(queue.values()), placements, now, preemption,
+                                  tenants_now) if preemption else []
         planning += time.perf_counter() - began
         for p in placements:
             if p.action == "refuse":
@@ -234,8 +271,26 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
             for victim in c.preemption.victims:
                 stop(victim, now)
             start(queue.pop(c.job), c.preemption.node, c.preemption.devices, now)
-    return _measure(nodes, by_id, starts, finished, held, refused, planning, len(
+    result = _measure(nodes, by_id, starts, finished, held, refused, planning, len(
         [t for times in preempted_at.values() for t in times]), lost / 3600.0)
+    return result if tenancy is None else replace(result, tenants=_per_tenant(by_id, starts, finished, held, resource))
+
+
+def _per_tenant(jobs: dict[str, QueuedJob], starts: dict[str, float], ends: dict[str, float],
+                held: dict[str, float], resource: str) -> dict[str, dict[str, float]]:
+    """Per tenant: ``jobs`` that ran to their end, ``mean_wait_s`` (submission to first start) and
+    ``gpu_hours`` (resource-hours held, every run of its jobs)."""
+    out: dict[str, dict[str, float]] = {}
+    for job_id, job in jobs.items():
+        row = out.setdefault(job.tenant, {"jobs": 0, "mean_wait_s": 0.0, "gpu_hours": 0.0})
+        width = job.gpus if resource == "gpus" else job.cpus
+        row["gpu_hours"] += width * held.get(job_id, 0.0) / 3600.0
+        if job_id in ends and job_id in starts:
+            row["jobs"] += 1
+            row["mean_wait_s"] += starts[job_id] - job.submitted
+    for row in out.values():
+        row["mean_wait_s"] = row["mean_wait_s"] / row["jobs"] if row["jobs"] else 0.0
+    return dict(sorted(out.items()))
 
 
 def _kept(worked_s: float, every_s: float | None) -> float:

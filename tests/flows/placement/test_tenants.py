@@ -180,3 +180,26 @@ def test_a_job_within_its_quota_takes_back_what_another_tenant_borrowed():
     # a vision job beyond vision's quota reclaims nothing
     over = [_of(queued("v9", 8, 1), "vision")]
     assert plan_preemptions(nodes, held, over, plan(nodes, held, over, T0, tenancy=tenancy), T0, rules, tenancy) == []
+
+
+def test_a_replay_with_tenants_serves_the_tenant_that_asked_for_little_first_and_counts_each_tenant():
+    """Tenant a submits 40 one-hour jobs of 4 GPUs at once on one 8-GPU node; tenant b submits 4 such jobs
+    a minute later.  Without tenants b waits behind a's whole sweep; with equal shares (quota 4 GPUs
+    each) b's jobs start as a's first ones end, and the result counts each tenant's jobs, waits and
+    GPU-hours."""
+    from e31.flows.placement.simulate import SimJob, simulate
+
+    nodes = [node("n", gpus=8)]
+    jobs = [SimJob(_of(queued(f"a{k:02d}", 4, 1, ago_h=0), "a"), H) for k in range(40)] + \
+           [SimJob(replace(_of(queued(f"b{k}", 4, 1), "b"), submitted=T0 + 60), H) for k in range(4)]
+    plain = simulate(nodes, jobs, "e31")
+    assert plain.tenants is None and "tenants" not in plain.summary()
+    waits_b = [plain.starts[f"b{k}"] - (T0 + 60) for k in range(4)]
+    assert min(waits_b) >= 18 * H  # behind a's sweep
+    half = (4.0, 32.0, 256.0 * GIB)
+    shared = simulate(nodes, jobs, "e31", tenancy=_tenancy(Tenant("a", quota=half), Tenant("b", quota=half)))
+    waits_b = sorted(shared.starts[f"b{k}"] - (T0 + 60) for k in range(4))
+    assert waits_b == [H - 60, 2 * H - 60, 3 * H - 60, 4 * H - 60]  # one b job each time one of a's ends
+    assert shared.tenants["b"] == {"jobs": 4, "mean_wait_s": 2.5 * H - 60, "gpu_hours": 16.0}
+    assert shared.tenants["a"]["jobs"] == 40 and shared.tenants["a"]["gpu_hours"] == 160.0
+    assert shared.summary()["tenants"]["b"]["jobs"] == 4
