@@ -110,7 +110,8 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     s.add_argument("--json", action="store_true",
                    help="print the metrics as one JSON object: jobs, refused, makespan_s, avg_wait_s, max_wait_s, "
                         "avg_bounded_slowdown, utilization, deadlines_met, deadlines_total, deadlines_feasible, "
-                        "mean_completion_s, preemptions, lost_gpu_hours, planning_s")
+                        "mean_completion_s, preemptions, lost_gpu_hours, planning_s; with tenants also tenants: {name: "
+                        "{jobs, mean_wait_s, gpu_hours}}")
     s.add_argument("--as", dest="unit", default="cpus", choices=("cpus", "gpus"),
                    help="what a trace job's processors are on the pool (default cpus)")
     s.add_argument("--deadlines", type=_factor, metavar="FACTOR",
@@ -129,6 +130,10 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     s.add_argument("--default-limit", type=_duration, metavar="DURATION",
                    help="a trace job whose requested time is -1 declared no duration: it runs until done, with this "
                         "limit (default: its actual run time, a perfect estimate)")
+    s.add_argument("--fair-share", action="store_true",
+                   help="with a pool that declares no tenants: each SWF user id is a tenant (u<id>) of equal "
+                        "weight and no quota, ordered by fair share (a pool with tenants: its tenants apply, "
+                        "the trace's user ids mapped by their members, e.g. members: [u3, u7])")
     return {"pool": cmd_pool, "plan": cmd_plan, "simulate": cmd_simulate}
 
 
@@ -260,13 +265,27 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         jobs.append(SimJob(job, t.runtime_s, preemptible=args.checkpoint_every is not None and deadline is None))
     if len({j.job.id for j in jobs}) != len(jobs):
         raise InvalidInput(f"{args.trace}: two jobs have the same job number; SWF job numbers are unique")
+    tenancy = None
+    if pool.tenants or args.fair_share:
+        from dataclasses import replace
+
+        from .tenants import Tenant, tenancy_of
+
+        tenancy = tenancy_of(pool)
+        users = [f"u{t.user}" if t.user else "default" for t in trace.jobs]
+        if not pool.tenants:
+            tenancy = replace(tenancy, tenants={u: Tenant(u) for u in sorted(set(users))})
+            names = users
+        else:
+            names = [pool.tenant_of(u) for u in users]
+        jobs = [replace(j, job=replace(j.job, tenant=name)) for j, name in zip(jobs, names)]
     rules = None
     if args.checkpoint_every is not None:
         from .preemption import PreemptionRules
 
         rules = PreemptionRules(pool.preemption.min_run.total_seconds(), pool.preemption.max_per_day)
     result = simulate(nodes, jobs, args.policy, preemption=rules, checkpoint_every_s=args.checkpoint_every,
-                      restart_cost_s=args.restart_cost)
+                      restart_cost_s=args.restart_cost, tenancy=tenancy)
     summary = result.summary()
     if args.json:
         print(json.dumps(summary))
@@ -288,5 +307,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         ("planning time", f"{result.planning_s:.3f} s"),
     ):
         print(f"  {name:<26}{value}")
+    if result.tenants:
+        total = sum(row["gpu_hours"] for row in result.tenants.values()) or 1.0
+        print(f"  {'tenant':<16}{'jobs':>8}{'mean wait':>14}{unit[:-1] + '-hours':>14}{'share':>8}")
+        for name, row in result.tenants.items():
+            print(f"  {name:<16}{row['jobs']:>8}{row['mean_wait_s']:>12.1f} s{row['gpu_hours']:>14.2f}"
+                  f"{row['gpu_hours'] / total:>8.1%}")
     sys.stdout.flush()
     return EXIT_OK

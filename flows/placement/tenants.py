@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 from dataclasses import dataclass, field
 
 from .model import QueuedJob, RunningJob
 
-__all__ = ["BorrowLimits", "Tenancy", "Tenant", "borrowing", "decayed_service", "dominant_share", "exceeds_limit",
+__all__ = ["BorrowLimits", "Tenancy", "Tenant", "tenancy_of", "borrowing", "decayed_service", "dominant_share", "exceeds_limit",
            "amount_words", "bounded", "fair_order", "held_by", "sum_of"]
 
 Amount = tuple[float, float, float]  # GPUs, CPUs, memory bytes (or the same times seconds)
@@ -256,3 +257,19 @@ def amount_words(amount: Amount) -> str:
              f"{int(amount[1])} CPUs" if 0 < amount[1] < math.inf else "",
              f"{amount[2] / 1024**3:g} GiB" if 0 < amount[2] < math.inf else ""]
     return ", ".join(p for p in parts if p) or "nothing"
+
+
+def tenancy_of(pool: Any, usage: dict[str, Amount] | None = None) -> Tenancy:
+    """The planner's :class:`Tenancy` of a pool file (a :class:`e31.specs.pool.PoolSpec`): its tenants'
+    quotas, weights and borrow limits, its capacity (every node's GPUs, CPUs and memory), its
+    ``fair_share.half_life``; ``usage``: each tenant's decayed usage (default none)."""
+    usage = usage or {}
+    tenants = {t.name: Tenant(t.name, tuple(float(x) for x in t.quota.as_tuple()), float(t.weight),
+                              t.borrow_limit.as_tuple() if t.borrow_limit is not None else None,
+                              usage.get(t.name, _NONE))
+               for t in pool.tenants}
+    for name, used in usage.items():
+        tenants.setdefault(name, Tenant(name, usage=used))
+    capacity = sum_of((float(line.gpus * line.count), float(line.cpus * line.count), float(line.memory * line.count))
+                      for line in pool.nodes)
+    return Tenancy(tenants, capacity, pool.fair_share.half_life.total_seconds())

@@ -203,3 +203,25 @@ def test_a_replay_with_tenants_serves_the_tenant_that_asked_for_little_first_and
     assert shared.tenants["b"] == {"jobs": 4, "mean_wait_s": 2.5 * H - 60, "gpu_hours": 16.0}
     assert shared.tenants["a"]["jobs"] == 40 and shared.tenants["a"]["gpu_hours"] == 160.0
     assert shared.summary()["tenants"]["b"]["jobs"] == 4
+
+
+def test_e31_simulate_maps_trace_users_to_tenants(tmp_path, e31):
+    """``--fair-share`` without tenants: each SWF user id is a tenant ``u<id>``; a pool's tenants take
+    the ids their members list, the rest fall into ``default``."""
+    import json
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data"
+    trace, plain = str(data / "small.swf"), str(data / "one-node.yaml")
+    done = e31("simulate", trace, "--pool", plain, "--fair-share", "--json")
+    assert done.returncode == 0, done.stderr
+    tenants = json.loads(done.stdout)["tenants"]
+    assert {k: v["jobs"] for k, v in tenants.items()} == {"u1": 4, "u2": 3, "u3": 4}
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("pool_version: 1\nname: small\nnodes:\n  - {name: c1, cpus: 4, memory: 1GiB}\ntenants:\n"
+                    "  - {name: ops, quota: {cpus: 2}, members: [u1]}\n  - {name: lab, quota: {cpus: 2}, members: [u2]}\n")
+    done = e31("simulate", trace, "--pool", str(pool), "--json")
+    assert done.returncode == 0, done.stderr
+    tenants = json.loads(done.stdout)["tenants"]
+    assert {k: v["jobs"] for k, v in tenants.items()} == {"default": 4, "lab": 3, "ops": 4}
+    assert "tenants" not in json.loads(e31("simulate", trace, "--pool", plain, "--json").stdout)
