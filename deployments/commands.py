@@ -324,7 +324,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         snap = snapshot(client, pool)
         from e31.flows.placement import plan
 
-        line = submitted_line(snap, plan(snap.nodes, snap.running, snap.queued, snap.now), str(run.id))
+        placements = plan(snap.nodes, snap.running, snap.queued, snap.now, tenancy=snap.tenancy)
+        line = submitted_line(snap, placements, str(run.id))
         if line is None:  # ended already (refused by the scheduler, or cancelled): its state says why
             state = client.read_flow_run(run.id).state
             line = f"{state.name}: {state.message or ''}".rstrip(": ")
@@ -356,7 +357,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
         note = scheduler_note(client, pool.name, args.pool)
         snap = snapshot(client, pool, lease_s=lease_s)
         snap.scheduler_heard = serving
-        placements = plan(snap.nodes, snap.running, snap.queued, snap.now)
+        placements = plan(snap.nodes, snap.running, snap.queued, snap.now, tenancy=snap.tenancy)
         try:
             staging = progress_of(client, [p.job for p in placements if p.action == "wait"])
         except Exception:  # the progress is a courtesy: the queue is listed without it

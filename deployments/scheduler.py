@@ -83,6 +83,9 @@ class History:
     #: Job name -> the median seconds from its work's end to its run's end (its output's return), over its
     #: recent completed runs (e31.flows.queue.overheads).
     returns: dict[str, float] = field(default_factory=dict)
+    #: Each tenant's decayed usage by ended runs and when it was read (:mod:`e31.flows.queue.usage`); None
+    #: for a pool without tenants.
+    usage: Any = None
 
 
 def history(client: Any, pool: PoolSpec, limit: int = 200) -> History:
@@ -119,6 +122,10 @@ def history(client: Any, pool: PoolSpec, limit: int = 200) -> History:
                     nodes.remove(held)
                 nodes.insert(0, held)
     found.returns = {name: returns.output_s(name) for name in returns.returns}
+    if pool.tenants:
+        from e31.flows.queue.usage import read_usage
+
+        found.usage = read_usage(client, pool, clock.server_now())
     return found
 
 
@@ -128,8 +135,13 @@ def snapshot(client: Any, pool: PoolSpec, past: History | None = None, now: floa
     locality (``past``: read now when not given; ``cache``: the runs kept
     between ticks, else all are read)."""
     past = past or history(client, pool)
-    return queue.read(client, pool, now=now, history=past.runtimes, staged=past.staged, lease_s=lease_s, cache=cache,
+    snap = queue.read(client, pool, now=now, history=past.runtimes, staged=past.staged, lease_s=lease_s, cache=cache,
                       returns=past.returns)
+    if past.usage is not None:  # the pool's tenants: their usage so far, running jobs' included
+        from e31.flows.queue.usage import with_running
+
+        snap.tenancy = with_running(pool, past.usage, [r for r in snap.running if r.id in snap.runs], snap.now)
+    return snap
 
 
 def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None = None,
@@ -146,7 +158,7 @@ def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None 
     started, resent = time.monotonic(), busy_retries(client)[0]
     snap = snapshot(client, pool, past, now, lease_s, cache)
     t0 = time.monotonic()
-    placements = plan(snap.nodes, snap.running, snap.queued, snap.now, policy)
+    placements = plan(snap.nodes, snap.running, snap.queued, snap.now, policy, tenancy=snap.tenancy)
     preemptions = preempt.plan(snap, placements, preempt.rules_of(pool)) if policy == "e31" else []
     plan_s = time.monotonic() - t0
     counts = queue.apply(client, snap, placements, cache, max_waits, max_wait_s, handover_s, preemptions)

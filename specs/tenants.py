@@ -39,17 +39,22 @@ DEFAULT_TENANT = "default"
 
 
 class Resources(SpecModel):
-    """An amount of compute: ``gpus`` (whole devices), ``cpus`` (cores), ``memory`` (BYTES; ``1TiB`` etc.
-    accepted); a field left out is 0.  Raises (on validation) :class:`e31.specs.errors.SpecError`: a
-    negative count, an unreadable size."""
+    """A tenant's quota: ``gpus`` (whole devices), ``cpus`` (cores), ``memory`` (BYTES; ``1TiB`` etc.
+    accepted).  A resource left out is not part of the quota: a job's use of it never makes the job
+    borrow (``quota: {gpus: 8}`` guarantees 8 GPUs, with whatever CPUs and memory those jobs ask for).
+    A quota that names nothing guarantees nothing.  Raises (on validation)
+    :class:`e31.specs.errors.SpecError`: a negative count, an unreadable size."""
 
-    gpus: StrictInt = Field(0, ge=0, le=10_000_000, description="GPU devices.")
-    cpus: StrictInt = Field(0, ge=0, le=100_000_000, description="CPU cores.")
-    memory: Memory | None = Field(None, description="Memory in bytes, or a size such as 1TiB (left out: 0).")
+    gpus: StrictInt | None = Field(None, ge=0, le=10_000_000, description="GPU devices.")
+    cpus: StrictInt | None = Field(None, ge=0, le=100_000_000, description="CPU cores.")
+    memory: Memory | None = Field(None, description="Memory in bytes, or a size such as 1TiB.")
 
-    def as_tuple(self) -> tuple[int, int, int]:
-        """``(gpus, cpus, memory bytes)``."""
-        return self.gpus, self.cpus, self.memory or 0
+    def as_tuple(self) -> tuple[float, float, float]:
+        """``(gpus, cpus, memory bytes)``: ``inf`` for a resource left out, all 0 when none is named."""
+        values = (self.gpus, self.cpus, self.memory)
+        if all(v is None for v in values):
+            return 0.0, 0.0, 0.0
+        return tuple(float("inf") if v is None else float(v) for v in values)  # type: ignore[return-value]
 
 
 class BorrowLimit(SpecModel):

@@ -39,6 +39,7 @@ from e31.flows.placement.attained import width
 from e31.flows.placement.preemption import (PlannedPreemption, PreemptionRules, deadline_at_risk,
                                             deferred_preemptions, plan_preemptions)
 from e31.flows.queue.mapping import AHEAD_S, PlacementRecord, record_of
+from e31.flows.queue.tenancy import tenant_of
 from e31.specs import JobSpec
 from e31.specs.pool import PoolSpec
 from e31.specs.preemption import is_preemptible
@@ -110,6 +111,7 @@ def victim_fields(spec: JobSpec, run: Any, waiting: bool) -> dict[str, Any]:
     running = state is not None and state.type.value == "RUNNING"
     return {"preemptible": is_preemptible(spec) and running and not waiting and work_ended_at(run) is None,
             "checkpoint_at": checkpoint_at(run), "preemptions": record.preempted, "attained_s": record.attained_s,
+            "tenant": tenant_of(getattr(run, "tags", None)),
             "no_duration": spec.request.duration is None}
 
 
@@ -118,7 +120,8 @@ def queued_fields(spec: JobSpec, run: Any) -> dict[str, Any]:
     ``preemptible``, ``attained_s`` and ``waiting_since`` (its last preemption)."""
     record = record_of(run)
     return {"preemptible": is_preemptible(spec), "attained_s": record.attained_s,
-            "waiting_since": record.preempted[-1] if record.preempted else None}
+            "waiting_since": record.preempted[-1] if record.preempted else None,
+            "tenant": tenant_of(getattr(run, "tags", None))}
 
 
 def hold_behind_victims(snap: Any) -> None:
@@ -147,7 +150,8 @@ def plan(snap: Any, placements: list[Placement], rules: PreemptionRules) -> list
                else replace(r, preemptible=False) for r in snap.running]
     if not any(r.preemptible for r in running):
         return []
-    planned = plan_preemptions(snap.nodes, running, snap.queued, placements, snap.now, rules)
+    planned = plan_preemptions(snap.nodes, running, snap.queued, placements, snap.now, rules,
+                               getattr(snap, "tenancy", None))
     snap.preempt_notes = _deferred_words(snap, deferred_preemptions(snap.nodes, running, snap.queued, placements,
                                                                     planned, snap.now, rules), rules)
     return planned

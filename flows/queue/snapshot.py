@@ -68,6 +68,9 @@ class Snapshot:
     #: Ids of runs cancelled while queued after an earlier attempt (``Cancelling``, placed nowhere): no process
     #: of theirs exists to end the cancel, so the queue makes them ``Cancelled``.
     unplaced_cancels: list[str] = field(default_factory=list)
+    #: The pool's tenants with their usage (:mod:`e31.flows.queue.usage`), when the pool declares tenants; the
+    #: planner then orders and bounds by them.
+    tenancy: Any = None
     #: What a waiting deadline job's reason adds about the preemption it waits for (flow run id -> words;
     #: :func:`e31.flows.queue.preempt.plan` fills it)
     preempt_notes: dict[str, str] = field(default_factory=dict)

@@ -27,7 +27,7 @@ def test_tenants_with_their_defaults_and_who_belongs_where(tmp_path):
         "fair_share: {half_life: 3d}\n"))
     vision, nlp = pool.tenants
     assert vision.quota.as_tuple() == (8, 32, 256 * GIB) and vision.weight == 2.0 and vision.borrow_limit is None
-    assert nlp.quota.as_tuple() == (4, 0, 0) and nlp.weight == 1.0 and nlp.borrow_limit.as_tuple() == (2.0, float("inf"), float("inf"))
+    assert nlp.quota.as_tuple() == (4.0, float("inf"), float("inf")) and nlp.weight == 1.0 and nlp.borrow_limit.as_tuple() == (2.0, float("inf"), float("inf"))
     assert pool.fair_share.half_life == timedelta(days=3)
     assert (pool.tenant_of("bob"), pool.tenant_of("carol")) == ("vision", DEFAULT_TENANT)
     assert pool.tenant_names() == ["vision", "nlp", "default"]
