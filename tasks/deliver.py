@@ -100,7 +100,8 @@ class ReturnTarget:
     same flow run id, elsewhere: its return replaces the earlier
     attempt's even when that one was complete; None: not known).
     ``preemptions`` and ``lost_s``: the queue's earlier preemptions of the
-    run and the seconds of work they threw away (its placement record)."""
+    run and the seconds of work they threw away (its placement record).
+    ``tenant``: the pool's tenant the run is for (its tag; None outside a queue)."""
 
     job: str
     run_id: str | None
@@ -119,6 +120,7 @@ class ReturnTarget:
     attempt: str | None = None
     preemptions: int = 0
     lost_s: float = 0.0
+    tenant: str | None = None
 
 
 def preempted_so_far(req: ReturnTarget, out: RunOutcome, reason: str) -> dict[str, Any]:
@@ -238,6 +240,7 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
         work_started_at=out.work_started_at,
         released_at=released_at,
         resumed_from_step=out.resumed_from_step,
+        tenant=req.tenant,
         **preempted_so_far(req, out, v.reason),
     )
     if completed:
@@ -268,8 +271,8 @@ ARTIFACT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)
 def publish_artifacts(req: ReturnTarget, manifest: dict[str, Any],
                       backoff_s: tuple[float, ...] = ARTIFACT_BACKOFF_S) -> bool:
     """Show a delivered manifest in the Prefect UI: a ``manifest`` table
-    artifact (each returned file with the job's status, reason, step and
-    meter) and an ``output`` link artifact to the destination (masked).
+    artifact (each returned file with the job's status, reason, step,
+    meter, preemptions and lost work) and an ``output`` link artifact to the destination (masked).
     While the Prefect API does not answer or refuses, tries again after each
     of ``backoff_s`` seconds (an artifact already made is not made twice);
     returns False -- the output is delivered all the same -- when the last
@@ -306,7 +309,8 @@ def _artifacts(req: ReturnTarget, manifest: dict[str, Any] | Manifest, made: set
     ``pydantic.ValidationError`` when ``manifest`` is not a final manifest."""
     m = Manifest.model_validate(manifest)
     meter = m.meter
-    verdict_columns = {"status": m.status, "reason": m.reason, "step": m.step, **meter.model_dump()}
+    verdict_columns = {"status": m.status, "reason": m.reason, "step": m.step, **meter.model_dump(),
+                       "preemptions": m.preemptions, "lost_s": m.lost_s}
     files = [f.model_dump() for f in m.files] or [{"path": "(none)", "bytes": 0, "sha256": ""}]
     rows = [{**f, **verdict_columns} for f in files]
     if "manifest" not in made:

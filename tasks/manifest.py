@@ -73,6 +73,7 @@ def build_manifest(
     resumed_from_step: int | None = None,
     preemptions: int = 0,
     lost_s: float = 0.0,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
     """The manifest as a JSON-ready dict: :meth:`Manifest.to_json_dict` of the
     :class:`e31.tasks.manifest_model.Manifest` built here (raises
@@ -103,12 +104,14 @@ def build_manifest(
     :func:`e31.tasks.meter.meter`.  ``resumed_from_step``: the checkpoint
     step the run's work resumed from (None: a fresh start).  ``preemptions``
     and ``lost_s``: how many times the queue preempted the run so far and
-    the seconds of work those preemptions threw away.
+    the seconds of work those preemptions threw away.  ``tenant``: the pool's
+    tenant the run is for (None outside a queue).
     """
     return Manifest(
         job=job,
         run_id=run_id,
         attempt=attempt,
+        tenant=tenant,
         status=verdict.status,
         reason=verdict.reason,
         message=verdict.message,

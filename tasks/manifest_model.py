@@ -94,7 +94,7 @@ class Logs(_Part):
 #: What a manifest an earlier E31 wrote lacks, read as (the fields added since; ``folder``
 #: follows from ``status``).  This E31 writes every field.
 EARLIER_DEFAULTS: dict[str, Any] = {
-    "attempt": None, "message": "", "exit_code": None, "step": None, "resumed_from_step": None, "preemptions": 0,
+    "attempt": None, "tenant": None, "message": "", "exit_code": None, "step": None, "resumed_from_step": None, "preemptions": 0,
     "lost_s": 0.0, "stale": [],
     "checkpoint": None, "timings": {}, "staged_before_allocation": None, "peak_memory_bytes": 0, "spec_sha256": "",
     "finished_at": "", "stop_requested_at": None, "logs": {"stdout_tail": "", "stderr_tail": "", "lines_not_forwarded": 0},
@@ -129,6 +129,8 @@ class Manifest(_Part):
     attempt: str | None = Field(description="A token of the flow process that made this attempt of the run (a run "
                                             "queued again after its node was lost keeps its flow run id); null when "
                                             "not known.")
+    tenant: str | None = Field(description="The pool's tenant the run was submitted for (its flow run's tag "
+                                           "`tenant:NAME`); null outside a queue.")
     status: Status = Field(description="The verdict (see [status](#status)).")
     reason: Reason = Field(description="How the run ended (see [reason](#reason)).")
     message: str = Field(description="A line for a person; empty for a plain completion.")

@@ -173,8 +173,20 @@ class Attempt:
             job=plan.job, run_id=self.run_id, output_dir=str(plan.output_dir),
             output_url=plan.output_url, declared=plan.output_files, gpus=plan.gpus, cpus=plan.cpus,
             spec_sha256=plan.spec_sha256, checkpoint_url=plan.checkpoint_url, attempt=attempt_token(),
-            **self.preempted_before(),
+            tenant=self.tenant(), **self.preempted_before(),
         )
+
+    def tenant(self) -> str | None:
+        """The pool's tenant this flow run is for (its tag ``tenant:NAME``), or None: not a run of a queue."""
+        from prefect.runtime import flow_run
+
+        from e31.flows.queue.tenancy import TENANT_TAG, tenant_of
+
+        try:
+            tags = list(flow_run.tags or [])
+        except Exception:  # not in a flow run
+            return None
+        return tenant_of(tags) if any(str(t).startswith(TENANT_TAG) for t in tags) else None
 
     def preempted_before(self) -> dict[str, Any]:
         """The queue's earlier preemptions of this flow run and the seconds of work they threw away, as its

@@ -52,10 +52,12 @@ def test_a_tenant_within_its_quota_takes_back_what_another_borrowed(prefect_api,
         ids["b1"] = _run_id(q.submit(b_spec, "--tenant", "b"))
         wait_for(lambda: final_manifest(q.root / "out" / "b1") is not None, timeout=120, what="b1's output")
         b_start = _attempts(b_log)[0]["start"]
+        b_manifest = final_manifest(q.root / "out" / "b1")
         a_runs = {name: _attempts(log) for name, (_, log) in zip(("a1", "a2", "a3"), a)}
         a2_history = [name for _, _, name, _ in _history(ids["a2"])]
         a1_history = [name for _, _, name, _ in _history(ids["a1"])]
         a3_history = [(at, name) for at, _, name, _ in _history(ids["a3"])]
+    assert (b_manifest["status"], b_manifest["tenant"]) == ("completed", "b")
     # b's work started within the grace (the default 30 s) + 10 s of its submission
     assert b_start - submitted <= 40, (b_start, submitted)
     # a2, the latest-started of a's jobs, beyond a's quota, was the one taken back; a1, within it, never

@@ -176,4 +176,5 @@ def test_flow_run_shows_tasks_artifacts_and_tags_in_the_ui(prefect_api, scratch,
     assert table.type == "table"
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
     meter = manifest["meter"]
-    assert rows == [{**f, "status": "completed", "reason": "finished", "step": 3, **meter} for f in manifest["files"]]
+    assert rows == [{**f, "status": "completed", "reason": "finished", "step": 3, **meter,
+                     "preemptions": 0, "lost_s": 0.0} for f in manifest["files"]]

@@ -85,6 +85,7 @@ GOLDEN = """{
   "job": "nightly",
   "run_id": "0b1c",
   "attempt": "n1-100-aaaaaaaa",
+  "tenant": null,
   "status": "failed",
   "reason": "error",
   "message": "work exited with code 3",

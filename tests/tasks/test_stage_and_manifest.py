@@ -102,7 +102,7 @@ def test_manifest_meter_bills_work_start_to_release():
     assert m["resumed_from_step"] is None
     assert m["staged_before_allocation"] is None
     assert m["timings"] == {"staging_s": 0.5, "run_s": 10.0, "return_s": 0.25}
-    assert list(m) == ["job", "run_id", "attempt", "status", "reason", "message", "exit_code", "step", "resumed_from_step", "preemptions", "lost_s", "folder", "files", "stale",
+    assert list(m) == ["job", "run_id", "attempt", "tenant", "status", "reason", "message", "exit_code", "step", "resumed_from_step", "preemptions", "lost_s", "folder", "files", "stale",
                        "checkpoint", "timings", "meter", "staged_before_allocation", "peak_memory_bytes", "spec_sha256", "finished_at",
                        "stop_requested_at", "logs"]
     assert (m["folder"], m["stale"]) == (".", [])
