@@ -84,9 +84,11 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     n.add_argument("--down", action="store_true", help="declare the machine off: its lost runs' retries may start "
                                                        "elsewhere")
     from e31.deployments.cancelcmd import cmd_cancel
+    from e31.deployments.usagecmd import add_usage, cmd_usage
 
+    add_usage(sub)
     return {"scheduler": cmd_scheduler, "worker": cmd_worker, "submit": cmd_submit, "queue": cmd_queue,
-            "cancel": cmd_cancel, "node": cmd_node}
+            "cancel": cmd_cancel, "node": cmd_node, "usage": cmd_usage}
 
 
 def cmd_node(args: argparse.Namespace) -> int:

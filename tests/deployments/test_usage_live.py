@@ -1,0 +1,68 @@
+"""``e31 usage`` against a real server, scheduler and worker: every figure is the sum of the runs'
+manifests; a failed run, a run still going and a pool with no runs; each output format."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+
+import pytest
+
+from tests.conftest import final_manifest
+from tests.deployments.test_queue import queue, wait_for
+
+pytestmark = pytest.mark.server
+
+FAIL = "import sys, time\ntime.sleep(float(sys.argv[1]))\nsys.exit(3)\n"
+
+
+def _usage(q, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([q.exe, "usage", "--pool", str(q.pool), *args], capture_output=True, text=True, cwd=q.root)
+
+
+def test_e31_usage_sums_the_manifests_by_tenant_job_and_day(prefect_api, tmp_path):
+    with queue(tmp_path, {"n1": 2}) as q:
+        pool = json.loads(q.pool.read_text())
+        pool["tenants"] = [{"name": "a", "quota": {"gpus": 1}}, {"name": "b", "quota": {"gpus": 1}}]
+        q.pool.write_text(json.dumps(pool))
+        (q.root / "fail.py").write_text(FAIL)
+        empty = _usage(q)
+        assert (empty.returncode, empty.stdout.splitlines()[1:]) == (0, ["  no run of the pool ended or ran in the period"])
+        q.scheduler()
+        q.worker("n1", 2)
+        q.submit(q.job("a1", 1, 1), "--tenant", "a")
+        q.submit(q.job("b1", 1, 1, work="fail.py"), "--tenant", "b")
+        wait_for(lambda: final_manifest(q.root / "out" / "a1") is not None, what="a1's manifest")
+        wait_for(lambda: final_manifest(q.root / "out" / "b1" / "partial") is not None, what="b1's manifest")
+        q.submit(q.job("a2", 1, 120), "--tenant", "a")
+        wait_for(lambda: (q.root / "out" / "a2" / "started.json").exists() or any(
+            (q.root / "scratch-n1").glob("a2/**/started.json")), what="a2's work")
+        a1, b1 = final_manifest(q.root / "out" / "a1"), final_manifest(q.root / "out" / "b1" / "partial")
+        wait_for(lambda: json.loads(_usage(q, "--json").stdout)["rows"][0].get("completed") == 1,
+                 what="a1's manifest artifact")  # the artifact is made a moment after the manifest
+        by_tenant = json.loads(_usage(q, "--json").stdout)
+        by_job = json.loads(_usage(q, "--json", "--by", "job").stdout)
+        by_day = _usage(q, "--csv", "--by", "day")
+        table = _usage(q, "--png", str(tmp_path / "usage.png"))
+    assert (a1["status"], a1["tenant"], b1["status"], b1["tenant"]) == ("completed", "a", "failed", "b")
+    rows = {r["key"]: r for r in by_tenant["rows"]}
+    assert rows["a"]["gpu_hours"] == round(a1["meter"]["gpu_seconds"] / 3600, 6)
+    assert rows["a"]["cpu_hours"] == round(a1["meter"]["cpu_seconds"] / 3600, 6)
+    assert (rows["a"]["completed"], rows["a"]["running"], rows["a"]["failed"]) == (1, 1, 0)
+    assert rows["b"]["gpu_hours"] == round(b1["meter"]["gpu_seconds"] / 3600, 6)
+    assert (rows["b"]["failed"], rows["b"]["completed"], rows["b"]["running"]) == (1, 0, 0)
+    total = by_tenant["total"]
+    assert total["gpu_hours"] == round((a1["meter"]["gpu_seconds"] + b1["meter"]["gpu_seconds"]) / 3600, 6)
+    assert (total["completed"], total["failed"], total["running"], total["redone_gpu_hours"]) == (1, 1, 1, 0.0)
+    assert {r["key"] for r in by_job["rows"]} == {"a1", "b1", "a2"}
+    day = list(csv.reader(io.StringIO(by_day.stdout)))
+    assert day[0] == ["day", "gpu_hours", "cpu_hours", "redone_gpu_hours", "completed", "partial", "failed", "running",
+                      "mean_wait_s"]
+    assert len(day) == 2 and float(day[1][1]) == total["gpu_hours"]
+    lines = table.stdout.splitlines()
+    assert lines[1].split() == ["TENANT", "GPU-H", "CPU-H", "REDONE", "GPU-H", "DONE", "PARTIAL", "FAILED", "RUNNING",
+                                "MEAN", "WAIT"]
+    assert lines[-1].split()[:2] == ["total", f"{total['gpu_hours']:.3f}"]
+    assert (tmp_path / "usage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,34 @@
+"""The meter added up (e31.flows.queue.meter): rows by tenant, job and day from the attempts' manifests."""
+
+from __future__ import annotations
+
+import pytest
+
+from e31.flows.queue.meter import Attempt, RunBill, usage_rows
+
+T0 = 1_767_225_600.0  # 2026-01-01 00:00 UTC
+
+
+def test_rows_sum_the_attempts_released_in_the_period_and_count_runs_by_their_newest_manifest():
+    preempted = Attempt("partial", T0 + 10, T0 + 3610, 7200.0, 3600.0, lost_s=120.0)
+    resumed = Attempt("completed", T0 + 4000, T0 + 7600, 7200.0, 3600.0, lost_s=120.0)
+    runs = [
+        RunBill("r1", "train", "vision", T0, 2, True, (preempted, resumed)),
+        RunBill("r2", "sweep", "nlp", T0 + 100, 1, True, (Attempt("failed", T0 + 200, T0 + 2000, 1800.0, 1800.0),)),
+        RunBill("r3", "sweep", "nlp", T0 + 300, 1, False, ()),  # queued or running: billed once it returns
+        RunBill("old", "train", "vision", T0 - 90_000, 2, True, (Attempt("completed", T0 - 89_000, T0 - 86_500,
+                                                                         5000.0, 2500.0),)),
+    ]
+    by_tenant = {r.key: r.as_dict() for r in usage_rows(runs, since=T0 - 3600)}
+    assert by_tenant == {
+        "nlp": {"key": "nlp", "gpu_hours": 0.5, "cpu_hours": 0.5, "redone_gpu_hours": 0.0, "completed": 0,
+                "partial": 0, "failed": 1, "running": 1, "mean_wait_s": 100.0},
+        "vision": {"key": "vision", "gpu_hours": 4.0, "cpu_hours": 2.0, "redone_gpu_hours": round(120 * 2 / 3600, 6),
+                   "completed": 1, "partial": 0, "failed": 0, "running": 0, "mean_wait_s": 10.0},
+    }
+    by_day = {r.key: (r.gpu_hours, r.completed) for r in usage_rows(runs, since=T0 - 2 * 86400, by="day")}
+    assert by_day == {"2025-12-30": (5000 / 3600, 1), "2026-01-01": (4.5, 1)}  # released 23:58 on the 30th
+    assert [r.key for r in usage_rows(runs, since=T0 - 3600, by="job")] == ["sweep", "train"]
+    assert usage_rows([], since=T0) == []
+    with pytest.raises(ValueError, match="by must be one of tenant, job, day"):
+        usage_rows(runs, since=T0, by="week")
