@@ -283,10 +283,29 @@ def main(argv: list[str] | None = None) -> int:
         from e31.tasks.storage import scrub
 
         api = os.environ.get("PREFECT_API_URL")
+        refused = _refused_credentials(exc)
+        if refused is not None:
+            print(f"e31: {refused}", file=sys.stderr)
+            return EXIT_FAILED
         hint = (f" (PREFECT_API_URL={api}): is the Prefect server running? Start it (prefect server start) or point "
                 "PREFECT_API_URL at it" if api and api_error(exc) else "")
         print(f"e31: {type(exc).__name__}: {scrub(str(exc))}{hint}; set E31_DEBUG=1 for the traceback", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _refused_credentials(exc: BaseException) -> str | None:
+    """The line for a Prefect server that refused this client's credentials (HTTP 401: its
+    ``PREFECT_SERVER_API_AUTH_STRING`` basic auth), naming the setting to fix; None for any other
+    error.  The string itself is never shown."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL
+
+    response = getattr(exc, "response", None)
+    if getattr(response, "status_code", None) != 401:
+        return None
+    given = PREFECT_API_AUTH_STRING.value()
+    state = "is set but the server refused it" if given else "is not set"
+    return (f"the Prefect server at {PREFECT_API_URL.value()} requires basic auth and PREFECT_API_AUTH_STRING {state}: "
+            "set PREFECT_API_AUTH_STRING to the user:password of the server's PREFECT_SERVER_API_AUTH_STRING")
 
 
 def _main(argv: list[str] | None) -> int:

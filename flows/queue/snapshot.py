@@ -136,8 +136,18 @@ def heard(client: Any, pool: PoolSpec) -> dict[str, float]:
     """Node name -> the last heartbeat (Unix seconds) of its ``e31 worker``
     (a worker is named after its node), for every worker the work pool
     knows, however long silent."""
+    from prefect.exceptions import ObjectNotFound
+
     found: dict[str, float] = {}
-    for worker in client.read_workers_for_work_pool(work_pool_name(pool)):
+    try:
+        workers = client.read_workers_for_work_pool(work_pool_name(pool))
+    except ObjectNotFound:  # no job submitted to the pool yet, no scheduler or worker started: no work pool
+        return found
+    except Exception as exc:  # the sync client answers a missing work pool with the HTTP error itself
+        if getattr(getattr(exc, "response", None), "status_code", None) == 404:
+            return found
+        raise
+    for worker in workers:
         beat = _ts(worker.last_heartbeat_time)
         if beat is not None:
             found[worker.name] = max(beat, found.get(worker.name, 0.0))
