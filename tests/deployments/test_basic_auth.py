@@ -20,8 +20,6 @@ SECRET = "operator:Zq7-not-in-any-log"
 
 
 def test_the_queue_works_behind_basic_auth_and_a_wrong_string_gets_one_line(tmp_path, monkeypatch):
-    import httpx
-
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
     log = open(tmp_path / "auth-server.log", "wb")
