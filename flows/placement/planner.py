@@ -95,6 +95,7 @@ a queue of tens to hundreds of jobs in milliseconds.
 from __future__ import annotations
 
 from bisect import insort
+from dataclasses import replace
 from collections.abc import Sequence
 
 from .attained import by_attained
@@ -104,7 +105,7 @@ from .policy import Promotion, Ranked, at_risk, order, overdue
 from .reasons import Explainer, start_reason
 from .text import clock
 from .refusals import deadline_refusal, eligible_nodes, fit_refusal
-from .tenants import BorrowLimits, Tenancy, amount_words, bounded, exceeds_limit, fair_order
+from .tenants import BorrowLimits, Tenancy, amount_words, beyond_quota, bounded, exceeds_limit, fair_order
 
 __all__ = ["AGE_LIMIT_S", "DEPTH", "POLICIES", "plan"]
 
@@ -309,7 +310,7 @@ def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[
             cap = Capacity(nodes, running, now)
         ranked = order(policy, jobs, now, promoted)
         if tenants:
-            positions, _ = fair_order([r.job for r in ranked], running, tenancy)
+            positions, nominal = fair_order([r.job for r in ranked], running, tenancy)
             ranked = [ranked[k] for k in positions]
         limits = BorrowLimits(running, tenancy, now) if tenants else None
         slots = _place(cap, ranked, depth, policy == "fcfs", promoted, limits)
@@ -321,7 +322,12 @@ def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[
         promoted.update(risky)
     explainer = Explainer(cap, depth, policy == "fcfs") if explain else None
     held = limits.delayed if tenants and explain else {}
-    return [_placement(j, slots[j.job.id], cap, explainer, held.get(j.job.id)) for j in ranked] + refused
+    out = [_placement(j, slots[j.job.id], cap, explainer, held.get(j.job.id)) for j in ranked]
+    if tenants and explain:  # a borrowing job's wait: its tenant is beyond its quota
+        words = beyond_quota(tenancy, running, [j.job for j in ranked], nominal)
+        out = [replace(p, reason=f"{p.reason}; {words[p.job]}") if p.action == "wait" and p.job in words
+               and p.job not in held else p for p in out]
+    return out + refused
 
 
 def _placement(j: Ranked, slot: _Slot, cap: Capacity, explainer: Explainer | None,

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from .model import QueuedJob, RunningJob
 
 __all__ = ["BorrowLimits", "Tenancy", "Tenant", "tenancy_of", "borrowing", "decayed_service", "dominant_share", "exceeds_limit",
-           "amount_words", "bounded", "fair_order", "held_by", "sum_of"]
+           "amount_words", "beyond_quota", "bounded", "fair_order", "held_by", "sum_of"]
 
 Amount = tuple[float, float, float]  # GPUs, CPUs, memory bytes (or the same times seconds)
 _NONE: Amount = (0.0, 0.0, 0.0)
@@ -209,7 +209,8 @@ class BorrowLimits:
         """``job`` is held back by its tenant's bound: say so (:attr:`delayed`)."""
         t = self.tenancy.of(job.tenant)
         used = self.held.get(job.tenant, _NONE)
-        self.delayed[job.id] = (f"tenant {job.tenant} holds {amount_words(used)}, and {amount_words(_request(job))} "
+        used, more = _named(used, bounded(t)), _named(_request(job), bounded(t))
+        self.delayed[job.id] = (f"tenant {job.tenant} holds {amount_words(used)}, and {amount_words(more)} "
                                 f"more would pass its quota and borrow_limit ({amount_words(bounded(t))}); it starts "
                                 "as the tenant's running jobs end")
 
@@ -232,6 +233,33 @@ class BorrowLimits:
         return last
 
 
+def beyond_quota(tenancy: Tenancy, running: Sequence[RunningJob], jobs: Sequence[QueuedJob],
+                 nominal: set[str]) -> dict[str, str]:
+    """For each of ``jobs`` not in ``nominal`` (it borrows: its tenant's quota is full without it), what
+    its waiting reason adds: its tenant, what its running jobs hold and its jobs within the quota are
+    planned, and its quota, e.g. ``tenant vision is at its quota (16 GPUs held or planned, quota 16
+    GPUs): its jobs beyond it wait behind jobs within their tenants' quotas``; for a tenant without a
+    quota, that it has none."""
+    held = held_by(running)
+    for job in jobs:  # what the plan gives each tenant within its quota
+        if job.id in nominal:
+            held[job.tenant] = _add(held.get(job.tenant, _NONE), _request(job))
+    out = {}
+    for job in jobs:
+        if job.id in nominal:
+            continue
+        t = tenancy.of(job.tenant)
+        if t.quota == _NONE:
+            out[job.id] = (f"tenant {job.tenant} has no quota: its jobs run in capacity no tenant within its quota "
+                           "needs, ordered by fair share")
+        else:
+            used = _named(held.get(job.tenant, _NONE), t.quota)
+            out[job.id] = (f"tenant {job.tenant} is at its quota ({amount_words(used)} held or planned, "
+                           f"quota {amount_words(t.quota)}): its jobs beyond it wait behind jobs within their "
+                           "tenants' quotas")
+    return out
+
+
 def bounded(tenant: Tenant) -> Amount:
     """What ``tenant`` may hold at most: ``quota + borrow_limit`` (``inf`` where there is no limit)."""
     return _add(tenant.quota, tenant.borrow_limit) if tenant.borrow_limit is not None else (math.inf,) * 3
@@ -249,6 +277,11 @@ def sum_of(amounts: Iterable[Amount]) -> Amount:
     for a in amounts:
         total = _add(total, a)
     return total
+
+
+def _named(amount: Amount, bound: Amount) -> Amount:
+    """``amount`` with the resources ``bound`` does not limit (``inf``) left out (0): what words show."""
+    return tuple(a if b < math.inf else 0.0 for a, b in zip(amount, bound))  # type: ignore[return-value]
 
 
 def amount_words(amount: Amount) -> str:

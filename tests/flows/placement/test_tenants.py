@@ -45,6 +45,10 @@ def test_jobs_within_their_tenant_s_quota_come_before_any_borrowing():
     assert [jobs[k].id for k in order] == ["v1", "n1", "v2"] and nominal == {"v1", "n1"}
     got = {p.job: p for p in plan([node("a", gpus=8)], [], jobs, T0, tenancy=tenancy)}
     assert (got["v1"].action, got["n1"].action, got["v2"].action) == ("start", "start", "wait")
+    assert got["v2"].reason == ("waiting for 4 GPUs on one node (0 free on a); earliest start 01:00 UTC on a, after job "
+                                "v1 ends; tenant vision is at its quota (4 GPUs, 4 CPUs held or planned, quota 4 GPUs, 32 CPUs, "
+                                "256 GiB): "
+                                "its jobs beyond it wait behind jobs within their tenants' quotas")
     # without tenants, arrival order: vision's two jobs take the node
     plain = {p.job: p for p in plan([node("a", gpus=8)], [], jobs, T0, "easy")}
     assert (plain["v1"].action, plain["v2"].action, plain["n1"].action) == ("start", "start", "wait")
@@ -71,9 +75,9 @@ def test_a_tenant_at_its_borrow_limit_waits_for_its_own_jobs_to_end_and_a_job_ov
     got = {p.job: p for p in plan([node("a", gpus=8)], held, jobs, T0, tenancy=tenancy)}
     assert got["n3"].action == "start"  # 3 + 1 = 4: within the limit
     assert (got["n2"].action, got["n2"].start) == ("wait", T0 + 2 * H)  # 4 + 2 > 4: after r1 ends
-    assert got["n2"].reason == ("waiting: tenant nlp holds 3 GPUs, 4 CPUs, and 2 GPUs, 4 CPUs more would pass its "
-                                "quota and borrow_limit (4 GPUs); it starts as the tenant's running jobs end; planned "
-                                "to start 02:00 UTC on a")
+    assert got["n2"].reason == ("waiting: tenant nlp holds 3 GPUs, and 2 GPUs more would pass its quota and "
+                                "borrow_limit (4 GPUs); it starts as the tenant's running jobs end; planned to start "
+                                "02:00 UTC on a")
     assert got["huge"].action == "refuse"
     assert got["huge"].reason == ("asks for more than tenant nlp may hold (its quota and borrow_limit: 4 GPUs); "
                                   "ask for less, or raise the tenant's borrow_limit in the pool file")
