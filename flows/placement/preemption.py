@@ -275,9 +275,10 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
 
 def deferred_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[QueuedJob],
                          placements: Sequence[Placement], planned: Sequence[PlannedPreemption], now: float,
-                         rules: PreemptionRules) -> dict[str, tuple[float, Preemption] | str]:
-    """For each deadline job at risk (:func:`deadline_at_risk`) that :func:`plan_preemptions` found no
-    victims for now: the preemption it gets once running jobs reach the pool's minimum run (a
+                         rules: PreemptionRules,
+                         tenancy: Tenancy | None = None) -> dict[str, tuple[float, Preemption] | str]:
+    """For each deadline job at risk (:func:`deadline_at_risk`), and with ``tenancy`` each waiting job
+    within its tenant's quota, that :func:`plan_preemptions` found no victims for now: the preemption it gets once running jobs reach the pool's minimum run (a
     :class:`Preemption` whose ``lost`` is replaced by the Unix time it becomes allowed, at most one day
     ahead), or why it gets none (a phrase: the jobs on its way are not preemptible, or have reached the
     pool's ``max_per_day``).  What a queued job's reason tells (Slurm's ``PreemptExemptTime`` plays the
@@ -286,9 +287,26 @@ def deferred_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], q
     by_id = {job.id: job for job in queued}
     held = [r for r in running if r.id not in taken]
     out: dict[str, tuple[float, Preemption] | str] = {}
+    if tenancy is not None and tenancy.matters():  # a job within its quota waits to take back what others borrow
+        lent = borrowing(running, tenancy)
+        ordered = [by_id[p.job] for p in placements if p.job in by_id and p.action != "refuse"]
+        _, nominal = fair_order(ordered, running, tenancy)
+        for p in placements:
+            job = by_id.get(p.job)
+            if job is None or job.id in taken or p.action != "wait" or job.id not in nominal:
+                continue
+            mine = [r for r in held if r.id in lent and r.tenant != job.tenant and r.preemptible]
+            need = Need(job.gpus, job.cpus, job.memory, job.gpu_type)
+            for at in sorted({max(r.start + rules.min_run_s, now) for r in mine if r.start + rules.min_run_s > now}):
+                if p.start is not None and at >= p.start or at > now + DAY_S:
+                    break  # it starts as early without one
+                chosen = choose_victims(need, nodes, held, at, rules, lambda v, job=job: v.id in lent and v.tenant != job.tenant)
+                if chosen is not None:
+                    out[job.id] = (at, chosen)
+                    break
     for p in placements:
         job = by_id.get(p.job)
-        if job is None or job.id in taken or not deadline_at_risk(job, p, now):
+        if job is None or job.id in taken or job.id in out or not deadline_at_risk(job, p, now):
             continue
         need = Need(job.gpus, job.cpus, job.memory, job.gpu_type)
         by = job.work_deadline

@@ -152,8 +152,9 @@ def plan(snap: Any, placements: list[Placement], rules: PreemptionRules) -> list
         return []
     planned = plan_preemptions(snap.nodes, running, snap.queued, placements, snap.now, rules,
                                getattr(snap, "tenancy", None))
+    tenancy = getattr(snap, "tenancy", None)
     snap.preempt_notes = _deferred_words(snap, deferred_preemptions(snap.nodes, running, snap.queued, placements,
-                                                                    planned, snap.now, rules), rules)
+                                                                    planned, snap.now, rules, tenancy), rules)
     return planned
 
 
@@ -171,18 +172,31 @@ def _deferred_words(snap: Any, deferred: dict[str, Any], rules: PreemptionRules)
         at, chosen = what
         names = ", ".join(f"{snap.specs[v].name} ({v[:8]})" if v in snap.specs else v[:8] for v in chosen.victims)
         min_run = format_duration(timedelta(seconds=rules.min_run_s))
+        lenders = sorted({r.tenant for r in snap.running if r.id in chosen.victims})
+        mine = next((q.tenant for q in snap.queued if q.id == key), None)
+        if getattr(snap, "tenancy", None) is not None and lenders and mine not in lenders:
+            words[key] = (f"; takes back what tenant{'s' if len(lenders) > 1 else ''} {', '.join(lenders)} borrowed: "
+                          f"preempts {names} at {datetime.fromtimestamp(at, timezone.utc):%H:%M:%S} UTC, once "
+                          f"{'they have' if len(chosen.victims) > 1 else 'it has'} run the pool's min_run ({min_run})")
+            continue
         words[key] = (f"; preempts {names} at {datetime.fromtimestamp(at, timezone.utc):%H:%M:%S} UTC, once "
                       f"{'they have' if len(chosen.victims) > 1 else 'it has'} run the pool's min_run ({min_run})")
     return words
 
 
 def _why(snap: Any, planned: PlannedPreemption, placements: dict[str, Placement]) -> str:
-    """Why the queue preempts for ``planned.job``: its deadline at risk, or the service it received."""
+    """Why the queue preempts for ``planned.job``: its deadline at risk, its tenant taking back what others
+    borrowed, or the service it received."""
     job = next(q for q in snap.queued if q.id == planned.job)
     p = placements.get(job.id)
     if p is not None and deadline_at_risk(job, p, snap.now) and job.deadline is not None:
         at = datetime.fromtimestamp(job.deadline, timezone.utc)
         return f"its deadline {at:%H:%M:%S} UTC would be missed otherwise"
+    lenders = sorted({r.tenant for r in snap.running if r.id in planned.preemption.victims} - {job.tenant}) \
+        if getattr(snap, "tenancy", None) is not None else []
+    if lenders:
+        return (f"tenant {job.tenant} takes back, within its quota, what tenant{'s' if len(lenders) > 1 else ''} "
+                f"{', '.join(lenders)} borrowed")
     return (f"it has received {job.attained_s / 3600:.1f} {'GPU' if job.gpus else 'CPU'}-hours and the preempted "
             "runs far more (jobs that declare no duration are served least-served first)")
 

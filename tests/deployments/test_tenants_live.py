@@ -54,7 +54,8 @@ def test_a_tenant_within_its_quota_takes_back_what_another_borrowed(prefect_api,
         b_start = _attempts(b_log)[0]["start"]
         b_manifest = final_manifest(q.root / "out" / "b1")
         a_runs = {name: _attempts(log) for name, (_, log) in zip(("a1", "a2", "a3"), a)}
-        a2_history = [name for _, _, name, _ in _history(ids["a2"])]
+        a2_states = _history(ids["a2"])
+        a2_history = [name for _, _, name, _ in a2_states]
         a1_history = [name for _, _, name, _ in _history(ids["a1"])]
         a3_history = [(at, name) for at, _, name, _ in _history(ids["a3"])]
     assert (b_manifest["status"], b_manifest["tenant"]) == ("completed", "b")
@@ -63,6 +64,9 @@ def test_a_tenant_within_its_quota_takes_back_what_another_borrowed(prefect_api,
     # a2, the latest-started of a's jobs, beyond a's quota, was the one taken back; a1, within it, never
     assert "Preempting" in a2_history and "Preempted" in a2_history, a2_history
     assert "Preempting" not in a1_history, a1_history
+    why = next(message for _, _, name, message in a2_states if name == "Preempting")
+    assert why.startswith(f"preempted by b1 ({ids['b1'][:8]}): tenant b takes back, within its quota, what tenant a "
+                          "borrowed; at "), why
     stopped = next(line["stopped"] for line in a_runs["a2"] if "stopped" in line)
     assert stopped <= b_start  # never two works on one device
     # while b waited and ran, a never held more than its quota: a3 did not start before b's work had

@@ -158,7 +158,7 @@ def test_a_job_within_its_quota_takes_back_what_another_tenant_borrowed():
     """vision (quota 4 GPUs) waits while nlp (quota 4) holds all 8: nlp's latest-started preemptible job
     beyond its quota is the victim, once it has run the pool's min_run; nlp's jobs within its quota and
     non-preemptible ones never are."""
-    from e31.flows.placement.preemption import PreemptionRules, plan_preemptions
+    from e31.flows.placement.preemption import PreemptionRules, deferred_preemptions, plan_preemptions
 
     tenancy = _tenancy(Tenant("vision", quota=(4.0, 32.0, 256.0 * GIB)), Tenant("nlp", quota=(4.0, 32.0, 256.0 * GIB)))
     nodes = [node("a", gpus=8)]
@@ -176,8 +176,11 @@ def test_a_job_within_its_quota_takes_back_what_another_tenant_borrowed():
     assert [(p.job, p.preemption.victims) for p in got] == [("v1", ("lent",))]
     assert plan_preemptions(nodes, held, waiting, placements, T0, rules) == []  # without tenants: nothing to reclaim
     young = [held[0], replace(held[1], start=T0 - 60)]  # the borrowed job has run a minute: under min_run
-    assert plan_preemptions(nodes, young, waiting, plan(nodes, young, waiting, T0, tenancy=tenancy), T0, rules,
-                            tenancy) == []
+    placed = plan(nodes, young, waiting, T0, tenancy=tenancy)
+    assert plan_preemptions(nodes, young, waiting, placed, T0, rules, tenancy) == []
+    later = deferred_preemptions(nodes, young, waiting, placed, [], T0, rules, tenancy)
+    assert {k: (at, p.victims) for k, (at, p) in later.items()} == {"v1": (T0 + 540, ("lent",))}  # its min_run
+    assert deferred_preemptions(nodes, young, waiting, placed, [], T0, rules) == {}  # no tenants: no reclaim
     fixed = [held[0], replace(held[1], preemptible=False)]
     assert plan_preemptions(nodes, fixed, waiting, plan(nodes, fixed, waiting, T0, tenancy=tenancy), T0, rules,
                             tenancy) == []
