@@ -159,6 +159,10 @@ def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None 
     snap = snapshot(client, pool, past, now, lease_s, cache)
     t0 = time.monotonic()
     placements = plan(snap.nodes, snap.running, snap.queued, snap.now, policy, tenancy=snap.tenancy)
+    if snap.tenancy is not None:
+        from e31.flows.queue.tenancy import borrowing_ids
+
+        snap.borrowing = borrowing_ids(snap, placements)
     preemptions = preempt.plan(snap, placements, preempt.rules_of(pool)) if policy == "e31" else []
     plan_s = time.monotonic() - t0
     counts = queue.apply(client, snap, placements, cache, max_waits, max_wait_s, handover_s, preemptions)

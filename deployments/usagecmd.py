@@ -24,7 +24,7 @@ __all__ = ["add_usage", "cmd_usage", "read_bills"]
 #: Flow runs and artifacts per API read.
 PAGE = 200
 #: The columns of the table and the CSV, after the key.
-COLUMNS = ("gpu_hours", "cpu_hours", "redone_gpu_hours", "completed", "partial", "failed", "running", "mean_wait_s")
+COLUMNS = ("gpu_seconds", "cpu_seconds", "gpu_hours", "cpu_hours", "redone_gpu_hours", "completed", "partial", "failed", "running", "mean_wait_s")
 
 
 def add_usage(sub: Any) -> None:
@@ -130,6 +130,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
     rows = usage_rows(bills, since, args.by)
     total = usage_rows([b for b in bills], since, "tenant")
     summed = {c: sum((getattr(r, c) or 0) for r in total) for c in COLUMNS if c != "mean_wait_s"}
+    summed["gpu_seconds"], summed["cpu_seconds"] = round(summed["gpu_seconds"], 3), round(summed["cpu_seconds"], 3)
     waits = [w for r in total for w in r._waits]
     summed["mean_wait_s"] = round(sum(waits) / len(waits), 3) if waits else None
     if args.png:

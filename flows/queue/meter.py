@@ -5,7 +5,9 @@ and CPUs from the work's start to the release (:mod:`e31.tasks.meter`); the mani
 attempt carries it.  A row here sums those meters over the attempts released in the period, so every
 figure is a sum of manifests' fields, nothing estimated:
 
-* ``gpu_hours``, ``cpu_hours``: the attempts' ``meter.gpu_seconds`` and ``meter.cpu_seconds`` / 3600;
+* ``gpu_seconds``, ``cpu_seconds``: the sums of the attempts' ``meter.gpu_seconds`` and
+  ``meter.cpu_seconds`` (to the millisecond, as the manifests write them); ``gpu_hours``, ``cpu_hours``:
+  the same / 3600;
 * ``redone_gpu_hours``: each run's newest manifest's ``lost_s`` (the work its preemptions threw away)
   times its GPUs / 3600: GPU-hours billed twice;
 * ``completed``, ``partial``, ``failed``: runs that ended in the period, by their newest manifest's
@@ -61,6 +63,8 @@ class Row:
     """One row of ``e31 usage`` (module docstring for each field)."""
 
     key: str
+    gpu_seconds: float = 0.0
+    cpu_seconds: float = 0.0
     gpu_hours: float = 0.0
     cpu_hours: float = 0.0
     redone_gpu_hours: float = 0.0
@@ -73,7 +77,8 @@ class Row:
 
     def as_dict(self) -> dict[str, float | int | str | None]:
         """The row as JSON-ready fields (hours rounded to the millisecond's share: 1e-6 h)."""
-        return {"key": self.key, "gpu_hours": round(self.gpu_hours, 6), "cpu_hours": round(self.cpu_hours, 6),
+        return {"key": self.key, "gpu_seconds": round(self.gpu_seconds, 3), "cpu_seconds": round(self.cpu_seconds, 3),
+                "gpu_hours": round(self.gpu_hours, 6), "cpu_hours": round(self.cpu_hours, 6),
                 "redone_gpu_hours": round(self.redone_gpu_hours, 6), "completed": self.completed,
                 "partial": self.partial, "failed": self.failed, "running": self.running,
                 "mean_wait_s": None if self.mean_wait_s is None else round(self.mean_wait_s, 3)}
@@ -103,8 +108,10 @@ def usage_rows(runs: Iterable[RunBill], since: float, by: str = "tenant") -> lis
             if a.released_at is None or a.released_at < since:
                 continue
             r = row(key_of(a.released_at))
-            r.gpu_hours += a.gpu_seconds / 3600.0
-            r.cpu_hours += a.cpu_seconds / 3600.0
+            r.gpu_seconds += a.gpu_seconds
+            r.cpu_seconds += a.cpu_seconds
+            r.gpu_hours = r.gpu_seconds / 3600.0
+            r.cpu_hours = r.cpu_seconds / 3600.0
         newest = run.attempts[-1] if run.attempts else None
         released = newest.released_at if newest is not None else None
         if not run.ended:

@@ -219,9 +219,12 @@ def handover_lead(snap: Snapshot, p: Placement, handover_s: float, taken: set[st
     ``taken`` (already has a run behind it), and holds every GPU
     device ``p`` is planned on, at least its CPUs and its memory (bytes).
     None otherwise (``handover_s`` <= 0 turns handovers off; none on a node
-    in ``snap.overbooked``, whose runs' holdings were clipped)."""
+    in ``snap.overbooked``, whose runs' holdings were clipped; none for a job that borrows beyond its
+    tenant's quota, ``snap.borrowing``)."""
     if handover_s <= 0 or p.action != "wait" or not p.reserved or p.node is None or p.start is None or \
             p.node in snap.overbooked:  # its runs hold more than it has: what each holds is a guess
+        return None
+    if p.job in snap.borrowing:  # lent capacity is lent once free: a job within its quota arriving meanwhile gets it
         return None
     memory = snap.specs[p.job].request.memory or 0
     for lead in sorted(snap.running, key=lambda r: r.expected_end):

@@ -71,6 +71,9 @@ class Snapshot:
     #: The pool's tenants with their usage (:mod:`e31.flows.queue.usage`), when the pool declares tenants; the
     #: planner then orders and bounds by them.
     tenancy: Any = None
+    #: Ids of queued runs beyond their tenant's quota (they borrow), as the tick's plan ordered them: never
+    #: handed over ahead of a node's release (:func:`e31.flows.queue.record.handover_lead`).
+    borrowing: set = field(default_factory=set)
     #: What a waiting deadline job's reason adds about the preemption it waits for (flow run id -> words;
     #: :func:`e31.flows.queue.preempt.plan` fills it)
     preempt_notes: dict[str, str] = field(default_factory=dict)

@@ -14,7 +14,7 @@ from e31.errors import InvalidInput
 from e31.specs.pool import PoolSpec
 from e31.specs.tenants import DEFAULT_TENANT
 
-__all__ = ["TENANT_TAG", "TenantError", "choose_tenant", "tenant_of"]
+__all__ = ["TENANT_TAG", "TenantError", "borrowing_ids", "choose_tenant", "tenant_of"]
 
 #: A flow run's tenant: ``tenant:`` and its name.
 TENANT_TAG = "tenant:"
@@ -43,3 +43,16 @@ def tenant_of(tags: Any) -> str:
         if isinstance(tag, str) and tag.startswith(TENANT_TAG) and len(tag) > len(TENANT_TAG):
             return tag[len(TENANT_TAG):]
     return DEFAULT_TENANT
+
+
+def borrowing_ids(snap: Any, placements: list[Any]) -> set[str]:
+    """The ids of the snapshot's queued runs that borrow beyond their tenant's quota, in the order of the
+    plan ``placements`` (:func:`e31.flows.placement.tenants.fair_order`); none without tenants."""
+    from e31.flows.placement.tenants import fair_order
+
+    if snap.tenancy is None:
+        return set()
+    by_id = {job.id: job for job in snap.queued}
+    ordered = [by_id[p.job] for p in placements if p.job in by_id and p.action != "refuse"]
+    _, nominal = fair_order(ordered, snap.running, snap.tenancy)
+    return {job.id for job in ordered} - nominal

@@ -48,21 +48,21 @@ def test_e31_usage_sums_the_manifests_by_tenant_job_and_day(prefect_api, tmp_pat
         table = _usage(q, "--png", str(tmp_path / "usage.png"))
     assert (a1["status"], a1["tenant"], b1["status"], b1["tenant"]) == ("completed", "a", "failed", "b")
     rows = {r["key"]: r for r in by_tenant["rows"]}
+    assert (rows["a"]["gpu_seconds"], rows["a"]["cpu_seconds"]) == (a1["meter"]["gpu_seconds"], a1["meter"]["cpu_seconds"])
     assert rows["a"]["gpu_hours"] == round(a1["meter"]["gpu_seconds"] / 3600, 6)
-    assert rows["a"]["cpu_hours"] == round(a1["meter"]["cpu_seconds"] / 3600, 6)
     assert (rows["a"]["completed"], rows["a"]["running"], rows["a"]["failed"]) == (1, 1, 0)
-    assert rows["b"]["gpu_hours"] == round(b1["meter"]["gpu_seconds"] / 3600, 6)
+    assert rows["b"]["gpu_seconds"] == b1["meter"]["gpu_seconds"]
     assert (rows["b"]["failed"], rows["b"]["completed"], rows["b"]["running"]) == (1, 0, 0)
     total = by_tenant["total"]
-    assert total["gpu_hours"] == round((a1["meter"]["gpu_seconds"] + b1["meter"]["gpu_seconds"]) / 3600, 6)
+    assert total["gpu_seconds"] == round(a1["meter"]["gpu_seconds"] + b1["meter"]["gpu_seconds"], 3)
     assert (total["completed"], total["failed"], total["running"], total["redone_gpu_hours"]) == (1, 1, 1, 0.0)
     assert {r["key"] for r in by_job["rows"]} == {"a1", "b1", "a2"}
     day = list(csv.reader(io.StringIO(by_day.stdout)))
-    assert day[0] == ["day", "gpu_hours", "cpu_hours", "redone_gpu_hours", "completed", "partial", "failed", "running",
-                      "mean_wait_s"]
-    assert len(day) == 2 and float(day[1][1]) == total["gpu_hours"]
+    assert day[0] == ["day", "gpu_seconds", "cpu_seconds", "gpu_hours", "cpu_hours", "redone_gpu_hours", "completed",
+                      "partial", "failed", "running", "mean_wait_s"]
+    assert len(day) == 2 and float(day[1][1]) == total["gpu_seconds"]
     lines = table.stdout.splitlines()
     assert lines[1].split() == ["TENANT", "GPU-H", "CPU-H", "REDONE", "GPU-H", "DONE", "PARTIAL", "FAILED", "RUNNING",
                                 "MEAN", "WAIT"]
-    assert lines[-1].split()[:2] == ["total", f"{total['gpu_hours']:.3f}"]
+    assert lines[-1].split()[:2] == ["total", f"{total['gpu_seconds'] / 3600:.3f}"]
     assert (tmp_path / "usage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -21,9 +21,9 @@ def test_rows_sum_the_attempts_released_in_the_period_and_count_runs_by_their_ne
     ]
     by_tenant = {r.key: r.as_dict() for r in usage_rows(runs, since=T0 - 3600)}
     assert by_tenant == {
-        "nlp": {"key": "nlp", "gpu_hours": 0.5, "cpu_hours": 0.5, "redone_gpu_hours": 0.0, "completed": 0,
+        "nlp": {"key": "nlp", "gpu_seconds": 1800.0, "cpu_seconds": 1800.0, "gpu_hours": 0.5, "cpu_hours": 0.5, "redone_gpu_hours": 0.0, "completed": 0,
                 "partial": 0, "failed": 1, "running": 1, "mean_wait_s": 100.0},
-        "vision": {"key": "vision", "gpu_hours": 4.0, "cpu_hours": 2.0, "redone_gpu_hours": round(120 * 2 / 3600, 6),
+        "vision": {"key": "vision", "gpu_seconds": 14400.0, "cpu_seconds": 7200.0, "gpu_hours": 4.0, "cpu_hours": 2.0, "redone_gpu_hours": round(120 * 2 / 3600, 6),
                    "completed": 1, "partial": 0, "failed": 0, "running": 0, "mean_wait_s": 10.0},
     }
     by_day = {r.key: (r.gpu_hours, r.completed) for r in usage_rows(runs, since=T0 - 2 * 86400, by="day")}
