@@ -439,7 +439,7 @@ def test_runs_of_a_deployment_on_the_pool_go_through_the_queue(prefect_api, tmp_
         spec = q.job("deployed", 2, 1)
         done = subprocess.run([q.exe, "deploy", str(spec), "--pool", str(q.pool)], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
-        assert f") on pool {q.name}, no schedule" in done.stdout
+        assert f") on pool {q.name} for tenant default, no schedule" in done.stdout
         run = run_deployment("e31-job/deployed", timeout=0)
         wait_for(lambda: _done(q, "deployed"), what="the deployed run")
         record = q.record("deployed")
