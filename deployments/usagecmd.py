@@ -93,8 +93,10 @@ def read_bills(client: Any, pool: Any, since: float) -> list[RunBill]:
         except Exception:  # an unreadable spec: its GPUs from its meter
             gpus = 0
         mine = [a for _, a in sorted(attempts.get(str(run.id), []), key=lambda p: (p[1].released_at or p[0], p[0]))]
+        failed = run.state is not None and run.state.type.value in ("FAILED", "CRASHED")
+        ended_at = (run.end_time or run.state.timestamp).timestamp() if failed else None
         bills.append(RunBill(str(run.id), run.name, tenant_of(run.tags), run.created.timestamp(), gpus,
-                             run.state is not None and run.state.is_final(), tuple(mine)))
+                             run.state is not None and run.state.is_final(), tuple(mine), ended_at))
     return bills
 
 
@@ -134,7 +136,8 @@ def cmd_usage(args: argparse.Namespace) -> int:
     waits = [w for r in total for w in r._waits]
     summed["mean_wait_s"] = round(sum(waits) / len(waits), 3) if waits else None
     if args.png:
-        _chart(bills, since, args.png)
+        what = _chart(bills, since, args.png)
+        print(f"e31 usage: wrote the chart of {what} per tenant per day to {args.png}", file=sys.stderr)
     if args.json:
         print(json.dumps({"pool": pool.name, "since": datetime.fromtimestamp(since, timezone.utc).isoformat(),
                           "by": args.by, "rows": [r.as_dict() for r in rows],
@@ -165,15 +168,21 @@ def cmd_usage(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _chart(bills: list[RunBill], since: float, path: str) -> None:
-    """A stacked bar chart of GPU-hours per tenant per UTC day, as a PNG at ``path``."""
+def _chart(bills: list[RunBill], since: float, path: str) -> str:
+    """A stacked bar chart of GPU-hours per tenant per UTC day (CPU-hours when no run was billed a GPU),
+    as a PNG at ``path``; returns what it charts (``"GPU-hours"`` or ``"CPU-hours"``).  Raises
+    :class:`InvalidInput` when nothing was billed in the period or the file cannot be written."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tenants = sorted({b.tenant for b in bills})
-    per = {t: {r.key: r.gpu_hours for r in usage_rows([b for b in bills if b.tenant == t], since, "day")}
+    billed = usage_rows(bills, since, "tenant")
+    what = "GPU-hours" if any(r.gpu_seconds > 0 for r in billed) or not any(r.cpu_seconds > 0 for r in billed) \
+        else "CPU-hours"
+    field_ = "gpu_hours" if what == "GPU-hours" else "cpu_hours"
+    per = {t: {r.key: getattr(r, field_) for r in usage_rows([b for b in bills if b.tenant == t], since, "day")}
            for t in tenants}
     days = sorted({d for rows in per.values() for d in rows})
     if not days:
@@ -184,10 +193,16 @@ def _chart(bills: list[RunBill], since: float, path: str) -> None:
         values = [per[t].get(d, 0.0) for d in days]
         ax.bar(days, values, bottom=bottom, label=t)
         bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set_ylabel("GPU-hours")
-    ax.set_title("GPU-hours per tenant per day (UTC)")
+    ax.set_ylabel(what)
+    ax.set_title(f"{what} per tenant per day (UTC)")
     ax.legend()
     fig.autofmt_xdate()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as exc:
+        raise InvalidInput(f"--png {path}: cannot write the chart there ({exc.strerror or exc}); "
+                           "name a file in a folder that exists and you may write") from None
+    finally:
+        plt.close(fig)
+    return what

@@ -50,7 +50,8 @@ from .model import Node, Placement, QueuedJob, RunningJob
 from .tenants import Tenancy, borrowing, fair_order
 
 __all__ = ["ATTAINED_LOSS_S", "DAY_S", "MAX_CANDIDATES", "Need", "PlannedPreemption", "Preemption", "PreemptionRules",
-           "choose_victims", "deadline_at_risk", "deferred_preemptions", "lost_seconds", "lost_work", "may_preempt", "plan_preemptions"]
+           "choose_victims", "deadline_at_risk", "deferred_preemptions", "lost_seconds", "lost_work", "may_preempt", "plan_preemptions",
+           "RESTART_S", "within_overhead"]
 
 #: The window of ``max_per_day``, seconds.
 DAY_S = 86_400.0
@@ -62,17 +63,25 @@ MAX_CANDIDATES = 10
 #: seconds since its newest durable checkpoint): it gives way just after a checkpoint, not half-way
 #: to the next one.  A deadline at risk is not held to it.
 ATTAINED_LOSS_S = 300.0
+#: Seconds a preempted job's restart is taken to cost when the pool does not say (its staging and the
+#: work's start again, up to its first step): the overhead budget (:func:`within_overhead`) counts it.
+RESTART_S = 60.0
 
 
 @dataclass(frozen=True)
 class PreemptionRules:
     """The pool's ``preemption:`` options in seconds: ``min_run_s`` (default 600) and ``max_per_day``
-    (None: no cap); and ``attained_loss_s`` (default :data:`ATTAINED_LOSS_S`; None: no bound), the
-    most seconds of work a job preempted for attained service loses (:func:`plan_preemptions`)."""
+    (None: no cap); ``attained_loss_s`` (default :data:`ATTAINED_LOSS_S`; None: no bound), the
+    most seconds of work a job preempted for attained service loses (:func:`plan_preemptions`);
+    ``max_overhead`` (a share, e.g. 0.01; None: no bound), the most of a job's service its preemptions
+    for attained service may cost it (:func:`within_overhead`), each counted as ``restart_s`` seconds of
+    restart (default :data:`RESTART_S`) plus the work it throws away."""
 
     min_run_s: float = 600.0
     max_per_day: int | None = None
     attained_loss_s: float | None = ATTAINED_LOSS_S
+    max_overhead: float | None = None
+    restart_s: float = RESTART_S
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,22 @@ def lost_work(job: RunningJob, now: float) -> float:
     its newest durable checkpoint (since its start when it has none) times the GPUs it holds, or its CPUs
     when it holds no GPU."""
     return lost_seconds(job, now) * (len(job.devices) or job.cpus)
+
+
+def within_overhead(job: RunningJob, now: float, rules: PreemptionRules) -> bool:
+    """Whether preempting ``job`` for attained service at ``now`` keeps what its preemptions cost it within
+    ``rules.max_overhead`` of the seconds it has been served (its earlier runs' and this one's; always
+    True without a bound).  Each earlier preemption is counted at its most, ``restart_s +
+    attained_loss_s`` (or ``restart_s`` plus the whole current run when there is no loss bound), this one
+    at ``restart_s +`` :func:`lost_seconds`: a job served 10 hours may lose at most 6 minutes under a
+    bound of 1%, so the restarts of a wide job preempted for many short ones stay a bounded share
+    of the pool's GPU-hours, whatever the workload.  A bound of 0 forbids every such preemption."""
+    if rules.max_overhead is None:
+        return True
+    served = job.attained_s / max(len(job.devices) or job.cpus, 1) + max(now - job.start, 0.0)
+    loss = lost_seconds(job, now)
+    each = rules.restart_s + (rules.attained_loss_s if rules.attained_loss_s is not None else loss)
+    return len(job.preemptions) * each + rules.restart_s + loss <= rules.max_overhead * served
 
 
 def may_preempt(job: RunningJob, now: float, rules: PreemptionRules) -> bool:
@@ -259,7 +284,8 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
                 continue
             take(job, lambda r, job=job: r.id in lent and r.tenant != job.tenant, None)
     def cheap(victim: RunningJob) -> bool:  # a preemption for attained service loses little
-        return rules.attained_loss_s is None or lost_seconds(victim, now) <= rules.attained_loss_s
+        return (rules.attained_loss_s is None or lost_seconds(victim, now) <= rules.attained_loss_s) and \
+            within_overhead(victim, now, rules)
 
     for p in placements:
         job = by_id.get(p.job)

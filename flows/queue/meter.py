@@ -11,7 +11,9 @@ figure is a sum of manifests' fields, nothing estimated:
 * ``redone_gpu_hours``: each run's newest manifest's ``lost_s`` (the work its preemptions threw away)
   times its GPUs / 3600: GPU-hours billed twice;
 * ``completed``, ``partial``, ``failed``: runs that ended in the period, by their newest manifest's
-  status; ``running``: runs not ended (billed when their attempt returns);
+  status; a run that failed before any attempt returned a manifest (refused at its start, an input
+  that did not verify: nothing billed) counts as failed on its end; ``running``: runs not ended
+  (billed when their attempt returns);
 * ``mean_wait_s``: over runs whose work has started, from the submission (the flow run's creation) to
   the first attempt's ``meter.started_at``.
 
@@ -47,7 +49,8 @@ class Attempt:
 @dataclass(frozen=True)
 class RunBill:
     """A flow run of the pool: ``run_id``, ``job`` (its name), ``tenant``, ``created`` (Unix seconds),
-    ``gpus`` (its request), ``ended`` (its state is final) and its ``attempts`` (oldest first)."""
+    ``gpus`` (its request), ``ended`` (its state is final), its ``attempts`` (oldest first), and
+    ``failed_at`` (Unix seconds: when it ended Failed or Crashed; None otherwise)."""
 
     run_id: str
     job: str
@@ -56,6 +59,7 @@ class RunBill:
     gpus: int
     ended: bool
     attempts: tuple[Attempt, ...] = ()
+    failed_at: float | None = None
 
 
 @dataclass
@@ -122,6 +126,9 @@ def usage_rows(runs: Iterable[RunBill], since: float, by: str = "tenant") -> lis
             if newest.status in ("completed", "partial", "failed"):
                 setattr(r, newest.status, getattr(r, newest.status) + 1)
             r.redone_gpu_hours += newest.lost_s * run.gpus / 3600.0
+        elif newest is None and run.failed_at is not None and run.failed_at >= since:
+            r = row(key_of(run.failed_at))  # failed before any attempt returned: nothing billed
+            r.failed += 1
         else:
             continue
         first = next((a.started_at for a in run.attempts if a.started_at is not None), None)

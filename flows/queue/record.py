@@ -18,6 +18,7 @@ from e31.prefect_compat.clock import server_now
 from e31.flows.queue.pace import (DEEP_AHEAD_S, ESTIMATE_EVERY_S, REASON_DEPTH, REASON_EVERY_S, WRITTEN, Written,
                                   start_moved)
 from e31.flows.queue.snapshot import Snapshot, retries_used, unstarted_of
+from e31.flows.queue.tenancy import tenant_of
 from e31.specs import JobSpec
 from e31.tasks.supervisor.cancel import work_never_started
 
@@ -68,11 +69,11 @@ class _Logs:
             self.lines = []
 
 
-def refuse_at_destination(spec: JobSpec, run_id: str, reason: str) -> None:
+def refuse_at_destination(spec: JobSpec, run_id: str, reason: str, tenant: str | None = None) -> None:
     """Write a ``failed`` manifest (no files) saying why the queue refused
     the job at its destination's ``partial/``, as a refused ``e31 run`` would
-    not start at all: best effort (the destination's credentials may live
-    only on the workers)."""
+    not start at all, naming the pool's ``tenant`` it was submitted for: best
+    effort (the destination's credentials may live only on the workers)."""
     try:
         from e31.flows.compile import compile_plan
         from e31.tasks.deliver import ReturnTarget, write_failure_manifest
@@ -83,7 +84,8 @@ def refuse_at_destination(spec: JobSpec, run_id: str, reason: str) -> None:
         write_failure_manifest(ReturnTarget(job=spec.name, run_id=run_id, output_dir=str(plan.output_dir),
                                             output_url=plan.output_url, declared=plan.output_files, gpus=plan.gpus,
                                             cpus=plan.cpus, spec_sha256=plan.spec_sha256,
-                                            checkpoint_url=plan.checkpoint_url), f"refused by the queue: {reason}")
+                                            checkpoint_url=plan.checkpoint_url, tenant=tenant),
+                               f"refused by the queue: {reason}")
     except Exception:
         pass
 
@@ -408,7 +410,8 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             why = (f"it crashed {crashes} times before its work started (see its logs); submit it again once that "
                    "is fixed")
             if write.state(key, refused(why)):
-                refuse_at_destination(snap.specs[key], key, why)  # nothing of it ran: its destination says why
+                # nothing of it ran: its destination says why
+                refuse_at_destination(snap.specs[key], key, why, tenant_of(run.tags))
                 counts["refuse"] += 1
             continue
         attempt = run.run_count or 1
@@ -487,7 +490,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
         elif p.action == "refuse":
             if not write.state(p.job, refused(humane(p.reason, snap))):
                 continue
-            refuse_at_destination(snap.specs[p.job], p.job, humane(p.reason, snap))
+            refuse_at_destination(snap.specs[p.job], p.job, humane(p.reason, snap), tenant_of(snap.runs[p.job].tags))
             counts["refuse"] += 1
         else:
             waits_seen += 1

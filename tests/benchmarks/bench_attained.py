@@ -130,6 +130,11 @@ def main() -> None:
     parser.add_argument("--attained-loss", type=float, default=ATTAINED_LOSS_S,
                         help="most seconds since its checkpoint a job preempted for attained service loses "
                              "(negative: no bound)")
+    parser.add_argument("--max-overhead", type=float, default=None,
+                        help="most share of a job's service its preemptions for attained service may cost it, "
+                             "e.g. 0.01 (default: the planner's)")
+    parser.add_argument("--only", default=None, help="the replays to run, by their names in the table, comma-separated "
+                        "(default: all four; the targets are checked when FCFS+EASY's and E31's both ran)")
     args = parser.parse_args()
     if args.model == "philly" and (args.trace is None or not args.trace.is_file()):
         parser.error("--model philly needs --trace FILE, the Philly trace's per-job CSV "
@@ -153,7 +158,10 @@ def main() -> None:
         perfect = [SimJob(j, run) for j, run in jobs]
         undeclared = [SimJob(replace(j, runtime_s=j.limit_s, runtime_source="limit"), run, preemptible=True)
                       for j, run in jobs]
-        rules = PreemptionRules(args.min_run, None, args.attained_loss if args.attained_loss >= 0 else None)
+        rules = PreemptionRules(args.min_run, None, args.attained_loss if args.attained_loss >= 0 else None,
+                                restart_s=args.restart_cost)
+        if args.max_overhead is not None:
+            rules = replace(rules, max_overhead=args.max_overhead if args.max_overhead >= 0 else None)
         gpu_hours = sum(j.gpus * run for j, run in jobs) / 3600
         print(f"{args.jobs:,} jobs, {where}, offered load {args.load:g}, {gpu_hours:,.0f} GPU-hours; "
               f"checkpoints every {args.checkpoint_every:g} s, restart {args.restart_cost:g} s, "
@@ -169,12 +177,16 @@ def main() -> None:
             ("E31", "e31", undeclared, {"preemption": rules, "checkpoint_every_s": args.checkpoint_every,
                                         "restart_cost_s": args.restart_cost}),
         ):
+            if args.only is not None and name not in {n.strip() for n in args.only.split(",")}:
+                continue
             began = time.perf_counter()
             r = runs[name] = simulate(nodes, replay, policy, **kwargs)
             print(f"{name:<26} {r.mean_completion_s / 3600:>9.2f}h {r.max_wait_s / 3600:>8.1f}h "
                   f"{r.avg_wait_s / 3600:>8.2f}h {r.utilization:>6.1%} {(max(r.ends.values()) - first) / 3600:>7.0f}h "
                   f"{r.preemptions:>7} "
                   f"{r.lost_gpu_hours / gpu_hours:>6.2%} {time.perf_counter() - began:>7.0f}s")
+        if "E31" not in runs or "FCFS+EASY (perfect)" not in runs:
+            return
         e31, easy = runs["E31"], runs["FCFS+EASY (perfect)"]
         checks = [
             ("mean completion <= 0.5x FCFS+EASY's", e31.mean_completion_s / easy.mean_completion_s, 0.5, "x"),

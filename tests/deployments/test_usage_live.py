@@ -25,7 +25,8 @@ def _usage(q, *args: str) -> subprocess.CompletedProcess:
 def test_e31_usage_sums_the_manifests_by_tenant_job_and_day(prefect_api, tmp_path):
     with queue(tmp_path, {"n1": 2}) as q:
         pool = json.loads(q.pool.read_text())
-        pool["tenants"] = [{"name": "a", "quota": {"gpus": 1}}, {"name": "b", "quota": {"gpus": 1}}]
+        pool["tenants"] = [{"name": "a", "quota": {"gpus": 1}}, {"name": "b", "quota": {"gpus": 1},
+                                                                     "borrow_limit": {"gpus": 0}}]
         q.pool.write_text(json.dumps(pool))
         (q.root / "fail.py").write_text(FAIL)
         empty = _usage(q)
@@ -34,6 +35,7 @@ def test_e31_usage_sums_the_manifests_by_tenant_job_and_day(prefect_api, tmp_pat
         q.worker("n1", 2)
         q.submit(q.job("a1", 1, 1), "--tenant", "a")
         q.submit(q.job("b1", 1, 1, work="fail.py"), "--tenant", "b")
+        q.submit(q.job("b2", 2, 1), "--tenant", "b")  # past b's quota and borrow limit: refused, no attempt
         wait_for(lambda: final_manifest(q.root / "out" / "a1") is not None, what="a1's manifest")
         wait_for(lambda: final_manifest(q.root / "out" / "b1" / "partial") is not None, what="b1's manifest")
         q.submit(q.job("a2", 1, 120), "--tenant", "a")
@@ -42,21 +44,26 @@ def test_e31_usage_sums_the_manifests_by_tenant_job_and_day(prefect_api, tmp_pat
         a1, b1 = final_manifest(q.root / "out" / "a1"), final_manifest(q.root / "out" / "b1" / "partial")
         wait_for(lambda: json.loads(_usage(q, "--json").stdout)["rows"][0].get("completed") == 1,
                  what="a1's manifest artifact")  # the artifact is made a moment after the manifest
+        wait_for(lambda: {r["key"]: r for r in json.loads(_usage(q, "--json").stdout)["rows"]}["b"]["failed"] == 2,
+                 what="b2's refusal")
+        wait_for(lambda: final_manifest(q.root / "out" / "b2" / "partial") is not None, what="b2's manifest")
+        b2 = final_manifest(q.root / "out" / "b2" / "partial")  # written just after its state
         by_tenant = json.loads(_usage(q, "--json").stdout)
         by_job = json.loads(_usage(q, "--json", "--by", "job").stdout)
         by_day = _usage(q, "--csv", "--by", "day")
         table = _usage(q, "--png", str(tmp_path / "usage.png"))
     assert (a1["status"], a1["tenant"], b1["status"], b1["tenant"]) == ("completed", "a", "failed", "b")
+    assert (b2["status"], b2["tenant"], b2["files"]) == ("failed", "b", [])  # refused: said at its destination
     rows = {r["key"]: r for r in by_tenant["rows"]}
     assert (rows["a"]["gpu_seconds"], rows["a"]["cpu_seconds"]) == (a1["meter"]["gpu_seconds"], a1["meter"]["cpu_seconds"])
     assert rows["a"]["gpu_hours"] == round(a1["meter"]["gpu_seconds"] / 3600, 6)
     assert (rows["a"]["completed"], rows["a"]["running"], rows["a"]["failed"]) == (1, 1, 0)
     assert rows["b"]["gpu_seconds"] == b1["meter"]["gpu_seconds"]
-    assert (rows["b"]["failed"], rows["b"]["completed"], rows["b"]["running"]) == (1, 0, 0)
+    assert (rows["b"]["failed"], rows["b"]["completed"], rows["b"]["running"]) == (2, 0, 0)  # b1 and b2
     total = by_tenant["total"]
     assert total["gpu_seconds"] == round(a1["meter"]["gpu_seconds"] + b1["meter"]["gpu_seconds"], 3)
-    assert (total["completed"], total["failed"], total["running"], total["redone_gpu_hours"]) == (1, 1, 1, 0.0)
-    assert {r["key"] for r in by_job["rows"]} == {"a1", "b1", "a2"}
+    assert (total["completed"], total["failed"], total["running"], total["redone_gpu_hours"]) == (1, 2, 1, 0.0)
+    assert {r["key"]: r["failed"] for r in by_job["rows"]} == {"a1": 0, "b1": 1, "b2": 1, "a2": 0}
     day = list(csv.reader(io.StringIO(by_day.stdout)))
     assert day[0] == ["day", "gpu_seconds", "cpu_seconds", "gpu_hours", "cpu_hours", "redone_gpu_hours", "completed",
                       "partial", "failed", "running", "mean_wait_s"]
@@ -66,3 +73,4 @@ def test_e31_usage_sums_the_manifests_by_tenant_job_and_day(prefect_api, tmp_pat
                                 "MEAN", "WAIT"]
     assert lines[-1].split()[:2] == ["total", f"{total['gpu_seconds'] / 3600:.3f}"]
     assert (tmp_path / "usage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert table.stderr == f"e31 usage: wrote the chart of GPU-hours per tenant per day to {tmp_path / 'usage.png'}\n"

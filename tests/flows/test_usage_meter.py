@@ -32,3 +32,16 @@ def test_rows_sum_the_attempts_released_in_the_period_and_count_runs_by_their_ne
     assert usage_rows([], since=T0) == []
     with pytest.raises(ValueError, match="by must be one of tenant, job, day"):
         usage_rows(runs, since=T0, by="week")
+
+
+def test_a_run_that_failed_before_any_attempt_returned_counts_as_failed_and_bills_nothing():
+    """A run refused at its start (or whose input did not verify) ends Failed with no manifest
+    artifact: it counts as failed, on the day it ended, with nothing billed and no wait (no work
+    started); one that ended before the period, or was cancelled while queued, counts nowhere."""
+    runs = [RunBill("r1", "refused", "vision", T0, 2, True, (), failed_at=T0 + 30),
+            RunBill("r2", "old", "vision", T0 - 90_000, 2, True, (), failed_at=T0 - 89_000),
+            RunBill("r3", "cancelled", "vision", T0, 2, True, ())]
+    assert [r.as_dict() for r in usage_rows(runs, since=T0 - 3600)] == [
+        {"key": "vision", "gpu_seconds": 0.0, "cpu_seconds": 0.0, "gpu_hours": 0.0, "cpu_hours": 0.0,
+         "redone_gpu_hours": 0.0, "completed": 0, "partial": 0, "failed": 1, "running": 0, "mean_wait_s": None}]
+    assert [(r.key, r.failed) for r in usage_rows(runs, since=T0 - 3600, by="day")] == [("2026-01-01", 1)]
