@@ -127,7 +127,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
     with retry_busy_quickly(get_client(sync_client=True)) as client:
         measure(client)
         now = server_now()
-        since = now - args.since
+        since = max(now - args.since, 0.0)  # a period longer than the epoch: everything
         bills = read_bills(client, pool, since)
     rows = usage_rows(bills, since, args.by)
     total = usage_rows([b for b in bills], since, "tenant")
@@ -153,7 +153,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
     from e31.deployments.runwords import print_table
 
     start = datetime.fromtimestamp(since, timezone.utc)
-    print(f"pool {pool.name}: usage since {start:%Y-%m-%d %H:%M} UTC ({timedelta(seconds=round(args.since))}), "
+    print(f"pool {pool.name}: usage since {start:%Y-%m-%d %H:%M} UTC ({timedelta(seconds=round(now - since))}), "
           f"by {args.by}")
     if not rows:
         print("  no run of the pool ended or ran in the period")

@@ -1,7 +1,9 @@
 """Each tenant's past usage of a pool, decayed with the pool's half-life: what fair share weighs.
 
 Read from the Prefect API: the pool's flow runs that ended within the last :data:`HORIZON_HALF_LIVES`
-half-lives, each counting its request (GPUs, CPUs, memory) from its start to its end
+half-lives, each counting its request (GPUs, CPUs, memory) for its run time (Prefect's ``total_run_time``,
+the sum of its attempts' ``Running`` spells: the waits of a preempted run between attempts are not
+usage), taken to end at its end
 (:func:`e31.flows.placement.tenants.decayed_service`); a run still going counts from its start to now
 (:func:`with_running`).  Older usage weighs under 1/32 of new and is left out.
 """
@@ -54,8 +56,13 @@ def read_usage(client: Any, pool: PoolSpec, now: float) -> Usage:
                 req = stored_spec(run).request
             except Exception:  # an unreadable spec: planned as invalid elsewhere, counts nothing here
                 continue
+            # a run preempted or crashed and queued again ran in several attempts: its first start to its end
+            # would bill its waits between them too; its run time (Prefect's total over its Running
+            # states) is what it held, counted as ending at its end
+            end = run.end_time.timestamp()
+            ran = run.total_run_time.total_seconds() if run.total_run_time is not None else end - run.start_time.timestamp()
             used = decayed_service((float(req.gpus), float(req.cpus), float(req.memory or 0)),
-                                   run.start_time.timestamp(), run.end_time.timestamp(), now, half)
+                                   end - min(ran, end - run.start_time.timestamp()), end, now, half)
             tenant = tenant_of(run.tags)
             usage[tenant] = sum_of((usage.get(tenant, (0.0, 0.0, 0.0)), used))
         if len(runs) < PAGE:

@@ -74,3 +74,35 @@ def test_e31_usage_sums_the_manifests_by_tenant_job_and_day(prefect_api, tmp_pat
     assert lines[-1].split()[:2] == ["total", f"{total['gpu_seconds'] / 3600:.3f}"]
     assert (tmp_path / "usage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert table.stderr == f"e31 usage: wrote the chart of GPU-hours per tenant per day to {tmp_path / 'usage.png'}\n"
+
+
+def test_fair_share_usage_counts_a_preempted_runs_run_time_not_its_wait_between_attempts(prefect_api, tmp_path):
+    """A run preempted and queued again ends with Prefect's ``start_time`` at its first attempt and
+    ``end_time`` at its last: the usage fair share weighs (``read_usage``) is its run time, the sum of
+    its ``Running`` spells (about 2 s here), not the 2 s plus the 4 s it waited between them.  The
+    states are set by hand, as the queue sets them (no scheduler or worker runs)."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Completed, Running, Scheduled
+
+    from e31.flows.queue.usage import read_usage
+    from e31.prefect_compat import clock
+    from e31.specs.pool import load_pool
+
+    with queue(tmp_path, {"n1": 2}) as q:
+        pool = json.loads(q.pool.read_text())
+        pool["tenants"] = [{"name": "a", "quota": {"gpus": 1}}]
+        q.pool.write_text(json.dumps(pool))
+        run_id = q.submit(q.job("twice", 1, 1), "--tenant", "a").split("flow run ")[1].split()[0]
+        with get_client(sync_client=True) as client:
+            for state, hold in ((Running(), 1.0), (Cancelled(name="Preempted"), 0.0), (Scheduled(name="Queued"), 4.0),
+                                (Running(), 1.0), (Completed(), 0.0)):
+                assert client.set_flow_run_state(run_id, state, force=True).status.value == "ACCEPT"
+                time.sleep(hold)
+            run = client.read_flow_run(run_id)
+            clock.measure(client)
+            usage, _ = read_usage(client, load_pool(q.pool), clock.server_now())
+    ran, span = run.total_run_time.total_seconds(), (run.end_time - run.start_time).total_seconds()
+    assert span > ran + 3.5  # the wait between the attempts lies between start_time and end_time
+    assert usage["a"][0] == pytest.approx(ran, rel=1e-4)  # 1 GPU x its run time, decayed over a second or so
