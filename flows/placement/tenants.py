@@ -252,6 +252,9 @@ def beyond_quota(tenancy: Tenancy, running: Sequence[RunningJob], jobs: Sequence
         if t.quota == _NONE:
             out[job.id] = (f"tenant {job.tenant} has no quota: its jobs run in capacity no tenant within its quota "
                            "needs, ordered by fair share")
+        elif not _within(_request(job), t.quota):
+            out[job.id] = (f"it asks for more than tenant {job.tenant}'s quota ({amount_words(t.quota)}) alone: "
+                           "it runs in capacity no tenant within its quota needs, ordered by fair share")
         else:
             used = _named(held.get(job.tenant, _NONE), t.quota)
             out[job.id] = (f"tenant {job.tenant} is at its quota ({amount_words(used)} held or planned, "
@@ -285,9 +288,9 @@ def _named(amount: Amount, bound: Amount) -> Amount:
 
 
 def amount_words(amount: Amount) -> str:
-    """An amount in words, resources of 0 or without a limit left out: ``4 GPUs, 16 CPUs``."""
-    parts = [f"{int(amount[0])} GPUs" if 0 < amount[0] < math.inf else "",
-             f"{int(amount[1])} CPUs" if 0 < amount[1] < math.inf else "",
+    """An amount in words, resources of 0 or without a limit left out: ``4 GPUs, 16 CPUs``, ``1 GPU``."""
+    parts = [f"{int(amount[0])} GPU{'' if int(amount[0]) == 1 else 's'}" if 0 < amount[0] < math.inf else "",
+             f"{int(amount[1])} CPU{'' if int(amount[1]) == 1 else 's'}" if 0 < amount[1] < math.inf else "",
              f"{amount[2] / 1024**3:g} GiB" if 0 < amount[2] < math.inf else ""]
     return ", ".join(p for p in parts if p) or "nothing"
 

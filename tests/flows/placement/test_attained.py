@@ -191,3 +191,18 @@ def test_a_job_preempted_for_a_deadline_and_then_refused_counts_as_refused_and_i
     assert (got.jobs, got.refused, {k: v - t0 for k, v in got.ends.items()}, got.preemptions,
             got.lost_gpu_hours, got.utilization, got.deadlines_met) == (
         1, 1, {"b": 2500.0}, 1, pytest.approx(8000 / 3600), 1.0, 1)
+
+
+def test_the_overhead_budget_bounds_what_a_job_s_preemptions_for_attained_service_cost_it():
+    """Served 10 h (36,000 s), 10 s since its checkpoint: this preemption costs 60 s of restart + 10 s,
+    under 1% (360 s); after five earlier ones, each counted at 60 + 300 s, 1,870 s is over it; 20
+    minutes served is under budget for even one.  No bound (the default): always allowed."""
+    from e31.flows.placement.preemption import within_overhead
+
+    budget = PreemptionRules(max_overhead=0.01)
+    served = running("long", range(8), start=NOW - 36_000, checkpoint_at=NOW - 10)
+    again = RunningJob("again", "g1", tuple(range(8)), 1, GIB, NOW - 36_000, NOW + 3600, preemptible=True,
+                       checkpoint_at=NOW - 10, preemptions=(1.0, 2.0, 3.0, 4.0, 5.0), no_duration=True)
+    young = running("young", range(8), start=NOW - 1_200, checkpoint_at=NOW - 10)
+    assert [within_overhead(j, NOW, budget) for j in (served, again, young)] == [True, False, False]
+    assert [within_overhead(j, NOW, RULES) for j in (served, again, young)] == [True, True, True]

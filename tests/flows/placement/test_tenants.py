@@ -232,3 +232,14 @@ def test_e31_simulate_maps_trace_users_to_tenants(tmp_path, e31):
     tenants = json.loads(done.stdout)["tenants"]
     assert {k: v["jobs"] for k, v in tenants.items()} == {"default": 4, "lab": 3, "ops": 4}
     assert "tenants" not in json.loads(e31("simulate", trace, "--pool", plain, "--json").stdout)
+
+
+def test_a_job_larger_than_its_tenant_s_quota_alone_is_told_so_not_that_the_quota_is_full():
+    from e31.flows.placement.tenants import amount_words, beyond_quota
+
+    tenancy = _tenancy(Tenant("nlp", quota=(1.0, math.inf, math.inf)))
+    big = _of(queued("big", 2, 1), "nlp")
+    assert beyond_quota(tenancy, [], [big], set()) == {"big": (
+        "it asks for more than tenant nlp's quota (1 GPU) alone: it runs in capacity no tenant within its "
+        "quota needs, ordered by fair share")}
+    assert (amount_words((1.0, 1.0, 0.0)), amount_words((2.0, 16.0, 4 * GIB))) == ("1 GPU, 1 CPU", "2 GPUs, 16 CPUs, 4 GiB")
