@@ -87,8 +87,9 @@ def close_cut_return(job: Any, flow_run_id: str, held: bool, say: Callable[[str]
     (:func:`hold_cut_return`) that could not be finished is crashed
     (:func:`give_up_returning`): the node is free again, and a run with
     retries left is queued again; unless another process here holds the
-    job's lock (a second worker for the node finishing the same return:
-    crashing it there would run its retry twice).  Raises what the state
+    job's lock or has already finished the return (a second worker for the
+    node finishing the same return: crashing it there would run its retry
+    twice, or end a delivered run ``Crashed``).  Raises what the state
     writes raise."""
     from e31.flows.compile import default_scratch_root
     from e31.flows.joblock import lock_busy
@@ -96,8 +97,11 @@ def close_cut_return(job: Any, flow_run_id: str, held: bool, say: Callable[[str]
     manifest = finish_cut_return(job, flow_run_id, say)
     if manifest is not None:
         settle_state(flow_run_id, manifest)
-    elif held and not (isinstance(job, str) and lock_busy(str(default_scratch_root() / job))):
-        give_up_returning(flow_run_id)  # (a return another process here is finishing is left to it)
+    elif held and (not isinstance(job, str) or (not lock_busy(str(default_scratch_root() / job)) and
+                                                cut_return_of(default_scratch_root() / job, flow_run_id))):
+        # still cut and nobody here at it: crashed.  A return no longer cut was finished by another process
+        # here (a second worker for the node) between this one's tries, which sets the state from its manifest
+        give_up_returning(flow_run_id)
 
 
 
