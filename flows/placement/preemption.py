@@ -124,8 +124,9 @@ def lost_work(job: RunningJob, now: float) -> float:
 def within_overhead(job: RunningJob, now: float, rules: PreemptionRules) -> bool:
     """Whether preempting ``job`` for attained service at ``now`` keeps what its preemptions cost it within
     ``rules.max_overhead`` of the seconds it has been served (its earlier runs' and this one's; always
-    True without a bound).  Each earlier preemption is counted at its most, ``restart_s +
-    attained_loss_s`` (or ``restart_s`` plus the whole current run when there is no loss bound), this one
+    True without a bound).  Each earlier preemption is counted at what one for attained service costs at
+    most, ``restart_s + attained_loss_s`` (or ``restart_s`` plus the work this one loses when there is no
+    loss bound; one for a deadline may have cost more), this one
     at ``restart_s +`` :func:`lost_seconds`: a job served 10 hours may lose at most 6 minutes under a
     bound of 1%, so the restarts of a wide job preempted for many short ones stay a bounded share
     of the pool's GPU-hours, whatever the workload.  A bound of 0 forbids every such preemption."""
