@@ -64,6 +64,8 @@ class NodeSpec(SpecModel):
     gpu_type: GpuType | None = Field(None, description="GPU model of the node, e.g. H100; jobs naming one run only on such nodes.")
     cpus: StrictInt = Field(ge=1, description="CPU cores per node.")
     memory: Memory = Field(description="Memory per node in bytes, or a size such as 512GiB.")
+    group: NodeName | None = Field(None, description=(
+        "The network group of these nodes (a rack, a switch): a multi-node job prefers nodes of one group."))
     scratch_budget: Memory | None = Field(None, description=(
         "Bytes of staged inputs the node's scratch may keep (a size such as 500GiB). With it, the node's e31 worker "
         "prefetches the inputs of jobs planned on it while they wait, evicting the least recently used staged "

@@ -50,9 +50,10 @@ PREEMPT_GAP = 2
 
 
 def by_attained(job: QueuedJob) -> bool:
-    """Whether the planner orders ``job`` by attained service: it is preemptible and declared no
-    duration (its estimate is its limit)."""
-    return job.preemptible and job.runtime_source == "limit"
+    """Whether the planner orders ``job`` by attained service: it is preemptible, declared no duration
+    (its estimate is its limit) and runs on one node (a multi-node job is never preempted, so it is
+    planned on its limit)."""
+    return job.preemptible and job.runtime_source == "limit" and job.nodes == 1
 
 
 def width(gpus: int, cpus: int) -> int:

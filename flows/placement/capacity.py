@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Sequence
+from dataclasses import replace
 
 from .model import Node, PlanInputError, RunningJob
 
@@ -73,9 +74,11 @@ class Capacity:
         self.enders: list[dict[float, str]] = []  # end time -> the job that ends then (for reasons)
         per_node: list[list[RunningJob]] = [[] for _ in self.nodes]
         for job in running:
-            if job.node not in where:
-                raise PlanInputError(f"running job {job.id} is on node {job.node!r}, which is not in the pool")
-            per_node[where[job.node]].append(job)
+            for node, devices in job.parts:  # a gang holds its CPUs and memory on each of its nodes
+                if node not in where:
+                    raise PlanInputError(f"running job {job.id} is on node {node!r}, which is not in the pool")
+                per_node[where[node]].append(job if node == job.node and not job.gang else
+                                             replace(job, node=node, devices=devices, gang=()))
         for i, node in enumerate(self.nodes):
             self._build(node, sorted(per_node[i], key=lambda j: (self._end(j), j.id)))
         self.gmax = max((node.gpus for node in self.nodes), default=0)
@@ -275,6 +278,55 @@ class Capacity:
         if found is None:
             failed.append(req)
         return found
+
+    def earliest_gang(self, req: Request, count: int, eligible: Sequence[bool] | None, after: float,
+                      latest: float = float("inf")) -> tuple[float, list[tuple[int, int]]] | None:
+        """The earliest start ``t`` with ``after <= t <= latest`` at which ``req`` (per node) fits on
+        ``count`` eligible nodes at once for its whole time, as ``(t, [(node index, device mask), ...])``
+        with ``count`` nodes; None when there is none.  A gang starts on all its nodes together or not at
+        all, as Slurm's multi-node allocations do.
+
+        Which nodes: among those that fit at ``t``, the nodes of one group (:attr:`.model.Node.group`)
+        when one group has enough of them (the group with the most such nodes, then pool order), then
+        the nodes it leaves fewest devices free on, then pool order.
+
+        How: each eligible node's earliest fit from ``after`` on is a lower bound; the ``count``-th
+        smallest of them is the first time enough nodes could fit.  When fewer than ``count`` fit at
+        that time exactly (a node's room closes before it), the search goes on from the next time
+        capacity changes on an eligible node."""
+        nodes = [i for i in range(len(self.nodes)) if eligible is None or eligible[i]]
+        if count < 1 or len(nodes) < count:
+            return None
+        t = after
+        while t <= latest:
+            firsts = sorted(hit[0] for i in nodes if (hit := self.fit(i, req, t, latest)) is not None)
+            if len(firsts) < count:
+                return None
+            at = firsts[count - 1]
+            hits = [(i, hit[1]) for i in nodes if (hit := self.fit(i, req, at, at)) is not None]
+            if len(hits) >= count:
+                return at, self._choose_gang(hits, count)
+            later = None  # the next time capacity changes on an eligible node: within a segment a later
+            for i in nodes:  # start only covers more of the profile, so it cannot fit where this one did not
+                times = self.times[i]
+                k = bisect_right(times, at)
+                if k < len(times) and (later is None or times[k] < later):
+                    later = times[k]
+            if later is None:
+                return None
+            t = later
+        return None
+
+    def _choose_gang(self, hits: list[tuple[int, int]], count: int) -> list[tuple[int, int]]:
+        """``count`` of ``hits`` (``(node index, free device mask)``): one group's when it has enough
+        (the largest such group, then the first in pool order), tightest fit first, then pool order."""
+        groups: dict[str | None, list[tuple[int, int]]] = {}
+        for hit in hits:
+            groups.setdefault(self.nodes[hit[0]].group, []).append(hit)
+        whole = [(len(members), -members[0][0], name) for name, members in groups.items()
+                 if name is not None and len(members) >= count]
+        pick = groups[max(whole)[2]] if whole else hits
+        return sorted(pick, key=lambda h: (h[1].bit_count(), h[0]))[:count]
 
     # -- changes ------------------------------------------------------------
 

@@ -113,7 +113,9 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
                         "mean_completion_s, preemptions, lost_gpu_hours, planning_s; with tenants also tenants: {name: "
                         "{jobs, mean_wait_s, gpu_hours}}")
     s.add_argument("--as", dest="unit", default="cpus", choices=("cpus", "gpus"),
-                   help="what a trace job's processors are on the pool (default cpus)")
+                   help="what a trace job's processors are on the pool (default cpus); with gpus, a job of more "
+                        "processors than the pool's largest node has GPUs runs on several nodes at once, an equal "
+                        "share on each (32 on nodes of 8 GPUs: 4 nodes of 8; 12: 2 nodes of 6)")
     s.add_argument("--deadlines", type=_factor, metavar="FACTOR",
                    help="give jobs a deadline of submit time + FACTOR x their limit")
     s.add_argument("--deadline-every", type=_positive, default=None, metavar="K",
@@ -139,7 +141,8 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
 
 def nodes_of(pool: Any) -> list[Node]:
     """The planner's nodes of a :class:`e31.specs.PoolSpec` (``count`` expanded)."""
-    return [Node(name, line.gpus, line.cpus, line.memory, line.gpu_type) for name, line in pool.node_lines()]
+    return [Node(name, line.gpus, line.cpus, line.memory, line.gpu_type, line.group)
+            for name, line in pool.node_lines()]
 
 
 def cmd_pool(args: argparse.Namespace) -> int:
@@ -252,15 +255,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     every = args.deadline_every or 1
     trace = read_swf(args.trace, args.jobs)
     jobs = []
+    widest = max(n.gpus for n in nodes)
     for k, t in enumerate(trace.jobs):
         gpus, cpus = (t.procs, 1) if args.unit == "gpus" else (0, t.procs)
+        spread = 1
+        if args.unit == "gpus" and gpus > widest:  # a gang: as few nodes as hold it, an equal share on each
+            spread = -(-gpus // widest)
+            gpus = -(-gpus // spread)
         submitted = trace.start + t.submit
         limit = t.limit_s if t.declared or args.default_limit is None else args.default_limit
         deadline = None
         if args.deadlines is not None and k % every == 0:
             deadline = submitted + args.deadlines * limit
         job = QueuedJob(id=t.id, name=t.id, gpus=gpus, cpus=cpus, memory=0, submitted=submitted,
-                        runtime_s=limit, limit_s=limit, deadline=deadline, runtime_source="limit")
+                        runtime_s=limit, limit_s=limit, deadline=deadline, runtime_source="limit", nodes=spread)
         # request.preemptible's default: checkpoints declared and no deadline
         jobs.append(SimJob(job, t.runtime_s, preemptible=args.checkpoint_every is not None and deadline is None))
     if len({j.job.id for j in jobs}) != len(jobs):
@@ -293,7 +301,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .simulate import resource_of
 
     unit = "GPUs" if resource_of([j.job for j in jobs]) == "gpus" else "CPUs"
-    print(f"trace {args.trace}: {len(jobs)} jobs ({trace.skipped} skipped: unknown run time or processors); "
+    gangs = sum(1 for j in jobs if j.job.nodes > 1)
+    spread = f", {gangs} of them on several nodes" if gangs else ""
+    print(f"trace {args.trace}: {len(jobs)} jobs{spread} ({trace.skipped} skipped: unknown run time or processors); "
           f"pool {pool.name} ({len(nodes)} node{'s' if len(nodes) != 1 else ''}); policy {args.policy}")
     deadlines = (f"{result.deadlines_met} of {result.deadlines_total} ({result.deadlines_feasible} feasible on an "
                  f"empty pool)" if result.deadlines_total else "none assigned (--deadlines FACTOR)")

@@ -12,7 +12,7 @@ from typing import Literal
 
 from e31.errors import InvalidInput
 
-__all__ = ["Action", "Node", "PlanInputError", "Placement", "QueuedJob", "RunningJob", "RuntimeSource", "id_order"]
+__all__ = ["Action", "Gang", "Node", "PlanInputError", "Placement", "QueuedJob", "RunningJob", "RuntimeSource", "id_order"]
 
 Action = Literal["start", "wait", "refuse"]
 RuntimeSource = Literal["duration", "history", "limit"]
@@ -38,7 +38,9 @@ class Node:
     """One machine of the pool.
 
     ``gpus``: GPU devices, numbered ``0 .. gpus-1``; ``gpu_type``: their model
-    (``H100``) or None; ``cpus``: cores; ``memory``: BYTES.
+    (``H100``) or None; ``cpus``: cores; ``memory``: BYTES; ``group``: the nodes
+    that share a fast network (a rack, a switch) carry one group name, None: no
+    group.  A multi-node job (a gang) prefers nodes of one group.
     """
 
     name: str
@@ -46,6 +48,11 @@ class Node:
     cpus: int
     memory: int
     gpu_type: str | None = None
+    group: str | None = None
+
+
+#: The other nodes of a multi-node job: ``(node name, GPU devices held there)`` per node.
+Gang = tuple[tuple[str, tuple[int, ...]], ...]
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,11 @@ class RunningJob:
     for a job of no GPU; :mod:`.attained`), ``no_duration`` (it declared no
     duration: ordered by attained service, it may have started in room
     reserved for another job, :mod:`.attained`), ``tenant`` (the pool's tenant
-    it runs for, :mod:`.tenants`)."""
+    it runs for, :mod:`.tenants`).
+
+    A multi-node job (a gang) holds ``node`` and ``devices`` on its first node and
+    ``gang``, its other nodes with the devices it holds on each, the same ``cpus`` and
+    ``memory`` on every node; it is never a victim of preemption."""
 
     id: str
     node: str
@@ -84,6 +95,17 @@ class RunningJob:
     attained_s: float = 0.0
     no_duration: bool = False
     tenant: str = "default"
+    gang: Gang = ()
+
+    @property
+    def parts(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """Every node it holds with its devices there: ``(node, devices)``, its first node first."""
+        return ((self.node, self.devices), *self.gang)
+
+    @property
+    def gpus_held(self) -> int:
+        """GPU devices it holds on all its nodes together."""
+        return sum(len(devices) for _, devices in self.parts)
 
 
 @dataclass(frozen=True)
@@ -93,7 +115,9 @@ class QueuedJob:
     Attributes:
         id: unique among queued and running jobs; named in reasons and used to break ties.
         name: the job's name (its spec's ``name``; several runs may share it).
-        gpus, cpus, memory: the request (memory in BYTES; 0 means not stated).
+        gpus, cpus, memory: the request per node (memory in BYTES; 0 means not stated).
+        nodes: how many nodes it needs at once (a gang: all start together or none does;
+            1: a single-node job).  Its GPUs are ``gpus`` whole devices on each.
         gpu_type: run only on nodes of this GPU model (case-insensitive), or None.
         submitted: when it joined the queue (Unix seconds).
         deadline: finish-by time (Unix seconds) or None: the output returned by then.
@@ -157,6 +181,7 @@ class QueuedJob:
     attained_s: float = 0.0
     waiting_since: float | None = None
     tenant: str = "default"
+    nodes: int = 1
 
     @property
     def work_deadline(self) -> float | None:
@@ -211,3 +236,4 @@ class Placement:
     reserved: bool = True
     ender: str | None = None
     shape: str = ""
+    gang: Gang = ()

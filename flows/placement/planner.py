@@ -102,7 +102,7 @@ from .attained import by_attained
 from .capacity import Capacity, devices_of, lowest_bits
 from .model import Node, PlanInputError, Placement, QueuedJob, RunningJob
 from .policy import Promotion, Ranked, at_risk, order, overdue
-from .reasons import Explainer, start_reason
+from .reasons import Explainer, gang_start_reason, start_reason
 from .text import clock
 from .refusals import deadline_refusal, eligible_nodes, fit_refusal
 from .tenants import BorrowLimits, Tenancy, amount_words, beyond_quota, bounded, exceeds_limit, fair_order
@@ -123,7 +123,8 @@ _PASSES = 3
 #: free now, and a job with priority over it that needs the room later preempts it (:mod:`.attained`).
 _MOMENT_S = 1.0
 
-_Slot = tuple[float, int, int, bool]  # start, node index, device mask, reserved
+# start, node index, device mask, reserved, and a gang's other nodes: (node index, device mask) each
+_Slot = tuple[float, int, int, bool, tuple[tuple[int, int], ...]]
 
 
 def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
@@ -142,6 +143,29 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
         length = j.req[3]
         hit = None
         promotion = promoted.get(job.id)
+        if job.nodes > 1:
+            placed = _gang(cap, j, promotion, reservations, depth, floor if fcfs else now, fcfs and blocked)
+            if placed is not None and limits is not None and placed[0] <= now:
+                if limits.allows(job):
+                    limits.take(job)
+                else:  # its tenant's borrow limit: no earlier than enough of its tenant's running jobs end
+                    placed = _gang(cap, j, None, 0, 1, max(limits.after(job), floor if fcfs else now), False)
+                    limits.hold(job)
+            if placed is None:
+                deep.append(j)
+                blocked = True
+                continue
+            start, parts, length = placed
+            taken = tuple((i, lowest_bits(mask, job.gpus)) for i, mask in parts)
+            for i, devices in taken:
+                cap.reserve(i, start, start + length, devices, job.cpus, job.memory, job.id)
+            slots[job.id], held[job.id] = (start, *taken[0], True, taken[1:]), length
+            if start > now:
+                reservations += 1
+                blocked = True
+            if fcfs:
+                floor = start
+            continue
         if by_attained(job) and promotion is None:  # any room free now, reserved or not; else no reservation
             hit = cap.earliest((*j.req[:3], _MOMENT_S), j.eligible, now, now, preferred=j.preferred)
             if hit is None:
@@ -175,7 +199,7 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
                 limits.hold(job)
         devices = lowest_bits(mask, job.gpus)
         cap.reserve(i, start, start + length, devices, job.cpus, job.memory, job.id)
-        slots[job.id], held[job.id] = (start, i, devices, True), length
+        slots[job.id], held[job.id] = (start, i, devices, True, ()), length
         if start > now:
             reservations += 1
             blocked = True
@@ -184,14 +208,50 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
     if late and not fcfs:
         deep = _fill_now(cap, ranked, slots, held, deep, limits)
     tails = sorted((cap.tail(i), i) for i in range(len(cap.nodes)))
-    for j in deep:  # estimates only: after every reservation on the soonest-free eligible node
-        pos = next(p for p, (_, i) in enumerate(tails) if j.eligible is None or j.eligible[i])
-        tail, i = tails.pop(pos)
-        start = max(tail, now, floor if fcfs else now)
+    for j in deep:  # estimates only: after every reservation on the soonest-free eligible node(s)
+        picked = [p for p, (_, i) in enumerate(tails) if j.eligible is None or j.eligible[i]][:j.job.nodes]
+        got = [tails[p] for p in picked]
+        for p in reversed(picked):
+            del tails[p]
+        start = max(max(tail for tail, _ in got), now, floor if fcfs else now)
         floor = start if fcfs else floor
-        insort(tails, (start + j.req[3], i))
-        slots[j.job.id] = (start, i, lowest_bits((1 << cap.nodes[i].gpus) - 1, j.job.gpus), False)
+        taken = []
+        for _, i in got:
+            insort(tails, (start + j.req[3], i))
+            taken.append((i, lowest_bits((1 << cap.nodes[i].gpus) - 1, j.job.gpus)))
+        slots[j.job.id] = (start, *taken[0], False, tuple(taken[1:]))
     return slots
+
+
+def _gang(cap: Capacity, j: Ranked, promotion: Promotion | None, reservations: int, depth: int, after: float,
+          blocked: bool) -> tuple[float, list[tuple[int, int]], float] | None:
+    """Where a multi-node job goes: ``(start, [(node index, device mask)] for its nodes, seconds held)``,
+    or None when it only gets an estimate (beyond the planning depth and not startable now).  The rules
+    of a single-node job, on all its nodes at once (:meth:`.capacity.Capacity.earliest_gang`): a
+    reservation at its earliest start for the first ``depth`` waiting jobs, so nothing backfilled
+    behind it delays it (EASY's guarantee, held on every node of the gang); behind a reservation it
+    starts now only on its limit; a promoted deadline job no earlier than needed.  It is never started
+    in room reserved for another job (a gang is not preempted), and it holds no node idle before its
+    reserved start: every node is reserved from that start only, free for backfill until then."""
+    now, count = cap.now, j.job.nodes
+    if promotion is not None and promotion.start_by > now:
+        by = promotion.start_by
+        hit = cap.earliest_gang(j.req, count, j.eligible, now + SLACK_USE * (by - now), by)
+        if hit is not None:
+            return hit[0], hit[1], j.req[3]
+    if reservations < depth and reservations:  # behind a reservation: as :func:`_behind`
+        if after <= now and (hit := cap.earliest_gang(j.hard, count, j.eligible, now, now)):
+            return now, hit[1], j.hard[3]
+        hit = cap.earliest_gang(j.req, count, j.eligible, after)
+        if hit is not None and hit[0] <= now:  # its estimate fits now, its limit does not
+            hit = cap.earliest_gang(j.hard, count, j.eligible, now + 1e-3)
+        return None if hit is None else (hit[0], hit[1], j.req[3])
+    if reservations < depth:
+        hit = cap.earliest_gang(j.req, count, j.eligible, after)
+        return None if hit is None else (hit[0], hit[1], j.req[3])
+    if not blocked and (hit := cap.earliest_gang(j.hard, count, j.eligible, now, now)):
+        return now, hit[1], j.hard[3]
+    return None
 
 
 def _behind(cap: Capacity, j: Ranked, after: float) -> tuple[float, int, int, float]:
@@ -233,20 +293,23 @@ def _fill_now(cap: Capacity, ranked: list[Ranked], slots: dict[str, _Slot], held
                 continue
             if slot is None and job.id not in waiting:
                 continue
+            if job.nodes > 1:  # a gang keeps its place: it is reserved on all its nodes, or only estimated
+                ahead = ahead or slot is not None
+                continue
             if limits is not None and not limits.allows(job):  # its tenant's borrow limit: it stays where it is
                 ahead = ahead or slot is not None
                 limits.hold(job)
                 continue
             size = j.hard if ahead else j.req
             if slot is not None:
-                start, i, devices, _ = slot
+                start, i, devices, _, _ = slot
                 cap.release(i, start, start + held[job.id], devices, job.cpus, job.memory, job.id)
             hit = cap.earliest(size, j.eligible, now, now, preferred=j.preferred)
             if hit is not None:
                 _, i, mask = hit
                 devices = lowest_bits(mask, job.gpus)
                 cap.reserve(i, now, now + size[3], devices, job.cpus, job.memory, job.id)
-                slots[job.id], held[job.id] = (now, i, devices, True), size[3]
+                slots[job.id], held[job.id] = (now, i, devices, True, ()), size[3]
                 waiting.discard(job.id)
                 moved = True
                 if limits is not None:
@@ -332,8 +395,23 @@ def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[
 
 def _placement(j: Ranked, slot: _Slot, cap: Capacity, explainer: Explainer | None,
                limited: str | None = None) -> Placement:
-    job, (start, i, devices, reserved) = j.job, slot
+    job, (start, i, devices, reserved, others) = j.job, slot
     node, end = cap.nodes[i].name, start + j.req[3]
+    if others:  # a gang: its first node and devices, the others in ``gang``
+        gang = tuple((cap.nodes[k].name, devices_of(mask)) for k, mask in others)
+        parts = ((node, devices_of(devices)), *gang)
+        action = "start" if start <= cap.now else "wait"
+        if not explainer:
+            why, shape = "", ""
+        elif action == "start":
+            why = shape = gang_start_reason(job, parts, end, cap.now)
+        elif limited is not None:
+            why = f"waiting: {limited}; planned to start {clock(start, cap.now)} on {len(parts)} nodes"
+            shape = f"waiting: {limited}"
+        else:
+            why, shape = explainer.gang_words(job, j.eligible, [name for name, _ in parts], start, reserved)
+        return Placement(job.id, action, node, devices_of(devices), job.cpus, start, end, why,
+                         reserved if action == "wait" else True, None, shape if action == "wait" else "", gang)
     if start <= cap.now:
         why = start_reason(job, node, devices, end, cap.now) if explainer else ""
         return Placement(job.id, "start", node, devices_of(devices), job.cpus, start, end, why)

@@ -40,7 +40,7 @@ its candidates' cannot hold the job is skipped after one sum.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 
 from .attained import by_attained
@@ -139,9 +139,11 @@ def within_overhead(job: RunningJob, now: float, rules: PreemptionRules) -> bool
 
 
 def may_preempt(job: RunningJob, now: float, rules: PreemptionRules) -> bool:
-    """Whether ``job`` may be a victim at ``now``: preemptible, run at least ``rules.min_run_s`` seconds,
-    and preempted fewer than ``rules.max_per_day`` times in the last :data:`DAY_S` seconds."""
-    if not job.preemptible or now - job.start < rules.min_run_s:
+    """Whether ``job`` may be a victim at ``now``: preemptible, on one node (a multi-node job is never a
+    victim: stopping it frees room on several nodes, which the choice of victims, node by node, does not
+    weigh), run at least ``rules.min_run_s`` seconds, and preempted fewer than ``rules.max_per_day`` times in
+    the last :data:`DAY_S` seconds."""
+    if not job.preemptible or job.gang or now - job.start < rules.min_run_s:
         return False
     if rules.max_per_day is None:
         return True
@@ -173,8 +175,9 @@ def choose_victims(need: Need, nodes: Sequence[Node], running: Sequence[RunningJ
     victims (:func:`may_preempt`, and ``over(victim)`` when given: the job has priority over it) makes
     room on any node of the job's GPU type."""
     by_node: dict[str, list[RunningJob]] = {}
-    for job in running:
-        by_node.setdefault(job.node, []).append(job)
+    for job in running:  # a multi-node job holds room on each of its nodes
+        for name, devices in job.parts:
+            by_node.setdefault(name, []).append(replace(job, node=name, devices=devices) if job.gang else job)
     usable = [(i, node) for i, node in enumerate(nodes) if _eligible(node, need)]
     if any(_fits(node, need, by_node.get(node.name, [])) is not None for _, node in usable):
         return None  # it can start as early without a preemption
@@ -244,7 +247,7 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
         if p.action == "start" and p.node is not None:
             job = by_id[p.job]
             held.append(RunningJob(job.id, p.node, p.devices, job.cpus, job.memory, now, now + job.occupancy_s,
-                                   tenant=job.tenant))
+                                   tenant=job.tenant, gang=p.gang))
             fresh.add(job.id)
     planned: list[PlannedPreemption] = []
     done: set[str] = set()
@@ -252,7 +255,7 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
 
     def take(job: QueuedJob, over: Callable[[RunningJob], bool] | None, key: tuple | None) -> None:
         nonlocal held
-        if key is not None and key in failed:
+        if key is not None and key in failed or job.nodes > 1:  # a gang gets no victims: it waits for room
             return
         def allowed(victim: RunningJob) -> bool:
             return victim.id not in fresh and (over is None or over(victim))
@@ -320,7 +323,7 @@ def deferred_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], q
         _, nominal = fair_order(ordered, running, tenancy)
         for p in placements:
             job = by_id.get(p.job)
-            if job is None or job.id in taken or p.action != "wait" or job.id not in nominal:
+            if job is None or job.id in taken or p.action != "wait" or job.id not in nominal or job.nodes > 1:
                 continue
             mine = [r for r in held if r.id in lent and r.tenant != job.tenant and r.preemptible]
             need = Need(job.gpus, job.cpus, job.memory, job.gpu_type)
@@ -333,7 +336,7 @@ def deferred_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], q
                     break
     for p in placements:
         job = by_id.get(p.job)
-        if job is None or job.id in taken or job.id in out or not deadline_at_risk(job, p, now):
+        if job is None or job.id in taken or job.id in out or job.nodes > 1 or not deadline_at_risk(job, p, now):
             continue
         need = Need(job.gpus, job.cpus, job.memory, job.gpu_type)
         by = job.work_deadline

@@ -16,7 +16,7 @@ from .capacity import Capacity, devices_of
 from .model import QueuedJob
 from .text import clock, gib, run_time, span
 
-__all__ = ["Explainer", "ender_clause", "start_reason"]
+__all__ = ["Explainer", "ender_clause", "gang_start_reason", "start_reason"]
 
 Clock = Callable[[float, float], str]
 
@@ -52,6 +52,22 @@ def start_reason(job: QueuedJob, node: str, devices: int, end: float, now: float
         parts.append(gib(job.memory))
     when = f"; expected end {clock(end, now)} ({run_time(job)})"
     return ", ".join(parts) + when + _deadline(job, now + job.work_s, now)
+
+
+def _devices(devices: Sequence[int]) -> str:
+    """GPU numbers as ``0-7`` when they run unbroken, else ``0,2,5``."""
+    if len(devices) > 2 and list(devices) == list(range(devices[0], devices[-1] + 1)):
+        return f"{devices[0]}-{devices[-1]}"
+    return ",".join(str(d) for d in devices)
+
+
+def gang_start_reason(job: QueuedJob, parts: Sequence[tuple[str, Sequence[int]]], end: float, now: float) -> str:
+    """``starts now on 2 nodes: n1 (GPUs 0-7), n2 (GPUs 0-7), 8 CPUs, 32 GiB each; expected end ...``:
+    a multi-node job's start, ``parts`` its ``(node, GPU devices)``, first node first."""
+    where = ", ".join(f"{node} (GPUs {_devices(devices)})" if devices else node for node, devices in parts)
+    each = [f"{job.cpus} CPU{'s' if job.cpus != 1 else ''}"] + ([gib(job.memory)] if job.memory else [])
+    return (f"starts now on {len(parts)} nodes: {where}, {', '.join(each)} each; expected end {clock(end, now)} "
+            f"({run_time(job)})" + _deadline(job, now + job.work_s, now))
 
 
 class Explainer:
@@ -101,6 +117,32 @@ class Explainer:
         :func:`ender_clause` is in both; None when they name none)."""
         reason, ender = self._wait(job, eligible, node, start, reserved, clock)
         return reason, self._wait(job, eligible, node, start, reserved, _no_clock)[0], ender
+
+    def gang_words(self, job: QueuedJob, eligible: Sequence[bool] | None, names: Sequence[str], start: float,
+                   reserved: bool) -> tuple[str, str]:
+        """A waiting multi-node job's reason and its shape (:meth:`words`): how many nodes have its room
+        free now against the number it needs together, and its planned start on which nodes."""
+        return tuple(self._gang_wait(job, eligible, names, start, reserved, c) for c in (clock, _no_clock))
+
+    def _gang_wait(self, job: QueuedJob, eligible: Sequence[bool] | None, names: Sequence[str], start: float,
+                   reserved: bool, clock: Clock) -> str:
+        cap, now = self.cap, self.cap.now
+        need = (job.gpus, job.cpus, job.memory)
+        free = sum(1 for i in range(len(cap.nodes)) if (eligible is None or eligible[i])
+                   and all(have >= want for have, want in zip(self.free[i], need)))
+        size = f"{job.gpus} GPU{'s' if job.gpus != 1 else ''}" if job.gpus else f"{job.cpus} CPUs"
+        if free < job.nodes:
+            text = (f"waiting for {job.nodes} nodes with {size} free at once (a gang starts on all its nodes "
+                    f"together; {free} ha{'s' if free == 1 else 've'} it free now)")
+        else:
+            text = f"waiting: room is free now on {free} nodes but held for jobs ahead of it"
+        if reserved:
+            text += f"; earliest start {clock(start, now)} on {', '.join(names)}"
+        else:
+            held = ("the first waiting job in priority order holds a reservation" if self.depth == 1 else
+                    f"the first {self.depth} waiting jobs in priority order hold reservations")
+            text += f"; estimated start {clock(start, now)} (not reserved: only {held})"
+        return text + _deadline(job, start + job.work_s, now, clock)
 
     def _wait(self, job: QueuedJob, eligible: Sequence[bool] | None, node: int, start: float, reserved: bool,
               clock: Clock) -> tuple[str, str | None]:

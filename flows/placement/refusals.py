@@ -4,7 +4,9 @@ A queued job is refused, with the reason, when
 
 * no node of the pool can hold it: no node of its ``gpu_type``, or more GPUs,
   CPUs or memory than any one (eligible) node has, or no single node with all
-  three at once (a job's GPUs are whole devices on ONE node);
+  three at once (a job's GPUs are whole devices on one node; a multi-node job
+  asks for that on each of its nodes), or fewer such nodes than a multi-node
+  job needs;
 * its deadline cannot be met even on an empty pool: ``submitted + staging +
   runtime > deadline`` (refused at submission), or ``now + staging + runtime >
   deadline`` (it became infeasible while it waited: taken out rather than run
@@ -44,8 +46,15 @@ def _types(nodes: Sequence[Node]) -> str:
 
 
 def fit_refusal(nodes: Sequence[Node], job: QueuedJob, eligible: Sequence[bool]) -> str | None:
-    """Why no node can hold ``job`` and what to change (one line), or None when one can."""
-    if any(eligible):
+    """Why no node can hold ``job`` and what to change (one line), or None when one can; for a
+    multi-node job (``job.nodes`` > 1), None when that many nodes can each hold its per-node request."""
+    held = sum(1 for ok in eligible if ok)
+    if held and held < job.nodes:
+        each = [f"{job.gpus} GPUs", f"{job.cpus} CPUs"] + ([gib(job.memory)] if job.memory else [])
+        return (f"asks for {job.nodes} nodes of {', '.join(each)} each, and only {held} node"
+                f"{'s' if held != 1 else ''} of the pool can hold that: ask for at most {held} nodes, or add nodes "
+                "to the pool file")
+    if held:
         return None
     typed = [n for n in nodes if same_type(n, job.gpu_type)]
     if not typed:

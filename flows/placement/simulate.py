@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, replace
 
 from .attained import by_attained
 from .attained import width as service_width
-from .model import Node, PlanInputError, QueuedJob, RunningJob, id_order
+from .model import Gang, Node, PlanInputError, QueuedJob, RunningJob, id_order
 from .planner import AGE_LIMIT_S, plan
 from .preemption import PreemptionRules, plan_preemptions
 from .refusals import eligible_nodes
@@ -151,7 +151,7 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
     pending = sorted((replace(s, job=replace(s.job, preemptible=s.preemptible and preemption is not None))
                       for s in jobs), key=lambda s: (s.job.submitted, id_order(s.job.id)))
     left = {s.job.id: max(s.actual_s, 0.0) for s in pending}  # work still to do (seconds)
-    may = {s.job.id for s in pending if s.preemptible}
+    may = {s.job.id for s in pending if s.preemptible and s.job.nodes == 1}  # a gang is never preempted
     by_id = {s.job.id: s.job for s in pending}
     queue: dict[str, QueuedJob] = {}
     running: dict[str, tuple[RunningJob, float, float, int]] = {}  # id -> (as planned, hard stop, work start, gen)
@@ -168,7 +168,7 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
     planning, nxt, gen = 0.0, 0, 0
     resource = resource_of([s.job for s in pending])
 
-    def start(job: QueuedJob, node: str, devices: tuple[int, ...], now: float) -> None:
+    def start(job: QueuedJob, node: str, devices: tuple[int, ...], now: float, gang: Gang = ()) -> None:
         nonlocal gen
         gen += 1
         cost = restart_cost_s if job.id in preempted_at else 0.0
@@ -177,7 +177,7 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
         expected = now + job.staging_s + cost + job.runtime_s
         planned = RunningJob(job.id, node, devices, job.cpus, job.memory, now, expected, preemptible=job.id in may,
                              preemptions=preempted_at.get(job.id, ()), attained_s=attained.get(job.id, 0.0),
-                             no_duration=by_attained(job), tenant=job.tenant)
+                             no_duration=by_attained(job), tenant=job.tenant, gang=gang)
         running[job.id] = (planned, now + job.staging_s + cost + job.limit_s, work_start, gen)
         heapq.heappush(ends, (end if end > now else now, job.id, gen))
         if preemption is not None and checkpoint_every_s and job.id in may and by_attained(job):
@@ -193,7 +193,8 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
         half = tenancy.half_life_s
         before, at = usage.get(planned.tenant, ((0.0, 0.0, 0.0), end))
         decay = 2 ** (-(end - at) / half) if end > at else 1.0
-        added = decayed_service((float(len(planned.devices)), float(planned.cpus), float(planned.memory)),
+        n = 1 + len(planned.gang)
+        added = decayed_service((float(planned.gpus_held), float(planned.cpus * n), float(planned.memory * n)),
                                 planned.start, end, end, half)
         usage[planned.tenant] = (tuple(b * decay + a for b, a in zip(before, added)), max(end, at))
 
@@ -205,7 +206,9 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
         for name, (value, at) in usage.items():
             totals[name] = [v * 2 ** (-(now - at) / half) for v in value]
         for r, _, _, _ in running.values():
-            add = decayed_service((float(len(r.devices)), float(r.cpus), float(r.memory)), r.start, now, now, half)
+            n = 1 + len(r.gang)
+            add = decayed_service((float(r.gpus_held), float(r.cpus * n), float(r.memory * n)), r.start, now, now,
+                                  half)
             totals[r.tenant] = [a + b for a, b in zip(totals.get(r.tenant, [0.0, 0.0, 0.0]), add)]
         return replace(tenancy, tenants={name: replace(tenancy.of(name), usage=tuple(totals.get(name, (0.0,) * 3)))
                                          for name in {*tenancy.tenants, *totals}})
@@ -266,7 +269,7 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
                 refused += 1
                 del queue[p.job]
             elif p.action == "start":
-                start(queue.pop(p.job), p.node, p.devices, now)
+                start(queue.pop(p.job), p.node, p.devices, now, p.gang)
         for c in chosen:
             for victim in c.preemption.victims:
                 stop(victim, now)
@@ -283,7 +286,7 @@ def _per_tenant(jobs: dict[str, QueuedJob], starts: dict[str, float], ends: dict
     out: dict[str, dict[str, float]] = {}
     for job_id, job in jobs.items():
         row = out.setdefault(job.tenant, {"jobs": 0, "mean_wait_s": 0.0, "gpu_hours": 0.0})
-        width = job.gpus if resource == "gpus" else job.cpus
+        width = (job.gpus if resource == "gpus" else job.cpus) * job.nodes
         row["gpu_hours"] += width * held.get(job_id, 0.0) / 3600.0
         if job_id in ends and job_id in starts:
             row["jobs"] += 1
@@ -309,6 +312,11 @@ def _shown(job: RunningJob, now: float, hard_stop: float, work_start: float, eve
     return job if job.expected_end > now else overrun(job, now, hard_stop)
 
 
+def _width(job: QueuedJob, gpus: bool) -> int:
+    """What ``job`` holds while it runs: GPUs (``gpus``) or CPUs, on all its nodes."""
+    return (job.gpus if gpus else job.cpus) * job.nodes
+
+
 def resource_of(jobs: Sequence[QueuedJob]) -> str:
     """The resource a replay's utilisation is measured in: ``gpus`` when any job asks for a GPU,
     else ``cpus`` (CPU jobs on a pool with GPUs are measured in CPUs)."""
@@ -327,7 +335,7 @@ def _measure(nodes: Sequence[Node], jobs: dict[str, QueuedJob], starts: dict[str
     ran = 0
     for job_id, start in starts.items():
         if job_id not in ends:  # preempted, then refused (its deadline could no longer be met): it never ended
-            busy += (jobs[job_id].gpus if gpus else jobs[job_id].cpus) * held.get(job_id, 0.0)
+            busy += _width(jobs[job_id], gpus) * held.get(job_id, 0.0)
             continue
         ran += 1
         job, run = jobs[job_id], held.get(job_id, ends[job_id] - start)
@@ -335,7 +343,7 @@ def _measure(nodes: Sequence[Node], jobs: dict[str, QueuedJob], starts: dict[str
         waits.append(wait)
         completions.append(ends[job_id] - job.submitted)
         slowdowns.append(max((ends[job_id] - job.submitted) / max(run, BSLD_THRESHOLD_S), 1.0))
-        busy += (job.gpus if gpus else job.cpus) * run
+        busy += _width(job, gpus) * run
     with_deadline = [j for j in jobs.values() if j.deadline is not None]
     return Result(
         jobs=ran, refused=refused, makespan_s=span,
@@ -345,7 +353,7 @@ def _measure(nodes: Sequence[Node], jobs: dict[str, QueuedJob], starts: dict[str
         deadlines_met=sum(1 for j in with_deadline if j.id in ends and ends[j.id] <= j.deadline),
         deadlines_total=len(with_deadline),
         deadlines_feasible=sum(1 for j in with_deadline
-                               if j.submitted + j.work_s <= j.work_deadline and any(eligible_nodes(nodes, j))),
+                               if j.submitted + j.work_s <= j.work_deadline and sum(eligible_nodes(nodes, j)) >= j.nodes),
         mean_completion_s=sum(completions) / len(completions) if completions else 0.0,
         preemptions=preemptions, lost_gpu_hours=lost_hours,
         planning_s=planning, starts=starts, ends=ends,

@@ -107,11 +107,13 @@ def _within(a: Amount, bound: Amount) -> bool:
 
 
 def _request(job: QueuedJob) -> Amount:
-    return float(job.gpus), float(job.cpus), float(job.memory)
+    n = job.nodes  # a multi-node job asks for its request on each node
+    return float(job.gpus * n), float(job.cpus * n), float(job.memory * n)
 
 
 def _holding(job: RunningJob) -> Amount:
-    return float(len(job.devices)), float(job.cpus), float(job.memory)
+    n = 1 + len(job.gang)
+    return float(job.gpus_held), float(job.cpus * n), float(job.memory * n)
 
 
 def held_by(running: Iterable[RunningJob]) -> dict[str, Amount]:

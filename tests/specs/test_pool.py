@@ -53,7 +53,7 @@ def test_json_pool_and_defaults(tmp_path):
     ]),
     ("nodes: [{name: n, count: 0, cpus: 1, memory: 1GiB, colour: red}]\n", [
         "nodes[0].count: must be >= 1 (got 0)",
-        "nodes[0].colour: unknown field; allowed fields: name, count, gpus, gpu_type, cpus, memory, scratch_budget",
+        "nodes[0].colour: unknown field; allowed fields: name, count, gpus, gpu_type, cpus, memory, group, scratch_budget",
     ]),
     ("nodes: [{name: n, cpus: 1, memory: 1GiB, scratch_budget: lots}, {name: m, cpus: 1, memory: 1GiB, "
      "scratch_budget: 0}]\n", [
@@ -97,7 +97,7 @@ def test_schema_describes_every_field():
     schema = pool_json_schema()
     assert schema["title"] == "E31 pool"
     node = schema["$defs"]["NodeSpec"]["properties"]
-    assert list(node) == ["name", "count", "gpus", "gpu_type", "cpus", "memory", "scratch_budget"]
+    assert list(node) == ["name", "count", "gpus", "gpu_type", "cpus", "memory", "group", "scratch_budget"]
     assert all(prop.get("description") for prop in [*schema["properties"].values(), *node.values()])
     assert schema["$defs"]["NodeSpec"]["required"] == ["name", "cpus", "memory"]
 

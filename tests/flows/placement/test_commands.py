@@ -187,3 +187,26 @@ def test_deadline_every_without_deadlines_is_refused_in_one_line(e31):
     assert out.returncode == 2
     assert out.stderr == ("e31: --deadline-every gives deadlines to every K-th job only with --deadlines FACTOR; add "
                           "--deadlines (e.g. --deadlines 2), or drop --deadline-every\n")
+
+
+def test_simulate_as_gpus_runs_a_job_wider_than_a_node_on_several_nodes_at_once(e31, tmp_path):
+    trace = tmp_path / "gangs.swf"
+    fields = "{id} {submit} -1 {run} {procs} -1 -1 {procs} {run} -1 1 1 -1 -1 -1 -1 -1 -1"
+    trace.write_text("\n".join(fields.format(id=i, submit=s, run=r, procs=p) for i, s, r, p in (
+        (1, 0, 100, 16),   # 2 nodes of 8 GPUs: 0-100
+        (2, 10, 50, 4),    # waits for it: 100-150 on g-1
+        (3, 20, 30, 12),   # 2 nodes of 6 GPUs: g-1 has 4 free until 150, so 150-180
+        (4, 30, 10, 24),   # 3 nodes of 8: the pool has 2, refused
+    )) + "\n", encoding="utf-8")
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("pool_version: 1\nname: lab\nnodes:\n  - {name: g, count: 2, gpus: 8, cpus: 16, memory: 64GiB, "
+                    "group: rack-1}\n", encoding="utf-8")
+    out = e31("simulate", str(trace), "--pool", str(pool), "--as", "gpus", "--policy", "fcfs", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert (result["jobs"], result["refused"], result["makespan_s"], result["max_wait_s"]) == (3, 1, 180.0, 130.0)
+    assert result["utilization"] == pytest.approx((16 * 100 + 4 * 50 + 12 * 30) / (16 * 180))
+    assert result["mean_completion_s"] == pytest.approx((100 + 140 + 160) / 3)
+    out = e31("simulate", str(trace), "--pool", str(pool), "--as", "gpus", "--policy", "fcfs")
+    assert out.stdout.splitlines()[0] == (f"trace {trace}: 4 jobs, 3 of them on several nodes (0 skipped: unknown "
+                                          "run time or processors); pool lab (2 nodes); policy fcfs")
