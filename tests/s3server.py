@@ -31,7 +31,7 @@ import urllib.request
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 #: Seconds to wait for the server to answer healthz and accept a PUT.
 READY_TIMEOUT_S = 60.0
@@ -89,13 +89,18 @@ def pick_ports(roles: tuple[str, ...] = _ROLES, tries: int = 200) -> dict[str, i
 class S3Server:
     """A running ``weed mini`` with one bucket.
 
-    Attributes: ``endpoint`` (``http://127.0.0.1:PORT``), ``key``, ``secret``,
+    ``ip``: the address it listens on (default 127.0.0.1); ``host``: ``(tests.hosts.Hosts, index)`` to
+    run it on another host's network (:mod:`tests.hosts`; ``ip`` then that host's address).
+
+    Attributes: ``endpoint`` (``http://IP:PORT``), ``key``, ``secret``,
     ``bucket``, ``ports`` (role -> port), ``log_path``, ``proc`` and
     ``startup_s`` (seconds from spawn to ready).  The secret is left out of
     ``repr``.
     """
 
-    def __init__(self, tmpdir: Path, *, key: str, secret: str, bucket: str) -> None:
+    def __init__(self, tmpdir: Path, *, key: str, secret: str, bucket: str, ip: str = "127.0.0.1",
+                 host: Any = None) -> None:
+        self.ip, self.host = ip, host  # host: (tests.hosts.Hosts, index) to run it on another host's network
         self.tmpdir = Path(tmpdir)
         self.key = key
         self.secret = secret
@@ -111,7 +116,7 @@ class S3Server:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.ports['s3']}"
+        return f"http://{self.ip}:{self.ports['s3']}"
 
     def env(self) -> dict[str, str]:
         """The environment variables an S3 client (botocore, s3fs, awscli)
@@ -163,13 +168,16 @@ class S3Server:
         data.mkdir(exist_ok=True)
         p = self.ports
         cmd = [
-            weed_binary(), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            weed_binary(), "mini", f"-dir={data}", f"-ip={self.ip}", f"-ip.bind={self.ip}",
             "-master.telemetry=false", "-webdav=false", "-admin.ui=false",
             "-s3.port.iceberg=0", "-s3.port.lance=0",
             f"-master.port={p['master']}", f"-volume.port={p['volume']}", f"-filer.port={p['filer']}",
             f"-s3.port={p['s3']}", f"-admin.port={p['admin']}", f"-bucket={self.bucket}",
         ]
         env = {**os.environ, "AWS_ACCESS_KEY_ID": self.key, "AWS_SECRET_ACCESS_KEY": self.secret}
+        if self.host is not None:
+            hosts, index = self.host
+            cmd = ["ip", "netns", "exec", hosts.namespace(index), *cmd]
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== start {time.strftime('%H:%M:%S')} ports {p}\n".encode())
             log.flush()
@@ -202,11 +210,34 @@ class S3Server:
             self._last_error = f"{type(e).__name__}: {e}".replace(self.secret, "***")
             return False
 
+    def _probe_here(self) -> bool:
+        """:meth:`_probe` with botocore in the calling thread (s3fs opens its sockets in fsspec's own
+        thread, which stays on the machine's network when the server runs on another host's)."""
+        import botocore.config
+        import botocore.session
+
+        client = botocore.session.get_session().create_client(
+            "s3", endpoint_url=self.endpoint, aws_access_key_id=self.key, aws_secret_access_key=self.secret,
+            region_name="us-east-1", config=botocore.config.Config(connect_timeout=2, read_timeout=5,
+                                                                  retries={"max_attempts": 1}))
+        key = f".e31-probe-{uuid.uuid4().hex}"
+        try:
+            client.put_object(Bucket=self.bucket, Key=key, Body=b"probe")
+            client.delete_object(Bucket=self.bucket, Key=key)
+            return True
+        except Exception as e:  # not ready yet
+            self._last_error = f"{type(e).__name__}: {e}".replace(self.secret, "***")
+            return False
+
     def _wait_ready(self, deadline: float) -> None:
         while True:
             if self.proc.poll() is not None:
                 raise _Exited
-            if self._healthz() and self._probe():
+            if self.host is not None:  # probed from the server's own host, in a thread on its network
+                hosts, index = self.host
+                if hosts.call(index, lambda: self._healthz() and self._probe_here()):
+                    return
+            elif self._healthz() and self._probe():
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError

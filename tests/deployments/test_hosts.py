@@ -1,0 +1,221 @@
+"""The queue across separate hosts: Linux network namespaces (:mod:`tests.hosts`), one private /24.
+
+Host 0 is the server host: a Prefect server (SQLite, its own), an S3 server (SeaweedFS) and the
+``e31 scheduler``, each listening on 10.231.0.1 only.  Hosts 1 and 2 each run an ``e31 worker`` for
+one node of the pool, with their own scratch and Prefect home; they reach the server host over the
+hosts' network and nothing else.  Jobs are submitted on host 0 with ``e31 submit``, read their input
+from the object store and return their output to it; the test reads both through the S3 API from host
+0.  (The hosts share the machine's file system: the pool file and the works' scripts sit in one folder
+every host reads, as a configuration shared by every machine would.)
+
+These tests need root (network namespaces); without it they skip and say why.  CI runs as root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from e31.prefect_compat.api import api_ready
+from tests.hosts import Hosts, unavailable
+from tests.s3server import S3Server
+
+pytestmark = pytest.mark.server  # it starts servers of its own
+
+KEY, SECRET, BUCKET = "e31hostkey", "e31-hosts-secret-Zq4", "e31-hosts"
+E31 = str(Path(sys.executable).with_name("e31"))
+PORT = 4200
+
+#: The work: waits until its go file exists (so a test can hold it mid-run), then writes the sha256 of
+#: its input and the address it reaches the server host from (its host's own) to its output.
+WORK = """
+import hashlib, json, os, pathlib, socket, sys, time
+out = pathlib.Path(os.environ["E31_OUTPUT_DIR"])
+data = pathlib.Path(os.environ["E31_DATA_BLOB"])
+blob = next(p for p in data.rglob("*") if p.is_file()) if data.is_dir() else data
+probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+probe.connect((sys.argv[1], 9))  # no packet is sent: this only picks the route and its source address
+pathlib.Path(sys.argv[2], os.environ["E31_NODE"] + ".started").write_text(str(os.getpid()))
+go = pathlib.Path(sys.argv[2], "go")
+while not go.exists():
+    time.sleep(0.1)
+(out / "result.json").write_text(json.dumps({
+    "sha256": hashlib.sha256(blob.read_bytes()).hexdigest(), "address": probe.getsockname()[0],
+    "node": os.environ["E31_NODE"], "pid": os.getpid()}))
+"""
+
+
+class Cluster:
+    """The server host's services and one worker per other host."""
+
+    def __init__(self, hosts: Hosts, root: Path, nodes: int) -> None:
+        self.hosts, self.root, self.nodes = hosts, root, nodes
+        self.server_address = hosts.address(0)
+        self.api = f"http://{self.server_address}:{PORT}/api"
+        self.prefix = uuid.uuid4().hex[:8]
+        self.pool = root / "pool.yaml"
+        self.pool.write_text(json.dumps({"pool_version": 1, "name": f"hosts-{self.prefix}", "nodes": [
+            {"name": f"n{i}", "gpus": 0, "cpus": 2, "memory": "1GiB"} for i in range(1, nodes + 1)]}))
+        (root / "work.py").write_text(WORK)
+        self.s3: S3Server | None = None
+        self.workers: dict[int, object] = {}
+
+    def env(self, i: int, **extra: str) -> dict[str, str]:
+        """Host ``i``'s environment: the server host's API and object store, its own folders."""
+        home = self.root / f"host-{i}"
+        home.mkdir(exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_", "E31_"))}
+        env.update({
+            "PREFECT_HOME": str(home / "prefect-home"), "PREFECT_API_URL": self.api,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "WARNING",
+            "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL", "E31_SCRATCH": str(home / "scratch"),
+            "E31_TRANSFERS_DIR": str(home / "transfers"),
+            **(self.s3.env() if self.s3 is not None else {}), **extra})
+        return env
+
+    def start(self) -> None:
+        hosts = self.hosts
+        server = hosts.popen(0, [sys.executable, "-m", "prefect", "server", "start", "--host", self.server_address,
+                                 "--port", str(PORT)],
+                             env=self.env(0, PREFECT_UI_ENABLED="false", PREFECT_SERVER_UI_API_URL=self.api),
+                             log="prefect-server")
+        self.s3 = S3Server(self.root / "s3", key=KEY, secret=SECRET, bucket=BUCKET, ip=self.server_address,
+                           host=(hosts, 0)).start()
+        hosts.wait_for(0, lambda: api_ready(self.api), 180, "the Prefect server on host 0", alive=server)
+        hosts.popen(0, [E31, "scheduler", "--pool", str(self.pool), "--interval", "0.5"], env=self.env(0),
+                    cwd=self.root, log="scheduler")
+        for i in range(1, self.nodes + 1):
+            self.workers[i] = hosts.popen(i, [E31, "worker", "--pool", str(self.pool), "--node", f"n{i}"],
+                                          env=self.env(i, E31_NODE_GPUS="0"), cwd=self.root, log="worker")
+
+    def client(self):
+        """A botocore S3 client for the object store (use it on host 0: :meth:`Hosts.call`)."""
+        import botocore.config
+        import botocore.session
+
+        return botocore.session.get_session().create_client(
+            "s3", endpoint_url=self.s3.endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+            region_name="us-east-1", config=botocore.config.Config(retries={"max_attempts": 1}))
+
+    def put(self, key: str, body: bytes) -> None:
+        self.hosts.call(0, lambda: self.client().put_object(Bucket=BUCKET, Key=key, Body=body))
+
+    def get(self, key: str) -> bytes | None:
+        def read() -> bytes | None:
+            try:
+                return self.client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+            except Exception as exc:  # NoSuchKey: not there yet
+                if "NoSuchKey" in type(exc).__name__ or "NoSuchKey" in str(exc):
+                    return None
+                raise
+        return self.hosts.call(0, read)
+
+    def spec(self, name: str, blob: str, signals: Path) -> Path:
+        """A job reading ``blob`` (a key of the bucket) whose work waits for ``signals``/go."""
+        spec = self.root / f"{name}.yaml"
+        spec.write_text(json.dumps({
+            "name": name,
+            "work": {"kind": "simulation", "command": [sys.executable, str(self.root / "work.py"), self.server_address,
+                                                       str(signals)]},
+            "data": [{"name": "blob", "url": f"s3://{BUCKET}/{blob}"}],
+            "request": {"cpus": 2, "duration": "30s", "limit": "5m"},
+            "output": {"kind": "results", "url": f"s3://{BUCKET}/{self.prefix}/out/{name}/", "files": ["result.json"]}}))
+        return spec
+
+    def submit(self, spec: Path) -> None:
+        done = self.hosts.run(0, [E31, "submit", str(spec), "--pool", str(self.pool)], env=self.env(0), cwd=self.root)
+        assert done.returncode == 0, done.stderr
+
+    def manifest(self, name: str) -> dict | None:
+        body = self.get(f"{self.prefix}/out/{name}/manifest.json")
+        manifest = json.loads(body) if body else None
+        return manifest if manifest and manifest.get("status") != "returning" else None
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}"
+                         for log in sorted(self.root.glob("host-*.log")))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Three hosts, their services started once for this file's tests (a Prefect server's first start
+    takes about 25 s); each test uses keys and job names of its own."""
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("hosts")
+    with Hosts(3, root) as hosts:
+        c = Cluster(hosts, root, nodes=2)
+        try:
+            c.start()
+            yield c
+        except BaseException:
+            print(c.logs())
+            raise
+        finally:
+            for proc in list(hosts.procs):
+                hosts.stop(proc)
+            if c.s3 is not None:
+                c.s3.stop()
+
+
+def wait_for(predicate, timeout: float, what: str, cluster: Cluster) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached in {timeout:g} s\n{cluster.logs()}")
+        time.sleep(0.3)
+
+
+def test_the_queue_runs_each_job_on_a_worker_of_another_host_from_and_to_the_object_store(cluster, tmp_path):
+    blob = os.urandom(256 * 1024)
+    cluster.put(f"{cluster.prefix}/in/blob.bin", blob)
+    signals = tmp_path
+    for name in ("job-a", "job-b"):
+        cluster.submit(cluster.spec(name, f"{cluster.prefix}/in/blob.bin", signals))
+    # each job asks for both CPUs of a node: they run at once only on the two worker hosts
+    wait_for(lambda: {p.name for p in signals.glob("*.started")} == {"n1.started", "n2.started"}, 240,
+             "both jobs running, one per node", cluster)
+    (signals / "go").touch()
+    wait_for(lambda: all(cluster.manifest(n) for n in ("job-a", "job-b")), 180, "both outputs returned", cluster)
+    results = {n: json.loads(cluster.get(f"{cluster.prefix}/out/{n}/result.json")) for n in ("job-a", "job-b")}
+    want = hashlib.sha256(blob).hexdigest()
+    assert {r["sha256"] for r in results.values()} == {want}
+    # a job on node n<i> reached the server host from host i's address, and staged into host i's scratch
+    assert sorted((r["node"], r["address"]) for r in results.values()) == [("n1", "10.231.0.2"), ("n2", "10.231.0.3")]
+    for name, r in results.items():
+        host = int(r["node"][1:])
+        assert cluster.manifest(name)["status"] == "completed"
+        assert (cluster.root / f"host-{host}" / "scratch" / name).is_dir()
+        assert not (cluster.root / f"host-{3 - host}" / "scratch" / name).exists()
+
+
+def test_a_worker_host_cut_off_mid_run_returns_the_output_once_its_link_is_back(cluster, tmp_path):
+    blob = os.urandom(64 * 1024)
+    cluster.put(f"{cluster.prefix}/in/cut.bin", blob)
+    signals = tmp_path
+    cluster.submit(cluster.spec("cut", f"{cluster.prefix}/in/cut.bin", signals))
+    wait_for(lambda: any(signals.glob("*.started")), 240, "the job running", cluster)
+    (started,) = signals.glob("*.started")
+    host = int(started.name[1])
+    pid = int(started.read_text())
+    cluster.hosts.cut(host)
+    try:
+        (signals / "go").touch()  # the work ends while its host is cut off: the output cannot be returned yet
+        time.sleep(8)  # the outage's length (nothing to await): a blip, shorter than a node is given before it is lost
+        assert cluster.get(f"{cluster.prefix}/out/cut/result.json") is None
+    finally:
+        cluster.hosts.restore(host)
+    wait_for(lambda: cluster.manifest("cut"), 240, "the output returned after the link came back", cluster)
+    manifest = cluster.manifest("cut")
+    result = json.loads(cluster.get(f"{cluster.prefix}/out/cut/result.json"))
+    assert manifest["status"] == "completed"
+    assert (result["sha256"], result["pid"], result["node"]) == (hashlib.sha256(blob).hexdigest(), pid, f"n{host}")
+    assert [p.name for p in signals.glob("*.started")] == [started.name]  # it ran once, on one host
