@@ -32,6 +32,7 @@ pytestmark = pytest.mark.server  # it starts servers of its own
 KEY, SECRET, BUCKET = "e31hostkey", "e31-hosts-secret-Zq4", "e31-hosts"
 E31 = str(Path(sys.executable).with_name("e31"))
 PORT = 4200
+LEASE_S = 25
 
 #: The work: waits until its go file exists (so a test can hold it mid-run), then writes the sha256 of
 #: its input and the address it reaches the server host from (its host's own) to its output.
@@ -42,7 +43,7 @@ data = pathlib.Path(os.environ["E31_DATA_BLOB"])
 blob = next(p for p in data.rglob("*") if p.is_file()) if data.is_dir() else data
 probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 probe.connect((sys.argv[1], 9))  # no packet is sent: this only picks the route and its source address
-pathlib.Path(sys.argv[2], os.environ["E31_NODE"] + ".started").write_text(str(os.getpid()))
+pathlib.Path(sys.argv[2], f"{os.environ['E31_NODE']}-{os.getpid()}.started").write_text(str(os.getpid()))
 go = pathlib.Path(sys.argv[2], "go")
 while not go.exists():
     time.sleep(0.1)
@@ -89,8 +90,9 @@ class Cluster:
         self.s3 = S3Server(self.root / "s3", key=KEY, secret=SECRET, bucket=BUCKET, ip=self.server_address,
                            host=(hosts, 0)).start()
         hosts.wait_for(0, lambda: api_ready(self.api), 180, "the Prefect server on host 0", alive=server)
-        hosts.popen(0, [E31, "scheduler", "--pool", str(self.pool), "--interval", "0.5"], env=self.env(0),
-                    cwd=self.root, log="scheduler")
+        # a node silent past a 25 s lease (and LOST_CONFIRM_S more) is taken for lost
+        hosts.popen(0, [E31, "scheduler", "--pool", str(self.pool), "--interval", "0.5", "--lease", str(LEASE_S)],
+                    env=self.env(0), cwd=self.root, log="scheduler")
         for i in range(1, self.nodes + 1):
             self.workers[i] = hosts.popen(i, [E31, "worker", "--pool", str(self.pool), "--node", f"n{i}"],
                                           env=self.env(i, E31_NODE_GPUS="0"), cwd=self.root, log="worker")
@@ -117,7 +119,12 @@ class Cluster:
                 raise
         return self.hosts.call(0, read)
 
-    def spec(self, name: str, blob: str, signals: Path) -> Path:
+    def queue(self) -> str:
+        """What ``e31 queue`` says on the server host."""
+        done = self.hosts.run(0, [E31, "queue", "--pool", str(self.pool)], env=self.env(0), cwd=self.root)
+        return done.stdout + done.stderr
+
+    def spec(self, name: str, blob: str, signals: Path, **request: object) -> Path:
         """A job reading ``blob`` (a key of the bucket) whose work waits for ``signals``/go."""
         spec = self.root / f"{name}.yaml"
         spec.write_text(json.dumps({
@@ -125,7 +132,7 @@ class Cluster:
             "work": {"kind": "simulation", "command": [sys.executable, str(self.root / "work.py"), self.server_address,
                                                        str(signals)]},
             "data": [{"name": "blob", "url": f"s3://{BUCKET}/{blob}"}],
-            "request": {"cpus": 2, "duration": "30s", "limit": "5m"},
+            "request": {"cpus": 2, "duration": "30s", "limit": "5m", **request},
             "output": {"kind": "results", "url": f"s3://{BUCKET}/{self.prefix}/out/{name}/", "files": ["result.json"]}}))
         return spec
 
@@ -181,7 +188,7 @@ def test_the_queue_runs_each_job_on_a_worker_of_another_host_from_and_to_the_obj
     for name in ("job-a", "job-b"):
         cluster.submit(cluster.spec(name, f"{cluster.prefix}/in/blob.bin", signals))
     # each job asks for both CPUs of a node: they run at once only on the two worker hosts
-    wait_for(lambda: {p.name for p in signals.glob("*.started")} == {"n1.started", "n2.started"}, 240,
+    wait_for(lambda: sorted(p.name.split("-")[0] for p in signals.glob("*.started")) == ["n1", "n2"], 240,
              "both jobs running, one per node", cluster)
     (signals / "go").touch()
     wait_for(lambda: all(cluster.manifest(n) for n in ("job-a", "job-b")), 180, "both outputs returned", cluster)
@@ -204,7 +211,7 @@ def test_a_worker_host_cut_off_mid_run_returns_the_output_once_its_link_is_back(
     cluster.submit(cluster.spec("cut", f"{cluster.prefix}/in/cut.bin", signals))
     wait_for(lambda: any(signals.glob("*.started")), 240, "the job running", cluster)
     (started,) = signals.glob("*.started")
-    host = int(started.name[1])
+    host = int(started.name.split("-")[0][1:])
     pid = int(started.read_text())
     cluster.hosts.cut(host)
     try:
@@ -219,3 +226,54 @@ def test_a_worker_host_cut_off_mid_run_returns_the_output_once_its_link_is_back(
     assert manifest["status"] == "completed"
     assert (result["sha256"], result["pid"], result["node"]) == (hashlib.sha256(blob).hexdigest(), pid, f"n{host}")
     assert [p.name for p in signals.glob("*.started")] == [started.name]  # it ran once, on one host
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_host_cut_off_past_the_lease_is_fenced_and_one_whole_output_comes_back_once_it_returns(
+        cluster, tmp_path):
+    """Host h cut off while its job runs: past the lease its node is taken for lost and the run, with a
+    retry, is queued again behind the node's fence (a silent host promises nothing): no other attempt
+    starts while h is away.  The work ends while h is still cut off, so its flow process holds an
+    output it cannot return.  Once the link is back either that attempt returns its output (its work
+    ran whole) or h's worker stops it and the run's next attempt runs; which of the two wins is a race
+    the design allows.  Either way exactly one output comes back, from the newest work that ran, the
+    run ends Completed, the manifest describes exactly the files beside it, and no two works of the
+    job ever ran at once."""
+    blob = os.urandom(64 * 1024)
+    cluster.put(f"{cluster.prefix}/in/fenced.bin", blob)
+    signals = tmp_path
+    cluster.submit(cluster.spec("fenced", f"{cluster.prefix}/in/fenced.bin", signals, retries=1))
+    wait_for(lambda: any(signals.glob("*.started")), 240, "the job running", cluster)
+    (first,) = signals.glob("*.started")
+    host, stale = int(first.name.split("-")[0][1:]), int(first.read_text())
+    cluster.hosts.cut(host)
+    try:
+        wait_for(lambda: f"waiting for its attempt on node n{host}, lost while it ran, to be confirmed ended"
+                 in cluster.queue(), LEASE_S + 120, "the run queued again behind the lost node's fence", cluster)
+        (signals / "go").touch()  # the stale work ends now, cut off: its output waits in its scratch
+        wait_for(lambda: not _alive(stale), 60, "the stale work's end", cluster)
+        stale_ended = time.time()
+        assert cluster.get(f"{cluster.prefix}/out/fenced/result.json") is None
+        assert list(signals.glob("*.started")) == [first]  # nothing else starts while the fence stands
+    finally:
+        cluster.hosts.restore(host)
+    # the run out of the queue (ended) with a completed output: every start that could happen has happened
+    wait_for(lambda: (cluster.manifest("fenced") or {}).get("status") == "completed" and "fenced" not in
+             cluster.queue(), 240, "the run ended with a completed output", cluster)
+    starts = sorted(signals.glob("*.started"), key=lambda p: p.stat().st_mtime)
+    assert len(starts) in (1, 2), starts
+    if len(starts) == 2:  # h's worker stopped the stale attempt; the next one ran after it, not beside it
+        assert starts[1].stat().st_mtime > stale_ended
+    result_bytes = cluster.get(f"{cluster.prefix}/out/fenced/result.json")
+    result = json.loads(result_bytes)
+    assert (result["sha256"], result["pid"]) == (hashlib.sha256(blob).hexdigest(), int(starts[-1].read_text()))
+    manifest = cluster.manifest("fenced")
+    assert {f["path"]: f["sha256"] for f in manifest["files"]} == {
+        "result.json": hashlib.sha256(result_bytes).hexdigest()}
