@@ -91,7 +91,11 @@ class PreemptionPolicy(SpecModel):
 
     ``min_run`` (a duration, default 10 minutes; 0: none): a job is never preempted before it has run this
     long in its current run, counted from its flow run's ``Running`` (its staging included), so that jobs
-    do not thrash (Slurm's ``PreemptExemptTime`` plays the same part).  ``max_per_day`` (default none: no
+    do not thrash (Slurm's ``PreemptExemptTime`` plays the same part).  ``attained_min_run`` (default 1 hour):
+    the same bound for a preemption in favour of a job that has received less service (jobs that declare no
+    duration, :mod:`e31.flows.placement.attained`), whose restarts cost more than they save when they come
+    often; measured on the Lublin-Feitelson model and the Philly trace (``docs/performance.md``).
+    ``max_per_day`` (default none: no
     cap; 0: the pool never preempts): at most this many preemptions of one job in any 24 hours; once
     reached, the job runs on unpreempted.  Raises (on validation) :class:`SpecError`: a negative or
     unreadable duration, a negative count.
@@ -99,6 +103,9 @@ class PreemptionPolicy(SpecModel):
 
     min_run: Grace = Field(timedelta(minutes=10), description=(
         "A job is not preempted before it has run this long in its current run, e.g. 10m (0: no minimum)."))
+    attained_min_run: Grace = Field(timedelta(hours=1), description=(
+        "A job is not preempted for a job that has received less service (attained service) before it has run "
+        "this long in its current run, e.g. 1h; a deadline at risk or a tenant's quota needs only min_run."))
     max_per_day: StrictInt | None = Field(None, ge=0, le=10_000, description=(
         "At most this many preemptions of one job in any 24 hours (none: no cap)."))
 
@@ -202,8 +209,8 @@ _POOL_WORDS = Vocabulary(
          ("nodes", "memory"): "add e.g. memory: 512GiB",
          ("tenants", "name"): "add e.g. name: vision"},
     mapping_of={(): "pool_version, name, nodes, preemption, tenants, fair_share",
-                ("preemption",): "min_run, max_per_day",
-                ("nodes",): "name, count, gpus, gpu_type, cpus, memory, scratch_budget",
+                ("preemption",): "min_run, attained_min_run, max_per_day",
+                ("nodes",): "name, count, gpus, gpu_type, cpus, memory, group, scratch_budget",
                 ("tenants",): "name, quota, weight, borrow_limit, members",
                 ("tenants", "quota"): "gpus, cpus, memory", ("tenants", "borrow_limit"): "gpus, cpus, memory",
                 ("fair_share",): "half_life"},

@@ -172,7 +172,8 @@ def cmd_pool(args: argparse.Namespace) -> int:
         rules = pool.preemption
         cap = "no cap" if rules.max_per_day is None else (
             "never preempts" if rules.max_per_day == 0 else f"at most {rules.max_per_day} per job in 24 hours")
-        print(f"preemption: min_run {format_duration(rules.min_run)}; {cap}")
+        print(f"preemption: min_run {format_duration(rules.min_run)}, attained_min_run "
+              f"{format_duration(rules.attained_min_run)}; {cap}")
     return EXIT_OK
 
 
@@ -291,7 +292,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.checkpoint_every is not None:
         from .preemption import PreemptionRules
 
-        rules = PreemptionRules(pool.preemption.min_run.total_seconds(), pool.preemption.max_per_day)
+        rules = PreemptionRules(pool.preemption.min_run.total_seconds(), pool.preemption.max_per_day,
+                               attained_min_run_s=pool.preemption.attained_min_run.total_seconds())
     result = simulate(nodes, jobs, args.policy, preemption=rules, checkpoint_every_s=args.checkpoint_every,
                       restart_cost_s=args.restart_cost, tenancy=tenancy)
     summary = result.summary()

@@ -27,8 +27,8 @@ deadline would be missed) and this function checks the "without it" half.
 otherwise start too late (:func:`deadline_at_risk`), then a waiting job with priority by attained
 service over running jobs that declared no duration (:func:`.attained.ranks_above`: the victims have
 received far more service, a level at least two deeper, than it).  In the second case only the running jobs the
-waiting job outranks, and that committed a checkpoint at most ``attained_loss_s`` seconds ago, are
-candidates (the ``over`` argument of :func:`choose_victims`): a job gives way for attained service
+waiting job outranks, that have run ``attained_min_run_s`` in their current run and that committed a
+checkpoint at most ``attained_loss_s`` seconds ago, are candidates (the ``over`` argument of :func:`choose_victims`): a job gives way for attained service
 just after a checkpoint, so each such preemption loses a few minutes of work, not half a checkpoint
 interval on average.
 
@@ -49,7 +49,7 @@ from .attained import ranks_above
 from .model import Node, Placement, QueuedJob, RunningJob
 from .tenants import Tenancy, borrowing, fair_order
 
-__all__ = ["ATTAINED_LOSS_S", "DAY_S", "MAX_CANDIDATES", "Need", "PlannedPreemption", "Preemption", "PreemptionRules",
+__all__ = ["ATTAINED_LOSS_S", "ATTAINED_MIN_RUN_S", "DAY_S", "MAX_CANDIDATES", "Need", "PlannedPreemption", "Preemption", "PreemptionRules",
            "choose_victims", "deadline_at_risk", "deferred_preemptions", "lost_seconds", "lost_work", "may_preempt", "plan_preemptions",
            "RESTART_S", "within_overhead"]
 
@@ -66,12 +66,18 @@ ATTAINED_LOSS_S = 300.0
 #: Seconds a preempted job's restart is taken to cost when the pool does not say (its staging and the
 #: work's start again, up to its first step): the overhead budget (:func:`within_overhead`) counts it.
 RESTART_S = 60.0
+#: Seconds a running job must have run in its current run before it is preempted for attained service (the
+#: pool's ``preemption.attained_min_run``): a wide job preempted again and again for short ones pays a
+#: restart each time, and on the Lublin-Feitelson model a 10-minute bound lost 2.2% of the GPU-hours to
+#: them, a 1-hour bound 0.94% (docs/performance.md).  Deadlines and quotas need only ``min_run_s``.
+ATTAINED_MIN_RUN_S = 3600.0
 
 
 @dataclass(frozen=True)
 class PreemptionRules:
     """The pool's ``preemption:`` options in seconds: ``min_run_s`` (default 600) and ``max_per_day``
-    (None: no cap); ``attained_loss_s`` (default :data:`ATTAINED_LOSS_S`; None: no bound), the
+    (None: no cap); ``attained_min_run_s`` (default :data:`ATTAINED_MIN_RUN_S`), the run a job must have had
+    before it is preempted for attained service; ``attained_loss_s`` (default :data:`ATTAINED_LOSS_S`; None: no bound), the
     most seconds of work a job preempted for attained service loses (:func:`plan_preemptions`);
     ``max_overhead`` (a share, e.g. 0.01; None: no bound), the most of a job's service its preemptions
     for attained service may cost it (:func:`within_overhead`), each counted as ``restart_s`` seconds of
@@ -82,6 +88,7 @@ class PreemptionRules:
     attained_loss_s: float | None = ATTAINED_LOSS_S
     max_overhead: float | None = None
     restart_s: float = RESTART_S
+    attained_min_run_s: float = ATTAINED_MIN_RUN_S
 
 
 @dataclass(frozen=True)
@@ -233,8 +240,8 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
     (:func:`deadline_at_risk`); then, with ``tenancy``, for each waiting job within its tenant's quota
     over running jobs of other tenants that hold what they borrowed beyond their quotas
     (:func:`.tenants.borrowing`: Kueue's reclaim within a cohort); then for each waiting job over running jobs that have received more
-    service than it (a level of attained service at least two deeper, :func:`.attained.ranks_above`) and would
-    lose at most ``rules.attained_loss_s`` seconds of work (:func:`lost_seconds`): a waiting job that
+    service than it (a level of attained service at least two deeper, :func:`.attained.ranks_above`), have run
+    ``rules.attained_min_run_s`` in their current run, and would lose at most ``rules.attained_loss_s`` seconds of work (:func:`lost_seconds`): a waiting job that
     outranks only jobs far from their last checkpoint waits for one to commit its next (a job with no
     checkpoint is, once past that many seconds of its run, never preempted for attained service).  The jobs
     the plan starts now hold their room (never victims: they have not run their minimum), and a
@@ -287,8 +294,9 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
             if job is None or p.action != "wait" or job.id in done or job.id not in nominal:
                 continue
             take(job, lambda r, job=job: r.id in lent and r.tenant != job.tenant, None)
-    def cheap(victim: RunningJob) -> bool:  # a preemption for attained service loses little
-        return (rules.attained_loss_s is None or lost_seconds(victim, now) <= rules.attained_loss_s) and \
+    def cheap(victim: RunningJob) -> bool:  # a preemption for attained service: a long enough run, little lost
+        return now - victim.start >= rules.attained_min_run_s and \
+            (rules.attained_loss_s is None or lost_seconds(victim, now) <= rules.attained_loss_s) and \
             within_overhead(victim, now, rules)
 
     for p in placements:

@@ -52,7 +52,8 @@ __all__ = ["CHECKPOINT_TAG", "checkpoint_at", "hold_behind_victims", "is_preempt
 
 def rules_of(pool: PoolSpec) -> PreemptionRules:
     """The pool's ``preemption:`` options as the planner's rules."""
-    return PreemptionRules(pool.preemption.min_run.total_seconds(), pool.preemption.max_per_day)
+    return PreemptionRules(pool.preemption.min_run.total_seconds(), pool.preemption.max_per_day,
+                               attained_min_run_s=pool.preemption.attained_min_run.total_seconds())
 
 
 def is_preempted(run: Any) -> bool:

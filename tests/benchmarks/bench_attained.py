@@ -4,6 +4,7 @@
                                               [--model gpu|lublin|philly] [--processors 256]
                                               [--trace PHILLY_CSV] [--skip 0]
                                               [--checkpoint-every 1800] [--restart-cost 60] [--min-run 600]
+                                              [--attained-min-run 3600]
                                               [--attained-loss 300]
 
 The workload is shaped like a shared GPU cluster's (single-node jobs on nodes of 8 GPUs): most jobs
@@ -53,7 +54,7 @@ from tests.benchmarks import lublin, philly  # noqa: E402
 from tests.benchmarks.cleanup import Cleanup  # noqa: E402
 
 from e31.flows.placement.model import Node, QueuedJob  # noqa: E402
-from e31.flows.placement.preemption import ATTAINED_LOSS_S, PreemptionRules  # noqa: E402
+from e31.flows.placement.preemption import ATTAINED_LOSS_S, ATTAINED_MIN_RUN_S, PreemptionRules  # noqa: E402
 from e31.flows.placement.simulate import SimJob, simulate  # noqa: E402
 
 GIB = 1024**3
@@ -127,6 +128,9 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=float, default=1800.0, help="seconds of work between checkpoints")
     parser.add_argument("--restart-cost", type=float, default=60.0, help="seconds a preempted job's restart costs")
     parser.add_argument("--min-run", type=float, default=600.0, help="the pool's preemption min_run, seconds")
+    parser.add_argument("--attained-min-run", type=float, default=ATTAINED_MIN_RUN_S,
+                        help="the pool's preemption attained_min_run, seconds: the run before a job is preempted for "
+                             "attained service")
     parser.add_argument("--attained-loss", type=float, default=ATTAINED_LOSS_S,
                         help="most seconds since its checkpoint a job preempted for attained service loses "
                              "(negative: no bound)")
@@ -159,13 +163,14 @@ def main() -> None:
         undeclared = [SimJob(replace(j, runtime_s=j.limit_s, runtime_source="limit"), run, preemptible=True)
                       for j, run in jobs]
         rules = PreemptionRules(args.min_run, None, args.attained_loss if args.attained_loss >= 0 else None,
-                                restart_s=args.restart_cost)
+                                restart_s=args.restart_cost, attained_min_run_s=args.attained_min_run)
         if args.max_overhead is not None:
             rules = replace(rules, max_overhead=args.max_overhead if args.max_overhead >= 0 else None)
         gpu_hours = sum(j.gpus * run for j, run in jobs) / 3600
         print(f"{args.jobs:,} jobs, {where}, offered load {args.load:g}, {gpu_hours:,.0f} GPU-hours; "
               f"checkpoints every {args.checkpoint_every:g} s, restart {args.restart_cost:g} s, "
-              f"min_run {args.min_run:g} s, attained-service preemption loses <= {args.attained_loss:g} s")
+              f"min_run {args.min_run:g} s, attained_min_run {args.attained_min_run:g} s, attained-service preemption "
+              f"loses <= {args.attained_loss:g} s")
         print(f"{'replay':<26} {'mean compl':>10} {'max wait':>9} {'mean wait':>9} {'util':>6} {'last end':>8} "
               f"{'preempt':>7} {'lost':>6} {'sim time':>8}")
         first = min(j.submitted for j, _ in jobs)

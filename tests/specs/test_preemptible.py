@@ -84,9 +84,10 @@ def pool_file(tmp_path: Path, preemption: str = "") -> Path:
 
 def test_the_pool_preemption_options_and_their_defaults(tmp_path):
     default = load_pool(pool_file(tmp_path)).preemption
-    assert (default.min_run, default.max_per_day) == (timedelta(minutes=10), None)
-    given = load_pool(pool_file(tmp_path, "preemption: {min_run: 30m, max_per_day: 4}\n")).preemption
-    assert (given.min_run, given.max_per_day) == (timedelta(minutes=30), 4)
+    assert (default.min_run, default.attained_min_run, default.max_per_day) == (
+        timedelta(minutes=10), timedelta(hours=1), None)
+    given = load_pool(pool_file(tmp_path, "preemption: {min_run: 30m, attained_min_run: 2h, max_per_day: 4}\n")).preemption
+    assert (given.min_run, given.attained_min_run, given.max_per_day) == (timedelta(minutes=30), timedelta(hours=2), 4)
     none = load_pool(pool_file(tmp_path, "preemption: {min_run: 0s, max_per_day: 0}\n")).preemption
     assert (none.min_run, none.max_per_day) == (timedelta(0), 0)  # no minimum run; never preempts
 
@@ -99,4 +100,4 @@ def test_bad_pool_preemption_options_are_refused_with_every_problem(tmp_path):
         f"invalid pool {path} (3 problems)\n"
         "  preemption.min_run: must not be negative (got '-5m')\n"
         "  preemption.max_per_day: must be >= 0 (got -1)\n"
-        "  preemption.every: unknown field; allowed fields: min_run, max_per_day")
+        "  preemption.every: unknown field; allowed fields: min_run, attained_min_run, max_per_day")

@@ -99,6 +99,25 @@ def test_a_waiting_job_preempts_running_jobs_two_levels_deeper_only():
     assert _preemptions([young], [undeclared("new", 8)]) == []
 
 
+def test_attained_service_preempts_only_after_an_hour_of_run_and_a_deadline_after_min_run():
+    """A job 8 GPUs wide passes the deepest level (10 GPU-hours) after 75 minutes of its first run, but
+    with earlier runs it may be there at once: it gives way for attained service only once its current
+    run reaches the pool's attained_min_run (1 hour by default), and for a deadline at risk once it
+    reaches min_run (10 minutes)."""
+    for ran, victims in ((3_599, []), (3_600, [("new", ("deep",))])):
+        deep = running("deep", range(8), start=NOW - ran, attained_s=40_000.0)  # level 2 whatever this run
+        assert _preemptions([deep], [undeclared("new", 8)]) == victims, ran
+    deep = running("deep", range(8), start=NOW - 600, attained_s=40_000.0, checkpoint_at=NOW - 10)
+    urgent = QueuedJob("urgent", "urgent", 8, 1, GIB, NOW - 60, 3600.0, 7200.0, runtime_source="duration",
+                       deadline=NOW + 3700.0)
+    assert _preemptions([deep], [urgent]) == [("urgent", ("deep",))]
+    assert _preemptions([deep], [undeclared("new", 8)]) == []
+    shorter = PreemptionRules(min_run_s=600.0, max_per_day=None, attained_min_run_s=600.0)
+    placements = plan([GPU8], [deep], [undeclared("new", 8)], NOW, explain=False)
+    assert [(p.job, p.preemption.victims) for p in plan_preemptions(
+        [GPU8], [deep], [undeclared("new", 8)], placements, NOW, shorter)] == [("new", ("deep",))]
+
+
 def test_a_job_is_preempted_for_attained_service_only_soon_after_a_checkpoint():
     """The deeper job would lose the seconds since its newest checkpoint: 301 s is more than the 300 s
     allowed, 300 s is not; with no checkpoint it would lose its 4,500 s since its start.  A deadline at

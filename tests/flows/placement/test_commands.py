@@ -131,7 +131,7 @@ def test_pool_prints_the_node_lines(e31, tmp_path):
         "NODES         COUNT  GPUS  GPU TYPE  CPUS   MEMORY",
         "gpu-1..gpu-2      2     8  A100        64  512 GiB",
         "big               1     0  -          192  1.5 TiB",
-        "preemption: min_run 10m; no cap",
+        "preemption: min_run 10m, attained_min_run 1h; no cap",
     ]
     here = e31("pool")
     assert here.returncode == 0 and "as a one-node pool: 1 node," in here.stdout.splitlines()[0]
