@@ -1,8 +1,10 @@
 """Benchmark: the live queue on a real Prefect server with real workers.
 
     python tests/benchmarks/bench_queue.py [--jobs 1000] [--nodes 3] [--work-s 3] [--handover 10] [--no-run]
+                                           [--database sqlite|postgresql]
 
-Starts its own ``prefect server start`` (SQLite, 127.0.0.1), ``e31 scheduler``
+Starts its own ``prefect server start`` (SQLite, 127.0.0.1; with ``--database postgresql`` on a private
+PostgreSQL cluster it starts, :mod:`tests.pgserver`), ``e31 scheduler``
 and one ``e31 worker`` per node (each 1 CPU slot), then:
 
 1. **submit rate**: creates the queued flow runs of ``--jobs`` short jobs
@@ -140,6 +142,9 @@ def _main(cleanup: Cleanup) -> int:
     parser.add_argument("--count-api", metavar="DIR", default=None,
                         help="count (and time) every process's Prefect API calls into DIR (tests/benchmarks/apicount; "
                              "E31_BENCH_TRACE_MARKS names E31 functions to time too); implies --keep")
+    parser.add_argument("--database", choices=("sqlite", "postgresql"), default="sqlite",
+                        help="the Prefect server's database: SQLite (Prefect's default) or a private PostgreSQL "
+                             "cluster the benchmark starts (tests/pgserver.py: Debian's postgresql, run as root)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the baseline (the same jobs on plain Prefect: tests/benchmarks/queue_baseline.py)")
     args = parser.parse_args()
@@ -156,6 +161,26 @@ def _main(cleanup: Cleanup) -> int:
                                                                   os.environ.get("PYTHONPATH")])),
                     "E31_BENCH_API_CALLS": str(Path(args.count_api).resolve() / "api"), "E31_BENCH_API_TRACE": "1",
                     "E31_BENCH_API_WHERE": "1"})
+    if args.database == "postgresql":
+        from contextlib import ExitStack
+
+        from tests.pgserver import postgres, unavailable
+
+        if unavailable():
+            parser.error(f"--database postgresql: {unavailable()}")
+        stack = ExitStack()  # stopped at the end; on a signal the Cleanup kills its processes (they carry its mark)
+        pg = stack.enter_context(postgres())
+        cleanup.folder(pg.root)
+        env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = pg.url
+        print(f"database: PostgreSQL, a private cluster on 127.0.0.1:{pg.port}")
+        try:
+            return _serve(args, root, env, cleanup, port, api)
+        finally:
+            stack.close()
+    return _serve(args, root, env, cleanup, port, api)
+
+
+def _serve(args, root: Path, env: dict, cleanup: Cleanup, port: int, api: str) -> int:
     os.environ.update(env)
     if args.keep:
         print(f"kept: {root}")
