@@ -100,6 +100,7 @@ from collections.abc import Sequence
 
 from .attained import by_attained
 from .capacity import Capacity, devices_of, lowest_bits
+from .gangs import place_gang
 from .model import Node, PlanInputError, Placement, QueuedJob, RunningJob
 from .policy import Promotion, Ranked, at_risk, order, overdue
 from .reasons import Explainer, gang_start_reason, start_reason
@@ -144,12 +145,13 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
         hit = None
         promotion = promoted.get(job.id)
         if job.nodes > 1:
-            placed = _gang(cap, j, promotion, reservations, depth, floor if fcfs else now, fcfs and blocked)
+            placed = place_gang(cap, j, promotion, reservations, depth, floor if fcfs else now, fcfs and blocked, SLACK_USE)
             if placed is not None and limits is not None and placed[0] <= now:
                 if limits.allows(job):
                     limits.take(job)
                 else:  # its tenant's borrow limit: no earlier than enough of its tenant's running jobs end
-                    placed = _gang(cap, j, None, 0, 1, max(limits.after(job), floor if fcfs else now), False)
+                    placed = place_gang(cap, j, None, 0, 1, max(limits.after(job), floor if fcfs else now), False,
+                                        SLACK_USE)
                     limits.hold(job)
             if placed is None:
                 deep.append(j)
@@ -221,37 +223,6 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
             taken.append((i, lowest_bits((1 << cap.nodes[i].gpus) - 1, j.job.gpus)))
         slots[j.job.id] = (start, *taken[0], False, tuple(taken[1:]))
     return slots
-
-
-def _gang(cap: Capacity, j: Ranked, promotion: Promotion | None, reservations: int, depth: int, after: float,
-          blocked: bool) -> tuple[float, list[tuple[int, int]], float] | None:
-    """Where a multi-node job goes: ``(start, [(node index, device mask)] for its nodes, seconds held)``,
-    or None when it only gets an estimate (beyond the planning depth and not startable now).  The rules
-    of a single-node job, on all its nodes at once (:meth:`.capacity.Capacity.earliest_gang`): a
-    reservation at its earliest start for the first ``depth`` waiting jobs, so nothing backfilled
-    behind it delays it (EASY's guarantee, held on every node of the gang); behind a reservation it
-    starts now only on its limit; a promoted deadline job no earlier than needed.  It is never started
-    in room reserved for another job (a gang is not preempted), and it holds no node idle before its
-    reserved start: every node is reserved from that start only, free for backfill until then."""
-    now, count = cap.now, j.job.nodes
-    if promotion is not None and promotion.start_by > now:
-        by = promotion.start_by
-        hit = cap.earliest_gang(j.req, count, j.eligible, now + SLACK_USE * (by - now), by)
-        if hit is not None:
-            return hit[0], hit[1], j.req[3]
-    if reservations < depth and reservations:  # behind a reservation: as :func:`_behind`
-        if after <= now and (hit := cap.earliest_gang(j.hard, count, j.eligible, now, now)):
-            return now, hit[1], j.hard[3]
-        hit = cap.earliest_gang(j.req, count, j.eligible, after)
-        if hit is not None and hit[0] <= now:  # its estimate fits now, its limit does not
-            hit = cap.earliest_gang(j.hard, count, j.eligible, now + 1e-3)
-        return None if hit is None else (hit[0], hit[1], j.req[3])
-    if reservations < depth:
-        hit = cap.earliest_gang(j.req, count, j.eligible, after)
-        return None if hit is None else (hit[0], hit[1], j.req[3])
-    if not blocked and (hit := cap.earliest_gang(j.hard, count, j.eligible, now, now)):
-        return now, hit[1], j.hard[3]
-    return None
 
 
 def _behind(cap: Capacity, j: Ranked, after: float) -> tuple[float, int, int, float]:
