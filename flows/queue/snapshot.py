@@ -267,7 +267,9 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
         if state.type == StateType.SCHEDULED and due:
             prefetched, wait_s = staged_tags(run.tags)  # inputs a node's prefetcher staged for this run
             submitted = _ts(run.created) if state.name == QUEUED else _ts(run.expected_start_time)
-            submitted = min(submitted or now, now)
+            # kept even when a moment ahead of server_now() (an estimate from whole-second Date headers):
+            # runs submitted within that moment, clamped to now, would tie and be ordered by their random ids
+            submitted = now if submitted is None else submitted
             estimate = estimate_runtime(_secs(req.duration), _secs(req.limit or req.duration),
                                         (history or {}).get(spec.name, ()))
             snap.queued.append(QueuedJob(

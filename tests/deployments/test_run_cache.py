@@ -164,27 +164,25 @@ def test_a_cancel_landing_between_the_check_and_the_write_is_never_undone(prefec
     from e31.deployments.scheduler import tick
     from e31.flows.queue import RunCache, work_pool_name
 
-    made = _Pool(tmp_path)
-    pool = made.spec
+    made, idle = _Pool(tmp_path), _Pool(tmp_path)  # idle: a pool whose node's worker never answered
     with get_client(sync_client=True) as client:
-        def new(name: str) -> str:
-            return made.submit(client, name)
-
-        runs = [new("first"), new("second"), new("third")]
-        cache = RunCache(pool, full_every_s=3600)
+        runs = [made.submit(client, "first"), made.submit(client, "second"), idle.submit(client, "third")]
+        caches = {made: RunCache(made.spec, full_every_s=3600), idle: RunCache(idle.spec, full_every_s=3600)}
         # a cancel after the placement's write, or after the check before it (the placement parameter is written
         # onto the cancelled run all the same, inert: Prefect refused a cancelled run's job_variables, which
         # placements were until December 2026, but not its parameters), or before a waiting run's new reason
         cases = [("update_flow_run", "start", "undone"), ("read_flow_run", "start", "undone"),
                  ("read_flow_run", "wait", "undone")]
         for victim, (after, action, count) in zip(runs, cases):
-            if action == "start":  # node n1's worker answers (the API call a worker makes), so a run may start
-                client.send_worker_heartbeat(work_pool_name(pool), "n1")
+            # node n1's worker answers (the API call a worker makes), so a run may start; the waiting case's
+            # pool never heard one, so "no live node" there holds whatever the clocks say
+            pool = made if action == "start" else idle
+            if action == "start":
+                client.send_worker_heartbeat(work_pool_name(pool.spec), "n1")
             injected = _CancelAfter(client, victim, after)
-            lease = 60.0 if action == "start" else 1e-3  # a lease of 1 ms: no live node, so the run waits
-            result = tick(injected, pool, cache=cache, lease_s=lease)
+            result = tick(injected, pool.spec, cache=caches[pool], lease_s=60.0)
             assert injected.fired and result.counts[count] == 1 and result.counts[action] == 0, str(result.counts)
-            assert victim not in cache.runs
+            assert victim not in caches[pool].runs
             states = [(s.type.value, s.name) for s in client.read_flow_run_states(victim)]
             written = "Placed" if action == "start" else "Queued"  # the write overtook the cancel: set again
             assert states[-3:] == [("CANCELLED", "Cancelled"), ("SCHEDULED", written), ("CANCELLED", "Cancelled")]
@@ -312,6 +310,7 @@ def test_deep_in_the_queue_a_reason_is_rewritten_at_most_once_a_minute(prefect_a
         cache = RunCache(made.spec, full_every_s=3600)
         first = tick(client, made.spec, cache=cache).counts
         soonest = client.read_flow_run(runs[0]).state.message
+        reasons = [(r.id, r.parameters["spec"]["name"], r.created, r.state.message) for r in map(client.read_flow_run, runs)]
         before = client.read_flow_run(runs[2])
         client.set_flow_run_state(runs[1], Cancelled(), force=True)
         moved = tick(client, made.spec, cache=cache).counts
@@ -328,7 +327,7 @@ def test_deep_in_the_queue_a_reason_is_rewritten_at_most_once_a_minute(prefect_a
         near = tick(client, made.spec, cache=RunCache(made.spec, full_every_s=3600)).counts
         pushed = client.read_flow_run(runs[2]).next_scheduled_start_time
     assert (first["wait"], first["kept"]) == (3, 0)  # every run's first planner reason, however deep
-    assert soonest.endswith(" UTC on n1, once node n1's e31 worker answers")  # the soonest: nothing ahead on n1
+    assert soonest.endswith(" UTC on n1, once node n1's e31 worker answers"), (soonest, reasons)  # nothing ahead
     assert before.state.message.endswith(" UTC on n1") and ", after job " not in before.state.message  # deep
     assert (moved["wait"], moved["kept"], moved["unchanged"]) == (0, 1, 1)  # the soonest (a) is as it was
     assert (kept.state.message, kept.next_scheduled_start_time) == (before.state.message,
@@ -582,3 +581,29 @@ def test_the_start_after_placement_and_the_return_are_measured_and_planned(prefe
         assert job.occupancy_s == latency + 5.0 + past.returns[name]  # duration 5s
         (held,) = [r for r in snap.running if r.id == moving]
         assert held.expected_end == held.start + 5.0  # no return measured for its job
+
+
+def test_runs_submitted_a_moment_ahead_of_the_schedulers_clock_keep_their_order(prefect_api, tmp_path, monkeypatch):
+    """The scheduler judges server timestamps on its estimate of the server's
+    clock (whole-second ``Date`` headers: it may lag by a second).  Runs
+    created within that lag keep their submission order: clamped to the
+    estimate's "now" they tied and went in the order of their random ids.
+    (No worker answers for n1: every run waits, each after the one before.)"""
+    import time
+
+    from prefect.client.orchestration import get_client
+
+    from e31.deployments.scheduler import tick
+    from e31.flows.queue import RunCache
+    from e31.flows.queue import snapshot
+
+    made = _Pool(tmp_path)
+    with get_client(sync_client=True) as client:
+        runs = [made.submit(client, name, "30m") for name in ("a", "b", "c", "d")]
+        monkeypatch.setattr(snapshot, "server_now", lambda: time.time() - 5.0)  # the estimate 5 s behind
+        tick(client, made.spec, cache=RunCache(made.spec, full_every_s=3600))
+        messages = [client.read_flow_run(r).state.message for r in runs]
+        names = {r: _name(client, r) for r in runs}
+    assert messages[0].endswith(" UTC on n1, once node n1's e31 worker answers"), messages
+    for before, message in zip(runs, messages[1:]):
+        assert message.endswith(f" UTC on n1, after job {names[before]} ({before[:8]}) ends"), messages
