@@ -70,7 +70,13 @@ def this_node() -> Node:
 
 def check_fits(plan: JobPlan, node: Node | None = None) -> Node:
     """Raise :class:`AdmissionError` naming each resource the request asks
-    more of than ``node`` (default: this machine) has; returns the node."""
+    more of than ``node`` (default: this machine) has, or for a request of
+    several nodes (:func:`e31.flows.placement.refusals.multi_node_refusal`);
+    returns the node."""
+    if plan.nodes > 1:
+        from e31.flows.placement.refusals import multi_node_refusal
+
+        raise AdmissionError(multi_node_refusal(plan.nodes))
     node = node or this_node()
     short = []
     if plan.gpus > node.gpus:

@@ -124,7 +124,8 @@ def cmd_validate(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> i
     try:
         check_fits(compile_plan(spec))
     except AdmissionError as exc:
-        short = [line.strip() for line in str(exc).splitlines()[1:-1]]
+        lines = str(exc).splitlines()
+        short = [line.strip() for line in lines[1:-1]] or lines  # one line: a request of several nodes
         print(f"note: e31 run would refuse it on this machine: {'; '.join(short)} (e31 plan SPEC --pool POOL.yaml "
               "checks it against a pool's nodes)")
     except E31Error:  # a setting or a deadline: e31 run reports those itself, validate checks the spec

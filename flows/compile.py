@@ -45,6 +45,7 @@ class JobPlan(BaseModel):
     deadline_kind: str = ""
     return_reserve_s: float
     device: str
+    nodes: int = 1
     gpus: int
     cpus: int
     memory: int | None
@@ -161,6 +162,7 @@ def compile_plan(spec: JobSpec, scratch_root: Path | None = None, start: datetim
         deadline_kind=deadline_kind,
         return_reserve_s=return_reserve_s(),
         device="cuda" if req.gpus > 0 else "cpu",
+        nodes=req.nodes,
         gpus=req.gpus,
         cpus=req.cpus,
         memory=req.memory,
@@ -182,7 +184,10 @@ def describe(plan: JobPlan, now: datetime | None = None) -> str:
         f"job {plan.job} (spec sha256 {plan.spec_sha256[:12]})",
         f"  stage ({len(plan.inputs)} input{'s' if len(plan.inputs) != 1 else ''}) into {plan.data_dir}",
         *[f"    {i.name}: {mask_url(i.url)}" + (f" (sha256 {i.sha256[:12]}...)" if i.sha256 else "") for i in plan.inputs],
-        f"  run on {plan.device}: {plan.cpus} cpu, {plan.gpus} gpu; scratch {plan.scratch}",
+        f"  run on {plan.device}: {plan.cpus} cpu, {plan.gpus} gpu; scratch {plan.scratch}" if plan.nodes == 1 else
+        f"  run on {plan.nodes} nodes at once (a gang: all start together or none), each on {plan.device}: "
+        f"{plan.cpus} cpu, {plan.gpus} gpu{'' if plan.memory is None else ', ' + format_memory(plan.memory)} "
+        f"({plan.nodes * plan.cpus} cpu, {plan.nodes * plan.gpus} gpu in all); scratch {plan.scratch} on each",
         f"    stop after {_secs(stop - start)} ({reason}); warning {_secs(plan.grace_s)} before the hard stop",
     ]
     if plan.deadline is not None:
@@ -209,7 +214,8 @@ def describe_markdown(spec: JobSpec, plan: JobPlan) -> str:
         f"# {spec.name}\n\n"
         f"**work**: {work.kind}, runs {runs}\n\n"
         f"**data**:\n\n| name | url | sha256 |\n|---|---|---|\n{inputs}\n\n"
-        f"**request**: {req.gpus} gpu, {req.cpus} cpu, memory {format_memory(req.memory) if req.memory else 'any'}, "
+        f"**request**: {f'{req.nodes} nodes, each ' if req.nodes > 1 else ''}{req.gpus} gpu, {req.cpus} cpu, "
+        f"memory {format_memory(req.memory) if req.memory else 'any'}, "
         f"duration {req.duration or '-'}, limit {req.limit or '-'}, deadline {deadline}, grace {req.grace}, "
         f"retries {req.retries}\n\n"
         f"**output**: {spec.output.kind} to `{mask_url(plan.output_url)}`, complete when "

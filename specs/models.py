@@ -139,10 +139,11 @@ class RequestSpec(SpecModel):
 
     live_keys_refused = True
 
-    gpus: StrictInt = Field(0, ge=0, le=1024, description="Number of GPUs (whole devices, on one node).")
+    nodes: StrictInt = Field(1, ge=1, le=1024, description="Nodes (machines) started together, a gang: the rest is per node.")
+    gpus: StrictInt = Field(0, ge=0, le=1024, description="Number of GPUs per node (whole devices).")
     gpu_type: GpuType | None = Field(None, description="Run only on nodes with this GPU model, e.g. H100.")
-    cpus: StrictInt = Field(1, ge=1, le=65536, description="Number of CPU cores.")
-    memory: Memory | None = Field(None, description="Memory in bytes, or a size such as 4GiB, 512MB.")
+    cpus: StrictInt = Field(1, ge=1, le=65536, description="Number of CPU cores per node.")
+    memory: Memory | None = Field(None, description="Memory per node in bytes, or a size such as 4GiB, 512MB.")
     duration: Duration | None = Field(None, description="Expected run time, e.g. 10m, 04:00:00, PT4H, or seconds.")
     limit: Duration | None = Field(None, description="Hard stop after this run time, e.g. 30m, or seconds.")
     deadline: Deadline | None = Field(None, description="Finish-by time, ISO 8601 with a timezone.")
@@ -159,11 +160,8 @@ class RequestSpec(SpecModel):
     @classmethod
     def _rules(cls, data: Mapping[str, Any]) -> list[RuleError]:
         if not (_given(data, "duration") or _given(data, "limit")):
-            err = spec_error(
-                "at least one of 'duration' (expected run time) or 'limit' (hard stop) is required",
-                fix="add e.g. limit: 30m",
-                got="neither",
-            )
+            err = spec_error("at least one of 'duration' (expected run time) or 'limit' (hard stop) is required",
+                             fix="add e.g. limit: 30m", got="neither")
             return [((), err, dict(data))]
         duration, limit = _try_duration(data.get("duration")), _try_duration(data.get("limit"))
         if duration is not None and limit is not None and duration > limit:

@@ -197,8 +197,8 @@ def _queued(specs: list[Any], now: float) -> list[QueuedJob]:
         limit = (req.limit or req.duration).total_seconds()
         estimate = estimate_runtime(req.duration.total_seconds() if req.duration else None, limit)
         deadline, _ = resolve_deadline(spec, datetime.fromtimestamp(now, timezone.utc))
-        jobs.append(QueuedJob(id=job_id, name=spec.name, gpus=req.gpus, cpus=req.cpus, memory=req.memory or 0,
-                              submitted=now, runtime_s=estimate.runtime_s, limit_s=limit, gpu_type=req.gpu_type,
+        jobs.append(QueuedJob(id=job_id, name=spec.name, nodes=req.nodes, gpus=req.gpus, cpus=req.cpus,
+                              memory=req.memory or 0, submitted=now, runtime_s=estimate.runtime_s, limit_s=limit, gpu_type=req.gpu_type,
                               deadline=deadline.timestamp() if deadline else None,
                               runtime_source=estimate.source, runtime_note=estimate.note,
                               return_s=return_reserve_s() if deadline else 0.0))
@@ -223,7 +223,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for p in sorted(placements, key=lambda p: (p.action == "refuse", p.start or 0.0, p.job)):
         when = [clock(t, now) if t is not None else "-" for t in (p.start, p.end)]
         devices = ",".join(map(str, p.devices)) or "-"
-        rows.append((p.job, p.action, p.node or "-", devices, *when, p.reason))
+        node = p.node or "-"
+        if p.gang:  # a multi-node job: every node, and the devices on each, its first node first
+            parts = ((p.node, p.devices), *p.gang)
+            node, devices = "+".join(n for n, _ in parts), "+".join(",".join(map(str, d)) or "-" for _, d in parts)
+        rows.append((p.job, p.action, node, devices, *when, p.reason))
     _table(rows)
     if args.png:
         from .gantt import gantt_png

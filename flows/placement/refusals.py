@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from .model import Node, QueuedJob
 from .text import clock, gib, run_time
 
-__all__ = ["deadline_refusal", "eligible_nodes", "fit_refusal", "same_type"]
+__all__ = ["deadline_refusal", "eligible_nodes", "fit_refusal", "multi_node_refusal", "same_type"]
 
 
 def same_type(node: Node, gpu_type: str | None) -> bool:
@@ -75,12 +75,39 @@ def fit_refusal(nodes: Sequence[Node], job: QueuedJob, eligible: Sequence[bool])
         short.append(f"no node can hold {gib(job.memory)} of memory: the largest {kind}nodes have {gib(most)}")
         fix.append(f"{gib(most)} of memory (request.memory)")
     if short:
-        return f"{'; '.join(short)}: ask for at most {' and '.join(fix)}, or add a larger node to the pool file"
+        spread = _spread(typed, job) if job.nodes == 1 else None
+        also = f", {spread}" if spread else ""
+        return f"{'; '.join(short)}: ask for at most {' and '.join(fix)}{also}, or add a larger node to the pool file"
     big = max(typed, key=lambda n: (n.gpus, n.cpus, n.memory))
     asked = [f"{job.gpus} GPUs", f"{job.cpus} CPUs"] + ([gib(job.memory)] if job.memory else [])
     return (f"no single {kind}node has {', '.join(asked[:-1])} and {asked[-1]} together "
             f"(largest: {big.name} with {big.gpus} GPUs, {big.cpus} CPUs, {gib(big.memory)}): ask for less, or add "
             "a larger node to the pool file")
+
+
+def _spread(typed: Sequence[Node], job: QueuedJob) -> str | None:
+    """The fewest nodes the one-node request ``job`` splits over exactly (its GPUs divided evenly, its
+    CPUs and memory divided and rounded up) with enough ``typed`` nodes to hold a share each, as the
+    fix's words; None when no such split exists."""
+    for n in range(2, len(typed) + 1):
+        if job.gpus % n:
+            continue
+        gpus, cpus, memory = job.gpus // n, -(-job.cpus // n), -(-job.memory // n)
+        if sum(1 for x in typed if x.gpus >= gpus and x.cpus >= cpus and x.memory >= memory) < n:
+            continue
+        each = [f"request.gpus: {gpus}"] if job.gpus else []
+        each += [f"request.cpus: {cpus}"] if cpus != job.cpus else []
+        each += [f"request.memory: {gib(memory)}"] if memory else []
+        return f"spread it over {n} nodes (request.nodes: {n} with {', '.join(each)} per node)"
+    return None
+
+
+def multi_node_refusal(nodes: int) -> str:
+    """Why a job of ``nodes`` > 1 nodes cannot run yet, with the fix (one line): the planner places a
+    gang (``e31 plan``, ``e31 simulate``), but no run is started across hosts in this version, so the
+    live queue, ``e31 run`` and the flow refuse it rather than start one node of it."""
+    return (f"request.nodes: {nodes}: a job across several nodes is planned (e31 plan, e31 simulate) but not run "
+            "in this version: e31 run, e31 submit and the flow start one node; set request.nodes: 1")
 
 
 def deadline_refusal(job: QueuedJob, now: float) -> str | None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from e31.flows.placement import Node, QueuedJob, RunningJob
 from e31.flows.placement.estimates import estimate_runtime
+from e31.flows.placement.refusals import multi_node_refusal
 from e31.flows.placement.text import gib
 from e31.prefect_compat.clock import server_now
 from e31.flows.queue.overheads import from_run
@@ -227,6 +228,9 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
         if cache is not None:
             cache.overheads.saw(key, *from_run(run), node)
         req = spec.request
+        if req.nodes > 1:  # planned as a gang, but no run starts across hosts yet: refused, never one node of it
+            snap.bad[key] = multi_node_refusal(req.nodes)
+            continue
         if is_preempted(run):  # its output is returned: the queue takes it back (e31.flows.queue.preempt)
             snap.preempted.append(key)
             continue

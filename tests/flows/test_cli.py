@@ -158,6 +158,24 @@ def test_run_refuses_a_request_larger_than_this_machine(e31, prefect_api, tmp_pa
     assert "Traceback" not in result.stderr
 
 
+def test_compile_prints_a_gang_and_run_refuses_it_in_one_line(e31, prefect_api, tmp_path):
+    """request.nodes: 2: ``e31 compile`` says what each node gets and the total; ``e31 run`` refuses it
+    (one node would run) with the one-line fix, before a flow run or a staged file exists."""
+    sets = ["--set", "request.nodes=2", "--set", "request.gpus=4", "--set", "request.cpus=8", "--set",
+            f"output.url={tmp_path}/out"]
+    env = {"E31_SCRATCH": str(tmp_path / "scratch")}
+    compiled = e31("compile", str(EXAMPLE), "--no-list", *sets, env=env)
+    assert compiled.returncode == 0, compiled.stderr
+    assert compiled.stdout.splitlines()[3] == (
+        "  run on 2 nodes at once (a gang: all start together or none), each on cuda: 8 cpu, 4 gpu, 2GiB (16 cpu, "
+        f"8 gpu in all); scratch {tmp_path}/scratch/digits-nightly-retrain on each")
+    ran = e31("run", str(EXAMPLE), *sets, env=env)
+    assert (ran.returncode, ran.stderr) == (1, "e31: request.nodes: 2: a job across several nodes is planned (e31 "
+                                               "plan, e31 simulate) but not run in this version: e31 run, e31 submit "
+                                               "and the flow start one node; set request.nodes: 1\n")
+    assert not (tmp_path / "scratch").exists() and not (tmp_path / "out").exists()
+
+
 def test_bad_return_reserve_setting_is_named(e31):
     result = e31("compile", str(EXAMPLE), env={"E31_RETURN_RESERVE_S": "abc"})
     assert result.returncode == 2

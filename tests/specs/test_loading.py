@@ -71,7 +71,7 @@ def test_example_json_round_trip():
     spec = load_spec(EXAMPLE)
     dumped = spec.model_dump(mode="json")
     assert dumped["request"] == {
-        "gpus": 0, "gpu_type": None, "cpus": 1, "memory": 2147483648, "duration": dumped["request"]["duration"],
+        "nodes": 1, "gpus": 0, "gpu_type": None, "cpus": 1, "memory": 2147483648, "duration": dumped["request"]["duration"],
         "limit": "PT10M", "deadline": None, "deadline_within": None, "deadline_at": None, "grace": "PT10S", "retries": 0,
         "preemptible": None,
     }

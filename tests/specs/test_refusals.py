@@ -213,7 +213,7 @@ CASES = [
         "request.limt: unknown field; did you mean 'limit'?",
     ]),
     ("unknown-request", doc(request="request: {limit: 1h, colour: blue}"), [
-        "request.colour: unknown field; allowed fields: gpus, gpu_type, cpus, memory, duration, limit, deadline, deadline_within, deadline_at, grace, retries, preemptible",
+        "request.colour: unknown field; allowed fields: nodes, gpus, gpu_type, cpus, memory, duration, limit, deadline, deadline_within, deadline_at, grace, retries, preemptible",
     ]),
     ("misspelt-checkpoint",
      doc(output="output: {kind: model, url: /o/, files: [m.pt], checkpoint: {every_step: 10}}"), [

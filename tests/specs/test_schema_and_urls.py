@@ -50,7 +50,7 @@ def test_schema_field_forms():
     deadline = request["deadline"]["anyOf"][0]
     assert deadline["type"] == "string" and deadline["format"] == "date-time"
     assert request["gpus"] == {
-        "default": 0, "description": "Number of GPUs (whole devices, on one node).", "minimum": 0, "maximum": 1024,
+        "default": 0, "description": "Number of GPUs per node (whole devices).", "minimum": 0, "maximum": 1024,
         "title": "Gpus", "type": "integer",
     }
     assert defs["WorkSpec"]["properties"]["kind"]["enum"] == ["training", "inference", "processing", "simulation"]

@@ -84,6 +84,26 @@ def test_a_gang_larger_than_the_pool_is_refused_with_the_fix():
                         "for at most 2 nodes, or add nodes to the pool file")
 
 
+def test_a_one_node_request_wider_than_every_node_is_told_the_gang_it_splits_into():
+    """request.gpus: 16 on nodes of 8 GPUs: the fix names request.nodes: 2 with 8 GPUs per node (its CPUs
+    and memory divided too); 9 GPUs split evenly only over 3 nodes, more than this pool has; a split
+    needs that many nodes of the GPU type asked for."""
+    nodes = [node("a"), node("b"), node("small", gpus=2)]
+    wide = queued("wide", 16, 1, cpus=32, memory_gib=100)
+    odd, typed = queued("odd", 9, 1), queued("typed", 16, 1, gpu_type="A100")
+    nodes_a100 = [node("a", gpu_type="A100"), node("b", gpu_type="H100")]
+    assert by_job(plan(nodes, [], [wide, odd], T0))["wide"].reason == (
+        "no node can hold 16 GPUs: the largest nodes have 8 GPUs: ask for at most 8 GPUs (request.gpus), spread it "
+        "over 2 nodes (request.nodes: 2 with request.gpus: 8, request.cpus: 16, request.memory: 50 GiB per node), or "
+        "add a larger node to the pool file")
+    assert by_job(plan(nodes, [], [odd], T0))["odd"].reason == (
+        "no node can hold 9 GPUs: the largest nodes have 8 GPUs: ask for at most 8 GPUs (request.gpus), or add a "
+        "larger node to the pool file")
+    assert by_job(plan(nodes_a100, [], [typed], T0))["typed"].reason == (
+        "no node can hold 16 GPUs: the largest A100 nodes have 8 GPUs: ask for at most 8 GPUs (request.gpus), or add "
+        "a larger node to the pool file")
+
+
 def test_a_running_gang_holds_every_one_of_its_nodes_and_is_never_a_victim():
     nodes = [node("a"), node("b")]
     held = RunningJob("g", "a", tuple(range(8)), 4, 0, T0 - H, T0 + H, preemptible=True,

@@ -102,12 +102,18 @@ def test_refusals_at_submission_and_while_queued():
                            "(00:00 UTC) it would end 02:00 UTC (run time 2h: duration)"),
         "stale": ("refuse", "deadline became infeasible while queued: started now (00:00 UTC) it would end 01:00 UTC, "
                             "after its deadline 00:30 UTC (run time 1h: duration)"),
+        # a request that splits evenly over nodes of the pool is told how (a multi-node job, a gang)
         "cpus": ("refuse", "no node can hold 100 CPUs: the largest nodes have 64 CPUs: ask for at most 64 CPUs "
-                           "(request.cpus), or add a larger node to the pool file"),
+                           "(request.cpus), spread it over 2 nodes (request.nodes: 2 with request.cpus: 50 per node), "
+                           "or add a larger node to the pool file"),
         "memory": ("refuse", "no node can hold 600 GiB of memory: the largest nodes have 512 GiB"
-                             ": ask for at most 512 GiB of memory (request.memory), or add a larger node to the pool file"),
+                             ": ask for at most 512 GiB of memory (request.memory), spread it over 2 nodes "
+                             "(request.nodes: 2 with request.cpus: 2, request.memory: 300 GiB per node), or add a larger "
+                             "node to the pool file"),
         "together": ("refuse", "no node can hold 600 GiB of memory: the largest nodes have 512 GiB"
-                               ": ask for at most 512 GiB of memory (request.memory), or add a larger node to the pool file"),
+                               ": ask for at most 512 GiB of memory (request.memory), spread it over 2 nodes "
+                               "(request.nodes: 2 with request.gpus: 4, request.cpus: 32, request.memory: 300 GiB per "
+                               "node), or add a larger node to the pool file"),
     }
     mixed = [node("small", gpus=8, cpus=16), node("fat", gpus=2, cpus=128)]
     (p,) = plan(mixed, [], [queued("both", 8, 1, cpus=100)], T0)
