@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         from e31.tasks.storage import scrub
 
         api = os.environ.get("PREFECT_API_URL")
-        refused = _refused_credentials(exc)
+        refused = _refused_credentials(exc) or _database_down(exc)
         if refused is not None:
             print(f"e31: {refused}", file=sys.stderr)
             return EXIT_FAILED
@@ -307,6 +307,22 @@ def _refused_credentials(exc: BaseException) -> str | None:
     state = "is set but the server refused it" if given else "is not set"
     return (f"the Prefect server at {PREFECT_API_URL.value()} requires basic auth and PREFECT_API_AUTH_STRING {state}: "
             "set PREFECT_API_AUTH_STRING to the user:password of the server's PREFECT_SERVER_API_AUTH_STRING")
+
+
+def _database_down(exc: BaseException) -> str | None:
+    """The line for a Prefect server that answers with an error (HTTP 500 or 503) because its database
+    does not (its readiness check says so), naming the server's setting; None otherwise.  The
+    connection URL itself (it may hold a password) is never shown."""
+    from prefect.settings import PREFECT_API_URL
+
+    from e31.prefect_compat.api import database_unavailable
+
+    response, api = getattr(exc, "response", None), PREFECT_API_URL.value()
+    if getattr(response, "status_code", None) not in (500, 503) or not api or not database_unavailable(api):
+        return None
+    return (f"the Prefect server at {api} answers, but its database does not: check the database named by the "
+            "server's PREFECT_SERVER_DATABASE_CONNECTION_URL (is PostgreSQL running and reachable? pg_isready) and "
+            "retry")
 
 
 def _main(argv: list[str] | None) -> int:

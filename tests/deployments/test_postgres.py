@@ -55,7 +55,9 @@ def wait_for(predicate, timeout: float, what: str, logs: Path) -> None:
 def test_the_queue_runs_on_prefect_over_postgresql_and_through_a_database_restart(tmp_path):
     """Two jobs placed side by side on one 8-GPU node; PostgreSQL restarted (every connection of the
     server dropped) while both run; both then return their outputs, and a job submitted after the
-    restart runs too: the scheduler and the worker carry on, and no job ran twice or shared a GPU."""
+    restart runs too: the scheduler and the worker carry on, and no job ran twice or shared a GPU.
+    With PostgreSQL stopped, ``e31 queue`` fails in one line naming the server's database setting,
+    and works again once it is back."""
     why = unavailable()
     if why:
         pytest.skip(why)
@@ -114,10 +116,21 @@ def test_the_queue_runs_on_prefect_over_postgresql_and_through_a_database_restar
             submit("third")
             wait_for(lambda: final_manifest(tmp_path / "out" / "third"), 240, "a job submitted after the restart",
                      tmp_path)
+            pg.stop()  # the server stays up, its database is gone: a command says which setting to check
+            down = subprocess.run([E31, "queue", "--pool", str(pool)], capture_output=True, text=True, env=env,
+                                  cwd=tmp_path, timeout=120)
+            pg.start()
+            back = subprocess.run([E31, "queue", "--pool", str(pool)], capture_output=True, text=True, env=env,
+                                  cwd=tmp_path, timeout=120)
         finally:
             for proc in reversed(procs):
                 if proc.poll() is None:
                     stop_group(proc, timeout=20)
+    assert (down.returncode, down.stdout, down.stderr) == (1, "", (
+        f"e31: the Prefect server at {api} answers, but its database does not: check the database named by the "
+        "server's PREFECT_SERVER_DATABASE_CONNECTION_URL (is PostgreSQL running and reachable? pg_isready) and "
+        "retry\n"))
+    assert (back.returncode, back.stderr) == (0, "") and back.stdout.startswith("JOB  RUN  STATE"), back.stderr
     for name in ("first", "second", "third"):
         assert final_manifest(tmp_path / "out" / name)["status"] == "completed", name
         (once,) = started(name)  # started exactly once
