@@ -108,22 +108,39 @@ def pytest_collection_modifyitems(config, items):
 SERVER: list[subprocess.Popen] = []  # the session's prefect server process, while it runs (to freeze it)
 
 
+#: The session server's database: ``sqlite`` (Prefect's default) or ``postgresql`` (a private cluster of
+#: Debian's PostgreSQL per test process, :mod:`tests.pgserver`), from ``E31_TEST_DATABASE``.
+DATABASE = os.environ.get("E31_TEST_DATABASE", "sqlite")
+
+
 @pytest.fixture(scope="session")
 def prefect_api():
-    """A real ``prefect server start`` on 127.0.0.1 for the whole session;
-    yields its API URL."""
+    """A real ``prefect server start`` on 127.0.0.1 for the whole session,
+    on :data:`DATABASE`; yields its API URL."""
+    from contextlib import ExitStack
+
+    stack = ExitStack()
+    env = {**os.environ, "PREFECT_UI_ENABLED": "true"}  # the UI test opens its pages
+    if DATABASE == "postgresql":
+        from tests.pgserver import postgres, unavailable
+
+        why = unavailable()
+        if why:
+            raise RuntimeError(f"E31_TEST_DATABASE=postgresql: {why}")
+        env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = stack.enter_context(postgres()).url
+    elif DATABASE != "sqlite":
+        raise RuntimeError(f"E31_TEST_DATABASE={DATABASE!r}: give sqlite or postgresql")
     log = open(_SESSION_DIR / "prefect-server.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(_PORT)],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "PREFECT_UI_ENABLED": "true"},  # the UI test opens its pages
-    )
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     SERVER[:] = [proc]
     url = os.environ["PREFECT_API_URL"]
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + (300 if DATABASE == "postgresql" else 120)  # a new database's migrations
     while not api_ready(url):
         if proc.poll() is not None or time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
+            stack.close()
             raise RuntimeError(f"prefect server did not start; see {_SESSION_DIR / 'prefect-server.log'}")
         time.sleep(0.5)
     yield url
@@ -134,6 +151,7 @@ def prefect_api():
             handler.flush()
     stop_group(proc)
     log.close()
+    stack.close()
 
 
 def prefect_ui_url() -> str:
