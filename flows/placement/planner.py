@@ -96,6 +96,7 @@ from __future__ import annotations
 
 from bisect import insort
 from dataclasses import replace
+from itertools import islice
 from collections.abc import Sequence
 
 from .attained import by_attained
@@ -211,7 +212,10 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
         deep = _fill_now(cap, ranked, slots, held, deep, limits)
     tails = sorted((cap.tail(i), i) for i in range(len(cap.nodes)))
     for j in deep:  # estimates only: after every reservation on the soonest-free eligible node(s)
-        picked = [p for p, (_, i) in enumerate(tails) if j.eligible is None or j.eligible[i]][:j.job.nodes]
+        # the first eligible ones only: scanning every node for each of a deep queue's jobs was most of a
+        # 100,000-job plan on 1,250 nodes
+        picked = list(islice((p for p, (_, i) in enumerate(tails) if j.eligible is None or j.eligible[i]),
+                             j.job.nodes))
         got = [tails[p] for p in picked]
         for p in reversed(picked):
             del tails[p]
@@ -324,12 +328,15 @@ def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[
     tenants = tenancy is not None and tenancy.matters()
     where = {node.name: i for i, node in enumerate(nodes)}
     cap = Capacity(nodes, running, now)
-    jobs, refused, shapes = [], [], {}
+    jobs, refused, shapes, fits = [], [], {}, {}
     for job in queued:
         key = (job.gpu_type and job.gpu_type.lower(), job.gpus, job.cpus, job.memory)
         if key not in shapes:
             shapes[key] = eligible_nodes(nodes, job)
-        why = fit_refusal(nodes, job, shapes[key]) or deadline_refusal(job, now)
+        shape = (job.gpu_type, job.gpus, job.cpus, job.memory, job.nodes)  # all the refusal's words depend on
+        if shape not in fits:  # once per shape, not per job
+            fits[shape] = fit_refusal(nodes, job, shapes[key])
+        why = fits[shape] or deadline_refusal(job, now)
         if not why and tenants and exceeds_limit(job, tenancy):
             t = tenancy.of(job.tenant)
             why = (f"asks for more than tenant {job.tenant} may hold (its quota and borrow_limit: "
