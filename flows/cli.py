@@ -86,7 +86,8 @@ def _summary(spec: JobSpec) -> str:
                 f", deadline {req.deadline_at} daily" if req.deadline_at else "")
     return (
         f"valid: {spec.name} ({spec.work.kind}: {what}); {len(spec.data)} input(s); "
-        f"{req.gpus} gpu, {req.cpus} cpu, limit {limit}{deadline}; output {spec.output.kind} -> "
+        f"{f'{req.nodes} nodes, each ' if req.nodes > 1 else ''}{req.gpus} gpu, {req.cpus} cpu, limit {limit}"
+        f"{deadline}; output {spec.output.kind} -> "
         f"{mask_url(spec.output.url)}"
     )
 
@@ -125,9 +126,12 @@ def cmd_validate(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> i
         check_fits(compile_plan(spec))
     except AdmissionError as exc:
         lines = str(exc).splitlines()
-        short = [line.strip() for line in lines[1:-1]] or lines  # one line: a request of several nodes
-        print(f"note: e31 run would refuse it on this machine: {'; '.join(short)} (e31 plan SPEC --pool POOL.yaml "
-              "checks it against a pool's nodes)")
+        if len(lines) == 1:  # a request of several nodes: refused on every machine in this version
+            print(f"note: e31 run and e31 submit would refuse it: {lines[0]} (e31 plan SPEC --pool POOL.yaml "
+                  "places it on a pool's nodes)")
+        else:
+            print(f"note: e31 run would refuse it on this machine: {'; '.join(line.strip() for line in lines[1:-1])} "
+                  "(e31 plan SPEC --pool POOL.yaml checks it against a pool's nodes)")
     except E31Error:  # a setting or a deadline: e31 run reports those itself, validate checks the spec
         pass
     return EXIT_OK
@@ -147,6 +151,8 @@ def preemptible_line(spec: JobSpec) -> str:
     """Whether a queue may preempt the job, and why (``request.preemptible`` or its default)."""
     from e31.specs.preemption import has_deadline, is_preemptible
 
+    if spec.request.nodes > 1:  # a queue frees room node by node: a gang is never a victim
+        return "preemptible: no (a job of several nodes is never preempted)"
     if spec.request.preemptible is not None:
         why = "request.preemptible"
     elif is_preemptible(spec):

@@ -187,7 +187,9 @@ def describe(plan: JobPlan, now: datetime | None = None) -> str:
         f"  run on {plan.device}: {plan.cpus} cpu, {plan.gpus} gpu; scratch {plan.scratch}" if plan.nodes == 1 else
         f"  run on {plan.nodes} nodes at once (a gang: all start together or none), each on {plan.device}: "
         f"{plan.cpus} cpu, {plan.gpus} gpu{'' if plan.memory is None else ', ' + format_memory(plan.memory)} "
-        f"({plan.nodes * plan.cpus} cpu, {plan.nodes * plan.gpus} gpu in all); scratch {plan.scratch} on each",
+        f"({plan.nodes * plan.cpus} cpu, {plan.nodes * plan.gpus} gpu"
+        f"{'' if plan.memory is None else ', ' + format_memory(plan.nodes * plan.memory)} in all); scratch "
+        f"{plan.scratch} on each",
         f"    stop after {_secs(stop - start)} ({reason}); warning {_secs(plan.grace_s)} before the hard stop",
     ]
     if plan.deadline is not None:

@@ -9,6 +9,8 @@ neither bars nor labels overlap.  The time axis is hours from ``now``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import os
 import zlib
 from collections.abc import Sequence
@@ -67,7 +69,9 @@ def gantt_png(path: str | os.PathLike[str], nodes: Sequence[Node], placements: S
 
     labels, where = _rows(nodes)
     deadlines = {j.id: j.deadline for j in jobs}
-    shown = [p for p in placements if p.action != "refuse"]
+    # a multi-node job is drawn on every node it holds
+    shown = [replace(p, node=node, devices=devices, gang=()) for p in placements if p.action != "refuse"
+             for node, devices in ((p.node, p.devices), *p.gang)]
     height = max(2.0, 0.3 * len(labels) + 1.2)
     fig, ax = plt.subplots(figsize=(11, height))
     shared: dict[int, list[tuple[float, float, str]]] = {}  # node row -> the jobs drawn on it

@@ -50,7 +50,8 @@ def fit_refusal(nodes: Sequence[Node], job: QueuedJob, eligible: Sequence[bool])
     multi-node job (``job.nodes`` > 1), None when that many nodes can each hold its per-node request."""
     held = sum(1 for ok in eligible if ok)
     if held and held < job.nodes:
-        each = [f"{job.gpus} GPUs", f"{job.cpus} CPUs"] + ([gib(job.memory)] if job.memory else [])
+        each = ([f"{job.gpus} GPU{'s' if job.gpus != 1 else ''}"] if job.gpus else []) + \
+            [f"{job.cpus} CPU{'s' if job.cpus != 1 else ''}"] + ([gib(job.memory)] if job.memory else [])
         return (f"asks for {job.nodes} nodes of {', '.join(each)} each, and only {held} node"
                 f"{'s' if held != 1 else ''} of the pool can hold that: ask for at most {held} nodes, or add nodes "
                 "to the pool file")
@@ -92,7 +93,8 @@ def _spread(typed: Sequence[Node], job: QueuedJob) -> str | None:
     for n in range(2, len(typed) + 1):
         if job.gpus % n:
             continue
-        gpus, cpus, memory = job.gpus // n, -(-job.cpus // n), -(-job.memory // n)
+        # rounded up (memory to whole MiB, as it is written): the shares together never ask for less
+        gpus, cpus, memory = job.gpus // n, -(-job.cpus // n), -(-job.memory // (n * 2**20)) * 2**20
         if sum(1 for x in typed if x.gpus >= gpus and x.cpus >= cpus and x.memory >= memory) < n:
             continue
         each = [f"request.gpus: {gpus}"] if job.gpus else []
@@ -107,7 +109,8 @@ def multi_node_refusal(nodes: int) -> str:
     gang (``e31 plan``, ``e31 simulate``), but no run is started across hosts in this version, so the
     live queue, ``e31 run`` and the flow refuse it rather than start one node of it."""
     return (f"request.nodes: {nodes}: a job across several nodes is planned (e31 plan, e31 simulate) but not run "
-            "in this version: e31 run, e31 submit and the flow start one node; set request.nodes: 1")
+            "in this version: e31 run, e31 submit and the flow start one node; set request.nodes: 1 (gpus, cpus "
+            "and memory are per node)")
 
 
 def deadline_refusal(job: QueuedJob, now: float) -> str | None:

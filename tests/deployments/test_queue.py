@@ -1289,7 +1289,8 @@ def test_a_second_scheduler_on_a_pool_waits_as_a_standby_and_takes_over(prefect_
 
 
 MULTI_NODE = ("request.nodes: 2: a job across several nodes is planned (e31 plan, e31 simulate) but not run in this "
-              "version: e31 run, e31 submit and the flow start one node; set request.nodes: 1")
+              "version: e31 run, e31 submit and the flow start one node; set request.nodes: 1 (gpus, cpus and memory are "
+              "per node)")
 
 
 def test_a_job_of_several_nodes_is_refused_by_submit_and_by_the_scheduler_never_run_on_one(prefect_api, tmp_path):

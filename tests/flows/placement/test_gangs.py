@@ -96,6 +96,11 @@ def test_a_one_node_request_wider_than_every_node_is_told_the_gang_it_splits_int
         "no node can hold 16 GPUs: the largest nodes have 8 GPUs: ask for at most 8 GPUs (request.gpus), spread it "
         "over 2 nodes (request.nodes: 2 with request.gpus: 8, request.cpus: 16, request.memory: 50 GiB per node), or "
         "add a larger node to the pool file")
+    three = [node("a"), node("b"), node("c")]
+    assert by_job(plan(three, [], [queued("odd", 9, 1, memory_gib=1)], T0))["odd"].reason == (
+        "no node can hold 9 GPUs: the largest nodes have 8 GPUs: ask for at most 8 GPUs (request.gpus), spread it "
+        "over 3 nodes (request.nodes: 3 with request.gpus: 3, request.cpus: 2, request.memory: 342 MiB per node), or "
+        "add a larger node to the pool file")  # 3 x 342 MiB >= 1 GiB: the shares never ask for less
     assert by_job(plan(nodes, [], [odd], T0))["odd"].reason == (
         "no node can hold 9 GPUs: the largest nodes have 8 GPUs: ask for at most 8 GPUs (request.gpus), or add a "
         "larger node to the pool file")
