@@ -102,14 +102,10 @@ async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Lo
             if now is None or run.state is None or now.id != run.state.id:  # moved on since the read (another
                 continue  # worker for this node finished its return meanwhile): not to be overwritten
             job = _job_of(run)
-            # looked at once: a return seen cut here and no longer cut a moment later was finished by another
-            # process here (a second worker for this node), and must not then be crashed as a run left behind
+            # looked at once: a cut return another process here delivers (a second worker, e31 return) is left to it
             cut = job is not None and cut_return_of(default_scratch_root() / job, str(run.id))
             if cut and (lock_busy(str(default_scratch_root() / job)) or
                         (await client.read_flow_run(run.id)).state.id != run.state.id):
-                # another process here delivers it (a second worker for this node, e31 return): left to it, since
-                # two workers started at once both take the run and the second would crash it, or overwrite the
-                # state the first set from its manifest
                 logger.warning("flow run %s (%s) has no flow process left but its return is being finished here by "
                                "another process: left to it", run.id, run.name)
                 continue

@@ -212,10 +212,8 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
         deep = _fill_now(cap, ranked, slots, held, deep, limits)
     tails = sorted((cap.tail(i), i) for i in range(len(cap.nodes)))
     for j in deep:  # estimates only: after every reservation on the soonest-free eligible node(s)
-        # the first eligible ones only: scanning every node for each of a deep queue's jobs was most of a
-        # 100,000-job plan on 1,250 nodes
-        picked = list(islice((p for p, (_, i) in enumerate(tails) if j.eligible is None or j.eligible[i]),
-                             j.job.nodes))
+        # the first eligible ones only (a scan of every node per job was most of a 100,000-job plan)
+        picked = list(islice((p for p, (_, i) in enumerate(tails) if j.eligible is None or j.eligible[i]), j.job.nodes))
         got = [tails[p] for p in picked]
         for p in reversed(picked):
             del tails[p]
