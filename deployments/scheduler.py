@@ -206,16 +206,18 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
         wake = None if once else Wakeup(queue.work_pool_name(pool), SCHEDULER_EVENTS, ignore=own_rewrite)
         try:
             while True:
-                if beats is not None and beats.lost.is_set():  # another one serves the pool now: its standby
-                    presence.claim_pool(client, pool.name, me, lease_s)
-                    beats = presence.scheduler_beats(pool.name, me, lease_s, say, news).start()
-                    cache.close()
-                    cache = queue.RunCache(pool)  # what changed while it waited: read all again
-                if time.monotonic() - read_at > HISTORY_EVERY_S:
-                    past, read_at = history(client, pool), time.monotonic()
-                if wake is not None:
-                    cache.hear(wake.take_runs())
+                # every call to the server inside: a server whose database is away for a minute fails the history
+                # read or the claim as it fails a tick, and the scheduler carries on once it is back
                 try:
+                    if beats is not None and beats.lost.is_set():  # another one serves the pool now: its standby
+                        presence.claim_pool(client, pool.name, me, lease_s)
+                        beats = presence.scheduler_beats(pool.name, me, lease_s, say, news).start()
+                        cache.close()
+                        cache = queue.RunCache(pool)  # what changed while it waited: read all again
+                    if time.monotonic() - read_at > HISTORY_EVERY_S:
+                        past, read_at = history(client, pool), time.monotonic()
+                    if wake is not None:
+                        cache.hear(wake.take_runs())
                     result = tick(client, pool, policy, past, lease_s=lease_s, cache=cache, max_waits=MAX_WAITS,
                                   max_wait_s=MAX_WAIT_S, handover_s=handover_s)
                 except Exception as exc:  # the API is busy or a run changed under us: the next tick reads all again
