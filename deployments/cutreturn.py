@@ -42,13 +42,63 @@ def hold_cut_return(job: Any, flow_run_id: str) -> bool:
     return True
 
 
-def finish_cut_return(job: Any, flow_run_id: str, say: Callable[[str], None]) -> dict[str, Any] | None:
+async def hand_cut_return(client: Any, run: Any, job: str, node: str,
+                          logger: Any, finish: Callable[[Any, str], None]) -> int | None:
+    """For :func:`e31.deployments.leftovers.end_orphans`, a worker started
+    again that found ``run`` with no flow process, its return cut in this
+    machine's scratch or its state ``Returning``: hold it ``Returning`` and
+    hand the return to ``finish``, under the job's lock taken here and taken
+    over by the finish (:func:`e31.flows.joblock.hold_for_run`).  Whoever
+    finishes a return delivers it and sets the run's state under that lock
+    (:func:`finish_cut_return`), and a second worker for the node looks and
+    writes only under it: it can neither write ``Returning`` over the state
+    the finish has just set nor crash a run whose return was just
+    delivered.  Returns 1 when handed; 0 when left to another process (the
+    lock is held, or the state moved on since ``run`` was read); None when,
+    under the lock, the return is not cut and the state is still what was
+    read (no return to finish: the caller ends the run as any other)."""
+    from e31.flows.compile import default_scratch_root
+    from e31.flows.joblock import JobBusyError, hold_for_run, unlock_job
+    from e31.states import returning
+
+    scratch = str(default_scratch_root() / job)
+    left = ("flow run %s (%s) has no flow process left but its return is being finished here by another "
+            "process: left to it")
+    try:
+        hold_for_run(scratch, job)
+    except (JobBusyError, OSError):
+        logger.warning(left, run.id, run.name)
+        return 0
+    handed = False
+    try:  # looked at again under the lock: delivered meanwhile (and its state set), or its state moved on
+        if (await client.read_flow_run(run.id)).state.id != run.state.id:
+            logger.warning(left, run.id, run.name)
+            return 0
+        if not cut_return_of(scratch, str(run.id)):
+            return None
+        await client.set_flow_run_state(run.id, returning((
+            "its flow process ended during the return of its output, and its worker with it; node "
+            f"{node}'s e31 worker started again finishes the return")), force=True)
+        logger.warning("flow run %s (%s) was cut in the middle of the return of its output: finishing it",
+                       run.id, run.name)
+        finish(run, job)
+        handed = True
+        return 1
+    finally:
+        if not handed:
+            unlock_job(scratch)
+
+
+def finish_cut_return(job: Any, flow_run_id: str, say: Callable[[str], None],
+                      settle: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any] | None:
     """Deliver the cut return of the flow run ``flow_run_id`` of job ``job``
-    kept in this machine's scratch (``$E31_SCRATCH/<job>``); returns the
-    manifest, or None when there was none to finish, the job's lock is held
-    (a next run of the job here delivers it first thing), or the delivery
-    failed (the record stays for ``e31 return``; ``say`` is told why).
-    ``say``: one line for the run's log.  Never raises."""
+    kept in this machine's scratch (``$E31_SCRATCH/<job>``), then call
+    ``settle(manifest)`` (the run's state from it), both under the job's
+    lock; returns the manifest, or None when there was none to finish, the
+    job's lock is held (a next run of the job here delivers it first thing),
+    or the delivery failed (the record stays for ``e31 return``; ``say`` is
+    told why).  ``say``: one line for the run's log.  Raises only what
+    ``settle`` raises."""
     from e31.flows.compile import default_scratch_root
     from e31.flows.joblock import JobBusyError, lock_job, unlock_job
     from e31.tasks.pending import deliver_pending
@@ -57,34 +107,37 @@ def finish_cut_return(job: Any, flow_run_id: str, say: Callable[[str], None]) ->
     if not isinstance(job, str):
         return None
     scratch = default_scratch_root() / job
-    if not cut_return_of(scratch, flow_run_id):
-        return None
     try:
-        lock_job(str(scratch), job)
+        lock_job(str(scratch), job)  # or takes over the one end_orphans took for it (hand_cut_return)
     except (JobBusyError, OSError):
         return None
     try:
-        hold_returning(flow_run_id)
-        manifest = deliver_pending(scratch)
-    except Exception as exc:
-        say(f"the return of flow run {flow_run_id} was cut when its flow process ended, and the worker could not "
-            f"finish it ({type(exc).__name__}: {scrub(str(exc))}); the output stays in {scratch}: e31 return {job} "
-            "on this machine delivers it")
-        return None
+        if not cut_return_of(scratch, flow_run_id):  # delivered by the lock's last holder: looked at under it
+            return None
+        try:
+            hold_returning(flow_run_id)
+            manifest = deliver_pending(scratch)
+        except Exception as exc:
+            say(f"the return of flow run {flow_run_id} was cut when its flow process ended, and the worker could "
+                f"not finish it ({type(exc).__name__}: {scrub(str(exc))}); the output stays in {scratch}: e31 return "
+                f"{job} on this machine delivers it")
+            return None
+        if manifest is not None:
+            done = Manifest.model_validate(manifest)
+            say(f"the return of flow run {flow_run_id} was cut when its flow process ended; the worker finished it: "
+                f"{done.status}, {len(done.files)} file(s)")
+            if settle is not None:
+                settle(manifest)
+        return manifest
     finally:
         unlock_job(str(scratch))
-    if manifest is not None:
-        done = Manifest.model_validate(manifest)
-        say(f"the return of flow run {flow_run_id} was cut when its flow process ended; the worker finished it: "
-            f"{done.status}, {len(done.files)} file(s)")
-    return manifest
 
 
 def close_cut_return(job: Any, flow_run_id: str, held: bool, say: Callable[[str], None]) -> None:
     """After the flow process of ``flow_run_id`` ended: a return it left cut
-    is delivered (:func:`finish_cut_return`) and the run's state set from
-    its manifest (:func:`settle_state`); one ``held`` Returning
-    (:func:`hold_cut_return`) that could not be finished is crashed
+    is delivered and the run's state set from its manifest, under the job's
+    lock (:func:`finish_cut_return`, :func:`settle_state`); one ``held``
+    Returning (:func:`hold_cut_return`) that could not be finished is crashed
     (:func:`give_up_returning`): the node is free again, and a run with
     retries left is queued again; unless another process here holds the
     job's lock or has already finished the return (a second worker for the
@@ -94,17 +147,13 @@ def close_cut_return(job: Any, flow_run_id: str, held: bool, say: Callable[[str]
     from e31.flows.compile import default_scratch_root
     from e31.flows.joblock import lock_busy
 
-    manifest = finish_cut_return(job, flow_run_id, say)
-    if manifest is not None:
-        settle_state(flow_run_id, manifest)
-    elif held and (not isinstance(job, str) or (not lock_busy(str(default_scratch_root() / job)) and
-                                                cut_return_of(default_scratch_root() / job, flow_run_id))):
+    manifest = finish_cut_return(job, flow_run_id, say, lambda m: settle_state(flow_run_id, m))
+    if manifest is None and held and (not isinstance(job, str) or (
+            not lock_busy(str(default_scratch_root() / job)) and
+            cut_return_of(default_scratch_root() / job, flow_run_id))):
         # still cut and nobody here at it: crashed.  A return no longer cut was finished by another process
-        # here (a second worker for the node) between this one's tries, which sets the state from its manifest
+        # here (a second worker for the node), which set the state from its manifest
         give_up_returning(flow_run_id)
-
-
-
 
 
 def hold_returning(flow_run_id: str) -> None:

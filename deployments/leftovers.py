@@ -83,10 +83,9 @@ async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Lo
                                                 WorkPoolFilter, WorkPoolFilterName)
     from prefect.client.schemas.objects import StateType
 
-    from e31.deployments.cutreturn import RETURNING
+    from e31.deployments.cutreturn import RETURNING, hand_cut_return
     from e31.flows.compile import default_scratch_root
-    from e31.flows.joblock import lock_busy
-    from e31.states import cancelled, crashed, returning
+    from e31.states import cancelled, crashed
     from e31.tasks.pending import cut_return_of
 
     ended = 0
@@ -98,25 +97,17 @@ async def end_orphans(client: Any, work_pool: str, node: str, logger: logging.Lo
         for run in runs:
             if placement_of(run).get(NODE_VAR) != node or flow_process_alive(run):
                 continue
-            now = (await client.read_flow_run(run.id)).state
-            if now is None or run.state is None or now.id != run.state.id:  # moved on since the read (another
-                continue  # worker for this node finished its return meanwhile): not to be overwritten
             job = _job_of(run)
-            # looked at once: a cut return another process here delivers (a second worker, e31 return) is left to it
             cut = job is not None and cut_return_of(default_scratch_root() / job, str(run.id))
-            if cut and (lock_busy(str(default_scratch_root() / job)) or
-                        (await client.read_flow_run(run.id)).state.id != run.state.id):
-                logger.warning("flow run %s (%s) has no flow process left but its return is being finished here by "
-                               "another process: left to it", run.id, run.name)
-                continue
-            if finish is not None and cut:
-                await client.set_flow_run_state(run.id, returning((
-                    "its flow process ended during the return of its output, and its worker with it; node "
-                    f"{node}'s e31 worker started again finishes the return")), force=True)
-                logger.warning("flow run %s (%s) was cut in the middle of the return of its output: finishing it",
-                               run.id, run.name)
-                finish(run, job)
-                ended += 1
+            if finish is not None and job is not None and (cut or run.state.name == RETURNING):
+                handed = await hand_cut_return(client, run, job, node, logger, finish)  # under the job's lock
+                if handed is not None:
+                    ended += handed
+                    continue
+            # read after the look at the scratch: a return another process here delivered in between (a second
+            # worker for this node) moved the state on first (Returning, then its verdict): not to be overwritten
+            now = (await client.read_flow_run(run.id)).state
+            if now is None or run.state is None or now.id != run.state.id:
                 continue
             gone = (f"its flow process is gone: node {node}'s e31 worker started again and found no process for "
                     "it on this machine; its resources are free again")
@@ -242,8 +233,6 @@ async def clear_fences(client: Any, work_pool: str, node: str, logger: logging.L
     the ids of the runs whose fence was lifted.  A fence whose run still
     has a process here (one that did not die within 10 s of SIGKILL) stays,
     and is tried again at the next call.  Best effort: a failure is logged."""
-    import time
-
     from prefect.exceptions import ObjectNotFound
 
     from e31.tasks.supervisor.fence import read_fences_async

@@ -698,15 +698,17 @@ def test_a_return_cut_with_its_worker_killed_too_is_finished_by_the_worker_start
         with get_client(sync_client=True) as client:
             wait_for(lambda: client.read_flow_run(run_id).state.is_final(), what="its final state")
             time.sleep(3)  # a second worker's late state write, if any, comes within its start
-            states = [(s.type.value, s.name) for s in client.read_flow_run_states(run_id)]
+            history = client.read_flow_run_states(run_id)
+    states = [(s.type.value, s.name) for s in history]
+    said = [(s.name, s.message) for s in history]  # who wrote what, when an assertion fails
     manifest = final_manifest(out)
     assert (manifest["status"], manifest["run_id"]) == ("completed", run_id)
     assert sorted(f["path"] for f in manifest["files"]) == [f"blob-{i:03d}.bin" for i in range(BLOB_COUNT)] + ["record.json"]
     assert all(f["sha256"] == _sha256(out / f["path"]) for f in manifest["files"])
     assert list((q.root / "scratch-n1").rglob("return-pending.json")) == []
     after = states[[s[0] for s in states].index("RUNNING") + 1:]
-    assert after[-1] == ("COMPLETED", "Completed") and set(after[:-1]) == {("PENDING", "Returning")}, states
     logs = [(q.root / f"worker-n1-again-{k}.log").read_text() for k in range(again)]
+    assert after[-1] == ("COMPLETED", "Completed") and set(after[:-1]) == {("PENDING", "Returning")}, (said, logs)
     assert sum(f"flow run {run_id} (cut) was cut in the middle of the return of its output: finishing it" in log
                for log in logs) >= 1, logs
 

@@ -5,7 +5,6 @@ enforced on its whole process tree.  Real processes, real kills."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,12 +29,9 @@ time.sleep(1)
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
+    from tests.flows.test_stops import _pid_gone
+
+    return not _pid_gone(pid)
 
 
 def _job(tmp_path: Path, name: str, code: str, **request) -> dict:

@@ -54,8 +54,11 @@ def _pid_gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     # a zombie still answers kill(0); it is gone once reaped or defunct
-    stat = Path(f"/proc/{pid}/stat")
-    return not stat.exists() or stat.read_text().split()[2] == "Z"
+    # (reaped between the two looks: the file is gone by the time it is read)
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def test_time_limit_warns_then_returns_the_final_checkpoint(prefect_api, scratch, tmp_path):
