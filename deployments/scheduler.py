@@ -172,6 +172,23 @@ def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None 
                 busy_retries(client)[0] - resent, dict(snap.overbooked))
 
 
+def _failure(exc: BaseException) -> str:
+    """What a failed tick says of its cause: ``DatabaseUnavailable: ...`` naming the server's setting when
+    the Prefect server answers but its database does not (its readiness check:
+    :func:`e31.prefect_compat.api.ready_problem`), else the error's type and its first 300 characters, any
+    secret in them masked."""
+    from prefect.settings import PREFECT_API_URL
+
+    from e31.prefect_compat.api import DATABASE_DOWN, database_unavailable
+    from e31.tasks.storage import scrub
+
+    api = PREFECT_API_URL.value()
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if api and status in (500, 503) and database_unavailable(api):
+        return f"DatabaseUnavailable: {DATABASE_DOWN.format(api=api)}"
+    return f"{type(exc).__name__}: {scrub(str(exc))[:300]}"
+
+
 def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, once: bool = False,
           report: Callable[[Tick], None] | None = None, lease_s: float = queue.LEASE_S,
           handover_s: float = queue.HANDOVER_S) -> None:
@@ -203,6 +220,7 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
         beats = None if once else presence.scheduler_beats(pool.name, me, lease_s, say, news).start()
         past, read_at, holding, cache = None, 0.0, frozenset(), queue.RunCache(pool)
         overbooked: dict = {}
+        failing: tuple[str, str, int] | None = None  # a failing tick's cause, since when, how many in a row
         wake = None if once else Wakeup(queue.work_pool_name(pool), SCHEDULER_EVENTS, ignore=own_rewrite)
         try:
             while True:
@@ -226,11 +244,20 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
                     cache.close()
                     cache = queue.RunCache(pool)
                     stamp = datetime.fromtimestamp(clock.server_now(), timezone.utc)  # the server's clock
-                    print(f"{stamp:%H:%M:%S} e31 scheduler: tick failed "
-                          f"({type(exc).__name__}: {str(exc)[:300]}); next tick in "
-                          f"{interval_s:g} s", flush=True)
+                    cause = _failure(exc)
+                    if failing is not None and failing[0] == cause:  # the same again: counted, not repeated in full
+                        failing = (cause, failing[1], failing[2] + 1)
+                        cause = f"{cause.split(':', 1)[0]}, again: {failing[2]} in a row since {failing[1]}"
+                    else:
+                        failing = (cause, f"{stamp:%H:%M:%S}", 1)
+                    print(f"{stamp:%H:%M:%S} e31 scheduler: tick failed ({cause}); next tick in {interval_s:g} s",
+                          flush=True)
                     time.sleep(interval_s)
                     continue
+                if failing is not None:
+                    print(f"e31 scheduler: ticks go through again, after {failing[2]} failed since {failing[1]}",
+                          flush=True)
+                    failing = None
                 if holding - result.holding:
                     read_at = 0.0  # a run ended: its run time and the node holding its inputs count from the next tick
                 holding = result.holding

@@ -321,19 +321,44 @@ def _database_down(exc: BaseException) -> str | None:
     connection URL itself (it may hold a password) is never shown."""
     from prefect.settings import PREFECT_API_URL
 
-    from e31.prefect_compat.api import database_unavailable
+    from e31.prefect_compat.api import DATABASE_DOWN, database_unavailable
 
     response, api = getattr(exc, "response", None), PREFECT_API_URL.value()
     if getattr(response, "status_code", None) not in (500, 503) or not api or not database_unavailable(api):
         return None
-    return (f"the Prefect server at {api} answers, but its database does not: check the database named by the "
-            "server's PREFECT_SERVER_DATABASE_CONNECTION_URL (is PostgreSQL running and reachable? pg_isready) and "
-            "retry")
+    return DATABASE_DOWN.format(api=api)
+
+
+#: Commands that talk to the Prefect server first thing: it is asked once whether it can serve them
+#: (:func:`_check_server`).  ``e31 run`` with no ``PREFECT_API_URL`` starts a temporary one of its own.
+_TALKS = frozenset({"run", "deploy", "submit", "queue", "cancel", "node"})
+
+
+def _check_server() -> None:
+    """Raise :class:`E31Error` with one line when the configured Prefect server
+    (``PREFECT_API_URL``) cannot serve a command now: its database does not
+    answer, or it does not answer within ``E31_API_TIMEOUT_S`` seconds
+    (:func:`e31.prefect_compat.api.ready_problem`).  Without this a command
+    was silent for about two minutes of Prefect's client retrying 503s, or
+    waited for as long as a frozen server stayed frozen."""
+    from prefect.settings import PREFECT_API_URL
+
+    from e31.prefect_compat.api import ready_problem
+
+    api = PREFECT_API_URL.value()
+    if not api:
+        return
+    settings.check()
+    problem = ready_problem(api, settings.value("E31_API_TIMEOUT_S"))
+    if problem is not None:
+        raise E31Error(problem)
 
 
 def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command in _PLAIN:
+        if args.command in _TALKS:
+            _check_server()
         return _PLAIN[args.command](args)
     settings.check()
     checks = SpecChecks(code_dir=str(Path(args.spec).resolve().parent))
@@ -342,6 +367,8 @@ def _main(argv: list[str] | None) -> int:
     if vanishing:
         print("\n".join(f"e31: {line}" for line in vanishing), file=sys.stderr)
         return EXIT_INVALID
+    if args.command in _TALKS:  # the spec first: its errors are the user's to fix whatever the server does
+        _check_server()
     return _WITH_SPEC[args.command](args, spec, checks.notes)
 
 

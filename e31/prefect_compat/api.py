@@ -32,6 +32,48 @@ def api_answers() -> bool:
     return not url or api_ready(url)
 
 
+#: The line for a server whose database does not answer: the connection URL itself (it may hold a password)
+#: is never shown, only the setting's name.
+DATABASE_DOWN = ("the Prefect server at {api} answers, but its database does not: check the database named by the "
+                 "server's PREFECT_SERVER_DATABASE_CONNECTION_URL (is PostgreSQL running and reachable? pg_isready) "
+                 "and retry")
+
+
+def ready_problem(url: str, timeout_s: float) -> str | None:
+    """One line saying why the Prefect server at ``url`` (ending in
+    ``/api``) cannot serve a command now, asked once through its documented
+    readiness check ``GET /ready`` with a ``timeout_s`` seconds limit
+    (Prefect's client would retry a 503 for about two minutes, and wait on
+    a server that accepted the connection but never answers for as long as
+    it stays so): its database does not answer (:data:`DATABASE_DOWN`), or
+    it does not answer within ``timeout_s`` (frozen or overloaded).  None
+    when it is ready, for any other answer, and when nothing listens there
+    (Prefect's client says that at once, and the caller words it).  Sends
+    the client's basic auth (``PREFECT_API_AUTH_STRING``) when one is
+    set."""
+    import base64
+    import urllib.error
+
+    from prefect.settings import PREFECT_API_AUTH_STRING
+
+    request = urllib.request.Request(f"{url}/ready")
+    auth = PREFECT_API_AUTH_STRING.value()
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError as exc:
+        return DATABASE_DOWN.format(api=url) if exc.code == 503 else None
+    except (TimeoutError, urllib.error.URLError) as exc:
+        if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
+            return (f"the Prefect server at {url} did not answer within {timeout_s:g} s (E31_API_TIMEOUT_S): it is "
+                    "frozen or overloaded; check its process and its database, then retry")
+        return None
+    except OSError:
+        return None
+
+
 def database_unavailable(url: str, timeout_s: float = 5.0) -> bool:
     """True when the Prefect server at ``url`` (ending in ``/api``) answers
     but says its database is not: its documented readiness check ``GET

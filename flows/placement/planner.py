@@ -277,9 +277,9 @@ def _fill_now(cap: Capacity, ranked: list[Ranked], slots: dict[str, _Slot], held
             if slot is not None:
                 start, i, devices, _, _ = slot
                 cap.release(i, start, start + held[job.id], devices, job.cpus, job.memory, job.id)
-            hit = cap.earliest(size, j.eligible, now, now, preferred=j.preferred)
+            hit = cap.start_now(size, j.eligible, j.kind, j.preferred)  # failures remembered until a release
             if hit is not None:
-                _, i, mask = hit
+                i, mask = hit
                 devices = lowest_bits(mask, job.gpus)
                 cap.reserve(i, now, now + size[3], devices, job.cpus, job.memory, job.id)
                 slots[job.id], held[job.id] = (now, i, devices, True, ()), size[3]

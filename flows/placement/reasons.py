@@ -115,8 +115,18 @@ class Explainer:
         """The reason of :meth:`wait`, its shape (the same words with every clock time left out: two reasons
         of one shape differ only in their times) and the job whose end the reserved start waits for (its
         :func:`ender_clause` is in both; None when they name none)."""
-        reason, ender = self._wait(job, eligible, node, start, reserved, clock)
-        return reason, self._wait(job, eligible, node, start, reserved, _no_clock)[0], ender
+        times: list[float] = []
+
+        def marked(t: float, now: float) -> str:  # one pass for both: each clock time marked, then filled in
+            times.append(t)
+            return "\0"
+
+        text, ender = self._wait(job, eligible, node, start, reserved, marked)
+        if not times:
+            return text, text, ender
+        parts, now = text.split("\0"), self.cap.now
+        reason = "".join(part + clock(t, now) for part, t in zip(parts, times)) + parts[-1]
+        return reason, "".join(parts), ender
 
     def gang_words(self, job: QueuedJob, eligible: Sequence[bool] | None, names: Sequence[str], start: float,
                    reserved: bool) -> tuple[str, str]:

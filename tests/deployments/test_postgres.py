@@ -117,9 +117,15 @@ def test_the_queue_runs_on_prefect_over_postgresql_and_through_a_database_restar
             wait_for(lambda: final_manifest(tmp_path / "out" / "third"), 240, "a job submitted after the restart",
                      tmp_path)
             pg.stop()  # the server stays up, its database is gone: a command says which setting to check
+            wait_for(lambda: "tick failed (DatabaseUnavailable: " in (tmp_path / "scheduler.log").read_text(), 60,
+                     "the scheduler to name the database", tmp_path)
+            began = time.monotonic()
             down = subprocess.run([E31, "queue", "--pool", str(pool)], capture_output=True, text=True, env=env,
                                   cwd=tmp_path, timeout=120)
+            down_s = time.monotonic() - began
             pg.start()
+            wait_for(lambda: "ticks go through again" in (tmp_path / "scheduler.log").read_text(), 120,
+                     "the scheduler's ticks to go through again", tmp_path)
             back = subprocess.run([E31, "queue", "--pool", str(pool)], capture_output=True, text=True, env=env,
                                   cwd=tmp_path, timeout=120)
         finally:
@@ -130,6 +136,10 @@ def test_the_queue_runs_on_prefect_over_postgresql_and_through_a_database_restar
         f"e31: the Prefect server at {api} answers, but its database does not: check the database named by the "
         "server's PREFECT_SERVER_DATABASE_CONNECTION_URL (is PostgreSQL running and reachable? pg_isready) and "
         "retry\n"))
+    said = (tmp_path / "scheduler.log").read_text()
+    assert (f"tick failed (DatabaseUnavailable: the Prefect server at {api} answers, but its database does not: "
+            "check the database named by the server's PREFECT_SERVER_DATABASE_CONNECTION_URL") in said, said[-3000:]
+    assert down_s < 20  # asked once (GET /api/ready), not after ~2 min of the client's retries: a bound, not a speed
     assert (back.returncode, back.stderr, back.stdout.split()[:3]) == (0, "", ["JOB", "RUN", "STATE"]), back.stdout
     for name in ("first", "second", "third"):
         assert final_manifest(tmp_path / "out" / name)["status"] == "completed", name

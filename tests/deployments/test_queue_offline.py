@@ -368,6 +368,34 @@ def test_e31_submit_and_queue_say_when_no_scheduler_beats_for_the_pool():
     assert scheduler_note(_Api({"id": "a", "lease_s": 60, "beat": now - 5}), "lab", "pool.yaml", now) is None
 
 
+@pytest.mark.parametrize("command", [["queue", "--pool", "POOL"], ["submit", "--pool", "POOL", "JOB"],
+                                     ["deploy", "JOB", "--pool", "POOL"]])
+def test_a_command_whose_server_accepts_and_never_answers_says_so_within_the_api_timeout(tmp_path, command):
+    """A frozen Prefect server (a real socket that accepts connections and never answers): every command
+    that talks to it says so in one line after ``E31_API_TIMEOUT_S`` seconds; before, it waited for as
+    long as the server stayed frozen (Prefect's client's 60 s timeout, then its retries)."""
+    import time
+
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("pool_version: 1\nname: p\nnodes: [{name: n1, cpus: 1, memory: 1GiB}]\n")
+    job = tmp_path / "job.yaml"
+    job.write_text("name: j\nwork: {kind: processing, command: [\"true\"]}\nrequest: {limit: 1m}\n"
+                   f"output: {{kind: files, url: {tmp_path / 'out'}, files: [a.txt]}}\n")
+    args = [str(pool) if a == "POOL" else str(job) if a == "JOB" else a for a in command]
+    with socket.socket() as frozen:
+        frozen.bind(("127.0.0.1", 0))
+        frozen.listen(8)
+        api = f"http://127.0.0.1:{frozen.getsockname()[1]}/api"
+        began = time.monotonic()
+        done = subprocess.run([str(Path(sys.executable).with_name("e31")), *args], text=True, capture_output=True,
+                              env={**os.environ, "PREFECT_API_URL": api, "E31_API_TIMEOUT_S": "2"}, timeout=120)
+        took = time.monotonic() - began
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", (
+        f"e31: the Prefect server at {api} did not answer within 2 s (E31_API_TIMEOUT_S): it is frozen or "
+        "overloaded; check its process and its database, then retry\n"))
+    assert took < 30  # 2 s asked: a bound, not a speed
+
+
 def test_a_stopping_scheduler_gives_a_frozen_server_a_few_seconds_for_its_claim():
     """``e31 scheduler`` must not ignore SIGTERM for 16 s while its server is down (the deletion of its claim on
     the pool went through the client's retries).  Against a real Prefect client and a
