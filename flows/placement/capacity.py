@@ -26,8 +26,10 @@ Searching fast (the planner's budget is about 100 microseconds a job):
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Sequence
+from itertools import islice
 from dataclasses import replace
 
 from .model import Node, PlanInputError, RunningJob
@@ -263,7 +265,9 @@ class Capacity:
         if g == 0:
             candidates = self.cpu_order
         else:
-            candidates = (i for t, _, i in self.index[g] if t <= now) if g <= self.gmax else ()
+            # the index is sorted by first-free time: those free by now are a prefix of it
+            lst = self.index[g] if g <= self.gmax else []
+            candidates = (i for _, _, i in islice(lst, bisect_right(lst, (now, math.inf, math.inf))))
         times, found, rank = self.times, None, None
         for i in candidates:  # a job asking for no GPU: the nodes with the fewest GPUs first (cpu_order)
             if eligible is not None and not eligible[i]:

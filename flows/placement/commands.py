@@ -110,7 +110,8 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     s.add_argument("--json", action="store_true",
                    help="print the metrics as one JSON object: jobs, refused, makespan_s, avg_wait_s, max_wait_s, "
                         "avg_bounded_slowdown, utilization, deadlines_met, deadlines_total, deadlines_feasible, "
-                        "mean_completion_s, preemptions, lost_gpu_hours, planning_s; with tenants also tenants: {name: "
+                        "mean_completion_s, preemptions, lost_gpu_hours, planning_s, resource (gpus or cpus: what every "
+                        "*_hours counts, CPU-hours for a CPU trace); with tenants also tenants: {name: "
                         "{jobs, mean_wait_s, gpu_hours}}")
     s.add_argument("--as", dest="unit", default="cpus", choices=("cpus", "gpus"),
                    help="what a trace job's processors are on the pool (default cpus); with gpus, a job of more "
@@ -300,13 +301,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                                attained_min_run_s=pool.preemption.attained_min_run.total_seconds())
     result = simulate(nodes, jobs, args.policy, preemption=rules, checkpoint_every_s=args.checkpoint_every,
                       restart_cost_s=args.restart_cost, tenancy=tenancy)
-    summary = result.summary()
-    if args.json:
-        print(json.dumps(summary))
-        return EXIT_OK
     from .simulate import resource_of
 
-    unit = "GPUs" if resource_of([j.job for j in jobs]) == "gpus" else "CPUs"
+    resource = resource_of([j.job for j in jobs])
+    if args.json:  # every *_hours figure counts the resource the jobs use: GPU-hours, or CPU-hours for a CPU trace
+        print(json.dumps({**result.summary(), "resource": resource}))
+        return EXIT_OK
+    unit = "GPUs" if resource == "gpus" else "CPUs"
     gangs = sum(1 for j in jobs if j.job.nodes > 1)
     spread = f", {gangs} of them on several nodes" if gangs else ""
     print(f"trace {args.trace}: {len(jobs)} jobs{spread} ({trace.skipped} skipped: unknown run time or processors); "

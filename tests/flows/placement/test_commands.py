@@ -44,6 +44,7 @@ def simulate_json(e31, *extra: str) -> dict:
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result.pop("planning_s") >= 0
+    assert result.pop("resource") == "cpus"  # a CPU trace: its *_hours are CPU-hours
     return result
 
 
@@ -205,6 +206,7 @@ def test_simulate_as_gpus_runs_a_job_wider_than_a_node_on_several_nodes_at_once(
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert (result["jobs"], result["refused"], result["makespan_s"], result["max_wait_s"]) == (3, 1, 180.0, 130.0)
+    assert result["resource"] == "gpus"
     assert result["utilization"] == pytest.approx((16 * 100 + 4 * 50 + 12 * 30) / (16 * 180))
     assert result["mean_completion_s"] == pytest.approx((100 + 140 + 160) / 3)
     out = e31("simulate", str(trace), "--pool", str(pool), "--as", "gpus", "--policy", "fcfs")

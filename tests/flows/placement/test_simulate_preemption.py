@@ -40,6 +40,7 @@ def run(e31, files, *extra):
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     result.pop("planning_s")
+    assert result.pop("resource") == "gpus"
     return result
 
 
