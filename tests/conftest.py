@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import stop_group  # noqa: F401  (tests import it from here)
+
 from e31.prefect_compat.api import api_ready
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,17 +159,6 @@ def prefect_api():
 def prefect_ui_url() -> str:
     """The session server's UI address (``http://127.0.0.1:PORT``)."""
     return f"http://127.0.0.1:{_PORT}"
-
-
-def stop_group(proc: subprocess.Popen, timeout: float = 15) -> None:
-    """SIGTERM a process started with ``start_new_session=True`` and its group;
-    SIGKILL after ``timeout`` seconds."""
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def final_manifest(folder: Path) -> dict | None:

@@ -38,6 +38,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, TypeVar
 
+from tests.procs import stop_group
+
 __all__ = ["Hosts", "in_netns", "unavailable"]
 
 SUBNET = "10.231.0"
@@ -180,16 +182,7 @@ class Hosts:
 
     def stop(self, proc: subprocess.Popen, timeout: float = 20) -> None:
         """SIGTERM ``proc``'s session, SIGKILL after ``timeout`` seconds."""
-        if proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        except ProcessLookupError:
-            proc.wait()
+        stop_group(proc, timeout)
 
     def down(self) -> None:
         """Kill every process left in the hosts' namespaces and delete the namespaces."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +31,8 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+
+from tests.procs import stop_group
 
 #: Seconds to wait for the server to answer healthz and accept a PUT.
 READY_TIMEOUT_S = 60.0
@@ -246,16 +247,8 @@ class S3Server:
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM the server's process group; SIGKILL after ``timeout`` seconds."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        except ProcessLookupError:
-            proc.wait()
+        if proc is not None:
+            stop_group(proc, timeout)
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the server log, secret redacted."""

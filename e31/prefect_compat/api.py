@@ -32,6 +32,20 @@ def api_answers() -> bool:
     return not url or api_ready(url)
 
 
+def _ready_request(url: str) -> urllib.request.Request:
+    """``GET {url}/ready``, Prefect's readiness check, with the client's basic auth
+    (``PREFECT_API_AUTH_STRING``) when one is set."""
+    import base64
+
+    from prefect.settings import PREFECT_API_AUTH_STRING
+
+    request = urllib.request.Request(f"{url}/ready")
+    auth = PREFECT_API_AUTH_STRING.value()
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    return request
+
+
 #: The line for a server whose database does not answer: the connection URL itself (it may hold a password)
 #: is never shown, only the setting's name.
 DATABASE_DOWN = ("the Prefect server at {api} answers, but its database does not: check the database named by the "
@@ -51,17 +65,10 @@ def ready_problem(url: str, timeout_s: float) -> str | None:
     (Prefect's client says that at once, and the caller words it).  Sends
     the client's basic auth (``PREFECT_API_AUTH_STRING``) when one is
     set."""
-    import base64
     import urllib.error
 
-    from prefect.settings import PREFECT_API_AUTH_STRING
-
-    request = urllib.request.Request(f"{url}/ready")
-    auth = PREFECT_API_AUTH_STRING.value()
-    if auth:
-        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s):
+        with urllib.request.urlopen(_ready_request(url), timeout=timeout_s):
             return None
     except urllib.error.HTTPError as exc:
         return DATABASE_DOWN.format(api=url) if exc.code == 503 else None
@@ -82,17 +89,10 @@ def database_unavailable(url: str, timeout_s: float = 5.0) -> bool:
     False when it is ready, when the server does not answer, or for any other
     answer.  Sends the client's basic auth (``PREFECT_API_AUTH_STRING``)
     when one is set."""
-    import base64
     import urllib.error
 
-    from prefect.settings import PREFECT_API_AUTH_STRING
-
-    request = urllib.request.Request(f"{url}/ready")
-    auth = PREFECT_API_AUTH_STRING.value()
-    if auth:
-        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s):
+        with urllib.request.urlopen(_ready_request(url), timeout=timeout_s):
             return False
     except urllib.error.HTTPError as exc:
         return exc.code == 503
