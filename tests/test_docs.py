@@ -101,14 +101,17 @@ def test_readme_is_at_most_300_lines():
     assert len(lines) <= 300, f"README.md has {len(lines)} lines; move the depth to docs/"
 
 
-def _ci_commands() -> list[str]:
-    """The command after each ``# --- README: ... ---`` marker of .ci/run."""
+def _ci_commands() -> list[list[str]]:
+    """The commands after each ``# --- README: ... ---`` marker of .ci/run, up to the next marker (comment lines
+    left out; a line after an ``||``/``{`` guard, such as a package install when missing, is not the README's:
+    the set-up marker's first command alone is)."""
     lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    marks = [i for i, line in enumerate(lines) if line.startswith("# --- README:")]
     commands = []
-    for i, line in enumerate(lines):
-        if line.startswith("# --- README:"):
-            following = [x for x in lines[i + 1 :] if x.strip() and not x.startswith("#")]
-            commands.append(following[0].strip())
+    for k, i in enumerate(marks):
+        following = [x.strip() for x in lines[i + 1:(marks[k + 1] if k + 1 < len(marks) else len(lines))]
+                     if x.strip() and not x.startswith("#")]
+        commands.append(following[:1] if k + 1 < len(marks) else following)
     return commands
 
 
@@ -127,9 +130,9 @@ def test_readme_holds_the_commands_ci_runs():
     commands = _ci_commands()
     assert len(commands) == 2, f".ci/run: expected a set-up and a test marker, found {commands}"
     block = dict((line, number) for number, line in reversed(_bash_block_lines(README.read_text(encoding="utf-8"))))
-    for command in commands:
+    for command in [c for group in commands for c in group]:
         assert command in block, f"README.md has no bash block line {command!r} (.ci/run runs it)"
-    setup = commands[0]
+    setup = commands[0][0]
     assert block[setup] <= 60, f"the set-up command is on README line {block[setup]}, past the first screen"
 
 

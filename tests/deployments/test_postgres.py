@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from e31.deployments.scheduler import HISTORY_EVERY_S
 from e31.prefect_compat.api import api_ready
 from tests.conftest import final_manifest, stop_group
 from tests.pgserver import postgres, unavailable
@@ -56,7 +57,8 @@ def test_the_queue_runs_on_prefect_over_postgresql_and_through_a_database_restar
     """Two jobs placed side by side on one 8-GPU node; PostgreSQL restarted (every connection of the
     server dropped) while both run; both then return their outputs, and a job submitted after the
     restart runs too: the scheduler and the worker carry on, and no job ran twice or shared a GPU.
-    With PostgreSQL stopped, ``e31 queue`` fails in one line naming the server's database setting,
+    With PostgreSQL stopped (longer than the scheduler's history re-read, which used to end it),
+    ``e31 queue`` fails at once in one line naming the server's database setting,
     and works again once it is back."""
     why = unavailable()
     if why:
@@ -103,7 +105,7 @@ def test_the_queue_runs_on_prefect_over_postgresql_and_through_a_database_restar
             wait_for(lambda: api_ready(api) or server.poll() is not None, 300, "the Prefect server on PostgreSQL",
                      tmp_path)
             assert server.poll() is None, (tmp_path / "prefect-server.log").read_text()[-3000:]
-            start("scheduler", [E31, "scheduler", "--pool", str(pool), "--interval", "0.5"])
+            scheduler = start("scheduler", [E31, "scheduler", "--pool", str(pool), "--interval", "0.5"])
             start("worker", [E31, "worker", "--pool", str(pool), "--node", "n1"],
                   {"E31_NODE_GPUS": "8", "E31_SCRATCH": str(tmp_path / "scratch")})
             submit("first")
@@ -119,6 +121,10 @@ def test_the_queue_runs_on_prefect_over_postgresql_and_through_a_database_restar
             pg.stop()  # the server stays up, its database is gone: a command says which setting to check
             wait_for(lambda: "tick failed (DatabaseUnavailable: " in (tmp_path / "scheduler.log").read_text(), 60,
                      "the scheduler to name the database", tmp_path)
+            away = time.monotonic()  # an outage longer than the scheduler's history re-read: it must carry on
+            wait_for(lambda: time.monotonic() - away > HISTORY_EVERY_S + 5 or scheduler.poll() is not None,
+                     HISTORY_EVERY_S + 30, "an outage past the history re-read", tmp_path)
+            assert scheduler.poll() is None, (tmp_path / "scheduler.log").read_text()[-3000:]
             began = time.monotonic()
             down = subprocess.run([E31, "queue", "--pool", str(pool)], capture_output=True, text=True, env=env,
                                   cwd=tmp_path, timeout=120)
@@ -126,8 +132,15 @@ def test_the_queue_runs_on_prefect_over_postgresql_and_through_a_database_restar
             pg.start()
             wait_for(lambda: "ticks go through again" in (tmp_path / "scheduler.log").read_text(), 120,
                      "the scheduler's ticks to go through again", tmp_path)
-            back = subprocess.run([E31, "queue", "--pool", str(pool)], capture_output=True, text=True, env=env,
-                                  cwd=tmp_path, timeout=120)
+            answers: list[subprocess.CompletedProcess] = []
+
+            def clean() -> bool:  # the scheduler's claim and the worker's heartbeat renewed after the outage
+                answers.append(subprocess.run([E31, "queue", "--pool", str(pool)], capture_output=True, text=True,
+                                              env=env, cwd=tmp_path, timeout=120))
+                return answers[-1].returncode == 0 and answers[-1].stderr == "" and "late:" not in answers[-1].stdout
+
+            wait_for(clean, 120, "e31 queue to find the scheduler and the worker heard again", tmp_path)
+            back = answers[-1]
         finally:
             for proc in reversed(procs):
                 if proc.poll() is None:

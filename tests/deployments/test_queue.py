@@ -948,7 +948,7 @@ def test_a_return_cut_by_a_kill_of_its_flow_process_is_finished_by_the_worker(pr
         assert (manifest["status"], manifest["run_id"]) == ("completed", run_id)
         assert sorted(f["path"] for f in manifest["files"]) == [f"blob-{i:03d}.bin" for i in range(BLOB_COUNT)] + ["record.json"]
         assert all(f["sha256"] == _sha256(out / f["path"]) for f in manifest["files"])
-        assert list((q.root / "scratch-n1").rglob("return-pending.json")) == []
+        assert list((q.root / "scratch-n1" / "cut").rglob("return-pending.json")) == []  # "next" may be returning
         # Prefect's worker marks the run Crashed as the flow process ends; E31's holds it Pending while it returns
         assert states[states.index("CRASHED"):] == ["CRASHED", "PENDING", "COMPLETED"], states
         assert attempts == 1
