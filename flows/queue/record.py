@@ -11,10 +11,9 @@ from typing import Any
 
 from e31.flows.placement import Placement, RunningJob
 from e31.flows.placement.reasons import ender_clause
-from e31.flows.queue.mapping import (AHEAD_S, DOWN, FENCED, PLACED, PLACEMENT_PARAM, QUEUED, PlacementRecord,
-                                     placed_on, placed_tags, record_of)
+from e31.flows.queue.mapping import AHEAD_S, DOWN, FENCED, PLACED, QUEUED, PlacementRecord, record_of
 from e31.flows.queue.cache import RunCache
-from e31.prefect_compat.clock import server_now
+from e31.flows.queue.writes import RunLogs, RunWriter
 from e31.flows.queue.pace import (DEEP_AHEAD_S, ESTIMATE_EVERY_S, REASON_DEPTH, REASON_EVERY_S, WRITTEN, Written,
                                   start_moved)
 from e31.flows.queue.snapshot import Snapshot, retries_used, unstarted_of
@@ -45,30 +44,6 @@ def humane(reason: str, snap: Snapshot) -> str:
     return reason.replace(DOWN, "no worker on ").replace(FENCED, "fence on ")
 
 
-class _Logs:
-    """Lines for the flow runs' logs (a run's page in the UI opens on them):
-    the queue's word on each run, as it changes.  Collected during a call
-    of :func:`apply` and sent in one request at its end.  Best effort."""
-
-    def __init__(self, client: Any) -> None:
-        self.client, self.lines = client, []
-
-    def add(self, run_id: str, message: str) -> None:
-        from prefect.client.schemas.actions import LogCreate
-
-        self.lines.append(LogCreate(name="e31.scheduler", level=20, message=message,
-                                    timestamp=datetime.fromtimestamp(server_now(), timezone.utc),
-                                    flow_run_id=run_id))
-
-    def send(self) -> None:
-        if self.lines:
-            try:
-                self.client.create_logs(self.lines)
-            except Exception:
-                pass
-            self.lines = []
-
-
 def refuse_at_destination(spec: JobSpec, run_id: str, reason: str, tenant: str | None = None) -> None:
     """Write a ``failed`` manifest (no files) saying why the queue refused
     the job at its destination's ``partial/``, as a refused ``e31 run`` would
@@ -88,124 +63,6 @@ def refuse_at_destination(spec: JobSpec, run_id: str, reason: str, tenant: str |
                                f"refused by the queue: {reason}")
     except Exception:
         pass
-
-
-class _Writer:
-    """The scheduler's writes to flow runs.  With a ``cache`` (runs kept
-    between ticks, possibly older than the last change), a run is read again
-    first and written only when its state is still the one the plan saw
-    (else the fresh run is kept and counted ``stale``: the next tick plans
-    with it); each write is recorded in the cache as the server answered
-    it.  A run deleted meanwhile is dropped and counted ``gone``."""
-
-    def __init__(self, client: Any, cache: RunCache | None, counts: dict[str, int]) -> None:
-        self.client, self.cache, self.counts = client, cache, counts
-        self.seen: dict[str, Any] = {}  # run id -> the state id :meth:`current` found
-        self.fresh: dict[str, Any] = {}  # run id -> the run as :meth:`current` read it (its tags are the newest)
-        self.result: Any = None  # the server's answer to the last state written
-
-    def current(self, key: str) -> bool:
-        """Whether the run ``key`` is still as the plan saw it (always, without a cache)."""
-        from prefect.exceptions import ObjectNotFound
-
-        if self.cache is None:
-            return True
-        kept = self.cache.runs.get(key)
-        try:
-            run = self.client.read_flow_run(key)
-        except ObjectNotFound:
-            return self._gone(key)
-        if kept is not None and kept.state is not None and run.state is not None and kept.state.id == run.state.id:
-            self.seen[key], self.fresh[key] = run.state.id, run
-            return True
-        self.cache.refresh(run)
-        self.counts["stale"] += 1
-        return False
-
-    def state(self, key: str, state: Any, check: bool = True, force: bool = True) -> bool:
-        """Force ``state`` on the run ``key`` (``check``: only when it is
-        :meth:`current`; ``force`` False: as Prefect's rules allow, which
-        refuse to leave a final state); False when it was not written."""
-        from prefect.exceptions import ObjectNotFound
-
-        if check and not self.current(key):
-            return False
-        try:
-            result = self.client.set_flow_run_state(key, state, force=force)
-        except ObjectNotFound:
-            return self._gone(key)
-        self.result = result
-        if not force and getattr(getattr(result, "status", None), "value", "ACCEPT") != "ACCEPT":
-            if self.cache is not None:
-                self.cache.forget(key)  # it ended meanwhile: the next read has it as it is
-            return False
-        if self.cache is not None:
-            self.cache.note_state(key, result, getattr(state.state_details, "scheduled_time", None))
-            if state.type.value == "SCHEDULED" and key in self.seen and self._overtaken(key, result):
-                return False
-        return True
-
-    def _overtaken(self, key: str, result: Any) -> bool:
-        """Undo a write that overtook a final state (a cancel made between
-        :meth:`current` and the write: the write is forced, and Prefect lets
-        a run leave ``Cancelled`` for ``Scheduled``): that state is set
-        again, unless a final state came after the write (the canceller's
-        own ``Cancelled``, with its message: left as it is).  True when the
-        write was undone (counted ``undone``)."""
-        from e31.states import copy_of
-
-        mine = getattr(getattr(result, "state", None), "id", None)
-        history = self.client.read_flow_run_states(key)
-        index = next((i for i, s in enumerate(history) if s.id == mine), None)
-        if not index:
-            return False
-        if history[-1].id != mine and history[-1].is_final():  # ended again since: not overwritten with the
-            self.counts["undone"] += 1  # state before the write, which had no message
-            self.cache.forget(key)
-            return True
-        before = history[index - 1]
-        if before.id == self.seen[key] or not before.is_final():
-            return False
-        again = self.client.set_flow_run_state(key, copy_of(before), force=True)
-        self.cache.note_state(key, again)
-        self.counts["undone"] += 1
-        return True
-
-    def place(self, key: str, run: Any, placement: PlacementRecord, check: bool = True) -> bool:
-        """Replace the ``placement`` parameter (:data:`PLACEMENT_PARAM`) of the run ``key`` with the record
-        ``placement`` (``run``: as read; its other parameters, which nobody writes after the submission, are sent
-        back as they are) (``check``: only when it is :meth:`current`); False when it was not written.  When the
-        node it is placed on changes, its :data:`~e31.flows.queue.mapping.PLACED_TAG` goes with it in the same
-        update (its other tags as last read: a node's prefetcher writes those).  A plain update (~8 ms of server
-        CPU), not a ``job_variables`` write (see there).  A run cancelled meanwhile keeps it, inert: the
-        ``Placed`` state that follows is undone (:meth:`_overtaken`)."""
-        from prefect.exceptions import ObjectNotFound
-
-        if check and not self.current(key):
-            return False
-        parameters = {**(run.parameters or {}), PLACEMENT_PARAM: placement.parameter()}
-        tags = list(getattr(self.fresh.get(key, run), "tags", None) or [])
-        tags = placed_tags(tags, placement.node) if placed_on(tags) != placement.node else None
-        try:
-            if tags is None:
-                self.client.update_flow_run(key, parameters=parameters)
-            else:
-                self.client.update_flow_run(key, parameters=parameters, tags=tags)
-        except ObjectNotFound:
-            return self._gone(key)
-        except Exception as exc:  # the sync client answers with the HTTP error itself
-            if getattr(getattr(exc, "response", None), "status_code", None) == 404:
-                return self._gone(key)
-            raise
-        if self.cache is not None:
-            self.cache.note_placement(key, parameters, tags)
-        return True
-
-    def _gone(self, key: str) -> bool:
-        if self.cache is not None:
-            self.cache.forget(key)
-        self.counts["gone"] += 1
-        return False
 
 
 def handover_lead(snap: Snapshot, p: Placement, handover_s: float, taken: set[str]) -> RunningJob | None:
@@ -339,7 +196,7 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
     time until it counts (:mod:`e31.flows.queue.pace`).  Returns counts per
     action (``gone``: runs deleted on the server since they were read;
     ``stale``: runs changed since, not written; ``undone``: writes that
-    overtook a cancel, undone; see :class:`_Writer`).  The lines each write
+    overtook a cancel, undone; see :class:`e31.flows.queue.writes.RunWriter`).  The lines each write
     adds to its run's log are sent in one request at the end.
 
     ``handover_s``: seconds before a running job's planned end within which
@@ -357,7 +214,7 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
     runs again (a crash, a preemption, a lost node) starts nothing and
     preempts nothing (its starts are counted ``deferred``): the next tick
     plans with those runs."""
-    logs = _Logs(client)
+    logs = RunLogs(client)
     try:
         return _apply(client, snap, placements, cache, max_waits, max_wait_s, logs, handover_s, preemptions or [])
     finally:
@@ -365,14 +222,14 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
 
 
 def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCache | None, max_waits: int | None,
-           max_wait_s: float | None, logs: _Logs, handover_s: float = 0.0,
+           max_wait_s: float | None, logs: RunLogs, handover_s: float = 0.0,
            preemptions: list[Any] = ()) -> dict[str, int]:
     from e31.flows.queue import preempt
     from e31.states import cancelled, crashed, placed, queued, refused
 
     counts = {"start": 0, "handover": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0, "gone": 0,
               "stale": 0, "undone": 0, "deferred": 0, "kept": 0, "preempt": 0, "cancel": 0}
-    write = _Writer(client, cache, counts)
+    write = RunWriter(client, cache, counts)
     now = datetime.fromtimestamp(snap.now, timezone.utc)
     for key in snap.lost:
         run = snap.runs[key]
