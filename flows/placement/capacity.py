@@ -82,7 +82,8 @@ class Capacity:
                 per_node[where[node]].append(job if node == job.node and not job.gang else
                                              replace(job, node=node, devices=devices, gang=()))
         for i, node in enumerate(self.nodes):
-            self._build(node, sorted(per_node[i], key=lambda j: (self._end(j), j.id)))
+            jobs = per_node[i]
+            self._build(node, sorted(jobs, key=lambda j: (self._end(j), j.id)) if len(jobs) > 1 else jobs)
         self.gmax = max((node.gpus for node in self.nodes), default=0)
         # where a job asking for no GPU is tried first: nodes with fewer GPUs (none first), then pool order; it
         # goes to the one with the fewest GPUs among those that start it as early (earliest, start_now), so GPU
@@ -91,8 +92,7 @@ class Capacity:
         self.first: list[list[tuple[float, int, int] | None]] = []
         self.index: list[list[tuple[float, int, int]]] = [[] for _ in range(self.gmax + 1)]
         for i, node in enumerate(self.nodes):
-            self.first.append([None] * (node.gpus + 1))
-            self._index(i, range(1, node.gpus + 1), 0)
+            self.first.append(self._first_free(i, node.gpus))
         for lst in self.index:
             lst.sort()
         self._failed: dict[str | None, list[Request]] = {}
@@ -136,6 +136,27 @@ class Capacity:
         self.cpus.append(fc)
         self.mems.append(fm)
         self.enders.append(enders)
+
+    def _first_free(self, i: int, gpus: int) -> list[tuple[float, int, int] | None]:
+        """Node ``i``'s first-free entries ``(time, free GPUs then, i)`` for 1..``gpus`` GPUs, each also
+        appended to :attr:`index` (sorted once all nodes are in): what :meth:`_index` keeps up to date, built
+        in one pass over the node's profile."""
+        first: list[tuple[float, int, int] | None] = [None] * (gpus + 1)
+        times, masks, index = self.times[i], self.masks[i], self.index
+        g = 1
+        for k, mask in enumerate(masks):
+            pop = mask.bit_count()
+            while g <= pop:
+                first[g] = entry = (times[k], pop, i)
+                index[g].append(entry)
+                g += 1
+            if g > gpus:
+                return first
+        while g <= gpus:  # past every segment the node is whole
+            first[g] = entry = (times[-1], gpus, i)
+            index[g].append(entry)
+            g += 1
+        return first
 
     def _index(self, i: int, counts, start_seg: int) -> None:
         """Recompute node ``i``'s first-free entries for GPU ``counts`` from segment ``start_seg`` on."""
