@@ -331,7 +331,7 @@ def _database_down(exc: BaseException) -> str | None:
 
 #: Commands that talk to the Prefect server first thing: it is asked once whether it can serve them
 #: (:func:`_check_server`).  ``e31 run`` with no ``PREFECT_API_URL`` starts a temporary one of its own.
-_TALKS = frozenset({"run", "deploy", "submit", "queue", "cancel", "node", "usage"})
+_TALKS = frozenset({"run", "deploy", "submit", "queue", "cancel", "node", "usage", "scheduler", "worker"})
 
 
 def _check_server() -> None:

@@ -369,7 +369,8 @@ def test_e31_submit_and_queue_say_when_no_scheduler_beats_for_the_pool():
 
 
 @pytest.mark.parametrize("command", [["queue", "--pool", "POOL"], ["submit", "--pool", "POOL", "JOB"],
-                                     ["deploy", "JOB", "--pool", "POOL"]])
+                                     ["deploy", "JOB", "--pool", "POOL"], ["scheduler", "--pool", "POOL"],
+                                     ["worker", "--pool", "POOL", "--node", "n1"]], ids=lambda c: c[0])
 def test_a_command_whose_server_accepts_and_never_answers_says_so_within_the_api_timeout(tmp_path, command):
     """A frozen Prefect server (a real socket that accepts connections and never answers): every command
     that talks to it says so in one line after ``E31_API_TIMEOUT_S`` seconds; before, it waited for as
