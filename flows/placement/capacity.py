@@ -63,7 +63,12 @@ class Capacity:
             more CPUs or memory than the node has.
     """
 
-    def __init__(self, nodes: Sequence[Node], running: Sequence[RunningJob], now: float) -> None:
+    def __init__(self, nodes: Sequence[Node], running: Sequence[RunningJob], now: float,
+                 profiles: dict | None = None) -> None:
+        """``profiles``: a dict kept by the caller between plans (a replay's), in which each node's profile
+        is kept by its running jobs and reused while they all run on past ``now``: the same profile from a
+        later ``now`` is the same but for its first time (building the profiles was three quarters of a
+        replay's time).  None: built anew."""
         self.now = now
         self.nodes = list(nodes)
         where = {node.name: i for i, node in enumerate(self.nodes)}
@@ -81,9 +86,27 @@ class Capacity:
                     raise PlanInputError(f"running job {job.id} is on node {node!r}, which is not in the pool")
                 per_node[where[node]].append(job if node == job.node and not job.gang else
                                              replace(job, node=node, devices=devices, gang=()))
+        if profiles is not None and len(profiles) > 8 * len(self.nodes):
+            profiles.clear()  # bounded: the profiles of nodes whose jobs have since changed go
         for i, node in enumerate(self.nodes):
             jobs = per_node[i]
-            self._build(node, sorted(jobs, key=lambda j: (self._end(j), j.id)) if len(jobs) > 1 else jobs)
+            jobs = sorted(jobs, key=lambda j: (self._end(j), j.id)) if len(jobs) > 1 else jobs
+            key = None
+            if profiles is not None and all(j.expected_end > now for j in jobs):
+                key = (i, node, tuple((j.id, j.expected_end, j.devices, j.cpus, j.memory) for j in jobs))
+                kept = profiles.get(key)
+                if kept is not None:  # copies: a plan's reservations change its lists
+                    times, masks, cpus, mems, enders = kept
+                    self.times.append([now, *times[1:]])
+                    self.masks.append(masks[:])
+                    self.cpus.append(cpus[:])
+                    self.mems.append(mems[:])
+                    self.enders.append(dict(enders))
+                    continue
+            self._build(node, jobs)
+            if key is not None:
+                profiles[key] = (self.times[-1][:], self.masks[-1][:], self.cpus[-1][:], self.mems[-1][:],
+                                 dict(self.enders[-1]))
         self.gmax = max((node.gpus for node in self.nodes), default=0)
         # where a job asking for no GPU is tried first: nodes with fewer GPUs (none first), then pool order; it
         # goes to the one with the fewest GPUs among those that start it as early (earliest, start_now), so GPU
@@ -303,55 +326,6 @@ class Capacity:
         if found is None:
             failed.append(req)
         return found
-
-    def earliest_gang(self, req: Request, count: int, eligible: Sequence[bool] | None, after: float,
-                      latest: float = float("inf")) -> tuple[float, list[tuple[int, int]]] | None:
-        """The earliest start ``t`` with ``after <= t <= latest`` at which ``req`` (per node) fits on
-        ``count`` eligible nodes at once for its whole time, as ``(t, [(node index, device mask), ...])``
-        with ``count`` nodes; None when there is none.  A gang starts on all its nodes together or not at
-        all, as Slurm's multi-node allocations do.
-
-        Which nodes: among those that fit at ``t``, the nodes of one group (:attr:`.model.Node.group`)
-        when one group has enough of them (the group with the most such nodes, then pool order), then
-        the nodes it leaves fewest devices free on, then pool order.
-
-        How: each eligible node's earliest fit from ``after`` on is a lower bound; the ``count``-th
-        smallest of them is the first time enough nodes could fit.  When fewer than ``count`` fit at
-        that time exactly (a node's room closes before it), the search goes on from the next time
-        capacity changes on an eligible node."""
-        nodes = [i for i in range(len(self.nodes)) if eligible is None or eligible[i]]
-        if count < 1 or len(nodes) < count:
-            return None
-        t = after
-        while t <= latest:
-            firsts = sorted(hit[0] for i in nodes if (hit := self.fit(i, req, t, latest)) is not None)
-            if len(firsts) < count:
-                return None
-            at = firsts[count - 1]
-            hits = [(i, hit[1]) for i in nodes if (hit := self.fit(i, req, at, at)) is not None]
-            if len(hits) >= count:
-                return at, self._choose_gang(hits, count)
-            later = None  # the next time capacity changes on an eligible node: within a segment a later
-            for i in nodes:  # start only covers more of the profile, so it cannot fit where this one did not
-                times = self.times[i]
-                k = bisect_right(times, at)
-                if k < len(times) and (later is None or times[k] < later):
-                    later = times[k]
-            if later is None:
-                return None
-            t = later
-        return None
-
-    def _choose_gang(self, hits: list[tuple[int, int]], count: int) -> list[tuple[int, int]]:
-        """``count`` of ``hits`` (``(node index, free device mask)``): one group's when it has enough
-        (the largest such group, then the first in pool order), tightest fit first, then pool order."""
-        groups: dict[str | None, list[tuple[int, int]]] = {}
-        for hit in hits:
-            groups.setdefault(self.nodes[hit[0]].group, []).append(hit)
-        whole = [(len(members), -members[0][0], name) for name, members in groups.items()
-                 if name is not None and len(members) >= count]
-        pick = groups[max(whole)[2]] if whole else hits
-        return sorted(pick, key=lambda h: (h[1].bit_count(), h[0]))[:count]
 
     # -- changes ------------------------------------------------------------
 

@@ -296,7 +296,7 @@ def _fill_now(cap: Capacity, ranked: list[Ranked], slots: dict[str, _Slot], held
 
 def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[QueuedJob], now: float,
          policy: str = "e31", *, depth: int | None = None, age_limit_s: float = AGE_LIMIT_S,
-         explain: bool = True, tenancy: Tenancy | None = None) -> list[Placement]:
+         explain: bool = True, tenancy: Tenancy | None = None, profiles: dict | None = None) -> list[Placement]:
     """Plan ``queued`` onto ``nodes`` at ``now`` (Unix seconds), around the ``running`` jobs.
 
     ``policy``: ``e31``, ``fcfs``, ``easy`` or ``edf`` (module docstring).  ``depth``: how many
@@ -305,7 +305,9 @@ def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[
     started and waiting jobs empty (a simulation needs only the decisions; they are the same).
     ``tenancy``: the pool's tenants (:mod:`.tenants`): jobs within their tenant's quota first, then
     borrowing ones, each by fair share; borrow limits held (None, or tenants that do not matter:
-    the policy's order alone).
+    the policy's order alone).  ``profiles``: a dict the caller keeps between plans (a replay), in
+    which the nodes' free-capacity profiles are kept and reused (:class:`.capacity.Capacity`); the
+    plan is the same with or without it.
 
     Returns one :class:`Placement` per queued job: the planned ones in priority order, then the
     refused ones in the order given.
@@ -325,7 +327,7 @@ def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[
     now = float(now)
     tenants = tenancy is not None and tenancy.matters()
     where = {node.name: i for i, node in enumerate(nodes)}
-    cap = Capacity(nodes, running, now)
+    cap = Capacity(nodes, running, now, profiles)
     jobs, refused, shapes, fits = [], [], {}, {}
     for job in queued:
         key = (job.gpu_type and job.gpu_type.lower(), job.gpus, job.cpus, job.memory)
@@ -346,7 +348,7 @@ def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[
     promoted = overdue(jobs, now, age_limit_s) if policy == "e31" else {}
     for attempt in range(_PASSES if policy == "e31" else 1):
         if attempt:
-            cap = Capacity(nodes, running, now)
+            cap = Capacity(nodes, running, now, profiles)
         ranked = order(policy, jobs, now, promoted)
         if tenants:
             positions, nominal = fair_order([r.job for r in ranked], running, tenancy)

@@ -231,6 +231,7 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
                                 attained_s=attained[job_id], waiting_since=now)
         finished.pop(job_id, None)
 
+    profiles: dict = {}  # the nodes' capacity profiles, kept between plans (the same plans, built faster)
     while nxt < len(pending) or ends or queue:
         times = [t for t in ((pending[nxt].job.submitted if nxt < len(pending) else None),
                              (ends[0][0] if ends else None)) if t is not None]
@@ -260,7 +261,7 @@ def simulate(nodes: Sequence[Node], jobs: Sequence[SimJob], policy: str = "e31",
         began = time.perf_counter()
         tenants_now = tenancy_at(now)
         placements = plan(nodes, shown, list(queue.values()), now, policy, depth=depth, age_limit_s=age_limit_s,
-                          explain=False, tenancy=tenants_now)
+                          explain=False, tenancy=tenants_now, profiles=profiles)
         chosen = plan_preemptions(nodes, shown, list(queue.values()), placements, now, preemption,
                                   tenants_now) if preemption else []
         planning += time.perf_counter() - began

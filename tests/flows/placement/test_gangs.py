@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from e31.flows.placement import POLICIES, Node, QueuedJob, RunningJob, plan
 from e31.flows.placement.capacity import Capacity
+from e31.flows.placement.gangs import earliest_gang
 from e31.flows.placement.preemption import PreemptionRules, may_preempt
 from e31.flows.placement.simulate import SimJob, simulate
 from tests.flows.placement.helpers import GIB, H, T0, node, queued, running
@@ -125,12 +126,12 @@ def test_capacity_finds_the_first_time_enough_nodes_are_free_at_once():
     busy = [running("ra", "a", range(8), until_h=1.0), running("rb", "b", range(8), until_h=3.0),
             running("rc", "c", range(4), until_h=2.0)]
     cap = Capacity(nodes, busy, T0)
-    start, parts = cap.earliest_gang((8, 4, 0, H), 2, None, T0)
+    start, parts = earliest_gang(cap, (8, 4, 0, H), 2, None, T0)
     assert start == T0 + 2 * H and sorted(i for i, _ in parts) == [0, 2]
-    start, parts = cap.earliest_gang((4, 4, 0, H), 2, None, T0)
+    start, parts = earliest_gang(cap, (4, 4, 0, H), 2, None, T0)
     assert start == T0 + 1 * H and sorted(i for i, _ in parts) == [0, 2]
-    assert cap.earliest_gang((8, 4, 0, H), 4, None, T0) is None
-    assert cap.earliest_gang((8, 4, 0, H), 2, None, T0, T0 + H) is None
+    assert earliest_gang(cap, (8, 4, 0, H), 4, None, T0) is None
+    assert earliest_gang(cap, (8, 4, 0, H), 2, None, T0, T0 + H) is None
 
 
 @st.composite
