@@ -173,19 +173,24 @@ def tick(client: Any, pool: PoolSpec, policy: str = "e31", past: History | None 
 
 
 def _failure(exc: BaseException) -> str:
-    """What a failed tick says of its cause: ``DatabaseUnavailable: ...`` naming the server's setting when
-    the Prefect server answers but its database does not (its readiness check:
+    """What a failed tick says of its cause, ``KIND: text``: ``DatabaseUnavailable`` naming the server's
+    setting when the Prefect server answers but its database does not, ``ServerUnanswering`` when it does
+    not answer within ``E31_API_TIMEOUT_S`` (its readiness check, asked after an HTTP 5xx or a timeout:
     :func:`e31.prefect_compat.api.ready_problem`), else the error's type and its first 300 characters, any
     secret in them masked."""
     from prefect.settings import PREFECT_API_URL
 
-    from e31.prefect_compat.api import DATABASE_DOWN, database_unavailable
+    from e31.prefect_compat.api import DATABASE_DOWN, ready_problem
+    from e31.tasks import settings
     from e31.tasks.storage import scrub
 
     api = PREFECT_API_URL.value()
-    status = getattr(getattr(exc, "response", None), "status_code", None)
-    if api and status in (500, 503) and database_unavailable(api):
-        return f"DatabaseUnavailable: {DATABASE_DOWN.format(api=api)}"
+    status = getattr(getattr(exc, "response", None), "status_code", None) or 0
+    if api and (status >= 500 or "Timeout" in type(exc).__name__):
+        problem = ready_problem(api, settings.value("E31_API_TIMEOUT_S"))
+        if problem is not None:
+            kind = "DatabaseUnavailable" if problem == DATABASE_DOWN.format(api=api) else "ServerUnanswering"
+            return f"{kind}: {problem}"
     return f"{type(exc).__name__}: {scrub(str(exc))[:300]}"
 
 
@@ -220,7 +225,7 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
         beats = None if once else presence.scheduler_beats(pool.name, me, lease_s, say, news).start()
         past, read_at, holding, cache = None, 0.0, frozenset(), queue.RunCache(pool)
         overbooked: dict = {}
-        failing: tuple[str, str, int] | None = None  # a failing tick's cause, since when, how many in a row
+        failing: tuple[str, str, int] | None = None  # a failing tick's kind of cause, since when, how many in a row
         wake = None if once else Wakeup(queue.work_pool_name(pool), SCHEDULER_EVENTS, ignore=own_rewrite)
         try:
             while True:
@@ -245,11 +250,12 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
                     cache = queue.RunCache(pool)
                     stamp = datetime.fromtimestamp(clock.server_now(), timezone.utc)  # the server's clock
                     cause = _failure(exc)
-                    if failing is not None and failing[0] == cause:  # the same again: counted, not repeated in full
-                        failing = (cause, failing[1], failing[2] + 1)
-                        cause = f"{cause.split(':', 1)[0]}, again: {failing[2]} in a row since {failing[1]}"
+                    kind = cause.split(":", 1)[0]
+                    if failing is not None and failing[0] == kind:  # the same kind again: counted, not repeated
+                        failing = (kind, failing[1], failing[2] + 1)
+                        cause = f"{kind}, again: {failing[2]} in a row since {failing[1]}"
                     else:
-                        failing = (cause, f"{stamp:%H:%M:%S}", 1)
+                        failing = (kind, f"{stamp:%H:%M:%S}", 1)
                     print(f"{stamp:%H:%M:%S} e31 scheduler: tick failed ({cause}); next tick in {interval_s:g} s",
                           flush=True)
                     time.sleep(interval_s)

@@ -316,17 +316,19 @@ def _refused_credentials(exc: BaseException) -> str | None:
 
 
 def _database_down(exc: BaseException) -> str | None:
-    """The line for a Prefect server that answers with an error (HTTP 500 or 503) because its database
-    does not (its readiness check says so), naming the server's setting; None otherwise.  The
-    connection URL itself (it may hold a password) is never shown."""
+    """The line for a command that failed on the Prefect server's side (an HTTP 5xx, or a timeout) when
+    the server's readiness check says why (:func:`e31.prefect_compat.api.ready_problem`): its database
+    does not answer (naming the server's setting; the connection URL itself, which may hold a password,
+    is never shown), or it does not answer within ``E31_API_TIMEOUT_S``; None otherwise."""
     from prefect.settings import PREFECT_API_URL
 
-    from e31.prefect_compat.api import DATABASE_DOWN, database_unavailable
+    from e31.prefect_compat.api import ready_problem
 
-    response, api = getattr(exc, "response", None), PREFECT_API_URL.value()
-    if getattr(response, "status_code", None) not in (500, 503) or not api or not database_unavailable(api):
+    status = getattr(getattr(exc, "response", None), "status_code", None) or 0
+    api = PREFECT_API_URL.value()
+    if not api or not (status >= 500 or "Timeout" in type(exc).__name__):
         return None
-    return DATABASE_DOWN.format(api=api)
+    return ready_problem(api, settings.value("E31_API_TIMEOUT_S"))
 
 
 #: Commands that talk to the Prefect server first thing: it is asked once whether it can serve them

@@ -60,7 +60,7 @@ SETTINGS: dict[str, Setting] = {
     "E31_STAGE_RATE_MIBS": Setting(float, 200.0, 0, 1e7, "MiB/s", low_open=True),
     "E31_STORE_CONNECT_TIMEOUT_S": Setting(float, 10.0, 0, 3600, "seconds", low_open=True),
     "E31_STORE_READ_TIMEOUT_S": Setting(float, 60.0, 0, 3600, "seconds", low_open=True),
-    "E31_API_TIMEOUT_S": Setting(float, 15.0, 0, 3600, "seconds", low_open=True),
+    "E31_API_TIMEOUT_S": Setting(float, 15.0, 1, 3600, "seconds"),  # below 1 s a healthy server looks frozen
 }
 
 

@@ -39,7 +39,7 @@ def _ready_request(url: str) -> urllib.request.Request:
 
     from prefect.settings import PREFECT_API_AUTH_STRING
 
-    request = urllib.request.Request(f"{url}/ready")
+    request = urllib.request.Request(f"{url.rstrip('/')}/ready")  # PREFECT_API_URL may end in a slash
     auth = PREFECT_API_AUTH_STRING.value()
     if auth:
         request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
@@ -79,22 +79,3 @@ def ready_problem(url: str, timeout_s: float) -> str | None:
         return None
     except OSError:
         return None
-
-
-def database_unavailable(url: str, timeout_s: float = 5.0) -> bool:
-    """True when the Prefect server at ``url`` (ending in ``/api``) answers
-    but says its database is not: its documented readiness check ``GET
-    /ready`` answers 503 ("Database is not available") when it cannot
-    connect to the database of ``PREFECT_SERVER_DATABASE_CONNECTION_URL``.
-    False when it is ready, when the server does not answer, or for any other
-    answer.  Sends the client's basic auth (``PREFECT_API_AUTH_STRING``)
-    when one is set."""
-    import urllib.error
-
-    try:
-        with urllib.request.urlopen(_ready_request(url), timeout=timeout_s):
-            return False
-    except urllib.error.HTTPError as exc:
-        return exc.code == 503
-    except OSError:
-        return False

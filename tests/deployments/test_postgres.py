@@ -129,6 +129,8 @@ def test_the_queue_runs_on_prefect_over_postgresql_and_through_a_database_restar
             down = subprocess.run([E31, "queue", "--pool", str(pool)], capture_output=True, text=True, env=env,
                                   cwd=tmp_path, timeout=120)
             down_s = time.monotonic() - began
+            slash = subprocess.run([E31, "queue", "--pool", str(pool)], capture_output=True, text=True,  # a URL
+                                   env={**env, "PREFECT_API_URL": api + "/"}, cwd=tmp_path, timeout=120)  # ending in /
             pg.start()
             wait_for(lambda: "ticks go through again" in (tmp_path / "scheduler.log").read_text(), 120,
                      "the scheduler's ticks to go through again", tmp_path)
@@ -152,6 +154,10 @@ def test_the_queue_runs_on_prefect_over_postgresql_and_through_a_database_restar
     said = (tmp_path / "scheduler.log").read_text()
     assert (f"tick failed (DatabaseUnavailable: the Prefect server at {api} answers, but its database does not: "
             "check the database named by the server's PREFECT_SERVER_DATABASE_CONNECTION_URL") in said, said[-3000:]
+    assert (slash.returncode, slash.stderr) == (1, (
+        f"e31: the Prefect server at {api}/ answers, but its database does not: check the database named by the "
+        "server's PREFECT_SERVER_DATABASE_CONNECTION_URL (is PostgreSQL running and reachable? pg_isready) and "
+        "retry\n"))
     assert down_s < 20  # asked once (GET /api/ready), not after ~2 min of the client's retries: a bound, not a speed
     assert (back.returncode, back.stderr, back.stdout.split()[:3]) == (0, "", ["JOB", "RUN", "STATE"]), back.stdout
     for name in ("first", "second", "third"):

@@ -207,6 +207,8 @@ def test_schema_into_a_closed_pipe_is_quiet():
     ("E31_TRANSFER_BACKOFF_S", "-2", "e31: E31_TRANSFER_BACKOFF_S must be a number of seconds, at least 0 and at "
                                      "most 3600 (got '-2'); unset it for the default 2\n"),
     ("E31_STREAMS_PER_FILE", "0", None),
+    ("E31_API_TIMEOUT_S", "0.001", "e31: E31_API_TIMEOUT_S must be a number of seconds, at least 1 and at most 3600 "
+                                   "(got '0.001'); unset it for the default 15\n"),
 ])
 def test_bad_tuning_setting_is_named_before_anything_runs(e31, tmp_path, name, value, expected):
     for command in ("compile", "run"):
