@@ -209,6 +209,8 @@ def deliver(req: ReturnTarget, out: RunOutcome) -> dict[str, Any]:
     dest = Destination(folder, skip=_skip(req) if completed else ())
     dest.withdraw(req.job, req.run_id, [rel for _, rel in files])
     dest.remove_temporaries([rel for _, rel in files], own_folder=not completed)
+    if not completed:  # a complete return killed in its manifest writes left a temporary at the top: not kept
+        Destination(req.output_url, skip=_skip(req)).remove_strays()  # there until the next complete run
     rows = _publish_all(files, folder)
     stale = dest.settle({row["path"] for row in rows}, own_folder=not completed)
     released_at = out.released_at or time.time()  # the output is returned: the meter stops (tasks/meter.py)

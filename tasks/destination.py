@@ -21,7 +21,8 @@ Every return into a folder (the top, or ``partial/``) follows one protocol
    it is about to write and the files E31 wrote there before; from here on a
    consumer sees "a return is in progress", never an old verdict over
    changing files;
-2. temporary objects a killed return left (``*.e31-part-<hex>``) are removed;
+2. temporary objects a killed return left (``*.e31-part-<hex>``) are removed (a return into
+   ``partial/`` removes those at the top too: :meth:`Destination.remove_strays`);
 3. the files are published, each whole (:func:`e31.tasks.storage.publish_file`);
 4. files E31 wrote there before that this run did not write are removed;
    other files found there are listed in the manifest as ``stale``;
@@ -136,6 +137,17 @@ class Destination:
         new = set(writing)
         gone = [rel for rel in self.listing(transient=True)
                 if _TEMPORARY.search(rel) or ((own_folder or rel in self.before) and rel not in new)]
+        for rel in gone:
+            storage.remove_file(storage.join(self.url, rel))
+        return gone
+
+    def remove_strays(self) -> list[str]:
+        """Remove only E31's transient objects a killed return left here
+        (``*.e31-part-<hex>``, ``.e31-probe-<hex>``; the sub-folders in
+        :attr:`skip` left out), nothing else: what a return into
+        ``partial/`` does for the top, whose own next step 2 comes only with
+        the next complete run.  Returns the removed relative paths."""
+        gone = [rel for rel in self.listing(transient=True) if _TEMPORARY.search(rel)]
         for rel in gone:
             storage.remove_file(storage.join(self.url, rel))
         return gone

@@ -167,6 +167,30 @@ def test_kill_9_at_random_moments_of_a_local_return(tmp_path, scratch):
                          {"E31_SCRATCH": str(scratch)}, sizes)
 
 
+def test_a_partial_return_removes_the_temporaries_a_killed_complete_return_left_at_the_top(tmp_path, scratch):
+    """A complete return killed while it wrote the top's manifest leaves ``.e31-part-<hex>`` there (and one
+    inside a sub-folder of the output); only a complete return's own clean-up removed them, so a partial run
+    after it left them beside the complete output.  A partial return removes E31's temporaries at the top
+    and nothing else: the complete output, its manifest and a file of the user's stay as they were."""
+    import fsspec
+
+    fs, url, job = fsspec.filesystem("file"), str(tmp_path / "dest"), "strays"
+    first = _prepare(scratch, job, url, "run-0", "finished", 0, {"model.pt": 4096, "sub/a.bin": 4096})
+    assert _e31_return(job, {"E31_SCRATCH": str(scratch)}).wait(timeout=120) == 0
+    dest = tmp_path / "dest"
+    (dest / ".e31-part-0a1b2c3d").write_bytes(b"{half a manifest")
+    (dest / "sub" / "a.bin.e31-part-4e5f6a7b").write_bytes(b"half a file")
+    (dest / "notes.txt").write_text("the user's")
+    manifest = (dest / "manifest.json").read_bytes()
+    _prepare(scratch, job, url, "run-1", "time_limit", 1, {"model.pt": 4096})
+    done = _e31_return(job, {"E31_SCRATCH": str(scratch)})
+    assert done.wait(timeout=120) == 3, done.stderr.read()  # a partial output: exit 3
+    assert not [p for p in fs.find(url) if ".e31-part-" in p]
+    assert (dest / "manifest.json").read_bytes() == manifest
+    assert _files(fs, url, {"partial", "checkpoints"}) == {**first, "notes.txt": b"the user's"}
+    assert json.loads((dest / "partial" / "manifest.json").read_text())["status"] == "partial"
+
+
 def test_kill_9_at_random_moments_of_an_s3_return(s3_server, s3_prefix, scratch):
     sizes = {f"part-{i:02d}.bin": 2**20 for i in range(12)}
     sizes["model.pt"] = 2**20
