@@ -77,10 +77,9 @@ deadline waits at most
 the age limit plus the time the pool needs to free room for it and for the
 jobs aged before it.
 
-On the benchmark (``tests/benchmarks/bench_planner.py``: a week of 10,000
-jobs on 125 nodes x 8 GPUs) this halves FCFS+EASY's average bounded slowdown,
-meets as many deadlines as EDF, and keeps the longest wait within 1.5x
-FCFS+EASY's.
+On the benchmark (``tests/benchmarks/bench_planner.py``: a week of 10,000 jobs on 125 nodes x 8
+GPUs) this halves FCFS+EASY's average bounded slowdown, meets as many deadlines as EDF, and keeps
+the longest wait within 1.5x FCFS+EASY's.
 
 Speed, and why a depth: the search for a reservation is exact (every hole
 of every node), the rest cost a start-now check (with failures remembered)
@@ -301,13 +300,12 @@ def plan(nodes: Sequence[Node], running: Sequence[RunningJob], queued: Sequence[
 
     ``policy``: ``e31``, ``fcfs``, ``easy`` or ``edf`` (module docstring).  ``depth``: how many
     waiting jobs get reservations (default :data:`DEPTH`; ``easy`` and ``edf`` always 1).
-    ``age_limit_s``: the ageing bound of ``e31`` in seconds.  ``explain=False`` leaves the reasons of
-    started and waiting jobs empty (a simulation needs only the decisions; they are the same).
+    ``age_limit_s``: the ageing bound of ``e31`` in seconds.  ``explain=False``: no reasons (a
+    simulation needs only the decisions; they are the same).
     ``tenancy``: the pool's tenants (:mod:`.tenants`): jobs within their tenant's quota first, then
     borrowing ones, each by fair share; borrow limits held (None, or tenants that do not matter:
-    the policy's order alone).  ``profiles``: a dict the caller keeps between plans (a replay), in
-    which the nodes' free-capacity profiles are kept and reused (:class:`.capacity.Capacity`); the
-    plan is the same with or without it.
+    the policy's order alone).  ``profiles``: a dict a replay keeps between plans for the nodes'
+    capacity profiles (:class:`.capacity.Capacity`); the plan is the same with or without it.
 
     Returns one :class:`Placement` per queued job: the planned ones in priority order, then the
     refused ones in the order given.

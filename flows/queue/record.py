@@ -148,10 +148,8 @@ def _words(snap: Snapshot, p: Placement, deep: bool) -> tuple[str, str | None]:
 
 
 def _fence(client: Any, snap: Snapshot, key: str, node: str) -> bool:
-    """Write the fence of the lost run ``key`` on ``node``
-    (:func:`e31.tasks.supervisor.fence.fence_value`, named per run and
-    node: :func:`~e31.tasks.supervisor.fence.fence_name`); True when it
-    exists now (written, or already there)."""
+    """Write the fence of the lost run ``key`` on ``node`` (:func:`e31.tasks.supervisor.fence.fence_value`,
+    named per run and node: :func:`~e31.tasks.supervisor.fence.fence_name`); True when it exists now."""
     from prefect.client.schemas.actions import VariableCreate
 
     from e31.tasks.supervisor.fence import fence_name, fence_value
@@ -196,8 +194,8 @@ def apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunCa
     time until it counts (:mod:`e31.flows.queue.pace`).  Returns counts per
     action (``gone``: runs deleted on the server since they were read;
     ``stale``: runs changed since, not written; ``undone``: writes that
-    overtook a cancel, undone; see :class:`e31.flows.queue.writes.RunWriter`).  The lines each write
-    adds to its run's log are sent in one request at the end.
+    overtook a cancel, undone; see :class:`e31.flows.queue.writes.RunWriter`).  Each write's log
+    line goes out in one request at the end.
 
     ``handover_s``: seconds before a running job's planned end within which
     the next run planned on its resources is handed over
