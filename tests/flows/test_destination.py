@@ -403,7 +403,7 @@ def test_inputs_larger_than_the_scratch_disk_are_refused_before_copying(prefect_
 
 
 DISK_WORK = '''
-import os, pathlib, time
+import os, pathlib
 import torch
 
 def run(ctx):
@@ -411,14 +411,12 @@ def run(ctx):
     if restored is not None:  # the rerun, given space: resumes
         (ctx.output_dir / "model.pt").write_text(f"resumed from step {restored[1]}")
         return
-    ctx.checkpoint({"w": torch.zeros(3 * 2**20 // 4)}, step=1)
-    time.sleep(2)  # the supervisor commits and uploads step 1
+    ctx.checkpoint({"w": torch.zeros(3 * 2**20 // 4)}, step=1, wait=True)  # committed by the supervisor
     ballast = pathlib.Path(os.environ["E31_OUTPUT_DIR"]).parent / "ballast.bin"
     free = os.statvfs(ballast.parent).f_bavail * os.statvfs(ballast.parent).f_frsize
     with open(ballast, "wb") as fh:
         fh.write(b"0" * (free - 4 * 2**20))  # leave 4 MiB: the hand-over fits, its conversion does not
-    ctx.checkpoint({"w": torch.ones(3 * 2**20 // 4)}, step=2)
-    time.sleep(2)
+    ctx.checkpoint({"w": torch.ones(3 * 2**20 // 4)}, step=2)  # converted by the supervisor now or at the end
     (ctx.output_dir / "model.pt").write_bytes(b"m" * (8 * 2**20))  # the work's own write: ENOSPC
 '''
 
