@@ -206,12 +206,17 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
     waits ``interval_s`` seconds, or less: a flow run of the pool ending or
     being submitted wakes it at once (:class:`e31.deployments.runevents.Wakeup`,
     the server's event stream; not the ``Queued`` events of its own
-    rewrites, :func:`e31.deployments.runevents.own_rewrite`)."""
+    rewrites, :func:`e31.deployments.runevents.own_rewrite`).  A tick that
+    waits on the server longer than ``E31_API_TIMEOUT_S`` is said while it
+    waits (:class:`e31.deployments.tickwatch.TickWatch`)."""
     from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
 
     from e31.deployments.runevents import SCHEDULER_EVENTS, Wakeup, own_rewrite
     from e31.deployments.worker import E31Worker
+    from e31.deployments.tickwatch import TickWatch
     from e31.prefect_compat.busy import retry_busy_quickly
+    from e31.tasks import settings
 
     with retry_busy_quickly(get_client(sync_client=True)) as client:
         clock.measure(client)  # every server timestamp is judged on the server's clock (e31.prefect_compat.clock)
@@ -227,10 +232,14 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
         overbooked: dict = {}
         failing: tuple[str, str, int] | None = None  # a failing tick's kind of cause, since when, how many in a row
         wake = None if once else Wakeup(queue.work_pool_name(pool), SCHEDULER_EVENTS, ignore=own_rewrite)
+        watch = None if once else TickWatch(PREFECT_API_URL.value() or "", settings.value("E31_API_TIMEOUT_S"),
+                                            say, now=clock.server_now).start()  # a tick held by a frozen server
         try:
             while True:
                 # every call to the server inside: a server whose database is away for a minute fails the history
                 # read or the claim as it fails a tick, and the scheduler carries on once it is back
+                if watch is not None:
+                    watch.begin()
                 try:
                     if beats is not None and beats.lost.is_set():  # another one serves the pool now: its standby
                         presence.claim_pool(client, pool.name, me, lease_s)
@@ -246,6 +255,8 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
                 except Exception as exc:  # the API is busy or a run changed under us: the next tick reads all again
                     if once:
                         raise
+                    if watch is not None:
+                        watch.end()
                     cache.close()
                     cache = queue.RunCache(pool)
                     stamp = datetime.fromtimestamp(clock.server_now(), timezone.utc)  # the server's clock
@@ -260,6 +271,8 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
                           flush=True)
                     time.sleep(interval_s)
                     continue
+                if watch is not None:
+                    watch.end()
                 if failing is not None:
                     print(f"e31 scheduler: ticks go through again, after {failing[2]} failed since {failing[1]}",
                           flush=True)
@@ -278,6 +291,8 @@ def serve(pool: PoolSpec, policy: str = "e31", interval_s: float = INTERVAL_S, o
         finally:
             if beats is not None:
                 beats.stop()
+            if watch is not None:
+                watch.stop()
             cache.close()
             if wake is not None:
                 wake.close()

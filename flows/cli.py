@@ -217,12 +217,8 @@ def cmd_return(args: argparse.Namespace) -> int:
 def cmd_deploy(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> int:
     from prefect.settings import PREFECT_API_URL
 
-    from e31.flows.deploy import FLOW_NAME, deploy_spec, existing_schedules, schedule_problems
+    from e31.flows.deploy import FLOW_NAME, deploy_spec, existing_schedules
 
-    problems = schedule_problems(spec, args.cron, args.timezone)
-    if problems:
-        print("\n".join(f"e31: deploy refused: {line}" for line in problems), file=sys.stderr)
-        return EXIT_INVALID
     api = PREFECT_API_URL.value()
     if not api:
         print("e31: deploy needs a Prefect server that workers also reach: start one (prefect server start) "
@@ -339,7 +335,8 @@ _TALKS = frozenset({"run", "deploy", "submit", "queue", "cancel", "node", "usage
 def _check_server() -> None:
     """Raise :class:`E31Error` with one line when the configured Prefect server
     (``PREFECT_API_URL``) cannot serve a command now: its database does not
-    answer, or it does not answer within ``E31_API_TIMEOUT_S`` seconds
+    answer, it does not answer within ``E31_API_TIMEOUT_S`` seconds, nothing
+    answers there, or the URL is not the API's
     (:func:`e31.prefect_compat.api.ready_problem`).  Without this a command
     was silent for about two minutes of Prefect's client retrying 503s, or
     waited for as long as a frozen server stayed frozen."""
@@ -351,7 +348,7 @@ def _check_server() -> None:
     if not api:
         return
     settings.check()
-    problem = ready_problem(api, settings.value("E31_API_TIMEOUT_S"))
+    problem = ready_problem(api, settings.value("E31_API_TIMEOUT_S"), starting=True)
     if problem is not None:
         raise E31Error(problem)
 
@@ -369,6 +366,13 @@ def _main(argv: list[str] | None) -> int:
     if vanishing:
         print("\n".join(f"e31: {line}" for line in vanishing), file=sys.stderr)
         return EXIT_INVALID
+    if args.command == "deploy":  # its schedule too
+        from e31.flows.deploy import schedule_problems
+
+        problems = schedule_problems(spec, args.cron, args.timezone)
+        if problems:
+            print("\n".join(f"e31: deploy refused: {line}" for line in problems), file=sys.stderr)
+            return EXIT_INVALID
     if args.command in _TALKS:  # the spec first: its errors are the user's to fix whatever the server does
         _check_server()
     return _WITH_SPEC[args.command](args, spec, checks.notes)

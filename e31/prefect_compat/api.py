@@ -53,7 +53,16 @@ DATABASE_DOWN = ("the Prefect server at {api} answers, but its database does not
                  "and retry")
 
 
-def ready_problem(url: str, timeout_s: float) -> str | None:
+#: The line for a command whose ``PREFECT_API_URL`` answers but is not the API's address (Prefect's server
+#: answers 404 for a path outside its API, e.g. a URL without ``/api``).
+NOT_THE_API = ("PREFECT_API_URL={api} is not a Prefect API address ({ready} answered 404): it ends in /api, "
+               "e.g. http://127.0.0.1:4200/api; set PREFECT_API_URL so and retry")
+#: The line for a command whose ``PREFECT_API_URL`` cannot be reached (nothing listens there, no such host).
+UNREACHABLE = ("nothing answers at PREFECT_API_URL={api} ({reason}): is the Prefect server running? Start it "
+               "(prefect server start) or point PREFECT_API_URL at it")
+
+
+def ready_problem(url: str, timeout_s: float, starting: bool = False) -> str | None:
     """One line saying why the Prefect server at ``url`` (ending in
     ``/api``) cannot serve a command now, asked once through its documented
     readiness check ``GET /ready`` with a ``timeout_s`` seconds limit
@@ -64,18 +73,29 @@ def ready_problem(url: str, timeout_s: float) -> str | None:
     when it is ready, for any other answer, and when nothing listens there
     (Prefect's client says that at once, and the caller words it).  Sends
     the client's basic auth (``PREFECT_API_AUTH_STRING``) when one is
-    set."""
+    set.
+
+    ``starting``: also name the two mistakes of a command that starts (a
+    worker would otherwise say it started and retry for ever): nothing
+    answers at ``url`` (:data:`UNREACHABLE`) and ``url`` is not the API's
+    address (:data:`NOT_THE_API`)."""
     import urllib.error
 
+    request = _ready_request(url)
     try:
-        with urllib.request.urlopen(_ready_request(url), timeout=timeout_s):
+        with urllib.request.urlopen(request, timeout=timeout_s):
             return None
     except urllib.error.HTTPError as exc:
-        return DATABASE_DOWN.format(api=url) if exc.code == 503 else None
+        if exc.code == 503:
+            return DATABASE_DOWN.format(api=url)
+        return NOT_THE_API.format(api=url, ready=request.full_url) if starting and exc.code == 404 else None
     except (TimeoutError, urllib.error.URLError) as exc:
-        if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
+        reason = getattr(exc, "reason", None)
+        if isinstance(exc, TimeoutError) or isinstance(reason, TimeoutError):
             return (f"the Prefect server at {url} did not answer within {timeout_s:g} s (E31_API_TIMEOUT_S): it is "
                     "frozen or overloaded; check its process and its database, then retry")
+        if starting and isinstance(reason, OSError):
+            return UNREACHABLE.format(api=url, reason=getattr(reason, "strerror", None) or type(reason).__name__)
         return None
-    except OSError:
-        return None
+    except OSError as exc:
+        return UNREACHABLE.format(api=url, reason=exc.strerror or type(exc).__name__) if starting else None

@@ -238,7 +238,9 @@ def test_deploy_refuses_bad_schedules_before_contacting_the_server(e31, tmp_path
         assert result.stderr.splitlines() == [f"e31: deploy refused: {line}" for line in lines]
     result = e31("deploy", str(EXAMPLE), "--pool", "nowhere", "--cron", "0 2 * * *", env=env)
     assert result.returncode == 1
-    assert result.stderr.startswith("e31: deploy failed (the Prefect API at http://127.0.0.1:9/api): ConnectError: ")
+    assert result.stderr == ("e31: nothing answers at PREFECT_API_URL=http://127.0.0.1:9/api (Connection refused): is "
+                             "the Prefect server running? Start it (prefect server start) or point PREFECT_API_URL at "
+                             "it\n")
 
 
 def test_redeploying_without_cron_says_the_schedule_was_removed(prefect_api, e31, tmp_path):

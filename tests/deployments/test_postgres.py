@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -125,6 +126,9 @@ def test_the_queue_runs_on_prefect_over_postgresql_and_through_a_database_restar
             wait_for(lambda: time.monotonic() - away > HISTORY_EVERY_S + 5 or scheduler.poll() is not None,
                      HISTORY_EVERY_S + 30, "an outage past the history re-read", tmp_path)
             assert scheduler.poll() is None, (tmp_path / "scheduler.log").read_text()[-3000:]
+            said = (tmp_path / "scheduler.log").read_text()  # the same failure again: a count, not the whole line
+            assert re.search(r"^\d\d:\d\d:\d\d e31 scheduler: tick failed \(DatabaseUnavailable, again: 2 in a row "
+                             r"since \d\d:\d\d:\d\d\); next tick in 0.5 s$", said, re.M), said[-3000:]
             began = time.monotonic()
             down = subprocess.run([E31, "queue", "--pool", str(pool)], capture_output=True, text=True, env=env,
                                   cwd=tmp_path, timeout=120)

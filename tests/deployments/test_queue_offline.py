@@ -71,19 +71,35 @@ def test_cpus_and_memory_can_be_taken_as_found_to_try_a_larger_pool_node(monkeyp
                                "unset it to detect the memory")
 
 
-def test_a_queue_command_whose_server_does_not_answer_says_how_to_fix_it(tmp_path):
+@pytest.mark.parametrize("command", ["queue", "worker", "scheduler"])
+def test_a_queue_command_whose_server_does_not_answer_says_how_to_fix_it(tmp_path, command):
+    """A worker pointed at a wrong port said it started and retried for ever; every command says it at once."""
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     pool = tmp_path / "pool.yaml"
     pool.write_text("pool_version: 1\nname: p\nnodes: [{name: n1, cpus: 1, memory: 1GiB}]\n")
     api = f"http://127.0.0.1:{port}/api"
-    done = subprocess.run([str(Path(sys.executable).with_name("e31")), "queue", "--pool", str(pool)], text=True,
+    argv = ["--pool", str(pool), *(["--node", "n1"] if command == "worker" else [])]
+    done = subprocess.run([str(Path(sys.executable).with_name("e31")), command, *argv], text=True,
                           capture_output=True, env={**os.environ, "PREFECT_API_URL": api}, timeout=120)
-    assert done.returncode == 1
-    assert done.stderr == (f"e31: ConnectError: [Errno 111] Connection refused (PREFECT_API_URL={api}): is the Prefect "
-                           "server running? Start it (prefect server start) or point PREFECT_API_URL at it; set "
-                           "E31_DEBUG=1 for the traceback\n")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (f"e31: nothing answers at PREFECT_API_URL={api} (Connection refused): is the Prefect server "
+                           "running? Start it (prefect server start) or point PREFECT_API_URL at it\n")
+
+
+@pytest.mark.parametrize("suffix", ["", "/"])
+def test_a_prefect_api_url_without_api_says_where_the_api_is(prefect_api, tmp_path, suffix):
+    """The server's root, not its API: Prefect's client answered with a raw 404 line."""
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("pool_version: 1\nname: p\nnodes: [{name: n1, cpus: 1, memory: 1GiB}]\n")
+    root = prefect_api.removesuffix("/api") + suffix
+    done = subprocess.run([str(Path(sys.executable).with_name("e31")), "queue", "--pool", str(pool)], text=True,
+                          capture_output=True, env={**os.environ, "PREFECT_API_URL": root}, timeout=120)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (f"e31: PREFECT_API_URL={root} is not a Prefect API address ({root.rstrip('/')}/ready "
+                           "answered 404): it ends in /api, e.g. http://127.0.0.1:4200/api; set PREFECT_API_URL so and "
+                           "retry\n")
 
 
 def test_the_worker_starts_its_prefetcher_again_when_it_ends(capsys):
