@@ -457,3 +457,27 @@ def test_a_running_job_whose_deadline_has_passed_stays_in_the_queue_s_view():
     assert stored_spec(run).request.deadline == created + timedelta(hours=1)
     with pytest.raises(SpecError, match="request.deadline: must be in the future; this deadline has already passed"):
         stored_spec(SimpleNamespace(created=None, parameters={"spec": spec}))  # no creation time: as of now
+
+
+def test_a_tick_that_timed_out_against_a_frozen_server_is_said_as_server_unanswering(monkeypatch):
+    """A request of the tick timed out and the readiness check is not answered either (a real socket that
+    accepts and never answers): the kind names the server, not the library's exception."""
+    import httpx
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from e31.deployments.scheduler import _failure
+
+    monkeypatch.setenv("E31_API_TIMEOUT_S", "1")
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(8)
+    api = f"http://127.0.0.1:{frozen.getsockname()[1]}/api"
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api}):
+            said = _failure(httpx.ReadTimeout("timed out"))
+            other = _failure(ValueError("a run changed under us"))
+    finally:
+        frozen.close()
+    assert said == (f"ServerUnanswering: the Prefect server at {api} did not answer within 1 s (E31_API_TIMEOUT_S): "
+                    "it is frozen or overloaded; check its process and its database, then retry")
+    assert other == "ValueError: a run changed under us"
