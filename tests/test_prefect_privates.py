@@ -74,9 +74,9 @@ PRIVATES: tuple[Private, ...] = (
     Private(_WORKER, "_display_name", "attribute", "deployments/worker.py: the worker type's name in the UI"),
     Private(_WORKER, "_documentation_url", "attribute", "deployments/worker.py: the worker type's documentation"),
     Private("prefect.workers.base:BaseJobConfiguration", "_base_environment", "callable",
-            "deployments/worker.py: the flow processes' environment, computed once per settings", params=()),
+            "deployments/jobconfig.py: the flow processes' environment, computed once per settings", params=()),
     Private("prefect.workers.process:ProcessJobConfiguration", "_command_configured", "pydantic",
-            "deployments/worker.py: E31's flow-process command used as given",
+            "deployments/jobconfig.py: E31's flow-process command used as given",
             read_by="prefect.workers.process:ProcessWorker.run"),
     # the warm flow process (deployments/warmstart.py, deployments/warmprep.py)
     Private("prefect.flow_engine", "_load_flow_from_runtime_entrypoint", "callable",

@@ -317,13 +317,14 @@ def test_a_node_whose_runs_hold_more_than_it_has_is_planned_full_until_the_longe
     """Two runs on a 2-GPU, 2-CPU node that together hold more than it has
     (a run started by hand, a crash reported before its worker held the
     run): the planner's input check refused them, and every tick of the
-    scheduler failed.  ``_clip_overbooked`` counts each GPU, CPU and byte
+    scheduler failed.  ``clip_overbooked`` counts each GPU, CPU and byte
     for the run holding it longest, so the node is full until that run's
     end, and says what the runs hold."""
     from e31.flows.placement import QueuedJob, RunningJob, plan
     from e31.flows.placement.model import PlanInputError
     from e31.deployments.runwords import node_lines
-    from e31.flows.queue.snapshot import Snapshot, _clip_overbooked
+    from e31.flows.queue.corrections import clip_overbooked
+    from e31.flows.queue.snapshot import Snapshot
 
     gib = 2**30
     node = Node("n1", gpus=2, cpus=2, memory=4 * gib)
@@ -336,7 +337,7 @@ def test_a_node_whose_runs_hold_more_than_it_has_is_planned_full_until_the_longe
     with pytest.raises(PlanInputError):
         plan([node], running, [waiting], 100.0)
     snap = Snapshot(now=100.0, nodes=[node], running=list(running))
-    _clip_overbooked(snap)
+    clip_overbooked(snap)
     assert snap.overbooked == {"n1": "2 runs hold CPUs 3 of its 2, memory 5 GiB of its 4 GiB, GPUs 0,1,1 of its 2"}
     assert [(r.id, r.devices, r.cpus, r.memory) for r in snap.running] == [
         ("early", (0,), 1, 2 * gib), ("late", (1,), 1, 2 * gib)]
@@ -347,10 +348,10 @@ def test_a_node_whose_runs_hold_more_than_it_has_is_planned_full_until_the_longe
                                               "4 GiB, GPUs 0,1,1 of its 2", "heard 1 s ago")]  # not the clipped use
     cpu_only = Snapshot(now=100.0, nodes=[Node("c", gpus=0, cpus=1, memory=gib)], running=[
         RunningJob(id=k, node="c", devices=(), cpus=1, memory=0, start=0.0, expected_end=110.0) for k in "ab"])
-    _clip_overbooked(cpu_only)
+    clip_overbooked(cpu_only)
     assert cpu_only.overbooked == {"c": "2 runs hold CPUs 2 of its 1, memory 0 B of its 1 GiB"}
     within = Snapshot(now=100.0, nodes=[node], running=running[1:])
-    _clip_overbooked(within)
+    clip_overbooked(within)
     assert within.overbooked == {} and within.running == running[1:]
 
 

@@ -21,7 +21,8 @@ from prefect.states import Pending, Running, Scheduled, State
 from e31.flows.placement import Node, Placement, RunningJob
 from e31.flows.queue import AFTER_VAR, handover_lead
 from e31.flows.queue.handover import flow_process_alive, wait_for_run_ahead
-from e31.flows.queue.snapshot import Snapshot, _chain_handovers
+from e31.flows.queue.corrections import chain_handovers
+from e31.flows.queue.snapshot import Snapshot
 from e31.specs import parse_spec
 
 NOW = 1_800_000_000.0
@@ -117,7 +118,7 @@ def test_a_handed_over_run_holds_nothing_of_its_own_while_the_job_ahead_runs():
     snap.runs[waiting] = FlowRun(id=waiting, flow_id=uuid.uuid4(), name="next", state=Running(),
                                  parameters={"placement": {AFTER_VAR: lead}})
     snap.running.append(RunningJob(waiting, "n1", (0, 1), 1, 0, NOW - 2, NOW + 28))
-    _chain_handovers(snap)
+    chain_handovers(snap)
     assert snap.behind == {waiting: lead}
     assert snap.running == [RunningJob(lead, "n1", (0, 1), 1, 0, NOW - 20, NOW + 5 + 30)]  # its end + the next's 30 s
     snap2, lead2, waiting2 = _snap()  # the job ahead has ended: the handed-over run holds its own placement
@@ -125,7 +126,7 @@ def test_a_handed_over_run_holds_nothing_of_its_own_while_the_job_ahead_runs():
     snap2.runs[waiting2] = FlowRun(id=waiting2, flow_id=uuid.uuid4(), name="next", state=Running(),
                                    parameters={"placement": {AFTER_VAR: lead2}})
     snap2.running.append(RunningJob(waiting2, "n1", (0, 1), 1, 0, NOW - 2, NOW + 28))
-    _chain_handovers(snap2)
+    chain_handovers(snap2)
     assert snap2.behind == {} and [r.id for r in snap2.running] == [waiting2]
 
 
@@ -172,7 +173,7 @@ def test_once_the_job_ahead_has_ended_a_handed_over_run_counts_from_that_end():
     snap.runs[waiting] = FlowRun(id=waiting, flow_id=uuid.uuid4(), name="next", state=Running(),
                                  parameters={"placement": {AFTER_VAR: lead}})
     snap.running.append(RunningJob(waiting, "n1", (0, 1), 1, 0, NOW - 9, NOW - 9 + 30))
-    _chain_handovers(snap, {lead: NOW - 2})
+    chain_handovers(snap, {lead: NOW - 2})
     assert snap.running == [RunningJob(waiting, "n1", (0, 1), 1, 0, NOW - 2, NOW - 2 + 30)]
     assert snap.behind == {}
 
@@ -223,7 +224,7 @@ def test_a_chain_of_three_handed_over_runs_is_held_by_its_first_and_named_by_its
     # the third first in the list, then the second: the order the failing ticks saw
     snap.running += [RunningJob(c, "n1", (0, 1), 1, 0, NOW - 1, NOW + 29), RunningJob(b, "n1", (0, 1), 1, 0, NOW - 2,
                                                                                       NOW + 28)]
-    _chain_handovers(snap)
+    chain_handovers(snap)
     assert snap.behind == {c: b, b: a}
     assert snap.running == [RunningJob(a, "n1", (0, 1), 1, 0, NOW - 20, NOW + 5 + 30 + 30)]
     assert humane(f"earliest start 10:01:05 UTC on n1, after job {a} ends", snap) == \
@@ -238,7 +239,7 @@ def test_a_chain_of_three_handed_over_runs_is_held_by_its_first_and_named_by_its
     snap2.specs[c] = _spec("third")
     snap2.running += [RunningJob(c, "n1", (0, 1), 1, 0, NOW - 1, NOW + 29), RunningJob(b2, "n1", (0, 1), 1, 0,
                                                                                        NOW - 9, NOW - 9 + 30)]
-    _chain_handovers(snap2, {a2: NOW - 2})
+    chain_handovers(snap2, {a2: NOW - 2})
     assert snap2.behind == {c: b2}
     assert snap2.running == [RunningJob(b2, "n1", (0, 1), 1, 0, NOW - 2, NOW - 2 + 30 + 30)]
 
