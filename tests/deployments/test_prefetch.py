@@ -73,6 +73,7 @@ def test_a_job_waiting_behind_another_has_its_inputs_staged_before_it_starts(pre
         with get_client(sync_client=True) as client:
             tags = client.read_flow_run(late).tags
             placed = next(s for s in client.read_flow_run_states(late) if s.name == "Placed")
+            started = client.read_flow_run(late).start_time
     assert note["run_id"] == late and note["node"] == node and note["bytes"] == 30 * MiB
     assert note["at"] < record["start"]
     staged = scratches[node] / "blob" / "late.bin"
@@ -90,8 +91,11 @@ def test_a_job_waiting_behind_another_has_its_inputs_staged_before_it_starts(pre
     # the meter bills its GPU from the work's start to the release: staging (the check of the copy) is not billed
     meter = manifest["meter"]
     assert meter["gpu_seconds"] == meter["seconds"] == round(meter["released_at"] - meter["started_at"], 3)
-    assert timings["run_s"] - 0.5 <= meter["seconds"] <= timings["run_s"] + timings["return_s"] + 0.5
-    assert abs(manifest["meter"]["gpu_seconds"] - (record["end"] - record["start"])) < 1.0  # the work's own time
+    # it starts after the flow run's staging (flow start + staging_s) and before the work's first line, and stops
+    # after the work's last line and before the manifest is written; no upper bound on the gaps, which a busy
+    # machine stretches (the flow's hand-over from run to return took 0.8 s once in CI)
+    assert started.timestamp() + timings["staging_s"] - 0.001 <= meter["started_at"] <= record["start"]
+    assert record["end"] <= meter["released_at"] <= (q.root / "out" / "late" / "manifest.json").stat().st_mtime + 0.001
 
 
 def test_a_scratch_budget_too_small_for_two_jobs_evicts_the_older_copy(prefect_api, tmp_path):
