@@ -40,6 +40,11 @@ RESUBSCRIBE_S = 5.0
 #: ``PREFECT_WORKER_QUERY_SECONDS`` (1 s under ``e31 worker``) is only a safety net then (each poll is
 #: a write on the server: 7.4 per job in a 1,000-job bench_queue run with 3 workers).
 QUIET_POLL_S = 10.0
+#: Seconds before a worker asks again for a run placed on its node that its poll did not get, and how many
+#: times at most (:func:`poll_on_placements`): on PostgreSQL each poll locks the runs it reads and skips those
+#: another worker's poll holds (``FOR UPDATE SKIP LOCKED``), and every worker polls on the same event.
+RECHECK_S = 0.25
+RECHECK_TRIES = 8
 
 _log = logging.getLogger("e31.events")
 
@@ -142,7 +147,8 @@ def event_tags(event: Any) -> list[str]:
 
 
 def poll_on_placements(work_pool: str, node: str, gate: PollGate, poll: Callable[[], Awaitable[Any]],
-                       logger: Any, on_preempting: Callable[[str], None] | None = None) -> list[asyncio.Task]:
+                       logger: Any, on_preempting: Callable[[str], None] | None = None,
+                       placed_here: Callable[[str], Awaitable[bool]] | None = None) -> list[asyncio.Task]:
     """A worker's two asyncio tasks (to cancel at its teardown) that call
     ``poll()`` (Prefect's ``get_and_submit_flow_runs``) at once when a run of
     the work pool ``work_pool`` is placed on ``node``: the server's ``Placed``
@@ -154,19 +160,35 @@ def poll_on_placements(work_pool: str, node: str, gate: PollGate, poll: Callable
     own poll every ``PREFECT_WORKER_QUERY_SECONDS`` goes on (asking the
     server only every :data:`QUIET_POLL_S` while the events come).
     ``on_preempting(flow_run_id)`` is called for each ``Preempting`` event
-    (any node's: the callee knows its own flow processes)."""
+    (any node's: the callee knows its own flow processes).
+
+    With ``placed_here``, ``poll()`` returns the flow run ids (str) the
+    server gave it, before any filter by node: a run an event named that is
+    not among them is looked up (``placed_here(flow_run_id)``: still
+    waiting to be taken, and placed on this node) and, while it is, asked
+    for again every :data:`RECHECK_S` seconds, :data:`RECHECK_TRIES` times
+    at most.  A PostgreSQL server skips the runs another worker's
+    concurrent poll has locked, and the server's events may name no node
+    (Prefect keeps a run's tags as of its first event for
+    ``PREFECT_API_EVENTS_RELATED_RESOURCE_CACHE_TTL``, 5 minutes by
+    default), so every worker polls on every placement: the run's own
+    worker then came away without it and waited for its next quiet poll
+    (releases 4-11 s late in ``bench_queue.py --database postgresql``)."""
     from e31.flows.queue.mapping import placed_on
 
-    placed = asyncio.Event()
+    placed, woken = asyncio.Event(), set()
 
     def on_placed(event: Any) -> None:
+        resource = str(getattr(getattr(event, "resource", None), "id", "") or "")
+        run_id = resource[len("prefect.flow-run."):] if resource.startswith("prefect.flow-run.") else None
         if event.event.endswith(".Preempting"):
-            resource = str(getattr(getattr(event, "resource", None), "id", "") or "")
-            if on_preempting is not None and resource.startswith("prefect.flow-run."):
-                on_preempting(resource[len("prefect.flow-run."):])
+            if on_preempting is not None and run_id:
+                on_preempting(run_id)
             return
         if placed_on(event_tags(event)) not in (None, node):
             return  # another node's run
+        if run_id:
+            woken.add(run_id)
         gate.seen(event)
         placed.set()
 
@@ -174,10 +196,28 @@ def poll_on_placements(work_pool: str, node: str, gate: PollGate, poll: Callable
         while True:
             await placed.wait()
             placed.clear()
-            try:
-                await poll()  # Prefect skips runs it is already submitting
-            except Exception as exc:
-                logger.debug("poll after a placement failed: %s: %s", type(exc).__name__, exc)
+            wanted = set(woken)
+            woken.clear()
+            for attempt in range(RECHECK_TRIES + 1):
+                try:
+                    got = await poll()  # Prefect skips runs it is already submitting
+                except Exception as exc:
+                    logger.debug("poll after a placement failed: %s: %s", type(exc).__name__, exc)
+                    break
+                if placed_here is None or attempt == RECHECK_TRIES:
+                    break
+                missing = wanted - set(got or ())
+                wanted = set()
+                for run_id in missing:
+                    try:
+                        if await placed_here(run_id):
+                            wanted.add(run_id)
+                    except Exception as exc:  # the next quiet poll takes it
+                        logger.debug("could not read flow run %s: %s: %s", run_id, type(exc).__name__, exc)
+                if not wanted:
+                    break
+                gate.seen()  # the next poll asks the server
+                await asyncio.sleep(RECHECK_S)
 
     return [asyncio.create_task(follow(work_pool, WORKER_EVENTS, on_placed, gate.connected)),
             asyncio.create_task(poll_when_placed())]

@@ -70,6 +70,7 @@ class E31Worker(ProcessWorker):
         self._depth = 0  # setup() calls not yet torn down
         self._followers: list[Any] = []  # the asyncio tasks that poll when a run is placed
         self._gate = PollGate()  # which polls ask the server (all until the event stream is up)
+        self._returned: set[str] = set()  # flow run ids the server's answers to the polls gave (any node's)
         self.flows: dict[int, str] = {}  # pid -> flow run id of each flow process this worker started, while it runs
         self.draining = False  # stopping: no new run is taken (see drain())
         self._beats: Any = None  # the heartbeat's own thread (e31.deployments.presence.worker_beats)
@@ -181,8 +182,21 @@ class E31Worker(ProcessWorker):
         (:func:`e31.deployments.runevents.poll_on_placements`)."""
         from e31.deployments.runevents import poll_on_placements
 
-        self._followers = poll_on_placements(self._work_pool_name, self.node, self._gate, self.get_and_submit_flow_runs,
-                                             self._logger, self._preempting)
+        async def poll() -> set[str]:  # the runs this poll got from the server, any node's
+            self._returned = set()
+            await self.get_and_submit_flow_runs()
+            return self._returned
+
+        self._followers = poll_on_placements(self._work_pool_name, self.node, self._gate, poll, self._logger,
+                                             self._preempting, self._placed_here)
+
+    async def _placed_here(self, flow_run_id: str) -> bool:
+        """Whether the flow run ``flow_run_id`` still waits to be taken (a scheduled state: ``Placed``) and is
+        placed on this node."""
+        from uuid import UUID
+
+        run = await self._client.read_flow_run(UUID(flow_run_id))
+        return run.state is not None and run.state.is_scheduled() and placement_of(run).get(NODE_VAR) == self.node
 
     def _preempting(self, flow_run_id: str) -> None:
         """The queue preempts the flow run ``flow_run_id``: when its flow process is one of this worker's,
@@ -386,6 +400,7 @@ class E31Worker(ProcessWorker):
         # now: a clock behind the server's would leave it unseen for the skew
         self._prefetch_seconds = self._prefetch_base + max(0.0, offset_s() or 0.0)
         runs = await super()._get_scheduled_flow_runs()
+        self._returned.update(str(r.flow_run.id) for r in runs)
         return [r for r in runs if placement_of(r.flow_run).get(NODE_VAR) == self.node]
 
     async def _warm_ready(self) -> None:

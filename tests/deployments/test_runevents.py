@@ -131,3 +131,65 @@ def test_a_worker_polls_at_once_only_for_placements_on_its_own_node(monkeypatch)
     gate = runevents.PollGate()
     asyncio.run(main())
     assert (gate.up, gate.placed, polls) == (True, 2, [1, 2])  # n1's placement, then the one naming no node
+
+
+def test_a_run_placed_here_that_a_poll_did_not_get_is_asked_for_again_while_it_waits(monkeypatch):
+    """poll_on_placements with placed_here: on PostgreSQL a poll skips the runs another worker's concurrent
+    poll has locked, so a run an event named that the poll did not get is looked up; while it still waits on
+    this node it is asked for again (every RECHECK_S), and not once it is gone or placed elsewhere."""
+    import asyncio
+    import logging
+
+    from prefect.events.schemas.events import Event
+
+    from e31.deployments import runevents
+
+    def placed(run: str) -> Event:  # tags as Prefect's cache of a run's first event gives them: no node
+        return Event(event="prefect.flow-run.Placed", resource={"prefect.resource.id": f"prefect.flow-run.{run}"},
+                     related=[{"prefect.resource.id": "prefect.tag.e31", "prefect.resource.role": "tag"}])
+
+    def played(stream, answers, waiting):
+        polls, looked = [], []
+
+        async def follow(work_pool, states, on_event, connected=None):
+            connected(True)
+            for event in stream:
+                on_event(event)
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(3600)
+
+        async def poll():
+            polls.append(time.monotonic())
+            return answers.pop(0) if answers else set()
+
+        async def placed_here(run):
+            looked.append(run)
+            return waiting(run, len(polls))
+
+        async def main():
+            tasks = runevents.poll_on_placements("e31-pool", "n1", runevents.PollGate(), poll,
+                                                 logging.getLogger("test"), placed_here=placed_here)
+            await asyncio.sleep(1.5)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        monkeypatch.setattr(runevents, "follow", follow)
+        asyncio.run(main())
+        return polls, looked
+
+    # locked by another worker's poll twice, then got: three polls, RECHECK_S apart
+    a = "1f0e2d3c-0000-4000-8000-00000000000a"
+    polls, looked = played([placed(a)], [set(), set(), {a}], lambda run, n: True)
+    assert (len(polls), looked) == (3, [a, a])
+    assert all(later - earlier >= runevents.RECHECK_S * 0.9 for earlier, later in zip(polls, polls[1:]))
+    # another node's run, or one its worker already took: looked up once, not asked for again
+    polls, looked = played([placed(a)], [set()], lambda run, n: False)
+    assert (len(polls), looked) == (1, [a])
+    # got at once: nothing looked up
+    polls, looked = played([placed(a)], [{a}], lambda run, n: True)
+    assert (len(polls), looked) == (1, [])
+    # a run that stays locked is asked for RECHECK_TRIES times after the first poll, then left to the quiet poll
+    monkeypatch.setattr(runevents, "RECHECK_S", 0.01)
+    polls, looked = played([placed(a)], [], lambda run, n: True)
+    assert (len(polls), len(looked)) == (runevents.RECHECK_TRIES + 1, runevents.RECHECK_TRIES)
