@@ -8,7 +8,8 @@ The Prefect server emits an event for each state a flow run enters, named
 and streams the events matching a filter to a websocket subscriber
 (``prefect.events.clients.get_events_subscriber``).  The scheduler follows
 the run ends and submissions (:data:`SCHEDULER_EVENTS`), the workers the
-placements (:data:`WORKER_EVENTS`); both still poll at their interval (a
+scheduler's own announcements of placements, which name the node
+(:mod:`e31.flows.queue.announce`), and the preemptions (:data:`WORKER_EVENTS`); both still poll at their interval (a
 worker asks the server only every :data:`QUIET_POLL_S` while the stream is
 up: :class:`PollGate`), so a lost stream (a server restart, a proxy that
 drops websockets) costs only latency.  Measured with ``tests/benchmarks/bench_queue.py``: see docs/performance.md.
@@ -30,9 +31,10 @@ from typing import Any, Awaitable, Callable
 #: submission (and each requeue) may start at once, a run late or awaiting a retry is due.
 SCHEDULER_EVENTS = ("Completed", "Failed", "Cancelled", "Crashed", "TimedOut", "Queued", "Late", "AwaitingRetry",
                     "Preempted")
-#: State names whose events make a worker poll at once: the scheduler placed a run (on some node); and the
-#: queue's preemption of a run (its worker nudges the run's flow process: :func:`poll_on_placements`).
-WORKER_EVENTS = ("Placed", "Preempting")
+#: Events that make a worker poll at once: the scheduler's announcement of a run placed on a node
+#: (:data:`e31.flows.queue.announce.PLACED_EVENT`, a full event name); and the state name of the queue's
+#: preemption of a run (its worker nudges the run's flow process: :func:`poll_on_placements`).
+WORKER_EVENTS = ("e31.flow-run.placed", "Preempting")
 #: Seconds between attempts to subscribe again after the stream was lost.
 RESUBSCRIBE_S = 5.0
 #: Seconds between a worker's polls for runs that ask the server while the event stream is up and no
@@ -64,7 +66,8 @@ async def follow(work_pool: str, states: tuple[str, ...], on_event: Callable[[An
                  connected: Callable[[bool], None] | None = None) -> None:
     """Call ``on_event(event)`` (a Prefect ``Event``; ``event.event`` is
     its name) for each event of a flow run of the work pool
-    named ``work_pool`` entering one of the state names ``states``, until
+    named ``work_pool`` entering one of the state names ``states`` (or
+    named as an entry of ``states`` that has a dot: a custom event), until
     cancelled.  Subscribes again after :data:`RESUBSCRIBE_S` seconds when the
     stream ends or fails (a missing work pool is looked up again then);
     ``connected(True/False)`` is told each time the stream starts or is lost."""
@@ -74,7 +77,7 @@ async def follow(work_pool: str, states: tuple[str, ...], on_event: Callable[[An
 
     from e31.tasks.storage.masking import scrub
 
-    names = [f"prefect.flow-run.{s}" for s in states]
+    names = [s if "." in s else f"prefect.flow-run.{s}" for s in states]  # a state name, or an event's own name
     up = None  # whether the stream was up, the last time it changed (None: never yet)
     while True:
         try:
@@ -151,11 +154,12 @@ def poll_on_placements(work_pool: str, node: str, gate: PollGate, poll: Callable
                        placed_here: Callable[[str], Awaitable[bool]] | None = None) -> list[asyncio.Task]:
     """A worker's two asyncio tasks (to cancel at its teardown) that call
     ``poll()`` (Prefect's ``get_and_submit_flow_runs``) at once when a run of
-    the work pool ``work_pool`` is placed on ``node``: the server's ``Placed``
-    events (:func:`follow`), of which those whose run is tagged as placed on
-    another node (:func:`e31.flows.queue.mapping.placed_on` over the tags
-    the event carries, :func:`event_tags`) are left alone (one naming none
-    wakes it, to be safe).  ``gate`` is told of the stream and
+    the work pool ``work_pool`` is placed on ``node``: the scheduler's
+    announcements (:mod:`e31.flows.queue.announce`, :func:`follow`), of
+    which those naming another node are left alone (one naming none wakes
+    it, to be safe); a ``prefect.flow-run.Placed`` event, were it
+    followed, by the tags it carries (:func:`event_tags`, which may be
+    older than the placement).  ``gate`` is told of the stream and
     the events.  A poll that fails is logged at debug level: the worker's
     own poll every ``PREFECT_WORKER_QUERY_SECONDS`` goes on (asking the
     server only every :data:`QUIET_POLL_S` while the events come).
@@ -168,12 +172,11 @@ def poll_on_placements(work_pool: str, node: str, gate: PollGate, poll: Callable
     waiting to be taken, and placed on this node) and, while it is, asked
     for again every :data:`RECHECK_S` seconds, :data:`RECHECK_TRIES` times
     at most.  A PostgreSQL server skips the runs another worker's
-    concurrent poll has locked, and the server's events may name no node
-    (Prefect keeps a run's tags as of its first event for
-    ``PREFECT_API_EVENTS_RELATED_RESOURCE_CACHE_TTL``, 5 minutes by
-    default), so every worker polls on every placement: the run's own
-    worker then came away without it and waited for its next quiet poll
-    (releases 4-11 s late in ``bench_queue.py --database postgresql``)."""
+    concurrent poll has locked (another node's placement, or its quiet
+    poll): the run's own worker then came away without it and waited for
+    its next quiet poll (releases 4-11 s late in ``bench_queue.py
+    --database postgresql``)."""
+    from e31.flows.queue.announce import NODE_LABEL, PLACED_EVENT
     from e31.flows.queue.mapping import placed_on
 
     placed, woken = asyncio.Event(), set()
@@ -185,7 +188,8 @@ def poll_on_placements(work_pool: str, node: str, gate: PollGate, poll: Callable
             if on_preempting is not None and run_id:
                 on_preempting(run_id)
             return
-        if placed_on(event_tags(event)) not in (None, node):
+        named = event.resource.get(NODE_LABEL) if event.event == PLACED_EVENT else placed_on(event_tags(event))
+        if named not in (None, node):
             return  # another node's run
         if run_id:
             woken.add(run_id)

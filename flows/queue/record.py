@@ -227,7 +227,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
 
     counts = {"start": 0, "handover": 0, "wait": 0, "refuse": 0, "lost": 0, "requeued": 0, "unchanged": 0, "gone": 0,
               "stale": 0, "undone": 0, "deferred": 0, "kept": 0, "preempt": 0, "cancel": 0}
-    write = RunWriter(client, cache, counts)
+    write = RunWriter(client, cache, counts, snap.pool or None)  # snap.pool: the work pool's name
     now = datetime.fromtimestamp(snap.now, timezone.utc)
     for key in snap.lost:
         run = snap.runs[key]

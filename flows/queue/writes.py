@@ -8,8 +8,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from e31.flows.queue.announce import announce_placed
 from e31.flows.queue.cache import RunCache
-from e31.flows.queue.mapping import PLACEMENT_PARAM, PlacementRecord, placed_on, placed_tags
+from e31.flows.queue.mapping import PLACED, PLACEMENT_PARAM, PlacementRecord, placed_on, placed_tags
 from e31.prefect_compat.clock import server_now
 
 
@@ -45,8 +46,10 @@ class RunWriter:
     with it); each write is recorded in the cache as the server answered
     it.  A run deleted meanwhile is dropped and counted ``gone``."""
 
-    def __init__(self, client: Any, cache: RunCache | None, counts: dict[str, int]) -> None:
-        self.client, self.cache, self.counts = client, cache, counts
+    def __init__(self, client: Any, cache: RunCache | None, counts: dict[str, int],
+                 work_pool: str | None = None) -> None:
+        self.client, self.cache, self.counts, self.work_pool = client, cache, counts, work_pool
+        self.nodes: dict[str, str | None] = {}  # run id -> the node :meth:`place` wrote
         self.seen: dict[str, Any] = {}  # run id -> the state id :meth:`current` found
         self.fresh: dict[str, Any] = {}  # run id -> the run as :meth:`current` read it (its tags are the newest)
         self.result: Any = None  # the server's answer to the last state written
@@ -90,6 +93,8 @@ class RunWriter:
             self.cache.note_state(key, result, getattr(state.state_details, "scheduled_time", None))
             if state.type.value == "SCHEDULED" and key in self.seen and self._overtaken(key, result):
                 return False
+        if self.work_pool is not None and state.name == PLACED:  # its worker polls at once
+            announce_placed(self.client, self.work_pool, key, self.nodes.get(key))
         return True
 
     def _overtaken(self, key: str, result: Any) -> bool:
@@ -144,6 +149,7 @@ class RunWriter:
             if getattr(getattr(exc, "response", None), "status_code", None) == 404:
                 return self._gone(key)
             raise
+        self.nodes[key] = placement.node
         if self.cache is not None:
             self.cache.note_placement(key, parameters, tags)
         return True

@@ -555,8 +555,10 @@ def test_a_worker_starts_a_new_warm_process_when_its_own_dies(prefect_api, tmp_p
 
 def test_the_scheduler_and_the_worker_wake_on_the_server_s_events(prefect_api, tmp_path):
     """With ticks and worker polls 600 s apart, jobs still start within
-    seconds: a submission's ``Queued`` event wakes the scheduler, a
-    ``Placed`` event the worker (e31.deployments.runevents)."""
+    seconds: a submission's ``Queued`` event wakes the scheduler, the
+    scheduler's announcement of the placement, naming the node, the worker
+    (e31.deployments.runevents, e31.flows.queue.announce)."""
+    import httpx
     from prefect.client.orchestration import get_client
 
     with queue(tmp_path, {"n1": 0}) as q:
@@ -580,6 +582,19 @@ def test_the_scheduler_and_the_worker_wake_on_the_server_s_events(prefect_api, t
             wait_for(lambda: "prefect.worker.name" in client.read_flow_run(run_id).labels, timeout=90,
                      what="the worker's labels on the run")
             labels = client.read_flow_run(run_id).labels
+
+        def announced() -> list[dict]:  # the server keeps the events it streamed (its persister: a few seconds)
+            answer = httpx.post(f"{prefect_api}/events/filter", json={"filter": {
+                "event": {"name": ["e31.flow-run.placed"]}, "resource": {"id": [f"prefect.flow-run.{run_id}"]},
+                "occurred": {"since": "2020-01-01T00:00:00Z"}}}, timeout=30)
+            answer.raise_for_status()
+            return answer.json()["events"]
+
+        wait_for(announced, timeout=60, what="the placement's announcement among the server's events")
+        events = announced()
+    assert [(e["resource"]["prefect.resource.id"], e["resource"]["e31.node"]) for e in events] == [
+        (f"prefect.flow-run.{run_id}", "n1")]
+    assert any(r["prefect.resource.role"] == "work-pool" for r in events[0]["related"])
     assert ("SCHEDULED", "Placed") in states and states[-1] == ("COMPLETED", "Completed")
     assert (labels["prefect.worker.name"], labels["prefect.worker.type"]) == ("n1", "e31")
     # both the next tick and the next poll were 600 s away when it was submitted

@@ -86,7 +86,7 @@ def test_a_workers_poll_asks_the_server_after_a_placement_or_every_quiet_interva
 
 
 def test_a_worker_polls_at_once_only_for_placements_on_its_own_node(monkeypatch):
-    """poll_on_placements: a Placed event whose run is tagged as placed on
+    """poll_on_placements: the scheduler's announcement of a run placed on
     this node, or on no node, makes the worker poll (and tells its PollGate); one naming
     another node does nothing.  The server's event stream is played by a
     stand-in for ``follow`` (the stream itself: the test above and
@@ -98,17 +98,17 @@ def test_a_worker_polls_at_once_only_for_placements_on_its_own_node(monkeypatch)
 
     from e31.deployments import runevents
 
-    def placed(node: str | None) -> Event:  # as the server sends it: the run's tags are related resources
+    def placed(node: str | None) -> Event:  # as the scheduler sends it (e31.flows.queue.announce)
         resource = {"prefect.resource.id": "prefect.flow-run.1f0e2d3c-0000-4000-8000-000000000000",
-                    "prefect.state-message": "any words"}
-        tags = ["e31", *([f"e31-placed:{node}"] if node else [])]
-        return Event(event="prefect.flow-run.Placed", resource=resource,
-                     related=[{"prefect.resource.id": f"prefect.tag.{t}", "prefect.resource.role": "tag"} for t in tags])
+                    **({"e31.node": node} if node else {})}
+        return Event(event="e31.flow-run.placed", resource=resource,
+                     related=[{"prefect.resource.id": "prefect.tag.e31-placed:n1", "prefect.resource.role": "tag"}])
 
+    # the tag (a stale copy, as the server's own events may carry) is not read: the node label is
     stream = [placed("n2"), placed("n1"), placed("n3"), placed(None)]
 
     async def follow(work_pool, states, on_event, connected=None):
-        assert (work_pool, states) == ("e31-pool", ("Placed", "Preempting"))
+        assert (work_pool, states) == ("e31-pool", ("e31.flow-run.placed", "Preempting"))
         connected(True)
         for event in stream:
             on_event(event)
@@ -144,9 +144,9 @@ def test_a_run_placed_here_that_a_poll_did_not_get_is_asked_for_again_while_it_w
 
     from e31.deployments import runevents
 
-    def placed(run: str) -> Event:  # tags as Prefect's cache of a run's first event gives them: no node
-        return Event(event="prefect.flow-run.Placed", resource={"prefect.resource.id": f"prefect.flow-run.{run}"},
-                     related=[{"prefect.resource.id": "prefect.tag.e31", "prefect.resource.role": "tag"}])
+    def placed(run: str) -> Event:
+        return Event(event="e31.flow-run.placed",
+                     resource={"prefect.resource.id": f"prefect.flow-run.{run}", "e31.node": "n1"})
 
     def played(stream, answers, waiting):
         polls, looked = [], []
