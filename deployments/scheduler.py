@@ -181,6 +181,7 @@ def _failure(exc: BaseException) -> str:
     from prefect.settings import PREFECT_API_URL
 
     from e31.prefect_compat.api import DATABASE_DOWN, ready_problem
+    from e31.specs import mask_url
     from e31.tasks import settings
     from e31.tasks.storage import scrub
 
@@ -189,7 +190,7 @@ def _failure(exc: BaseException) -> str:
     if api and (status >= 500 or "Timeout" in type(exc).__name__):
         problem = ready_problem(api, settings.value("E31_API_TIMEOUT_S"))
         if problem is not None:
-            kind = "DatabaseUnavailable" if problem == DATABASE_DOWN.format(api=api) else "ServerUnanswering"
+            kind = "DatabaseUnavailable" if problem == DATABASE_DOWN.format(api=mask_url(api)) else "ServerUnanswering"
             return f"{kind}: {problem}"
     return f"{type(exc).__name__}: {scrub(str(exc))[:300]}"
 

@@ -18,13 +18,15 @@ from typing import Any
 
 from e31.errors import EXIT_OK, InvalidInput
 from e31.flows.queue.meter import BY, Attempt, RunBill, usage_rows
+from e31.states import PLACED
 
 __all__ = ["add_usage", "cmd_usage", "read_bills"]
 
 #: Flow runs and artifacts per API read.
 PAGE = 200
 #: The columns of the table and the CSV, after the key.
-COLUMNS = ("gpu_seconds", "cpu_seconds", "gpu_hours", "cpu_hours", "redone_gpu_hours", "completed", "partial", "failed", "running", "mean_wait_s")
+COLUMNS = ("gpu_seconds", "cpu_seconds", "gpu_hours", "cpu_hours", "redone_gpu_hours", "completed", "partial", "failed",
+           "running", "queued", "mean_wait_s")
 
 
 def add_usage(sub: Any) -> None:
@@ -95,8 +97,11 @@ def read_bills(client: Any, pool: Any, since: float) -> list[RunBill]:
         mine = [a for _, a in sorted(attempts.get(str(run.id), []), key=lambda p: (p[1].released_at or p[0], p[0]))]
         failed = run.state is not None and run.state.type.value in ("FAILED", "CRASHED")
         ended_at = (run.end_time or run.state.timestamp).timestamp() if failed else None
+        # waiting for compute: Queued (and Late, AwaitingRetry); a Placed run holds its node
+        waiting = run.state is not None and (run.state.type.value == "SCHEDULED" and run.state.name != PLACED
+                                             or run.state.type.value == "PAUSED")
         bills.append(RunBill(str(run.id), run.name, tenant_of(run.tags), run.created.timestamp(), gpus,
-                             run.state is not None and run.state.is_final(), tuple(mine), ended_at))
+                             run.state is not None and run.state.is_final(), tuple(mine), ended_at, waiting))
     return bills
 
 
@@ -158,12 +163,14 @@ def cmd_usage(args: argparse.Namespace) -> int:
     if not rows:
         print("  no run of the pool ended or ran in the period")
         return EXIT_OK
-    table = [(args.by.upper(), "GPU-H", "CPU-H", "REDONE GPU-H", "DONE", "PARTIAL", "FAILED", "RUNNING", "MEAN WAIT")]
+    table = [(args.by.upper(), "GPU-H", "CPU-H", "REDONE GPU-H", "DONE", "PARTIAL", "FAILED", "RUNNING", "QUEUED",
+              "MEAN WAIT")]
     for r in [*rows, None]:
         d = r.as_dict() if r is not None else {"key": "total", **summed}
         wait = "-" if d["mean_wait_s"] is None else f"{d['mean_wait_s']:.0f} s"
         table.append((str(d["key"]), f"{d['gpu_hours']:.3f}", f"{d['cpu_hours']:.3f}", f"{d['redone_gpu_hours']:.3f}",
-                      str(d["completed"]), str(d["partial"]), str(d["failed"]), str(d["running"]), wait))
+                      str(d["completed"]), str(d["partial"]), str(d["failed"]), str(d["running"]), str(d["queued"]),
+                      wait))
     print_table(table)
     return EXIT_OK
 

@@ -248,9 +248,16 @@ def cmd_deploy(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> int
         print(f"e31: deploy refused: {exc}", file=sys.stderr)
         return exc.exit_code
     except Exception as exc:  # unknown pool, unreachable API
-        reach = f" (the Prefect API at {api})" if isinstance(exc, (OSError, ConnectionError)) or \
-            type(exc).__module__.startswith(("httpx", "httpcore")) else ""
-        print(f"e31: deploy failed{reach}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        from e31.specs import mask_url
+        from e31.tasks.storage import scrub
+
+        refused = _refused_credentials(exc) or _database_down(exc)
+        if refused is not None:
+            print(f"e31: deploy failed: {refused}", file=sys.stderr)
+            return EXIT_FAILED
+        network = isinstance(exc, (OSError, ConnectionError)) or type(exc).__module__.startswith(("httpx", "httpcore"))
+        reach = f" (the Prefect API at {mask_url(api)})" if api and network else ""
+        print(f"e31: deploy failed{reach}: {type(exc).__name__}: {scrub(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
     schedule = f"cron {args.cron!r} in {timezone}" if args.cron else "no schedule"
     if not args.cron and earlier:
@@ -283,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # Prefect API unreachable, a bug: one line, the details on request
         if os.environ.get("E31_DEBUG"):
             raise
+        from e31.specs import mask_url
         from e31.tasks.storage import scrub
 
         api = os.environ.get("PREFECT_API_URL")
@@ -290,25 +298,41 @@ def main(argv: list[str] | None = None) -> int:
         if refused is not None:
             print(f"e31: {refused}", file=sys.stderr)
             return EXIT_FAILED
-        hint = (f" (PREFECT_API_URL={api}): is the Prefect server running? Start it (prefect server start) or point "
-                "PREFECT_API_URL at it" if api and api_error(exc) else "")
+        hint = (f" (PREFECT_API_URL={mask_url(api)}): is the Prefect server running? Start it (prefect server start) "
+                "or point PREFECT_API_URL at it" if api and api_error(exc) else "")
         print(f"e31: {type(exc).__name__}: {scrub(str(exc))}{hint}; set E31_DEBUG=1 for the traceback", file=sys.stderr)
         return EXIT_FAILED
 
 
 def _refused_credentials(exc: BaseException) -> str | None:
     """The line for a Prefect server that refused this client's credentials (HTTP 401: its
-    ``PREFECT_SERVER_API_AUTH_STRING`` basic auth), naming the setting to fix; None for any other
-    error.  The string itself is never shown."""
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL
+    ``PREFECT_SERVER_API_AUTH_STRING`` basic auth; also inside an exception group), naming the setting to
+    fix (:func:`e31.prefect_compat.api.credentials_refused`); None for any other error.  The string itself
+    is never shown."""
+    from prefect.settings import PREFECT_API_URL
 
-    response = getattr(exc, "response", None)
-    if getattr(response, "status_code", None) != 401:
+    from e31.prefect_compat.api import credentials_refused
+
+    if not any(getattr(getattr(e, "response", None), "status_code", None) == 401 for e in _within_groups(exc)):
         return None
-    given = PREFECT_API_AUTH_STRING.value()
-    state = "is set but the server refused it" if given else "is not set"
-    return (f"the Prefect server at {PREFECT_API_URL.value()} requires basic auth and PREFECT_API_AUTH_STRING {state}: "
-            "set PREFECT_API_AUTH_STRING to the user:password of the server's PREFECT_SERVER_API_AUTH_STRING")
+    return credentials_refused(PREFECT_API_URL.value() or "")
+
+
+def _within_groups(exc: BaseException) -> list[BaseException]:
+    """``exc``, every exception inside it when it is an exception group (a worker's task group, anyio's),
+    and the exceptions each was raised from or while handling (``__cause__``, ``__context__``: a worker's
+    task group ends with anyio's own error, raised while Prefect's was handled)."""
+    found: list[BaseException] = []
+    todo = [exc]
+    while todo and len(found) < 100:
+        e = todo.pop()
+        if any(e is f for f in found):
+            continue
+        found.append(e)
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(e.exceptions)
+        todo.extend(c for c in (e.__cause__, e.__context__) if c is not None)
+    return found
 
 
 def _database_down(exc: BaseException) -> str | None:

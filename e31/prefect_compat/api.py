@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import urllib.request
 
+from e31.specs import mask_url
+
 
 def api_ready(url: str, timeout_s: float = 2.0) -> bool:
     """True when the Prefect API at ``url`` (ending in ``/api``) answers its
@@ -34,13 +36,18 @@ def api_answers() -> bool:
 
 def _ready_request(url: str) -> urllib.request.Request:
     """``GET {url}/ready``, Prefect's readiness check, with the client's basic auth
-    (``PREFECT_API_AUTH_STRING``) when one is set."""
+    (``PREFECT_API_AUTH_STRING``, else the URL's own ``user:password@``, which
+    urllib would take for a part of the host name) when one is set."""
     import base64
+    from urllib.parse import unquote, urlsplit, urlunsplit
 
     from prefect.settings import PREFECT_API_AUTH_STRING
 
-    request = urllib.request.Request(f"{url.rstrip('/')}/ready")  # PREFECT_API_URL may end in a slash
-    auth = PREFECT_API_AUTH_STRING.value()
+    parts = urlsplit(url)
+    userinfo, _, host = parts.netloc.rpartition("@")
+    bare = urlunsplit(parts._replace(netloc=host)) if userinfo else url
+    request = urllib.request.Request(f"{bare.rstrip('/')}/ready")  # PREFECT_API_URL may end in a slash
+    auth = PREFECT_API_AUTH_STRING.value() or unquote(userinfo)
     if auth:
         request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
     return request
@@ -57,6 +64,21 @@ DATABASE_DOWN = ("the Prefect server at {api} answers, but its database does not
 #: answers 404 for a path outside its API, e.g. a URL without ``/api``).
 NOT_THE_API = ("PREFECT_API_URL={api} is not a Prefect API address ({ready} answered 404): it ends in /api, "
                "e.g. http://127.0.0.1:4200/api; set PREFECT_API_URL so and retry")
+#: The line for a server that refused this client's basic auth (HTTP 401: its
+#: ``PREFECT_SERVER_API_AUTH_STRING``); ``state``: whether the client's string is set.  The string itself is
+#: never shown.
+CREDENTIALS_REFUSED = ("the Prefect server at {api} requires basic auth and PREFECT_API_AUTH_STRING {state}: set "
+                       "PREFECT_API_AUTH_STRING to the user:password of the server's PREFECT_SERVER_API_AUTH_STRING")
+
+
+def credentials_refused(url: str) -> str:
+    """:data:`CREDENTIALS_REFUSED` for the server at ``url`` (its password, if it holds one, masked)."""
+    from prefect.settings import PREFECT_API_AUTH_STRING
+
+    state = "is set but the server refused it" if PREFECT_API_AUTH_STRING.value() else "is not set"
+    return CREDENTIALS_REFUSED.format(api=mask_url(url), state=state)
+
+
 #: The line for a command whose ``PREFECT_API_URL`` cannot be reached (nothing listens there, no such host).
 UNREACHABLE = ("nothing answers at PREFECT_API_URL={api} ({reason}): is the Prefect server running? Start it "
                "(prefect server start) or point PREFECT_API_URL at it")
@@ -75,27 +97,32 @@ def ready_problem(url: str, timeout_s: float, starting: bool = False) -> str | N
     the client's basic auth (``PREFECT_API_AUTH_STRING``) when one is
     set.
 
-    ``starting``: also name the two mistakes of a command that starts (a
+    ``starting``: also name the three mistakes of a command that starts (a
     worker would otherwise say it started and retry for ever): nothing
-    answers at ``url`` (:data:`UNREACHABLE`) and ``url`` is not the API's
-    address (:data:`NOT_THE_API`)."""
+    answers at ``url`` (:data:`UNREACHABLE`), ``url`` is not the API's
+    address (:data:`NOT_THE_API`), and the server refuses the client's
+    basic auth (:data:`CREDENTIALS_REFUSED`).  ``url`` is shown with its
+    password masked."""
     import urllib.error
 
     request = _ready_request(url)
+    shown = mask_url(url)  # a URL with user:password@ is said without the password
     try:
         with urllib.request.urlopen(request, timeout=timeout_s):
             return None
     except urllib.error.HTTPError as exc:
         if exc.code == 503:
-            return DATABASE_DOWN.format(api=url)
-        return NOT_THE_API.format(api=url, ready=request.full_url) if starting and exc.code == 404 else None
+            return DATABASE_DOWN.format(api=shown)
+        if exc.code == 401 and starting:
+            return credentials_refused(url)
+        return NOT_THE_API.format(api=shown, ready=mask_url(request.full_url)) if starting and exc.code == 404 else None
     except (TimeoutError, urllib.error.URLError) as exc:
         reason = getattr(exc, "reason", None)
         if isinstance(exc, TimeoutError) or isinstance(reason, TimeoutError):
-            return (f"the Prefect server at {url} did not answer within {timeout_s:g} s (E31_API_TIMEOUT_S): it is "
+            return (f"the Prefect server at {shown} did not answer within {timeout_s:g} s (E31_API_TIMEOUT_S): it is "
                     "frozen or overloaded; check its process and its database, then retry")
         if starting and isinstance(reason, OSError):
-            return UNREACHABLE.format(api=url, reason=getattr(reason, "strerror", None) or type(reason).__name__)
+            return UNREACHABLE.format(api=shown, reason=getattr(reason, "strerror", None) or type(reason).__name__)
         return None
     except OSError as exc:
-        return UNREACHABLE.format(api=url, reason=exc.strerror or type(exc).__name__) if starting else None
+        return UNREACHABLE.format(api=shown, reason=exc.strerror or type(exc).__name__) if starting else None

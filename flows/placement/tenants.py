@@ -210,10 +210,11 @@ class BorrowLimits:
     def hold(self, job: QueuedJob) -> None:
         """``job`` is held back by its tenant's bound: say so (:attr:`delayed`)."""
         t = self.tenancy.of(job.tenant)
-        used = self.held.get(job.tenant, _NONE)
-        used, more = _named(used, bounded(t)), _named(_request(job), bounded(t))
+        used, more, bound = self.held.get(job.tenant, _NONE), _request(job), bounded(t)
+        past = _past(used, more, bound)  # only the resources the job would take past the bound
+        used, more, bound = _only(used, past), _only(more, past), _only(bound, past)
         self.delayed[job.id] = (f"tenant {job.tenant} holds {amount_words(used)}, and {amount_words(more)} "
-                                f"more would pass its quota and borrow_limit ({amount_words(bounded(t))}); it starts "
+                                f"more would pass its quota and borrow_limit ({amount_words(bound)}); it starts "
                                 "as the tenant's running jobs end")
 
     def after(self, job: QueuedJob) -> float:
@@ -258,11 +259,31 @@ def beyond_quota(tenancy: Tenancy, running: Sequence[RunningJob], jobs: Sequence
             out[job.id] = (f"it asks for more than tenant {job.tenant}'s quota ({amount_words(t.quota)}) alone: "
                            "it runs in capacity no tenant within its quota needs, ordered by fair share")
         else:
-            used = _named(held.get(job.tenant, _NONE), t.quota)
-            out[job.id] = (f"tenant {job.tenant} is at its quota ({amount_words(used)} held or planned, "
-                           f"quota {amount_words(t.quota)}): its jobs beyond it wait behind jobs within their "
-                           "tenants' quotas")
+            used = held.get(job.tenant, _NONE)
+            past = _past(used, _request(job), t.quota)  # the resources this job would take past the quota
+            where = ("is over its quota" if any(used[i] > t.quota[i] for i in past)
+                     else "is at its quota" if any(used[i] == t.quota[i] for i in past)
+                     else "would pass its quota with this job")
+            out[job.id] = (f"tenant {job.tenant} {where} ({_of_words(used, t.quota, past)} held or planned): its "
+                           "jobs beyond it wait behind jobs within their tenants' quotas")
     return out
+
+
+def _past(used: Amount, more: Amount, bound: Amount) -> tuple[int, ...]:
+    """The resources (0: GPUs, 1: CPUs, 2: memory) that ``used + more`` takes past ``bound``."""
+    return tuple(i for i in range(3) if used[i] + more[i] > bound[i])
+
+
+def _only(amount: Amount, which: tuple[int, ...]) -> Amount:
+    """``amount`` with the resources not in ``which`` left out (0)."""
+    return tuple(a if i in which else 0.0 for i, a in enumerate(amount))  # type: ignore[return-value]
+
+
+def _of_words(used: Amount, limit: Amount, which: tuple[int, ...]) -> str:
+    """``4 of 4 GPUs, 40 of 32 CPUs``: ``used`` against ``limit`` for the resources ``which``."""
+    units = ("GPUs", "CPUs", "GiB")
+    scale = (1.0, 1.0, 1024.0 ** 3)
+    return ", ".join(f"{used[i] / scale[i]:g} of {limit[i] / scale[i]:g} {units[i]}" for i in which) or "nothing"
 
 
 def bounded(tenant: Tenant) -> Amount:

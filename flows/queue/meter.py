@@ -12,8 +12,9 @@ figure is a sum of manifests' fields, nothing estimated:
   times its GPUs / 3600: GPU-hours billed twice;
 * ``completed``, ``partial``, ``failed``: runs that ended in the period, by their newest manifest's
   status; a run that failed before any attempt returned a manifest (refused at its start, an input
-  that did not verify: nothing billed) counts as failed on its end; ``running``: runs not ended
-  (billed when their attempt returns);
+  that did not verify: nothing billed) counts as failed on its end; ``running``: runs not ended that hold
+  compute now (placed, starting or running: billed when their attempt returns); ``queued``: runs not
+  ended that wait for compute (queued, or queued again after a preemption or a crash);
 * ``mean_wait_s``: over runs whose work has started, from the submission (the flow run's creation) to
   the first attempt's ``meter.started_at``.
 
@@ -49,8 +50,9 @@ class Attempt:
 @dataclass(frozen=True)
 class RunBill:
     """A flow run of the pool: ``run_id``, ``job`` (its name), ``tenant``, ``created`` (Unix seconds),
-    ``gpus`` (its request), ``ended`` (its state is final), its ``attempts`` (oldest first), and
-    ``failed_at`` (Unix seconds: when it ended Failed or Crashed; None otherwise)."""
+    ``gpus`` (its request), ``ended`` (its state is final), its ``attempts`` (oldest first),
+    ``failed_at`` (Unix seconds: when it ended Failed or Crashed; None otherwise), and ``waiting``
+    (not ended, and holding no compute now: queued)."""
 
     run_id: str
     job: str
@@ -60,6 +62,7 @@ class RunBill:
     ended: bool
     attempts: tuple[Attempt, ...] = ()
     failed_at: float | None = None
+    waiting: bool = False
 
 
 @dataclass
@@ -76,6 +79,7 @@ class Row:
     partial: int = 0
     failed: int = 0
     running: int = 0
+    queued: int = 0
     mean_wait_s: float | None = None
     _waits: list[float] = field(default_factory=list, repr=False)
 
@@ -85,6 +89,7 @@ class Row:
                 "gpu_hours": round(self.gpu_hours, 6), "cpu_hours": round(self.cpu_hours, 6),
                 "redone_gpu_hours": round(self.redone_gpu_hours, 6), "completed": self.completed,
                 "partial": self.partial, "failed": self.failed, "running": self.running,
+                "queued": self.queued,
                 "mean_wait_s": None if self.mean_wait_s is None else round(self.mean_wait_s, 3)}
 
 
@@ -120,7 +125,10 @@ def usage_rows(runs: Iterable[RunBill], since: float, by: str = "tenant") -> lis
         released = newest.released_at if newest is not None else None
         if not run.ended:
             r = row(key_of(released or run.created))
-            r.running += 1
+            if run.waiting:
+                r.queued += 1
+            else:
+                r.running += 1
         elif newest is not None and released is not None and released >= since:
             r = row(key_of(released))
             if newest.status in ("completed", "partial", "failed"):

@@ -36,6 +36,8 @@ def test_the_queue_works_behind_basic_auth_and_a_wrong_string_gets_one_line(tmp_
             missing = _e31(q, "queue", "--pool", str(q.pool))
             monkeypatch.setenv("PREFECT_API_AUTH_STRING", "operator:wrong")
             wrong = _e31(q, "submit", str(q.job("j1", 0, 1)), "--pool", str(q.pool))
+            deployed = _e31(q, "deploy", str(q.job("j1", 0, 1)), "--pool", str(q.pool))
+            worker = _e31(q, "worker", "--pool", str(q.pool), "--node", "n1")  # it stops at its first request
             monkeypatch.setenv("PREFECT_API_AUTH_STRING", SECRET)
             q.scheduler()
             q.worker("n1", 0)
@@ -51,9 +53,14 @@ def test_the_queue_works_behind_basic_auth_and_a_wrong_string_gets_one_line(tmp_
             "PREFECT_API_AUTH_STRING to the user:password of the server's PREFECT_SERVER_API_AUTH_STRING\n")
     assert (missing.returncode, missing.stdout, missing.stderr) == (1, "", line.format("is not set"))
     assert (wrong.returncode, wrong.stdout, wrong.stderr) == (1, "", line.format("is set but the server refused it"))
+    assert (deployed.returncode, deployed.stdout, deployed.stderr) == (
+        1, "", line.format("is set but the server refused it").replace("e31: ", "e31: deploy failed: ", 1))
+    assert worker.returncode == 1 and worker.stderr.splitlines()[-1] == line.format(
+        "is set but the server refused it").rstrip("\n"), worker.stderr
     assert submitted.returncode == 0 and listed.returncode == 0, (submitted.stderr, listed.stderr)
     assert json.loads(used.stdout)["total"]["completed"] == 1
-    for what, text in {**logs, "outputs": "".join(p.stdout + p.stderr for p in (missing, wrong, submitted, listed, used))}.items():
+    for what, text in {**logs, "outputs": "".join(p.stdout + p.stderr for p in (missing, wrong, deployed, worker, submitted,
+                                                                                    listed, used))}.items():
         assert "Zq7-not-in-any-log" not in text, what
 
 

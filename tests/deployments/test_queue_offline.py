@@ -88,6 +88,22 @@ def test_a_queue_command_whose_server_does_not_answer_says_how_to_fix_it(tmp_pat
                            "running? Start it (prefect server start) or point PREFECT_API_URL at it\n")
 
 
+def test_a_prefect_api_url_with_a_password_is_said_without_it(tmp_path):
+    """A PREFECT_API_URL holding user:password@ (a proxy's basic auth) was echoed whole in the line."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("pool_version: 1\nname: p\nnodes: [{name: n1, cpus: 1, memory: 1GiB}]\n")
+    done = subprocess.run([str(Path(sys.executable).with_name("e31")), "queue", "--pool", str(pool)], text=True,
+                          capture_output=True, timeout=120,
+                          env={**os.environ, "PREFECT_API_URL": f"http://ops:Zq7-secret@127.0.0.1:{port}/api"})
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (f"e31: nothing answers at PREFECT_API_URL=http://***@127.0.0.1:{port}/api (Connection "
+                           "refused): is the Prefect server running? Start it (prefect server start) or point "
+                           "PREFECT_API_URL at it\n")
+
+
 @pytest.mark.parametrize("suffix", ["", "/"])
 def test_a_prefect_api_url_without_api_says_where_the_api_is(prefect_api, tmp_path, suffix):
     """The server's root, not its API: Prefect's client answered with a raw 404 line."""

@@ -41,6 +41,7 @@ def test_e31_usage_sums_the_manifests_by_tenant_job_and_day(prefect_api, tmp_pat
         q.submit(q.job("a2", 1, 120), "--tenant", "a")
         wait_for(lambda: (q.root / "out" / "a2" / "started.json").exists() or any(
             (q.root / "scratch-n1").glob("a2/**/started.json")), what="a2's work")
+        q.submit(q.job("a3", 2, 1), "--tenant", "a")  # both GPUs: it waits for a2, queued, holding nothing
         a1, b1 = final_manifest(q.root / "out" / "a1"), final_manifest(q.root / "out" / "b1" / "partial")
         wait_for(lambda: json.loads(_usage(q, "--json").stdout)["rows"][0].get("completed") == 1,
                  what="a1's manifest artifact")  # the artifact is made a moment after the manifest
@@ -57,20 +58,22 @@ def test_e31_usage_sums_the_manifests_by_tenant_job_and_day(prefect_api, tmp_pat
     rows = {r["key"]: r for r in by_tenant["rows"]}
     assert (rows["a"]["gpu_seconds"], rows["a"]["cpu_seconds"]) == (a1["meter"]["gpu_seconds"], a1["meter"]["cpu_seconds"])
     assert rows["a"]["gpu_hours"] == round(a1["meter"]["gpu_seconds"] / 3600, 6)
-    assert (rows["a"]["completed"], rows["a"]["running"], rows["a"]["failed"]) == (1, 1, 0)
+    assert (rows["a"]["completed"], rows["a"]["running"], rows["a"]["queued"], rows["a"]["failed"]) == (1, 1, 1, 0)
     assert rows["b"]["gpu_seconds"] == b1["meter"]["gpu_seconds"]
     assert (rows["b"]["failed"], rows["b"]["completed"], rows["b"]["running"]) == (2, 0, 0)  # b1 and b2
     total = by_tenant["total"]
     assert total["gpu_seconds"] == round(a1["meter"]["gpu_seconds"] + b1["meter"]["gpu_seconds"], 3)
-    assert (total["completed"], total["failed"], total["running"], total["redone_gpu_hours"]) == (1, 2, 1, 0.0)
-    assert {r["key"]: r["failed"] for r in by_job["rows"]} == {"a1": 0, "b1": 1, "b2": 1, "a2": 0}
+    assert (total["completed"], total["failed"], total["running"], total["queued"], total["redone_gpu_hours"]) == (
+        1, 2, 1, 1, 0.0)
+    assert {r["key"]: (r["failed"], r["running"], r["queued"]) for r in by_job["rows"]} == {
+        "a1": (0, 0, 0), "b1": (1, 0, 0), "b2": (1, 0, 0), "a2": (0, 1, 0), "a3": (0, 0, 1)}
     day = list(csv.reader(io.StringIO(by_day.stdout)))
     assert day[0] == ["day", "gpu_seconds", "cpu_seconds", "gpu_hours", "cpu_hours", "redone_gpu_hours", "completed",
-                      "partial", "failed", "running", "mean_wait_s"]
+                      "partial", "failed", "running", "queued", "mean_wait_s"]
     assert len(day) == 2 and float(day[1][1]) == total["gpu_seconds"]
     lines = table.stdout.splitlines()
     assert lines[1].split() == ["TENANT", "GPU-H", "CPU-H", "REDONE", "GPU-H", "DONE", "PARTIAL", "FAILED", "RUNNING",
-                                "MEAN", "WAIT"]
+                                "QUEUED", "MEAN", "WAIT"]
     assert lines[-1].split()[:2] == ["total", f"{total['gpu_seconds'] / 3600:.3f}"]
     assert (tmp_path / "usage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert table.stderr == f"e31 usage: wrote the chart of GPU-hours per tenant per day to {tmp_path / 'usage.png'}\n"

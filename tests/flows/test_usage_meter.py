@@ -15,19 +15,23 @@ def test_rows_sum_the_attempts_released_in_the_period_and_count_runs_by_their_ne
     runs = [
         RunBill("r1", "train", "vision", T0, 2, True, (preempted, resumed)),
         RunBill("r2", "sweep", "nlp", T0 + 100, 1, True, (Attempt("failed", T0 + 200, T0 + 2000, 1800.0, 1800.0),)),
-        RunBill("r3", "sweep", "nlp", T0 + 300, 1, False, ()),  # queued or running: billed once it returns
+        RunBill("r3", "sweep", "nlp", T0 + 300, 1, False, ()),  # running: billed once it returns
+        RunBill("r4", "sweep", "nlp", T0 + 400, 1, False, (), waiting=True),  # queued: holds nothing
+        RunBill("r5", "train", "vision", T0 + 500, 2, False,  # preempted once, queued again: its attempt billed
+                (Attempt("partial", T0 + 600, T0 + 1600, 2000.0, 1000.0),), waiting=True),
         RunBill("old", "train", "vision", T0 - 90_000, 2, True, (Attempt("completed", T0 - 89_000, T0 - 86_500,
                                                                          5000.0, 2500.0),)),
     ]
     by_tenant = {r.key: r.as_dict() for r in usage_rows(runs, since=T0 - 3600)}
     assert by_tenant == {
         "nlp": {"key": "nlp", "gpu_seconds": 1800.0, "cpu_seconds": 1800.0, "gpu_hours": 0.5, "cpu_hours": 0.5, "redone_gpu_hours": 0.0, "completed": 0,
-                "partial": 0, "failed": 1, "running": 1, "mean_wait_s": 100.0},
-        "vision": {"key": "vision", "gpu_seconds": 14400.0, "cpu_seconds": 7200.0, "gpu_hours": 4.0, "cpu_hours": 2.0, "redone_gpu_hours": round(120 * 2 / 3600, 6),
-                   "completed": 1, "partial": 0, "failed": 0, "running": 0, "mean_wait_s": 10.0},
+                "partial": 0, "failed": 1, "running": 1, "queued": 1, "mean_wait_s": 100.0},
+        "vision": {"key": "vision", "gpu_seconds": 16400.0, "cpu_seconds": 8200.0, "gpu_hours": round(16400 / 3600, 6),
+                   "cpu_hours": round(8200 / 3600, 6), "redone_gpu_hours": round(120 * 2 / 3600, 6),
+                   "completed": 1, "partial": 0, "failed": 0, "running": 0, "queued": 1, "mean_wait_s": 55.0},
     }
     by_day = {r.key: (r.gpu_hours, r.completed) for r in usage_rows(runs, since=T0 - 2 * 86400, by="day")}
-    assert by_day == {"2025-12-30": (5000 / 3600, 1), "2026-01-01": (4.5, 1)}  # released 23:58 on the 30th
+    assert by_day == {"2025-12-30": (5000 / 3600, 1), "2026-01-01": ((16200 + 2000) / 3600, 1)}  # 23:58 on the 30th
     assert [r.key for r in usage_rows(runs, since=T0 - 3600, by="job")] == ["sweep", "train"]
     assert usage_rows([], since=T0) == []
     with pytest.raises(ValueError, match="by must be one of tenant, job, day"):
@@ -43,5 +47,6 @@ def test_a_run_that_failed_before_any_attempt_returned_counts_as_failed_and_bill
             RunBill("r3", "cancelled", "vision", T0, 2, True, ())]
     assert [r.as_dict() for r in usage_rows(runs, since=T0 - 3600)] == [
         {"key": "vision", "gpu_seconds": 0.0, "cpu_seconds": 0.0, "gpu_hours": 0.0, "cpu_hours": 0.0,
-         "redone_gpu_hours": 0.0, "completed": 0, "partial": 0, "failed": 1, "running": 0, "mean_wait_s": None}]
+         "redone_gpu_hours": 0.0, "completed": 0, "partial": 0, "failed": 1, "running": 0, "queued": 0,
+         "mean_wait_s": None}]
     assert [(r.key, r.failed) for r in usage_rows(runs, since=T0 - 3600, by="day")] == [("2026-01-01", 1)]

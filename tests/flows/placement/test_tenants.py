@@ -46,8 +46,7 @@ def test_jobs_within_their_tenant_s_quota_come_before_any_borrowing():
     got = {p.job: p for p in plan([node("a", gpus=8)], [], jobs, T0, tenancy=tenancy)}
     assert (got["v1"].action, got["n1"].action, got["v2"].action) == ("start", "start", "wait")
     assert got["v2"].reason == ("waiting for 4 GPUs on one node (0 free on a); earliest start 01:00 UTC on a, after job "
-                                "v1 ends; tenant vision is at its quota (4 GPUs, 4 CPUs held or planned, quota 4 GPUs, 32 CPUs, "
-                                "256 GiB): "
+                                "v1 ends; tenant vision is at its quota (4 of 4 GPUs held or planned): "
                                 "its jobs beyond it wait behind jobs within their tenants' quotas")
     # without tenants, arrival order: vision's two jobs take the node
     plain = {p.job: p for p in plan([node("a", gpus=8)], [], jobs, T0, "easy")}
