@@ -13,6 +13,7 @@ import argparse
 import csv
 import json
 import sys
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -47,9 +48,12 @@ def add_usage(sub: Any) -> None:
     u.add_argument("--png", help="also write a chart of GPU-hours per tenant per day to this PNG file")
 
 
-def read_bills(client: Any, pool: Any, since: float) -> list[RunBill]:
+def read_bills(client: Any, pool: Any, since: float, now: float | None = None) -> list[RunBill]:
     """The pool's flow runs that ended after ``since`` (Unix seconds) or have not ended, each with the
-    attempts its manifest artifacts record (oldest first)."""
+    attempts its manifest artifacts record (oldest first).  A deployment's run not yet due (``Scheduled``
+    for a time after ``now``, Unix seconds of the server's clock) is not one yet; a run made by a
+    deployment's schedule was submitted at its scheduled time (Prefect's ``expected_start_time``), not
+    when the server made it (up to days ahead)."""
     from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey,
                                                 FlowRunFilter, FlowRunFilterEndTime, FlowRunFilterState,
                                                 FlowRunFilterStateType, WorkPoolFilter, WorkPoolFilterName)
@@ -84,12 +88,18 @@ def read_bills(client: Any, pool: Any, since: float) -> list[RunBill]:
             for artifact in page:
                 found = _attempt(artifact.data)
                 if found is not None and artifact.flow_run_id is not None:
+                    found = replace(found, published_at=artifact.created.timestamp())
                     attempts.setdefault(str(artifact.flow_run_id), []).append((artifact.created.timestamp(), found))
             offset += PAGE
             if len(page) < PAGE:
                 break
     bills = []
     for run in runs:
+        expected = run.expected_start_time.timestamp() if run.expected_start_time is not None else None
+        if run.state is not None and run.state.name == "Scheduled" and expected is not None and now is not None \
+                and expected > now:
+            continue  # a deployment's run not due yet: nobody submitted it so far
+        submitted = expected if run.auto_scheduled and expected is not None else run.created.timestamp()
         try:
             gpus = stored_spec(run).request.gpus
         except Exception:  # an unreadable spec: its GPUs from its meter
@@ -100,7 +110,7 @@ def read_bills(client: Any, pool: Any, since: float) -> list[RunBill]:
         # waiting for compute: Queued (and Late, AwaitingRetry); a Placed run holds its node
         waiting = run.state is not None and (run.state.type.value == "SCHEDULED" and run.state.name != PLACED
                                              or run.state.type.value == "PAUSED")
-        bills.append(RunBill(str(run.id), run.name, tenant_of(run.tags), run.created.timestamp(), gpus,
+        bills.append(RunBill(str(run.id), run.name, tenant_of(run.tags), submitted, gpus,
                              run.state is not None and run.state.is_final(), tuple(mine), ended_at, waiting))
     return bills
 
@@ -133,7 +143,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
         measure(client)
         now = server_now()
         since = max(now - args.since, 0.0)  # a period longer than the epoch: everything
-        bills = read_bills(client, pool, since)
+        bills = read_bills(client, pool, since, now)
     rows = usage_rows(bills, since, args.by)
     total = usage_rows([b for b in bills], since, "tenant")
     summed = {c: sum((getattr(r, c) or 0) for r in total) for c in COLUMNS if c != "mean_wait_s"}

@@ -15,8 +15,11 @@ figure is a sum of manifests' fields, nothing estimated:
   that did not verify: nothing billed) counts as failed on its end; ``running``: runs not ended that hold
   compute now (placed, starting or running: billed when their attempt returns); ``queued``: runs not
   ended that wait for compute (queued, or queued again after a preemption or a crash);
-* ``mean_wait_s``: over runs whose work has started, from the submission (the flow run's creation) to
-  the first attempt's ``meter.started_at``.
+* ``mean_wait_s``: over runs whose work has started, from the submission (the flow run's creation; a
+  deployment's scheduled run: its scheduled time) to the first attempt's ``meter.started_at``.
+
+An attempt whose work never started (stopped by a cancel or a missed deadline first) bills nothing
+and counts at its manifest's publication.
 
 Rows are by tenant (the run's tag), by job name, or by UTC day (of each attempt's release; a run's
 counts on the day its newest attempt was released).
@@ -37,7 +40,9 @@ BY = ("tenant", "job", "day")
 @dataclass(frozen=True)
 class Attempt:
     """One attempt's manifest fields the meter needs: ``status``, ``started_at`` and ``released_at``
-    (Unix seconds; None when no work started), ``gpu_seconds``, ``cpu_seconds``, ``lost_s``."""
+    (Unix seconds; None when no work started), ``gpu_seconds``, ``cpu_seconds``, ``lost_s``; and
+    ``published_at`` (Unix seconds the manifest artifact was made: the attempt's time when no work
+    started, e.g. one stopped by a cancel or a missed deadline before its work)."""
 
     status: str
     started_at: float | None
@@ -45,11 +50,18 @@ class Attempt:
     gpu_seconds: float
     cpu_seconds: float
     lost_s: float = 0.0
+    published_at: float | None = None
+
+    @property
+    def at(self) -> float | None:
+        """When the attempt ended: its release, else its manifest's publication."""
+        return self.released_at if self.released_at is not None else self.published_at
 
 
 @dataclass(frozen=True)
 class RunBill:
-    """A flow run of the pool: ``run_id``, ``job`` (its name), ``tenant``, ``created`` (Unix seconds),
+    """A flow run of the pool: ``run_id``, ``job`` (its name), ``tenant``, ``created`` (Unix seconds it was
+    submitted: its creation, or for a deployment's scheduled run its scheduled time),
     ``gpus`` (its request), ``ended`` (its state is final), its ``attempts`` (oldest first),
     ``failed_at`` (Unix seconds: when it ended Failed or Crashed; None otherwise), and ``waiting``
     (not ended, and holding no compute now: queued)."""
@@ -122,7 +134,7 @@ def usage_rows(runs: Iterable[RunBill], since: float, by: str = "tenant") -> lis
             r.gpu_hours = r.gpu_seconds / 3600.0
             r.cpu_hours = r.cpu_seconds / 3600.0
         newest = run.attempts[-1] if run.attempts else None
-        released = newest.released_at if newest is not None else None
+        released = newest.at if newest is not None else None
         if not run.ended:
             r = row(key_of(released or run.created))
             if run.waiting:

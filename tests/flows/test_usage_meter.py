@@ -50,3 +50,15 @@ def test_a_run_that_failed_before_any_attempt_returned_counts_as_failed_and_bill
          "redone_gpu_hours": 0.0, "completed": 0, "partial": 0, "failed": 1, "running": 0, "queued": 0,
          "mean_wait_s": None}]
     assert [(r.key, r.failed) for r in usage_rows(runs, since=T0 - 3600, by="day")] == [("2026-01-01", 1)]
+
+
+def test_a_run_whose_newest_attempt_stopped_before_its_work_counts_by_that_manifest():
+    """A resumed run stopped at a gate before its work (a missed deadline, a cancel) publishes a manifest with
+    no meter times: the run counts as partial on that manifest's day, with the redone GPU-hours of its
+    newest manifest (it was left out: no time to count it at)."""
+    first = Attempt("partial", T0 + 10, T0 + 1010, 2000.0, 1000.0, lost_s=300.0, published_at=T0 + 1011)
+    gated = Attempt("partial", None, None, 0.0, 0.0, lost_s=300.0, published_at=T0 + 5000)
+    rows = usage_rows([RunBill("r1", "train", "vision", T0, 2, True, (first, gated))], since=T0 - 3600)
+    assert [(r.key, r.gpu_seconds, r.partial, r.completed, r.redone_gpu_hours, r.mean_wait_s) for r in rows] == [
+        ("vision", 2000.0, 1, 0, 300 * 2 / 3600, 10.0)]
+    assert gated.at == T0 + 5000 and first.at == T0 + 1010
