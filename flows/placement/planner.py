@@ -148,7 +148,7 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
             placed = place_gang(cap, j, promotion, reservations, depth, floor if fcfs else now, fcfs and blocked, SLACK_USE)
             if placed is not None and limits is not None and placed[0] <= now:
                 if limits.allows(job):
-                    limits.take(job)
+                    limits.take(job, now + placed[2])
                 else:  # its tenant's borrow limit: no earlier than enough of its tenant's running jobs end
                     placed = place_gang(cap, j, None, 0, 1, max(limits.after(job), floor if fcfs else now), False,
                                         SLACK_USE)
@@ -193,7 +193,7 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
             continue
         if limits is not None and start <= now:
             if limits.allows(job):
-                limits.take(job)
+                limits.take(job, now + j.req[3])
             else:  # its tenant's borrow limit: no earlier than enough of its tenant's running jobs end
                 start, i, mask = cap.earliest(j.req, j.eligible, max(limits.after(job), floor if fcfs else now),
                                               preferred=j.preferred)
@@ -285,7 +285,7 @@ def _fill_now(cap: Capacity, ranked: list[Ranked], slots: dict[str, _Slot], held
                 waiting.discard(job.id)
                 moved = True
                 if limits is not None:
-                    limits.take(job)
+                    limits.take(job, now + j.req[3])
                 continue
             if slot is not None:
                 cap.reserve(i, start, start + held[job.id], devices, job.cpus, job.memory, job.id)

@@ -29,6 +29,8 @@ With one tenant (or none declared), nothing changes: the planner's order is the 
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -161,21 +163,21 @@ def fair_order(jobs: Sequence[QueuedJob], running: Sequence[RunningJob], tenancy
     allocation = dict(held)
     total = sum_of(tenancy.of(name).usage for name in {*tenancy.tenants, *queues})
     out: list[int] = []
+    history = {name: _history(tenancy.of(name), total) for name in queues}
     for queued in classes:
-        heads = {name: 0 for name in queued}
-        while heads:
-            def key(name: str) -> tuple[float, int]:
-                tenant = tenancy.of(name)
-                share = _history(tenant, total) + dominant_share(allocation.get(name, _NONE), tenancy.capacity)
-                return share / tenant.weight, queued[name][heads[name]]
+        # only the tenant just served changes its key: a heap of every tenant's next job, O(jobs x log tenants)
+        def key(name: str, head: int) -> tuple[float, int, str, int]:
+            share = history[name] + dominant_share(allocation.get(name, _NONE), tenancy.capacity)
+            return share / tenancy.of(name).weight, queued[name][head], name, head
 
-            name = min(heads, key=key)
-            index = queued[name][heads[name]]
+        heap = [key(name, 0) for name in queued]
+        heapq.heapify(heap)
+        while heap:
+            _, index, name, head = heapq.heappop(heap)
             out.append(index)
             allocation[name] = _add(allocation.get(name, _NONE), _request(jobs[index]))
-            heads[name] += 1
-            if heads[name] == len(queued[name]):
-                del heads[name]
+            if head + 1 < len(queued[name]):
+                heapq.heappush(heap, key(name, head + 1))
     return out, nominal
 
 
@@ -203,9 +205,11 @@ class BorrowLimits:
         bound = self._bound(job.tenant)
         return bound is None or _within(_add(self.held.get(job.tenant, _NONE), _request(job)), bound)
 
-    def take(self, job: QueuedJob) -> None:
-        """``job`` starts now: its request counts against its tenant's bound for the rest of the pass."""
+    def take(self, job: QueuedJob, end: float) -> None:
+        """``job`` starts now and is planned to end at ``end`` (Unix seconds): its request counts against
+        its tenant's bound for the rest of the pass, and frees it at ``end`` (:meth:`after`)."""
         self.held[job.tenant] = _add(self.held.get(job.tenant, _NONE), _request(job))
+        bisect.insort(self.ends.setdefault(job.tenant, []), (max(end, self.now + 1.0), _request(job)))
 
     def hold(self, job: QueuedJob) -> None:
         """``job`` is held back by its tenant's bound: say so (:attr:`delayed`)."""
@@ -218,9 +222,9 @@ class BorrowLimits:
                                 "as the tenant's running jobs end")
 
     def after(self, job: QueuedJob) -> float:
-        """The earliest time ``job`` fits its tenant's bound as its tenant's running jobs end (their planned
-        ends, earliest first; jobs this pass starts now are taken to hold their room until the last of them
-        ends): Unix seconds, ``now + 1`` at the least; ``math.inf`` when the job alone exceeds the bound."""
+        """The earliest time ``job`` fits its tenant's bound as its tenant's running jobs and the jobs this
+        pass starts now end (their planned ends, earliest first): Unix seconds, ``now + 1`` at the least;
+        ``math.inf`` when the job alone exceeds the bound."""
         bound = self._bound(job.tenant)
         if bound is None:
             return self.now

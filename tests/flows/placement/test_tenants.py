@@ -84,6 +84,20 @@ def test_a_tenant_at_its_borrow_limit_waits_for_its_own_jobs_to_end_and_a_job_ov
     assert limits.allows(jobs[1]) and not limits.allows(jobs[0]) and limits.after(jobs[0]) == T0 + 2 * H
 
 
+def test_a_job_held_by_its_tenant_s_borrow_limit_waits_for_the_jobs_the_same_plan_starts_and_reserves_no_more():
+    """x1 starts now and takes tenant x to 3 of its 4 GPUs (quota 2 + borrow_limit 2): x2 (3 GPUs) fits
+    only once x1 ends, an hour on, not a second from now (the planned start then held 5 GPUs that y1
+    could use now: y1 waited behind a reservation that could never start)."""
+    x = Tenant("x", quota=(2.0, 0.0, 0.0), borrow_limit=(2.0, math.inf, math.inf))
+    y = Tenant("y", usage=(1e6, 0.0, 0.0))  # far more past usage: x's jobs come first
+    jobs = [_of(queued("x1", 3, 1), "x"), _of(queued("x2", 3, 1), "x"), _of(queued("y1", 5, 1), "y")]
+    got = {p.job: p for p in plan([node("a", gpus=8)], [], jobs, T0, tenancy=_tenancy(x, y))}
+    assert (got["x1"].action, got["y1"].action) == ("start", "start")
+    assert (got["x2"].action, got["x2"].start) == ("wait", T0 + H)
+    assert got["x2"].reason.startswith("waiting: tenant x holds 3 GPUs, and 3 GPUs more would pass its quota and "
+                                       "borrow_limit (4 GPUs); it starts as the tenant's running jobs end")
+
+
 def test_the_latest_started_jobs_beyond_a_quota_are_the_borrowing_ones():
     tenancy = _tenancy(Tenant("vision", quota=(4.0, 64.0, 512.0 * GIB)))
     jobs = [replace(_of(running(f"r{k}", "a", (2 * k, 2 * k + 1), until_h=5), "vision"), start=T0 - (5 - k) * H)
@@ -151,6 +165,42 @@ def test_every_nominal_job_is_ordered_before_every_borrowing_one_and_each_tenant
     for name in names:
         mine = [k for k in order if queued_[k].tenant == name]
         assert mine == sorted(mine)
+
+
+@FEW
+@given(data=st.data())
+def test_the_fair_order_is_the_progressive_filling_of_its_definition(data):
+    """fair_order (a heap of each tenant's next job) against the rule written out plainly: each next job
+    from the tenant with the lowest (decayed history + allocation) / weight, ties to the job first in the
+    policy's order, nominal jobs before borrowing ones."""
+    from e31.flows.placement import tenants as t
+
+    nodes = data.draw(pools())
+    tenancy, names = data.draw(tenancies(nodes))
+    tenancy = replace(tenancy, tenants={n: replace(v, usage=(data.draw(st.floats(0, 1e6)), 0.0, 0.0))
+                                        for n, v in tenancy.tenants.items()})
+    running_ = [replace(r, tenant=data.draw(st.sampled_from(names))) for r in data.draw(busy(nodes))]
+    queued_ = [replace(q, tenant=data.draw(st.sampled_from(names))) for q in data.draw(queues())]
+    order, nominal = fair_order(queued_, running_, tenancy)
+    total = t.sum_of(tenancy.of(n).usage for n in {*tenancy.tenants, *(q.tenant for q in queued_)})
+    allocation, expected = t.held_by(running_), []
+    for borrowing_class in (False, True):
+        left = [k for k in range(len(queued_)) if (queued_[k].id not in nominal) == borrowing_class]
+        while left:
+            heads = {}
+            for k in left:
+                heads.setdefault(queued_[k].tenant, k)
+
+            def share(name):
+                return (t._history(tenancy.of(name), total) + t.dominant_share(
+                    allocation.get(name, (0.0, 0.0, 0.0)), tenancy.capacity)) / tenancy.of(name).weight
+
+            k = min(heads.values(), key=lambda k: (share(queued_[k].tenant), k))
+            expected.append(k)
+            left.remove(k)
+            name = queued_[k].tenant
+            allocation[name] = t._add(allocation.get(name, (0.0, 0.0, 0.0)), t._request(queued_[k]))
+    assert order == expected
 
 
 def test_a_job_within_its_quota_takes_back_what_another_tenant_borrowed():
