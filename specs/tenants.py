@@ -25,17 +25,36 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from pydantic import Field, StrictInt
+from typing import Annotated
+
+from pydantic import AfterValidator, Field, StrictInt, WithJsonSchema
 
 from .base import RuleError, SpecModel, spec_error
 from .errors import short_repr
-from .fields import JobName
+from .fields import SAFE_NAME, valid_job_name
 from .quantities import Duration, Memory
 
 __all__ = ["DEFAULT_TENANT", "BorrowLimit", "FairShare", "Resources", "TenantSpec", "tenant_rules"]
 
 #: The tenant of a job whose submitter is no tenant's member and who named none.
 DEFAULT_TENANT = "default"
+
+
+def _name_check(what: str, example: str):
+    def check(value: str) -> str:
+        if not valid_job_name(value):
+            raise spec_error("must be 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit",
+                             fix=f"{what}, e.g. {example}")
+        return value
+    return check
+
+
+#: A tenant's name (what ``--tenant`` names and the ``tenant:NAME`` tag carries).
+TenantName = Annotated[str, AfterValidator(_name_check("it names the tenant in --tenant and its runs' tags", "vision")),
+                       WithJsonSchema({"type": "string", "pattern": SAFE_NAME, "minLength": 1, "maxLength": 63})]
+#: An OS user name, as a tenant's member.
+UserName = Annotated[str, AfterValidator(_name_check("give the OS user name of a submitter", "alice")),
+                     WithJsonSchema({"type": "string", "pattern": SAFE_NAME, "minLength": 1, "maxLength": 63})]
 
 
 class Resources(SpecModel):
@@ -85,14 +104,15 @@ class TenantSpec(SpecModel):
     """One tenant of a pool (see the module docstring).  Raises (on validation)
     :class:`e31.specs.errors.SpecError`: a bad name, a weight of 0 or less, a bad quota or limit."""
 
-    name: JobName = Field(description="Tenant name: 1-63 letters, digits, '.', '_', '-' (a job's --tenant).")
+    name: TenantName = Field(description="Tenant name: 1-63 letters, digits, '.', '_', '-' (a job's --tenant).")
     quota: Resources = Field(default_factory=Resources, description=(
         "The compute guaranteed to the tenant: its jobs within it start before any tenant's borrowing, and "
         "capacity lent to others is taken back for them by preemption."))
-    weight: float = Field(1.0, gt=0, le=1_000_000, description="The tenant's fair share, relative to the others' weights.")
+    weight: float = Field(1.0, gt=0, le=1_000_000, strict=True, allow_inf_nan=False,
+                          description="The tenant's fair share, relative to the others' weights.")
     borrow_limit: BorrowLimit | None = Field(None, description=(
         "How much idle capacity beyond its quota the tenant may use, per resource (left out: any)."))
-    members: list[JobName] = Field(default_factory=list, description=(
+    members: list[UserName] = Field(default_factory=list, description=(
         "OS user names whose submissions are the tenant's when they name no --tenant."))
 
 
@@ -120,14 +140,26 @@ def tenant_rules(tenants: Any, totals: tuple[int, int, int] | None) -> list[Rule
         for m_index, member in enumerate(members if isinstance(members, list) else []):
             if not isinstance(member, str):
                 continue
-            if member in member_of and member_of[member] != index:
+            if member in member_of and member_of[member] == index:
+                problems.append(((index, "members", m_index), spec_error(
+                    f"user {member!r} is listed twice in this tenant", fix="list each user once",
+                    got=short_repr(member)), member))
+            elif member in member_of:
                 other = tenants[member_of[member]]
                 problems.append(((index, "members", m_index), spec_error(
                     f"user {member!r} is also a member of tenant {other.get('name')!r} (tenants[{member_of[member]}])",
                     fix="list each user in one tenant (a job names another with --tenant)", got=short_repr(member)),
                     member))
             member_of.setdefault(member, index)
-        quota = tenant.get("quota")
+        quota, limit = tenant.get("quota"), tenant.get("borrow_limit")
+        if isinstance(quota, Mapping) and isinstance(limit, Mapping):
+            guaranteed = [k for k in ("gpus", "cpus", "memory") if quota.get(k) is not None]
+            for key in ("gpus", "cpus", "memory"):
+                if guaranteed and limit.get(key) is not None and key not in guaranteed:
+                    problems.append(((index, "borrow_limit", key), spec_error(
+                        f"bounds nothing: a borrow_limit bounds only what the quota names, and this tenant's quota "
+                        f"names no {key}", fix=f"add {key} to its quota (0 for none guaranteed), or leave it out here",
+                        got=short_repr(limit.get(key))), limit.get(key)))
         if totals is None or not isinstance(quota, Mapping):
             continue
         for k, key in enumerate(("gpus", "cpus", "memory")):

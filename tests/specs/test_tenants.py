@@ -61,3 +61,27 @@ def test_every_tenant_problem_at_once_with_its_field_path(tmp_path):
         "fair_share.half_life: must be longer than 0 seconds (got '0s')",
         "tenants[0].colour: unknown field; allowed fields: name, quota, weight, borrow_limit, members",
     ]
+
+
+def test_a_borrow_limit_on_what_the_quota_does_not_name_a_user_listed_twice_and_loose_values_are_refused(tmp_path):
+    """A borrow_limit bounds only what the quota names: one on another resource was accepted and did nothing.
+    A weight given as a string or a boolean was read as a number (true as 1.0)."""
+    with pytest.raises(SpecError) as caught:
+        _pool(tmp_path, (
+            "tenants:\n"
+            "  - {name: vision, quota: {gpus: 2}, borrow_limit: {cpus: 1}, members: [alice, alice], weight: '2'}\n"
+            "  - {name: 'Team B:x', weight: .nan}\n"
+            "  - {name: nlp, weight: true, members: [bob smith]}\n"
+            "  - {name: ops, quota: {}, borrow_limit: {cpus: 1}}\n"))  # no quota: the limit bounds all it borrows
+    assert [f"{p.path}: {p.message}" for p in caught.value.problems] == [
+        "tenants[0].weight: input should be a valid number (got '2')",
+        "tenants[0].members[1]: user 'alice' is listed twice in this tenant (got 'alice'); list each user once",
+        "tenants[0].borrow_limit.cpus: bounds nothing: a borrow_limit bounds only what the quota names, and this "
+        "tenant's quota names no cpus (got 1); add cpus to its quota (0 for none guaranteed), or leave it out here",
+        "tenants[1].name: must be 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit (got "
+        "'Team B:x'); it names the tenant in --tenant and its runs' tags, e.g. vision",
+        "tenants[1].weight: input should be a finite number (got nan)",
+        "tenants[2].weight: input should be a valid number (got True)",
+        "tenants[2].members[0]: must be 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit "
+        "(got 'bob smith'); give the OS user name of a submitter, e.g. alice",
+    ]
