@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -24,6 +25,7 @@ from e31.errors import EXIT_FAILED, EXIT_OK, InvalidInput
 
 from .model import Node, QueuedJob
 from .planner import POLICIES, plan
+from .tenants import tenancy_of
 from .text import clock, gib
 
 __all__ = ["add_commands", "nodes_of"]
@@ -100,6 +102,8 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     q.add_argument("--png", help="also write a Gantt chart of the plan to this PNG file")
     q.add_argument("--policy", default="e31", choices=POLICIES, help="planning policy (default e31)")
     q.add_argument("--now", type=_instant, help="plan as of this time (ISO 8601 with a timezone; default: now)")
+    q.add_argument("--tenant", help="plan the jobs as this tenant's (default: the tenant whose members include you, "
+                                    "else default); the pool's quotas and borrow limits apply, with no past usage")
     s = sub.add_parser("simulate", help="replay a workload trace (SWF) through the planner",
                        description="replay a Standard Workload Format trace on a pool in simulated time and print "
                                    "the policy's metrics")
@@ -175,7 +179,30 @@ def cmd_pool(args: argparse.Namespace) -> int:
             "never preempts" if rules.max_per_day == 0 else f"at most {rules.max_per_day} per job in 24 hours")
         print(f"preemption: min_run {format_duration(rules.min_run)}, attained_min_run "
               f"{format_duration(rules.attained_min_run)}; {cap}")
+        if pool.tenants:
+            _tenants_table(pool)
     return EXIT_OK
+
+
+def _tenants_table(pool: Any) -> None:
+    """The pool's tenants: quota, weight, borrow limit and members, and the fair share's half-life."""
+    from e31.specs.units import format_duration, format_memory
+
+    def amount(res: Any, missing: str) -> str:
+        if res is None:
+            return missing
+        parts = [f"{res.gpus} GPU{'' if res.gpus == 1 else 's'}" if res.gpus is not None else "",
+                 f"{res.cpus} CPU{'' if res.cpus == 1 else 's'}" if res.cpus is not None else "",
+                 format_memory(res.memory) if res.memory is not None else ""]
+        return ", ".join(p for p in parts if p) or missing
+
+    print(f"tenants (fair share half-life {format_duration(pool.fair_share.half_life)}; a job of anyone else is "
+          f"tenant default's):")
+    rows = [("TENANT", "QUOTA", "WEIGHT", "BORROW LIMIT", "MEMBERS")]
+    for t in pool.tenants:
+        rows.append((t.name, amount(t.quota, "none"), f"{t.weight:g}", amount(t.borrow_limit, "any"),
+                     ", ".join(t.members) or "-"))
+    _table(rows)
 
 
 def _table(rows: list[tuple[str, ...]], right: set[int] = frozenset()) -> None:
@@ -216,10 +243,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     now = args.now if args.now is not None else datetime.now(timezone.utc).timestamp()
     with deadlines_as_of(datetime.fromtimestamp(now, timezone.utc) if args.now is not None else None):
         specs = [load_spec(path) for path in args.specs]
-    nodes, jobs = nodes_of(pool), _queued(specs, now)
-    placements = plan(nodes, [], jobs, now, args.policy)
+    import getpass
+
+    if args.tenant is not None and pool.tenant(args.tenant) is None:
+        raise InvalidInput(f"--tenant: pool {pool.name} has no tenant {args.tenant!r}; name one of "
+                           f"{', '.join(pool.tenant_names())}, or add it to the pool file's tenants")
+    tenant = args.tenant or pool.tenant_of(getpass.getuser())
+    nodes, jobs = nodes_of(pool), [replace(j, tenant=tenant) for j in _queued(specs, now)]
+    placements = plan(nodes, [], jobs, now, args.policy, tenancy=tenancy_of(pool) if pool.tenants else None)
     print(f"plan of {len(jobs)} job{'s' if len(jobs) != 1 else ''} on pool {pool.name} at {clock(now, now)} "
-          f"(policy {args.policy})")
+          f"(policy {args.policy}{f'; tenant {tenant}' if pool.tenants else ''})")
     rows = [("JOB", "ACTION", "NODE", "GPUS", "START", "END", "REASON")]
     for p in sorted(placements, key=lambda p: (p.action == "refuse", p.start or 0.0, p.job)):
         when = [clock(t, now) if t is not None else "-" for t in (p.start, p.end)]

@@ -292,3 +292,37 @@ def test_a_job_larger_than_its_tenant_s_quota_alone_is_told_so_not_that_the_quot
         "it asks for more than tenant nlp's quota (1 GPU) alone: it runs in capacity no tenant within its "
         "quota needs, ordered by fair share")}
     assert (amount_words((1.0, 1.0, 0.0)), amount_words((2.0, 16.0, 4 * GIB))) == ("1 GPU, 1 CPU", "2 GPUs, 16 CPUs, 4 GiB")
+
+
+def test_e31_pool_lists_the_tenants_and_e31_plan_applies_them(tmp_path, e31):
+    """e31 pool printed no tenant, and e31 plan said 'start' for a job e31 submit refuses: the pool's
+    quotas and borrow limits apply to the planned jobs' tenant (--tenant, else the user's, else default)."""
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("pool_version: 1\nname: gp\nnodes: [{name: a, gpus: 4, cpus: 16, memory: 64GiB}]\ntenants:\n"
+                    "  - {name: default, quota: {gpus: 1}, borrow_limit: {gpus: 0}}\n"
+                    "  - {name: vision, quota: {gpus: 2, memory: 32GiB}, weight: 2, members: [alice, bob]}\n"
+                    "fair_share: {half_life: 3d}\n")
+    spec = tmp_path / "g4.yaml"
+    spec.write_text("name: g4\nwork: {kind: simulation, command: [sleep, '1']}\nrequest: {gpus: 4, cpus: 1, duration: 1h}\n"
+                    f"output: {{kind: results, url: {tmp_path / 'out'}, files: [r.json]}}\n")
+    listed = e31("pool", str(pool))
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[-4:] == [
+        "tenants (fair share half-life 3d; a job of anyone else is tenant default's):",
+        "TENANT   QUOTA          WEIGHT  BORROW LIMIT  MEMBERS",
+        "default  1 GPU          1       0 GPUs        -",
+        "vision   2 GPUs, 32GiB  2       any           alice, bob"]
+    now = "2026-01-01T00:00:00Z"
+    mine = e31("plan", str(spec), "--pool", str(pool), "--now", now, env={"USER": "carol", "LOGNAME": "carol"})
+    assert mine.returncode == 1 and mine.stdout.splitlines()[0].endswith("(policy e31; tenant default)")
+    assert mine.stdout.splitlines()[2].split(None, 6)[6] == (
+        "asks for more than tenant default may hold (its quota and borrow_limit: 1 GPU); ask for less, or raise the "
+        "tenant's borrow_limit in the pool file")
+    alice = e31("plan", str(spec), "--pool", str(pool), "--now", now, env={"USER": "alice", "LOGNAME": "alice"})
+    named = e31("plan", str(spec), "--pool", str(pool), "--now", now, "--tenant", "vision")
+    for done in (alice, named):
+        assert done.returncode == 0 and done.stdout.splitlines()[0].endswith("(policy e31; tenant vision)")
+        assert done.stdout.splitlines()[2].split()[:3] == ["g4", "start", "a"]
+    unknown = e31("plan", str(spec), "--pool", str(pool), "--tenant", "nosuch")
+    assert (unknown.returncode, unknown.stderr) == (2, "e31: --tenant: pool gp has no tenant 'nosuch'; name one of "
+                                                       "default, vision, or add it to the pool file's tenants\n")
