@@ -30,6 +30,7 @@ beside the preempting one), not one on a node whose runs hold more than it has.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -289,6 +290,17 @@ def requeue(write: Any, snap: Any, logs: Any, counts: dict[str, int]) -> None:
         if write.state(key, queued(message, now + timedelta(seconds=AHEAD_S))):
             logs.add(key, message)
             counts["requeued"] = counts.get("requeued", 0) + 1
+
+
+#: The words of a preemption in a requeued run's message (:func:`requeue`): who, why, when.
+_PREEMPTED = re.compile(r"preempted by .*?; at \d\d:\d\d:\d\d UTC")
+
+
+def preempted_clause(message: str | None) -> str:
+    """The preemption a waiting run's state ``message`` tells of (``preempted by NAME (ID8): why; at
+    HH:MM:SS UTC``), to keep in the reasons written after it while the run waits; "" when none."""
+    found = _PREEMPTED.search(message or "")
+    return found.group(0) if found else ""
 
 
 def _attempt_times(client: Any, key: str, ended: float) -> tuple[float, float, str | None]:

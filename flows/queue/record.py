@@ -352,7 +352,8 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
             deep = cache is not None and waits_seen > REASON_DEPTH
             reason = p.reason.replace(ender_clause(p.ender), "") if deep and p.ender else p.reason
             note = snap.preempt_notes.get(p.job, "")  # a deadline job at risk: the preemption it waits for
-            message = f"Queued: {humane(reason, snap)}{note}"
+            earlier = preempt.preempted_clause(run.state.message if run.state else None)  # kept while it waits
+            message = f"Queued: {humane(reason, snap)}{note}" + (f"; earlier: {earlier}" if earlier else "")
             start_s = p.start or snap.now
             planned = datetime.fromtimestamp(max(start_s, snap.now + (DEEP_AHEAD_S if deep else AHEAD_S)), timezone.utc)
             current = run.state

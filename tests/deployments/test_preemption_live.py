@@ -128,6 +128,11 @@ def test_a_deadline_job_preempts_a_preemptible_one_which_resumes_where_it_stoppe
     assert manifest["preemptions"] == 1 and 0.0 <= manifest["lost_s"] < 3.0, manifest
     requeued = next(message for _, _, name, message in history if name == "Queued" and "preempted by" in message)
     assert requeued.endswith("queued again, resumes from there"), requeued
+    # the reasons written while it waits after that keep the preemption's words
+    after = names.index("Preempted") + 2
+    clause = requeued.split("Queued: ", 1)[1].split("; returned step", 1)[0].split("; queued again", 1)[0]
+    later = [m for _, _, name, m in history[after:names.index("Placed", after)] if name == "Queued"]
+    assert all(m.endswith(f"; earlier: {clause}") for m in later), (clause, later)
 
 
 def _trainer(q, log, steps: int = 40):

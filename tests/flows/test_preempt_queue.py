@@ -314,3 +314,16 @@ def test_a_preemption_one_of_whose_victims_changed_since_the_plan_stops_none_of_
     assert preempt.start(write, snap, planned, placements, _logs(), counts) == {"u1"}
     assert [(w[0], w[1]) for w in write.written] == [("v1", "CANCELLING"), ("v2", "CANCELLING"), ("u1", "placement"),
                                                       ("u1", "SCHEDULED")]
+
+
+def test_a_requeued_run_s_reasons_keep_the_preemption_it_waits_after():
+    """The scheduler's next reason replaced 'preempted by ...' within a second: e31 queue never said why the
+    run was back in the queue.  The clause is found in the requeue's message and in a later reason that kept
+    it (once, not nested)."""
+    clause = "preempted by nc1 (86ad0153): tenant nlp takes back, within its quota, what tenant vision borrowed; at 12:33:09 UTC"
+    requeued = f"Queued: {clause}; returned step 8; queued again, resumes from there"
+    assert preempt.preempted_clause(requeued) == clause
+    later = f"Queued: waiting for 2 GPUs on one node (0 free on n-1); earlier: {clause}"
+    assert preempt.preempted_clause(later) == clause
+    assert preempt.preempted_clause("Queued: waiting for 2 GPUs") == ""
+    assert preempt.preempted_clause(None) == ""
