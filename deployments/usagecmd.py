@@ -168,8 +168,10 @@ def cmd_usage(args: argparse.Namespace) -> int:
     from e31.deployments.runwords import print_table
 
     start = datetime.fromtimestamp(since, timezone.utc)
-    print(f"pool {pool.name}: usage since {start:%Y-%m-%d %H:%M} UTC ({timedelta(seconds=round(now - since))}), "
-          f"by {args.by}")
+    from e31.specs.units import format_duration
+
+    print(f"pool {pool.name}: usage since {start:%Y-%m-%d %H:%M} UTC (the last "
+          f"{format_duration(timedelta(seconds=round(now - since)))}), by {args.by}")
     if not rows:
         print("  no run of the pool ended or ran in the period")
         return EXIT_OK

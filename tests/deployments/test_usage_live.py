@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import subprocess
 
 import pytest
@@ -72,6 +73,8 @@ def test_e31_usage_sums_the_manifests_by_tenant_job_and_day(prefect_api, tmp_pat
                       "partial", "failed", "running", "queued", "mean_wait_s"]
     assert len(day) == 2 and float(day[1][1]) == total["gpu_seconds"]
     lines = table.stdout.splitlines()
+    assert re.fullmatch(r"pool q[0-9a-f]{8}: usage since \d{4}-\d\d-\d\d \d\d:\d\d UTC \(the last 7d\), by tenant",
+                        lines[0]), lines[0]
     assert lines[1].split() == ["TENANT", "GPU-H", "CPU-H", "REDONE", "GPU-H", "DONE", "PARTIAL", "FAILED", "RUNNING",
                                 "QUEUED", "MEAN", "WAIT"]
     assert lines[-1].split()[:2] == ["total", f"{total['gpu_seconds'] / 3600:.3f}"]
