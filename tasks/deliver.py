@@ -271,10 +271,12 @@ ARTIFACT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)
 
 
 def publish_artifacts(req: ReturnTarget, manifest: dict[str, Any],
-                      backoff_s: tuple[float, ...] = ARTIFACT_BACKOFF_S) -> bool:
+                      backoff_s: tuple[float, ...] = ARTIFACT_BACKOFF_S, flow_run_id: str | None = None) -> bool:
     """Show a delivered manifest in the Prefect UI: a ``manifest`` table
     artifact (each returned file with the job's status, reason, step,
-    meter, preemptions and lost work) and an ``output`` link artifact to the destination (masked).
+    meter, preemptions and lost work) and an ``output`` link artifact to the destination (masked),
+    on the current flow run, or on the flow run ``flow_run_id`` (a return an earlier run kept, delivered
+    by ``e31 return`` or by a later run: its meter is billed to the run whose work it was).
     While the Prefect API does not answer or refuses, tries again after each
     of ``backoff_s`` seconds (an artifact already made is not made twice);
     returns False -- the output is delivered all the same -- when the last
@@ -284,7 +286,7 @@ def publish_artifacts(req: ReturnTarget, manifest: dict[str, Any],
         try:
             if not api_answers():  # Prefect's client would retry for minutes: the output is delivered all the same
                 raise ConnectionError("the Prefect API does not answer")
-            _artifacts(req, manifest, made)
+            _artifacts(req, manifest, made, flow_run_id)
             return True
         except Exception as exc:
             why = f"{type(exc).__name__}: {storage.scrub(str(exc))[:300]}"
@@ -305,31 +307,48 @@ def _warn(line: str) -> None:
         pass
 
 
-def _artifacts(req: ReturnTarget, manifest: dict[str, Any] | Manifest, made: set[str]) -> None:
-    """Create the ``manifest`` and ``output`` artifacts not in ``made`` yet,
-    adding each key to ``made`` once created.  Raises
-    ``pydantic.ValidationError`` when ``manifest`` is not a final manifest."""
+def _artifacts(req: ReturnTarget, manifest: dict[str, Any] | Manifest, made: set[str],
+               flow_run_id: str | None = None) -> None:
+    """Create the ``manifest`` and ``output`` artifacts not in ``made`` yet (on the flow run
+    ``flow_run_id``: through the client, outside that run), adding each key to ``made`` once created.
+    Raises ``pydantic.ValidationError`` when ``manifest`` is not a final manifest."""
     m = Manifest.model_validate(manifest)
     meter = m.meter
     verdict_columns = {"status": m.status, "reason": m.reason, "step": m.step, **meter.model_dump(),
                        "preemptions": m.preemptions, "lost_s": m.lost_s}
     files = [f.model_dump() for f in m.files] or [{"path": "(none)", "bytes": 0, "sha256": ""}]
     rows = [{**f, **verdict_columns} for f in files]
-    if "manifest" not in made:
-        create_table_artifact(
-            rows,
-            key="manifest",
-            description=f"{m.job}: {m.status} ({m.reason}), "
-            f"{step_text(m.step)}, {meter.cpu_seconds:g} cpu-s, {meter.gpu_seconds:g} gpu-s -> "
-            f"{mask_url(req.output_url)}",
-        )
-        made.add("manifest")
+    described = (f"{m.job}: {m.status} ({m.reason}), {step_text(m.step)}, {meter.cpu_seconds:g} cpu-s, "
+                 f"{meter.gpu_seconds:g} gpu-s -> {mask_url(req.output_url)}")
     shown = mask_url(req.output_url)
+    link = shown if "://" in shown else Path(shown).resolve().as_uri()
+    if flow_run_id is not None:
+        _artifacts_of(flow_run_id, rows, described, link, shown, f"{m.job}: output ({m.status})", made)
+        return
+    if "manifest" not in made:
+        create_table_artifact(rows, key="manifest", description=described)
+        made.add("manifest")
     if "output" not in made:
-        create_link_artifact(
-            link=shown if "://" in shown else Path(shown).resolve().as_uri(),
-            link_text=shown,
-            key="output",
-            description=f"{m.job}: output ({m.status})",
-        )
+        create_link_artifact(link=link, link_text=shown, key="output", description=f"{m.job}: output ({m.status})")
         made.add("output")
+
+
+def _artifacts_of(flow_run_id: str, rows: list[dict[str, Any]], described: str, link: str, shown: str,
+                  link_described: str, made: set[str]) -> None:
+    """:func:`_artifacts`'s two artifacts made on the flow run ``flow_run_id`` from outside it (Prefect's
+    ``create_*_artifact`` attach to the current run only, and warn outside one)."""
+    import json
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactCreate
+
+    with get_client(sync_client=True) as client:
+        if "manifest" not in made:
+            client.create_artifact(ArtifactCreate(key="manifest", type="table", description=described,
+                                                  data=json.dumps(rows), flow_run_id=UUID(flow_run_id)))
+            made.add("manifest")
+        if "output" not in made:
+            client.create_artifact(ArtifactCreate(key="output", type="markdown", description=link_described,
+                                                  data=f"[{shown}]({link})", flow_run_id=UUID(flow_run_id)))
+            made.add("output")

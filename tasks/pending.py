@@ -269,10 +269,24 @@ def deliver_pending(scratch: Path, drop_if_gone: bool = False) -> dict[str, Any]
 
     manifest = return_output(scratch, target, outcome, output_options=options, checkpoints=pending.checkpoints,
                              artifacts=False)
+    _bill(target, manifest)
     if Manifest.model_validate(manifest).status == "completed":
         shutil.rmtree(scratch / "output", ignore_errors=True)
         shutil.rmtree(scratch / "checkpoints", ignore_errors=True)
     return manifest
+
+
+def _bill(target: Any, manifest: dict[str, Any]) -> None:
+    """The delivered manifest's artifacts on the flow run whose work it was (its ``run_id``), so that the
+    Prefect UI shows it and ``e31 usage`` bills its meter; nothing without a Prefect server
+    (``PREFECT_API_URL``) or a run id.  A failure is a warning: the output is delivered all the same."""
+    from prefect.settings import PREFECT_API_URL
+
+    run_id = manifest.get("run_id")
+    if run_id and PREFECT_API_URL.value():
+        from e31.tasks.deliver import publish_artifacts
+
+        publish_artifacts(target, manifest, backoff_s=(1.0, 2.0), flow_run_id=run_id)
 
 
 def _upload_kept_checkpoint(kept: dict[str, Any] | None, outcome: RunOutcome) -> RunOutcome:

@@ -468,10 +468,23 @@ def test_a_full_destination_keeps_the_output_for_e31_return(e31, prefect_api, sm
     ballast.unlink()
     back = e31("return", "fulldest", env={"E31_SCRATCH": str(scratch)})
     assert back.returncode == 0, back.stderr
-    assert read_manifest(str(dest))["status"] == "completed" and (dest / "model.pt").stat().st_size == 6 * 2**20
+    manifest = read_manifest(str(dest))
+    assert manifest["status"] == "completed" and (dest / "model.pt").stat().st_size == 6 * 2**20
     import fsspec
 
     assert_honest(fsspec.filesystem("file"), str(dest))
+    # the delivered manifest's artifact is on the run whose work it was: e31 usage bills its meter
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        made = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["manifest"]), flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(manifest["run_id"])])))
+    rows = [json.loads(a.data) if isinstance(a.data, str) else a.data for a in made]
+    assert [(r[0]["status"], r[0]["gpu_seconds"], r[0]["cpu_seconds"]) for r in rows] == [
+        ("completed", manifest["meter"]["gpu_seconds"], manifest["meter"]["cpu_seconds"])]
 
 
 def test_a_frozen_s3_server_fails_the_return_in_bounded_time(e31, s3_server, tmp_path, scratch):
