@@ -193,8 +193,9 @@ async def serve_until_stopped(worker: Any) -> None:
                     group.cancel_scope.cancel()
                     break
                 told = worker.drain(signum)
-                print(f"e31 worker: stopping: no new job is taken; {told} running job(s) told to stop and return "
-                      f"their output (waiting up to {grace:g} s; send the signal again to stop now)", flush=True)
+                print("e31 worker: stopping: no new job is taken; " + (
+                    f"{told} running job(s) told to stop and return their output (waiting up to {grace:g} s; send "
+                    "the signal again to stop now)" if told else "no job is running here"), flush=True)
                 group.start_soon(stop_when_drained)
 
 

@@ -51,6 +51,8 @@ def _mask_userinfo(url: str) -> str:
     at = rest.find("@")
     if at < 0:
         return url
+    slash = rest.find("/", at)  # a password may hold '@' too: the user info ends at the host's, the last one
+    at = rest[:slash if slash >= 0 else len(rest)].rfind("@")
     before = rest[:at]
     authority = before.split("/", 1)[0]
     if "/" in before:

@@ -92,6 +92,8 @@ MASKS = [
     ("https://token@github.com/org/repo.git", "https://***@github.com/org/repo.git"),
     ("s3://AKIA:abc/def+ghi@bucket/key", "s3://***@bucket/key"),
     ("https://host:8080/users/@me", "https://host:8080/users/@me"),
+    ("http://svc:P@ssw0rd@127.0.0.1:4200/api", "http://***@127.0.0.1:4200/api"),  # an '@' in the password
+    ("https://u:p@host/x@y", "https://***@host/x@y"),
     ("https://host/p?X-Amz-Signature=abc&X-Amz-Credential=AK%2F1&X-Amz-Expires=60",
      "https://host/p?X-Amz-Signature=***&X-Amz-Credential=***&X-Amz-Expires=60"),
     ("https://acct.blob.core.windows.net/c/b?sv=2020&sig=ABC%3D", "https://acct.blob.core.windows.net/c/b?sv=2020&sig=***"),
