@@ -270,7 +270,11 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
         due = state.name == QUEUED or (_ts(run.expected_start_time) or now) <= now
         if state.type == StateType.SCHEDULED and due:
             prefetched, wait_s = staged_tags(run.tags)  # inputs a node's prefetcher staged for this run
-            submitted = _ts(run.created) if state.name == QUEUED else _ts(run.expected_start_time)
+            # a run of a deployment's schedule was submitted at its scheduled time (Prefect's expected_start_time,
+            # set once), though made days ahead and Queued since: its creation would age it and start its
+            # deadline_within days early; e31 submit's runs are scheduled AHEAD_S after their creation
+            submitted = _ts(run.expected_start_time) if getattr(run, "auto_scheduled", False) or state.name != QUEUED \
+                else _ts(run.created)
             # kept even when a moment ahead of server_now() (an estimate from whole-second Date headers):
             # runs submitted within that moment, clamped to now, would tie and be ordered by their random ids
             submitted = now if submitted is None else submitted

@@ -498,3 +498,38 @@ def test_a_tick_that_timed_out_against_a_frozen_server_is_said_as_server_unanswe
     assert said == (f"ServerUnanswering: the Prefect server at {api} did not answer within 1 s (E31_API_TIMEOUT_S): "
                     "it is frozen or overloaded; check its process and its database, then retry")
     assert other == "ValueError: a run changed under us"
+
+
+def test_a_scheduled_deployment_run_counts_as_submitted_at_its_scheduled_time_once_queued(tmp_path, monkeypatch):
+    """A deployment's schedule makes its runs days ahead; once the scheduler had written its Queued reason on
+    one, the next tick took its creation as its submission: deadline_within ran from two days before it was
+    due, and the run was refused as infeasible (found by an attack)."""
+    from datetime import datetime, timedelta, timezone
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from prefect.states import Scheduled
+
+    from e31 import states
+    from e31.flows.queue import snapshot
+    from e31.specs import load_pool, load_spec
+
+    (tmp_path / "d.yaml").write_text(
+        "name: nightly\nwork: {kind: processing, command: [sleep, '1']}\n"
+        "request: {gpus: 0, cpus: 1, memory: 1GiB, duration: 10m, deadline_within: 4h}\n"
+        f"output: {{kind: files, url: {tmp_path / 'out'}, files: [x]}}\n")
+    (tmp_path / "pool.yaml").write_text("pool_version: 1\nname: lab\nnodes: [{name: c, cpus: 4, memory: 8GiB}]\n")
+    spec, pool = load_spec(tmp_path / "d.yaml"), load_pool(tmp_path / "pool.yaml")
+    now, due = datetime(2026, 12, 7, 2, 5, tzinfo=timezone.utc), datetime(2026, 12, 7, 2, 0, tzinfo=timezone.utc)
+    monkeypatch.setattr(snapshot, "heard", lambda client, pool: {})
+    monkeypatch.setattr(snapshot, "read_fences", lambda client, pool, cache=None: {})
+    got = []
+    for state in (Scheduled(scheduled_time=due), states.queued("Queued: waiting", now + timedelta(seconds=120))):
+        run = SimpleNamespace(id=uuid4(), name="nightly", state=state, tags=[], created=due - timedelta(days=2),
+                              parameters={"spec": spec.model_dump(mode="json", exclude_none=True)},
+                              expected_start_time=due, next_scheduled_start_time=None, job_variables={}, run_count=0,
+                              start_time=None, auto_scheduled=True, work_pool_name="lab", deployment_id=uuid4())
+        monkeypatch.setattr(snapshot, "read_active", lambda client, pool, run=run: [run])
+        snap = snapshot.read(None, pool, now=now.timestamp())
+        got.append([(j.submitted, j.deadline) for j in snap.queued])
+    assert got == [[(due.timestamp(), (due + timedelta(hours=4)).timestamp())]] * 2
