@@ -47,7 +47,7 @@ from .attained import by_attained
 from .attained import rank as rank_level
 from .attained import ranks_above
 from .model import Node, Placement, QueuedJob, RunningJob
-from .tenants import Tenancy, borrowing, fair_order
+from .tenants import Tenancy, borrowing, fair_order, within_bound
 
 __all__ = ["ATTAINED_LOSS_S", "ATTAINED_MIN_RUN_S", "DAY_S", "MAX_CANDIDATES", "Need", "PlannedPreemption", "Preemption", "PreemptionRules",
            "choose_victims", "deadline_at_risk", "deferred_preemptions", "lost_seconds", "lost_work", "may_preempt", "plan_preemptions",
@@ -263,6 +263,8 @@ def plan_preemptions(nodes: Sequence[Node], running: Sequence[RunningJob], queue
     def take(job: QueuedJob, over: Callable[[RunningJob], bool] | None, key: tuple | None) -> None:
         nonlocal held
         if key is not None and key in failed or job.nodes > 1:  # a gang gets no victims: it waits for room
+            return
+        if not within_bound(job, held, tenancy):  # its tenant's borrow limit holds it back, as in the plan
             return
         def allowed(victim: RunningJob) -> bool:
             return victim.id not in fresh and (over is None or over(victim))

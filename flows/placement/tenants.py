@@ -240,6 +240,19 @@ class BorrowLimits:
         return last
 
 
+def within_bound(job: QueuedJob, held: Iterable[RunningJob], tenancy: Tenancy | None) -> bool:
+    """Whether ``job`` may start beside ``held`` (running jobs and jobs started this plan) without taking its
+    tenant past ``quota + borrow_limit``: a preemption for it must not do what the plan itself would not
+    (:class:`BorrowLimits`).  True without tenants or a borrow limit."""
+    if tenancy is None:
+        return True
+    tenant = tenancy.of(job.tenant)
+    if tenant.borrow_limit is None:
+        return True
+    used = sum_of(_holding(r) for r in held if r.tenant == job.tenant)
+    return _within(_add(used, _request(job)), _add(tenant.quota, tenant.borrow_limit))
+
+
 def beyond_quota(tenancy: Tenancy, running: Sequence[RunningJob], jobs: Sequence[QueuedJob],
                  nominal: set[str]) -> dict[str, str]:
     """For each of ``jobs`` not in ``nominal`` (it borrows: its tenant's quota is full without it), what

@@ -326,3 +326,29 @@ def test_e31_pool_lists_the_tenants_and_e31_plan_applies_them(tmp_path, e31):
     unknown = e31("plan", str(spec), "--pool", str(pool), "--tenant", "nosuch")
     assert (unknown.returncode, unknown.stderr) == (2, "e31: --tenant: pool gp has no tenant 'nosuch'; name one of "
                                                        "default, vision, or add it to the pool file's tenants\n")
+
+
+def test_no_preemption_takes_a_tenant_past_its_borrow_limit():
+    """The plan held tenant a's deadline job back (a holds its quota 2 + borrow_limit 0), but the preemption
+    planned after it gave that job a victim of tenant b, and a then held 4 GPUs (found by an attack)."""
+    from e31.flows.placement import Node, QueuedJob, RunningJob
+    from e31.flows.placement.preemption import PreemptionRules, plan_preemptions
+
+    inf = math.inf
+    nodes = [Node("n1", 4, 16, 64 * GIB), Node("n2", 4, 16, 64 * GIB)]
+    tenancy = Tenancy({"a": Tenant("a", (2.0, inf, inf), 1.0, (0.0, inf, inf)), "b": Tenant("b", (6.0, inf, inf))},
+                      (8.0, 32.0, 128 * GIB))
+    held = [RunningJob("ra", "n1", (0, 1), 1, GIB, T0 - 2 * H, T0 + 5 * H, tenant="a"),
+            RunningJob("rb", "n1", (2, 3), 1, GIB, T0 - 2 * H, T0 + 5 * H, preemptible=True, checkpoint_at=T0 - 10,
+                       tenant="b"),
+            RunningJob("rb2", "n2", (0, 1, 2, 3), 1, GIB, T0 - 2 * H, T0 + 5 * H, preemptible=True,
+                       checkpoint_at=T0 - 10, tenant="b")]
+    urgent = [QueuedJob("d", "d", 2, 1, GIB, T0, H, H, deadline=T0 + 2 * H, runtime_source="duration", tenant="a")]
+    placements = plan(nodes, held, urgent, T0, tenancy=tenancy)
+    assert placements[0].action == "wait"
+    rules = PreemptionRules(min_run_s=0.0, max_per_day=None)
+    assert plan_preemptions(nodes, held, urgent, placements, T0, rules, tenancy) == []
+    # with room in its bound (borrow_limit 2), the same job preempts a borrower of b's for its deadline
+    roomy = Tenancy({**tenancy.tenants, "a": Tenant("a", (2.0, inf, inf), 1.0, (2.0, inf, inf))}, tenancy.capacity)
+    got = plan_preemptions(nodes, held, urgent, plan(nodes, held, urgent, T0, tenancy=roomy), T0, rules, roomy)
+    assert [(p.job, p.preemption.victims) for p in got] == [("d", ("rb",))]
