@@ -152,7 +152,7 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
                 else:  # its tenant's borrow limit: no earlier than enough of its tenant's running jobs end
                     placed = place_gang(cap, j, None, 0, 1, max(limits.after(job), floor if fcfs else now), False,
                                         SLACK_USE)
-                    limits.hold(job)
+                    limits.hold(job, placed[0] + placed[2] if placed is not None else None)
             if placed is None:
                 deep.append(j)
                 blocked = True
@@ -198,7 +198,7 @@ def _place(cap: Capacity, ranked: list[Ranked], depth: int, fcfs: bool,
                 start, i, mask = cap.earliest(j.req, j.eligible, max(limits.after(job), floor if fcfs else now),
                                               preferred=j.preferred)
                 length = j.req[3]
-                limits.hold(job)
+                limits.hold(job, start + length)
         devices = lowest_bits(mask, job.gpus)
         cap.reserve(i, start, start + length, devices, job.cpus, job.memory, job.id)
         slots[job.id], held[job.id] = (start, i, devices, True, ()), length

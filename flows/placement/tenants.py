@@ -195,6 +195,7 @@ class BorrowLimits:
         for ends in self.ends.values():
             ends.sort()
         self.delayed: dict[str, str] = {}  # job id -> why its tenant's limit holds it back (words)
+        self.pending: dict[str, list[tuple[float, Amount]]] = {}  # tenant -> (planned end, request) of held jobs
 
     def _bound(self, tenant: str) -> Amount | None:
         t = self.tenancy.of(tenant)
@@ -211,8 +212,12 @@ class BorrowLimits:
         self.held[job.tenant] = _add(self.held.get(job.tenant, _NONE), _request(job))
         bisect.insort(self.ends.setdefault(job.tenant, []), (max(end, self.now + 1.0), _request(job)))
 
-    def hold(self, job: QueuedJob) -> None:
-        """``job`` is held back by its tenant's bound: say so (:attr:`delayed`)."""
+    def hold(self, job: QueuedJob, end: float | None = None) -> None:
+        """``job`` is held back by its tenant's bound: say so (:attr:`delayed`); ``end`` (Unix seconds): the
+        end of the later start the plan gave it, which the tenant's next held jobs wait for as if it held
+        its room from now (:meth:`after`: held jobs never share a planned start their bound cannot hold)."""
+        if end is not None:
+            bisect.insort(self.pending.setdefault(job.tenant, []), (end, _request(job)))
         t = self.tenancy.of(job.tenant)
         used, more, bound = self.held.get(job.tenant, _NONE), _request(job), bounded(t)
         past = _past(used, more, bound)  # only the resources the job would take past the bound
@@ -222,17 +227,18 @@ class BorrowLimits:
                                 "as the tenant's running jobs end")
 
     def after(self, job: QueuedJob) -> float:
-        """The earliest time ``job`` fits its tenant's bound as its tenant's running jobs and the jobs this
-        pass starts now end (their planned ends, earliest first): Unix seconds, ``now + 1`` at the least;
-        ``math.inf`` when the job alone exceeds the bound."""
+        """The earliest time ``job`` fits its tenant's bound as its tenant's running jobs, the jobs this
+        pass starts now and the jobs it held back (:meth:`hold`) end (their planned ends, earliest first):
+        Unix seconds, ``now + 1`` at the least; ``math.inf`` when the job alone exceeds the bound."""
         bound = self._bound(job.tenant)
         if bound is None:
             return self.now
         if not _within(_request(job), bound):
             return math.inf
-        used = _add(self.held.get(job.tenant, _NONE), _request(job))
+        pending = self.pending.get(job.tenant, [])
+        used = _add(sum_of((self.held.get(job.tenant, _NONE), *(h for _, h in pending))), _request(job))
         last = self.now + 1.0
-        for end, holding in self.ends.get(job.tenant, []):
+        for end, holding in heapq.merge(self.ends.get(job.tenant, []), pending):
             used = tuple(u - h for u, h in zip(used, holding))  # type: ignore[assignment]
             last = end
             if _within(used, bound):

@@ -352,3 +352,16 @@ def test_no_preemption_takes_a_tenant_past_its_borrow_limit():
     roomy = Tenancy({**tenancy.tenants, "a": Tenant("a", (2.0, inf, inf), 1.0, (2.0, inf, inf))}, tenancy.capacity)
     got = plan_preemptions(nodes, held, urgent, plan(nodes, held, urgent, T0, tenancy=roomy), T0, rules, roomy)
     assert [(p.job, p.preemption.victims) for p in got] == [("d", ("rb",))]
+
+
+def test_jobs_held_by_their_tenant_s_bound_take_turns_and_leave_the_room_between_to_others():
+    """Three 2-GPU jobs of tenant a (bound 2 GPUs, held until a0's run ends in an hour) were all planned at
+    that hour, 6 GPUs against a bound of 2, and c1 waited two hours beside 6 idle GPUs (found by an attack)."""
+    inf = math.inf
+    tenancy = _tenancy(Tenant("a", (2.0, inf, inf), 1.0, (0.0, inf, inf)), Tenant("c", usage=(1e6, 0.0, 0.0)))
+    held = [_of(running("ra", "n1", (0, 1), until_h=1), "a")]
+    jobs = [_of(queued(f"a{k}", 2, 1, ago_h=0.1), "a") for k in range(3)] + [_of(queued("c1", 4, 2), "c")]
+    got = {p.job: p for p in plan([node("n1", gpus=8)], held, jobs, T0, tenancy=tenancy)}
+    assert [(got[k].action, got[k].start) for k in ("a0", "a1", "a2")] == [
+        ("wait", T0 + H), ("wait", T0 + 2 * H), ("wait", T0 + 3 * H)]
+    assert (got["c1"].action, got["c1"].start) == ("start", T0)
