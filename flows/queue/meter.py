@@ -11,8 +11,9 @@ figure is a sum of manifests' fields, nothing estimated:
 * ``redone_gpu_hours``: each run's newest manifest's ``lost_s`` (the work its preemptions threw away)
   times its GPUs / 3600: GPU-hours billed twice;
 * ``completed``, ``partial``, ``failed``: runs that ended in the period, by their newest manifest's
-  status; a run that failed before any attempt returned a manifest (refused at its start, an input
-  that did not verify: nothing billed) counts as failed on its end; ``running``: runs not ended that hold
+  status, except that a run that ended ``Failed`` or ``Crashed`` counts as failed on its end (also one
+  whose newest manifest is partial, or older than the period, or that never returned one: refused at its
+  start, an input that did not verify); ``running``: runs not ended that hold
   compute now (placed, starting or running: billed when their attempt returns); ``queued``: runs not
   ended that wait for compute (queued, or queued again after a preemption or a crash);
 * ``mean_wait_s``: over runs whose work has started, from the submission (the flow run's creation; a
@@ -135,20 +136,24 @@ def usage_rows(runs: Iterable[RunBill], since: float, by: str = "tenant") -> lis
             r.cpu_hours = r.cpu_seconds / 3600.0
         newest = run.attempts[-1] if run.attempts else None
         released = newest.at if newest is not None else None
-        if not run.ended:
-            r = row(key_of(released or run.created))
+        if not run.ended:  # counted in the period, on its day if it began in it
+            r = row(key_of(max(released or run.created, since)))
             if run.waiting:
                 r.queued += 1
             else:
                 r.running += 1
+        elif run.failed_at is not None:  # it ended Failed or Crashed, whatever its newest manifest says
+            if run.failed_at < since:
+                continue
+            r = row(key_of(run.failed_at))
+            r.failed += 1
+            if newest is not None:
+                r.redone_gpu_hours += newest.lost_s * run.gpus / 3600.0
         elif newest is not None and released is not None and released >= since:
             r = row(key_of(released))
             if newest.status in ("completed", "partial", "failed"):
                 setattr(r, newest.status, getattr(r, newest.status) + 1)
             r.redone_gpu_hours += newest.lost_s * run.gpus / 3600.0
-        elif newest is None and run.failed_at is not None and run.failed_at >= since:
-            r = row(key_of(run.failed_at))  # failed before any attempt returned: nothing billed
-            r.failed += 1
         else:
             continue
         first = next((a.started_at for a in run.attempts if a.started_at is not None), None)

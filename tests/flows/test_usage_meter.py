@@ -62,3 +62,17 @@ def test_a_run_whose_newest_attempt_stopped_before_its_work_counts_by_that_manif
     assert [(r.key, r.gpu_seconds, r.partial, r.completed, r.redone_gpu_hours, r.mean_wait_s) for r in rows] == [
         ("vision", 2000.0, 1, 0, 300 * 2 / 3600, 10.0)]
     assert gated.at == T0 + 5000 and first.at == T0 + 1010
+
+
+def test_a_run_that_ended_failed_counts_as_failed_on_its_end_whatever_its_newest_manifest_says():
+    """A run preempted (a partial manifest) that then failed for good counted as partial, or nowhere when that
+    manifest was older than the period; a waiting run got a row for a day before the period (found by an
+    attack)."""
+    partial = Attempt("partial", T0 - 7200, T0 - 3700, 3500.0, 3500.0, lost_s=60.0)
+    runs = [RunBill("r1", "train", "vision", T0 - 8000, 1, True, (partial,), failed_at=T0 + 100),
+            RunBill("r2", "train", "vision", T0 - 86_400 * 3, 1, False, (), waiting=True)]
+    rows = usage_rows(runs, since=T0 - 3600)
+    assert [(r.key, r.gpu_seconds, r.failed, r.partial, r.queued, r.redone_gpu_hours) for r in rows] == [
+        ("vision", 0.0, 1, 0, 1, 60 / 3600)]
+    assert [(r.key, r.failed, r.queued) for r in usage_rows(runs, since=T0 - 3600, by="day")] == [
+        ("2025-12-31", 0, 1), ("2026-01-01", 1, 0)]
