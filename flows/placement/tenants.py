@@ -262,8 +262,8 @@ def within_bound(job: QueuedJob, held: Iterable[RunningJob], tenancy: Tenancy | 
 def beyond_quota(tenancy: Tenancy, running: Sequence[RunningJob], jobs: Sequence[QueuedJob],
                  nominal: set[str]) -> dict[str, str]:
     """For each of ``jobs`` not in ``nominal`` (it borrows: its tenant's quota is full without it), what
-    its waiting reason adds: its tenant, what its running jobs hold and its jobs within the quota are
-    planned, and its quota, e.g. ``tenant vision is at its quota (16 GPUs held or planned, quota 16
+    its waiting reason adds: its tenant, what its running jobs hold, its jobs within the quota and its
+    borrowing jobs ahead of this one are planned, and its quota, e.g. ``tenant vision is at its quota (16 GPUs held or planned, quota 16
     GPUs): its jobs beyond it wait behind jobs within their tenants' quotas``; for a tenant without a
     quota, that it has none."""
     held = held_by(running)
@@ -274,6 +274,8 @@ def beyond_quota(tenancy: Tenancy, running: Sequence[RunningJob], jobs: Sequence
     for job in jobs:
         if job.id in nominal:
             continue
+        used = held.get(job.tenant, _NONE)
+        held[job.tenant] = _add(used, _request(job))  # a borrowing job ahead counts for its tenant's next ones
         t = tenancy.of(job.tenant)
         if t.quota == _NONE:
             out[job.id] = (f"tenant {job.tenant} has no quota: its jobs run in capacity no tenant within its quota "
@@ -282,7 +284,6 @@ def beyond_quota(tenancy: Tenancy, running: Sequence[RunningJob], jobs: Sequence
             out[job.id] = (f"it asks for more than tenant {job.tenant}'s quota ({amount_words(t.quota)}) alone: "
                            "it runs in capacity no tenant within its quota needs, ordered by fair share")
         else:
-            used = held.get(job.tenant, _NONE)
             past = _past(used, _request(job), t.quota)  # the resources this job would take past the quota
             where = ("is over its quota" if any(used[i] > t.quota[i] for i in past)
                      else "is at its quota" if any(used[i] == t.quota[i] for i in past)
