@@ -370,9 +370,10 @@ def test_jobs_held_by_their_tenant_s_bound_take_turns_and_leave_the_room_between
 def test_a_borrowing_job_s_reason_counts_its_tenant_s_borrowing_jobs_ahead_of_it():
     """C (2 GPUs) came after B (4 GPUs, borrowing): its reason said 'would pass its quota with this job
     (nothing held or planned)' while tenant a had 6 GPUs of a quota of 4 (found by an attack)."""
-    tenancy = _tenancy(Tenant("a", quota=(4.0, 0.0, 0.0)), Tenant("b", quota=(2.0, 0.0, 0.0)), gpus=6)
-    jobs = [_of(queued("A", 2, 1, ago_h=0.3), "a"), _of(queued("B", 4, 2, ago_h=0.2), "a"),
-            _of(queued("C", 2, 1, ago_h=0.1), "a")]
+    tenancy = _tenancy(Tenant("a", quota=(4.0, math.inf, math.inf)), Tenant("b", quota=(2.0, math.inf, math.inf)),
+                       gpus=6)
+    jobs = [_of(queued("A", 2, 1 / 6, ago_h=0.3), "a"), _of(queued("B", 4, 1 / 3, ago_h=0.2), "a"),
+            _of(queued("C", 2, 1 / 2, ago_h=0.1), "a")]
     got = {p.job: p for p in plan([node("g", gpus=6)], [], jobs, T0, tenancy=tenancy)}
     assert (got["A"].action, got["B"].action, got["C"].action) == ("start", "start", "wait")
     assert got["C"].reason.endswith("; tenant a is over its quota (6 of 4 GPUs held or planned): its jobs beyond it "
