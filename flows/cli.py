@@ -25,6 +25,7 @@ from typing import Callable
 
 from e31 import __version__
 from e31.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK, E31Error, InvalidInput
+from e31.flows.apiwords import TALKS, check_server, database_down, refused_credentials
 from e31.flows.checks import SpecChecks
 from e31.specs import JobSpec, SpecError, json_schema, load_spec, mask_url
 from e31.tasks import settings
@@ -251,7 +252,7 @@ def cmd_deploy(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> int
         from e31.specs import mask_url
         from e31.tasks.storage import scrub
 
-        refused = _refused_credentials(exc) or _database_down(exc)
+        refused = refused_credentials(exc) or database_down(exc)
         if refused is not None:
             print(f"e31: deploy failed: {refused}", file=sys.stderr)
             return EXIT_FAILED
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         from e31.tasks.storage import scrub
 
         api = os.environ.get("PREFECT_API_URL")
-        refused = _refused_credentials(exc) or _database_down(exc)
+        refused = refused_credentials(exc) or database_down(exc)
         if refused is not None:
             print(f"e31: {refused}", file=sys.stderr)
             return EXIT_FAILED
@@ -304,84 +305,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
 
 
-def _refused_credentials(exc: BaseException) -> str | None:
-    """The line for a Prefect server that refused this client's credentials (HTTP 401: its
-    ``PREFECT_SERVER_API_AUTH_STRING`` basic auth; also inside an exception group), naming the setting to
-    fix (:func:`e31.prefect_compat.api.credentials_refused`); None for any other error.  The string itself
-    is never shown."""
-    from prefect.settings import PREFECT_API_URL
-
-    from e31.prefect_compat.api import credentials_refused
-
-    if not any(getattr(getattr(e, "response", None), "status_code", None) == 401 for e in _within_groups(exc)):
-        return None
-    return credentials_refused(PREFECT_API_URL.value() or "")
-
-
-def _within_groups(exc: BaseException) -> list[BaseException]:
-    """``exc``, every exception inside it when it is an exception group (a worker's task group, anyio's),
-    and the exceptions each was raised from or while handling (``__cause__``, ``__context__``: a worker's
-    task group ends with anyio's own error, raised while Prefect's was handled)."""
-    found: list[BaseException] = []
-    todo = [exc]
-    while todo and len(found) < 100:
-        e = todo.pop()
-        if any(e is f for f in found):
-            continue
-        found.append(e)
-        if isinstance(e, BaseExceptionGroup):
-            todo.extend(e.exceptions)
-        todo.extend(c for c in (e.__cause__, e.__context__) if c is not None)
-    return found
-
-
-def _database_down(exc: BaseException) -> str | None:
-    """The line for a command that failed on the Prefect server's side (an HTTP 5xx, or a timeout) when
-    the server's readiness check says why (:func:`e31.prefect_compat.api.ready_problem`): its database
-    does not answer (naming the server's setting; the connection URL itself, which may hold a password,
-    is never shown), or it does not answer within ``E31_API_TIMEOUT_S``; None otherwise."""
-    from prefect.settings import PREFECT_API_URL
-
-    from e31.prefect_compat.api import ready_problem
-
-    status = getattr(getattr(exc, "response", None), "status_code", None) or 0
-    api = PREFECT_API_URL.value()
-    if not api or not (status >= 500 or "Timeout" in type(exc).__name__):
-        return None
-    return ready_problem(api, settings.value("E31_API_TIMEOUT_S"))
-
-
-#: Commands that talk to the Prefect server first thing: it is asked once whether it can serve them
-#: (:func:`_check_server`).  ``e31 run`` with no ``PREFECT_API_URL`` starts a temporary one of its own.
-_TALKS = frozenset({"run", "deploy", "submit", "queue", "cancel", "node", "usage", "scheduler", "worker"})
-
-
-def _check_server() -> None:
-    """Raise :class:`E31Error` with one line when the configured Prefect server
-    (``PREFECT_API_URL``) cannot serve a command now: its database does not
-    answer, it does not answer within ``E31_API_TIMEOUT_S`` seconds, nothing
-    answers there, or the URL is not the API's
-    (:func:`e31.prefect_compat.api.ready_problem`).  Without this a command
-    was silent for about two minutes of Prefect's client retrying 503s, or
-    waited for as long as a frozen server stayed frozen."""
-    from prefect.settings import PREFECT_API_URL
-
-    from e31.prefect_compat.api import ready_problem
-
-    api = PREFECT_API_URL.value()
-    if not api:
-        return
-    settings.check()
-    problem = ready_problem(api, settings.value("E31_API_TIMEOUT_S"), starting=True)
-    if problem is not None:
-        raise E31Error(problem)
-
-
 def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command in _PLAIN:
-        if args.command in _TALKS:
-            _check_server()
+        if args.command in TALKS:
+            check_server()
         return _PLAIN[args.command](args)
     settings.check()
     checks = SpecChecks(code_dir=str(Path(args.spec).resolve().parent))
@@ -397,8 +325,8 @@ def _main(argv: list[str] | None) -> int:
         if problems:
             print("\n".join(f"e31: deploy refused: {line}" for line in problems), file=sys.stderr)
             return EXIT_INVALID
-    if args.command in _TALKS:  # the spec first: its errors are the user's to fix whatever the server does
-        _check_server()
+    if args.command in TALKS:  # the spec first: its errors are the user's to fix whatever the server does
+        check_server()
     return _WITH_SPEC[args.command](args, spec, checks.notes)
 
 
