@@ -79,8 +79,16 @@ def value(name: str):
 
 def check() -> None:
     """Raise :class:`SettingsError` for the first set ``E31_*`` tuning
-    variable that does not parse or lies outside its range."""
+    variable that does not parse or lies outside its range (and for an
+    ``E31_RENDEZVOUS_PORTS`` that is not a port range:
+    :func:`e31.tasks.work.rendezvous.port_range`)."""
     for name, setting in SETTINGS.items():
         text = os.environ.get(name)
         if text is not None and text.strip() != "":
             setting.parse(name, text)
+    from e31.tasks.work.rendezvous import PORTS_VAR, RendezvousError, port_range
+
+    try:
+        port_range(os.environ.get(PORTS_VAR))
+    except RendezvousError as exc:
+        raise SettingsError(str(exc)) from None

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from e31.tasks.work import local_checkpoints as checkpoints
+from e31.tasks.work.rendezvous import PORTS_VAR, Rendezvous, free_port, port_range
 
 
 @dataclass
@@ -27,6 +28,9 @@ class ChildConfig:
 
     Paths are local and absolute.  ``checkpoint_every_s`` is in seconds.
     ``supervised``: a supervisor process commits the work's checkpoints.
+    ``master_addr``, ``master_port``, ``node_rank``, ``nnodes``: where the run's ranks meet
+    (:class:`e31.tasks.work.rendezvous.Rendezvous`); ``master_port`` 0: a free port is taken when
+    the child's environment is made.
     """
 
     entrypoint: str | None
@@ -44,6 +48,19 @@ class ChildConfig:
     checkpoint_every_steps: int | None = None
     supervised: bool = False
     devices: list[int] | None = None
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    node_rank: int = 0
+    nnodes: int = 1
+
+    def rendezvous(self) -> Rendezvous:
+        """Where this run's ranks meet; a free port on ``master_addr`` when none was chosen
+        (:func:`e31.tasks.work.rendezvous.free_port`; within ``E31_RENDEZVOUS_PORTS`` for a job of
+        several nodes, whose ranks meet through the cluster's network: one node's meet on its
+        loopback, where any port does).  Raises ``RendezvousError`` when no port is free."""
+        ports = port_range(os.environ.get(PORTS_VAR)) if self.nnodes > 1 else None
+        port = self.master_port or free_port(self.master_addr, ports)
+        return Rendezvous(self.master_addr, port, self.node_rank, self.nnodes)
 
     def write(self, path: Path) -> None:
         """Write this config as JSON to ``path``."""
@@ -63,7 +80,11 @@ def command_environment(cfg: ChildConfig) -> dict[str, str]:
     (newest valid checkpoint folder, empty when none), ``E31_PROGRESS_FILE``,
     ``E31_DEVICE``, ``E31_PARAMS`` (JSON), ``OMP_NUM_THREADS`` and
     ``MKL_NUM_THREADS`` (= cpus) and ``CUDA_VISIBLE_DEVICES`` (``0..gpus-1``,
-    empty for a CPU job, so a CPU job never touches a GPU).
+    empty for a CPU job, so a CPU job never touches a GPU), and the
+    rendezvous of its ranks, torch's names and E31's (``MASTER_ADDR``,
+    ``RANK``, ``E31_NNODES``, ...: :mod:`e31.tasks.work.rendezvous`).
+    Raises ``RendezvousError`` when ``E31_RENDEZVOUS_PORTS`` is malformed or
+    all its ports are taken.
     """
     env = {
         "E31_OUTPUT_DIR": cfg.output_dir,
@@ -75,6 +96,7 @@ def command_environment(cfg: ChildConfig) -> dict[str, str]:
         "MKL_NUM_THREADS": str(cfg.cpus),
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in (cfg.devices if cfg.devices is not None else range(cfg.gpus))),
     }
+    env.update(cfg.rendezvous().environment())
     latest = checkpoints.latest_valid(Path(cfg.checkpoint_dir))
     env["E31_RESUME_DIR"] = str(latest.path) if latest else ""
     for name, path in cfg.data.items():
@@ -88,7 +110,11 @@ class WorkContext:
     Attributes: ``data`` (input name -> local path of the staged copy),
     ``output_dir`` (``Path`` where output files go), ``params`` (the spec's
     ``work.params``), ``device`` (``"cuda"`` when GPUs were granted, else
-    ``"cpu"``), ``cpus`` (threads to use).
+    ``"cpu"``), ``cpus`` (threads to use), ``rank`` and ``world_size`` (this
+    node's rank and the job's ranks, one per node: 0 and 1 on a single-node
+    job), ``is_lead`` (rank 0).  The rendezvous is in the environment
+    (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``), so
+    ``torch.distributed.init_process_group(backend)`` needs no other argument.
     """
 
     def __init__(self, cfg: ChildConfig):
@@ -98,6 +124,8 @@ class WorkContext:
         self.params: dict[str, Any] = dict(cfg.params)
         self.device: str = cfg.device
         self.cpus: int = cfg.cpus
+        self.rank: int = cfg.node_rank
+        self.world_size: int = cfg.nnodes
         self._checkpoint_dir = Path(cfg.checkpoint_dir)
         self._stop = False
         self._stop_noted = False
@@ -130,6 +158,11 @@ class WorkContext:
             checkpoint_every_steps=checkpoint_every_steps,
         )
         return cls(cfg)
+
+    @property
+    def is_lead(self) -> bool:
+        """True on rank 0, the lead node: the rank whose output comes back."""
+        return self.rank == 0
 
     # -- stopping -------------------------------------------------------
     def install_signal_handlers(self) -> None:
