@@ -321,11 +321,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
     _need_api()
     checks = SpecChecks(code_dir=str(Path(args.spec).resolve().parent))
     spec = load_spec(args.spec, overrides=args.overrides, checks=checks)
-    if spec.request.nodes > 1:  # the scheduler would refuse it: said before anything is queued
-        from e31.flows.admission import AdmissionError
-        from e31.flows.placement.refusals import multi_node_refusal
-
-        raise AdmissionError(multi_node_refusal(spec.request.nodes))
     with retry_busy_quickly(get_client(sync_client=True)) as client:
         run = submit(client, pool, parameters(spec, str(Path(args.spec).resolve().parent)),
                      [*job_tags(spec), TENANT_TAG + tenant], E31Worker.get_default_base_job_template())

@@ -151,7 +151,8 @@ def event_tags(event: Any) -> list[str]:
 
 def poll_on_placements(work_pool: str, node: str, gate: PollGate, poll: Callable[[], Awaitable[Any]],
                        logger: Any, on_preempting: Callable[[str], None] | None = None,
-                       placed_here: Callable[[str], Awaitable[bool]] | None = None) -> list[asyncio.Task]:
+                       placed_here: Callable[[str], Awaitable[bool]] | None = None,
+                       on_member: Callable[[str], None] | None = None) -> list[asyncio.Task]:
     """A worker's two asyncio tasks (to cancel at its teardown) that call
     ``poll()`` (Prefect's ``get_and_submit_flow_runs``) at once when a run of
     the work pool ``work_pool`` is placed on ``node``: the scheduler's
@@ -164,7 +165,9 @@ def poll_on_placements(work_pool: str, node: str, gate: PollGate, poll: Callable
     own poll every ``PREFECT_WORKER_QUERY_SECONDS`` goes on (asking the
     server only every :data:`QUIET_POLL_S` while the events come).
     ``on_preempting(flow_run_id)`` is called for each ``Preempting`` event
-    (any node's: the callee knows its own flow processes).
+    (any node's: the callee knows its own flow processes), and
+    ``on_member(flow_run_id)`` for each announcement of a multi-node run
+    with ``node`` among its other nodes (:data:`~e31.flows.queue.announce.MEMBERS_LABEL`).
 
     With ``placed_here``, ``poll()`` returns the flow run ids (str) the
     server gave it, before any filter by node: a run an event named that is
@@ -176,7 +179,7 @@ def poll_on_placements(work_pool: str, node: str, gate: PollGate, poll: Callable
     poll): the run's own worker then came away without it and waited for
     its next quiet poll (releases 4-11 s late in ``bench_queue.py
     --database postgresql``)."""
-    from e31.flows.queue.announce import NODE_LABEL, PLACED_EVENT
+    from e31.flows.queue.announce import MEMBERS_LABEL, NODE_LABEL, PLACED_EVENT
     from e31.flows.queue.mapping import placed_on
 
     placed, woken = asyncio.Event(), set()
@@ -189,6 +192,9 @@ def poll_on_placements(work_pool: str, node: str, gate: PollGate, poll: Callable
                 on_preempting(run_id)
             return
         named = event.resource.get(NODE_LABEL) if event.event == PLACED_EVENT else placed_on(event_tags(event))
+        if event.event == PLACED_EVENT and node in (event.resource.get(MEMBERS_LABEL) or "").split(","):
+            if on_member is not None and run_id:
+                on_member(run_id)
         if named not in (None, node):
             return  # another node's run
         if run_id:

@@ -78,6 +78,7 @@ class E31Worker(ProcessWorker):
         self._prefetch_base: float | None = None  # the prefetch seconds asked for, before the clock's skew
         self._told: set[int] = set()  # flow processes drain() signalled
         self._synced = False  # a sync has completed with the work pool known (the first one waits for warm)
+        self._members: Any = None  # the gangs' members this node runs (e31.deployments.members.MemberRunner)
 
     async def setup(self) -> None:
         """Start the warm flow process (unless ``E31_WARM_START=0``), then
@@ -102,6 +103,7 @@ class E31Worker(ProcessWorker):
                 await self._crash_orphans()
                 await self._clear_fences()
                 self._follow_placements()
+                self._start_members()
         except BaseException:  # e.g. stopped while it set up: no teardown comes, and the warm process has no run
             if self._depth == 0 and self._warm is not None:
                 self._warm.kill()
@@ -188,7 +190,20 @@ class E31Worker(ProcessWorker):
             return self._returned
 
         self._followers = poll_on_placements(self._work_pool_name, self.node, self._gate, poll, self._logger,
-                                             self._preempting, self._placed_here)
+                                             self._preempting, self._placed_here, self._member_placed)
+
+    def _member_placed(self, flow_run_id: str) -> None:
+        """A multi-node run was placed with this node among its other nodes: its member starts now."""
+        if self._members is not None:
+            self._members.wake()
+
+    def _start_members(self) -> None:
+        """Start the thread that starts this node's members of multi-node runs
+        (:class:`e31.deployments.members.MemberRunner`)."""
+        from e31.deployments.members import MemberRunner
+
+        self._members = MemberRunner(self._work_pool_name, self.node, lambda line: self._logger.info(line))
+        self._members.start()
 
     async def _placed_here(self, flow_run_id: str) -> bool:
         """Whether the flow run ``flow_run_id`` still waits to be taken (a scheduled state: ``Placed``) and is
@@ -221,7 +236,9 @@ class E31Worker(ProcessWorker):
                 task.cancel()
             with anyio.CancelScope(shield=True):  # a teardown under cancellation still waits for them
                 await asyncio.gather(*self._followers, return_exceptions=True)
-            self._followers = []
+                if self._members is not None:  # each member warned, and given its grace
+                    await anyio.to_thread.run_sync(self._members.stop)
+            self._followers, self._members = [], None
         if self._beats is not None and self._depth == 0:
             self._beats.stop()
             self._beats = None
@@ -335,7 +352,7 @@ class E31Worker(ProcessWorker):
         Returns how many were signalled.  ``e31 worker`` calls it on its first
         SIGINT or SIGTERM, and exits once they have ended."""
         self.draining = True
-        told = 0
+        told = self._members.drain(signum) if self._members is not None else 0
         for pid in [p for p in self.flows if p not in self._told]:  # each once: a second signal is not a stronger one
             self._told.add(pid)
             try:

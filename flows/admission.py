@@ -68,12 +68,13 @@ def this_node() -> Node:
     return Node(name=os.uname().nodename, gpus=detect_gpus(), cpus=cpus, memory=memory)
 
 
-def check_fits(plan: JobPlan, node: Node | None = None) -> Node:
+def check_fits(plan: JobPlan, node: Node | None = None, placed_nodes: int = 1) -> Node:
     """Raise :class:`AdmissionError` naming each resource the request asks
-    more of than ``node`` (default: this machine) has, or for a request of
-    several nodes (:func:`e31.flows.placement.refusals.multi_node_refusal`);
-    returns the node."""
-    if plan.nodes > 1:
+    more of (per node) than ``node`` (default: this machine) has, or for a
+    request of more nodes than its placement gives it (``placed_nodes``: the
+    nodes a queue placed it on, 1 elsewhere:
+    :func:`e31.flows.placement.refusals.multi_node_refusal`); returns the node."""
+    if plan.nodes > placed_nodes:
         from e31.flows.placement.refusals import multi_node_refusal
 
         raise AdmissionError(multi_node_refusal(plan.nodes))

@@ -16,7 +16,7 @@ from typing import Any
 from e31.tasks.supervisor.fence import NODE_VAR, placement_of
 
 __all__ = ["AFTER_VAR", "ATTAINED_VAR", "ATTEMPT_VAR", "CPUS_VAR", "DEVICES_VAR", "FREE_VAR", "NODE_VAR",
-           "LOST_VAR", "PLANNED_VAR", "PREEMPTED_VAR", "VICTIMS_VAR", "PlacementRecord", "PlannedStart", "record_of"]
+           "GANG_VAR", "LOST_VAR", "PLANNED_VAR", "PREEMPTED_VAR", "VICTIMS_VAR", "PlacementRecord", "PlannedStart", "record_of"]
 
 #: The keys of the ``placement`` parameter (:data:`e31.tasks.supervisor.fence.PLACEMENT_PARAM`).
 DEVICES_VAR, CPUS_VAR, ATTEMPT_VAR = "gpu_devices", "cpus", "e31_attempt"
@@ -37,6 +37,9 @@ PREEMPTED_VAR = "e31_preempted"
 ATTAINED_VAR = "e31_attained_s"
 #: Seconds of work the run's preemptions threw away (each: from its newest durable checkpoint to the decision).
 LOST_VAR = "e31_lost_s"
+#: The other nodes of a placed multi-node run (a gang), in rank order: ``[[node, [devices]], ...]``; its lead
+#: (rank 0) is :data:`NODE_VAR`.  The same ``cpus`` on each.
+GANG_VAR = "e31_gang"
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,9 @@ class PlacementRecord:
     work starts once each has returned its output); ``preempted``: when it
     was preempted (Unix seconds); ``attained_s``: the resource-seconds its
     earlier attempts received; ``lost_s``: the seconds of work its
-    preemptions threw away."""
+    preemptions threw away.  ``gang``: a multi-node run's other nodes, in
+    rank order (rank 1 first), each with its GPU devices there; ``node`` is
+    its lead, rank 0."""
 
     node: str | None = None
     devices: tuple[int, ...] = field(default=())
@@ -79,6 +84,17 @@ class PlacementRecord:
     preempted: tuple[float, ...] = field(default=())
     attained_s: float = 0.0
     lost_s: float = 0.0
+    gang: tuple[tuple[str, tuple[int, ...]], ...] = field(default=())
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Every node it is placed on, its lead first (() while it waits)."""
+        return ((self.node,) if self.node is not None else ()) + tuple(name for name, _ in self.gang)
+
+    def rank_of(self, node: str) -> int | None:
+        """The rank of ``node`` in the run's gang (0: its lead), or None when it is not one of its nodes."""
+        nodes = self.nodes
+        return nodes.index(node) if node in nodes else None
 
     def waits_for(self) -> tuple[str, ...]:
         """The runs whose output must be returned before this run's work starts: the run it is handed over
@@ -113,6 +129,8 @@ class PlacementRecord:
             value[ATTAINED_VAR] = self.attained_s
         if self.lost_s:
             value[LOST_VAR] = self.lost_s
+        if self.gang:
+            value[GANG_VAR] = [[name, list(devices)] for name, devices in self.gang]
         return value
 
     @classmethod
@@ -130,7 +148,8 @@ class PlacementRecord:
                    victims=tuple(v for v in _list(value.get(VICTIMS_VAR)) if isinstance(v, str) and v),
                    preempted=tuple(float(t) for t in _list(value.get(PREEMPTED_VAR)) if _number(t)),
                    attained_s=float(value.get(ATTAINED_VAR)) if _number(value.get(ATTAINED_VAR)) else 0.0,
-                   lost_s=float(value.get(LOST_VAR)) if _number(value.get(LOST_VAR)) else 0.0)
+                   lost_s=float(value.get(LOST_VAR)) if _number(value.get(LOST_VAR)) else 0.0,
+                   gang=_gang(value.get(GANG_VAR)))
 
 
 def record_of(run: Any) -> PlacementRecord:
@@ -147,6 +166,18 @@ def _text(value: Any) -> str | None:
 def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
+
+
+def _gang(value: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The members of a ``placement``'s gang; one member of the wrong shape makes the whole gang unread (()):
+    a gang short of a node would start its ranks with a wrong world size."""
+    members = []
+    for item in _list(value):
+        if not (isinstance(item, list) and len(item) == 2 and _text(item[0]) and isinstance(item[1], list)
+                and all(_count(d) is not None for d in item[1])):
+            return ()
+        members.append((item[0], tuple(item[1])))
+    return tuple(members)
 
 
 def _list(value: Any) -> list:

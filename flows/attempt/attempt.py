@@ -27,6 +27,7 @@ from e31.flows.attempt.steplabel import StepLabel
 from e31.flows.attempt.steps import Step
 from e31.flows.compile import JobPlan, compile_plan, describe_markdown
 from e31.flows.exitsignals import hold_signals
+from e31.flows.gang.lead import lead_child, placed_nodes
 from e31.flows.queue.handover import release, run_ahead
 from e31.flows.resume import Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
 from e31.flows.workconfig import child_config
@@ -35,6 +36,7 @@ from e31.specs import JobSpec
 from e31.tasks.deliver import ReturnTarget, check_destination, write_failure_manifest
 from e31.tasks.manifest_model import Manifest
 from e31.tasks.outcome import ChildLost, RunOutcome
+from e31.tasks.placement_record import PlacementRecord
 from e31.tasks.pending import deliver_pending, permanent
 from e31.tasks.returning import return_output
 from e31.tasks.run import SupervisorConfig, run_task
@@ -128,7 +130,7 @@ class Attempt:
         plan = self.plan = compile_plan(spec, start=scheduled if scheduled else None)
         create_markdown_artifact(markdown=describe_markdown(spec, plan), key="job-spec",
                                  description=f"{spec.name}: the four declarations")
-        check_fits(plan)
+        check_fits(plan, placed_nodes=placed_nodes(self.placement()))
         register_destination(spec, plan)
         check_destination(plan.output_url, "output.url")
         if not plan.checkpoint_url.startswith(plan.output_url.rstrip("/") + "/"):
@@ -188,14 +190,24 @@ class Attempt:
             return None
         return tenant_of(tags) if any(str(t).startswith(TENANT_TAG) for t in tags) else None
 
+    def placement(self) -> PlacementRecord:
+        """This flow run's ``placement`` parameter, typed (empty outside a queue)."""
+        try:
+            return PlacementRecord.from_parameter((flow_run.parameters or {}).get("placement"))
+        except Exception:  # not in a flow run
+            return PlacementRecord()
+
+    def run_count(self) -> int:
+        """Prefect's ``run_count`` of this flow run (its attempt; 1 outside a flow run)."""
+        try:
+            return int(flow_run.run_count or 1)
+        except Exception:  # not in a flow run
+            return 1
+
     def preempted_before(self) -> dict[str, Any]:
         """The queue's earlier preemptions of this flow run and the seconds of work they threw away, as its
         ``placement`` parameter records them (:class:`e31.tasks.placement_record.PlacementRecord`); none
         outside a queue."""
-        from prefect.runtime import flow_run
-
-        from e31.tasks.placement_record import PlacementRecord
-
         try:
             record = PlacementRecord.from_parameter((flow_run.parameters or {}).get("placement"))
         except Exception:  # not in a flow run
@@ -269,9 +281,11 @@ class Attempt:
         if self.resume.step is None:  # a fresh run starts now: an earlier run's durable checkpoints make way
             remove_stale_checkpoints(plan)
         now = time.time()
+        child = lead_child(child_config(spec, plan, self.staged, self.code_dir), self.placement(), target.run_id,
+                           self.run_count(), self.resume.step, plan.stop_at(now)[0], plan.grace_s)
         settings = SupervisorConfig(
             job=plan.job,
-            child=child_config(spec, plan, self.staged, self.code_dir),
+            child=child,
             run_dir=str(plan.run_dir),
             checkpoint_url=plan.checkpoint_url,
             keep=plan.checkpoint_keep,

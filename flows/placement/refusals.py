@@ -105,12 +105,12 @@ def _spread(typed: Sequence[Node], job: QueuedJob) -> str | None:
 
 
 def multi_node_refusal(nodes: int) -> str:
-    """Why a job of ``nodes`` > 1 nodes cannot run yet, with the fix (one line): the planner places a
-    gang (``e31 plan``, ``e31 simulate``), but no run is started across hosts in this version, so the
-    live queue, ``e31 run`` and the flow refuse it rather than start one node of it."""
-    return (f"request.nodes: {nodes}: a job across several nodes is planned (e31 plan, e31 simulate) but not run "
-            "in this version: e31 run, e31 submit and the flow start one node; set request.nodes: 1 (gpus, cpus "
-            "and memory are per node)")
+    """Why a job of ``nodes`` > 1 nodes cannot run where it was started (one line, with the fix): only a
+    queue's scheduler places a gang on several nodes at once (:mod:`e31.flows.gang`); ``e31 run`` and the
+    flow called from Python start on one machine."""
+    return (f"request.nodes: {nodes}: a job across several nodes runs in a queue, which starts it on {nodes} nodes "
+            f"at once: e31 submit SPEC --pool POOL; e31 run and the flow called directly start one node (or set "
+            "request.nodes: 1; gpus, cpus and memory are per node)")
 
 
 def deadline_refusal(job: QueuedJob, now: float) -> str | None:

@@ -27,6 +27,9 @@ from typing import Any
 PLACED_EVENT = "e31.flow-run.placed"
 #: The resource label naming the node the run was placed on.
 NODE_LABEL = "e31.node"
+#: The resource label naming a multi-node run's other nodes, comma-separated (absent for one node): their
+#: workers start its members at once (:mod:`e31.deployments.members`).
+MEMBERS_LABEL = "e31.members"
 
 _log = logging.getLogger("e31.queue")
 #: Seconds a work pool's id is kept before it is read again (a pool deleted and created again has a new one).
@@ -34,9 +37,11 @@ POOL_ID_KEPT_S = 60.0
 _pool_ids: dict[str, tuple[str, float]] = {}  # work pool name -> (its id, time.monotonic() when read)
 
 
-def announce_placed(client: Any, work_pool: str, flow_run_id: str, node: str | None) -> bool:
+def announce_placed(client: Any, work_pool: str, flow_run_id: str, node: str | None,
+                    members: tuple[str, ...] = ()) -> bool:
     """Send :data:`PLACED_EVENT` for the flow run ``flow_run_id`` placed on
-    ``node`` (None: a node not known here; every worker then polls) of the
+    ``node`` (None: a node not known here; every worker then polls) and,
+    for a gang, ``members`` (its other nodes) of the
     work pool named ``work_pool``; ``client``: a sync Prefect client (for the
     work pool's id, read again after :data:`POOL_ID_KEPT_S`).  True when the
     event was handed to Prefect's events worker (which sends it in the
@@ -53,6 +58,8 @@ def announce_placed(client: Any, work_pool: str, flow_run_id: str, node: str | N
         resource = {"prefect.resource.id": f"prefect.flow-run.{flow_run_id}"}
         if node:
             resource[NODE_LABEL] = node
+        if members:
+            resource[MEMBERS_LABEL] = ",".join(members)
         return emit_event(PLACED_EVENT, resource=resource, related=[
             {"prefect.resource.id": f"prefect.work-pool.{pool_id}", "prefect.resource.role": "work-pool"}]) is not None
     except Exception as exc:  # the run is taken at its worker's next quiet poll

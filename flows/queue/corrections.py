@@ -27,21 +27,29 @@ def clip_overbooked(snap: Snapshot) -> None:
     input) would otherwise fail every tick.  Each clipped node is named in
     ``snap.overbooked`` (node -> what its runs hold against what it has)."""
     by_node: dict[str, list[int]] = {}
+    parts: dict[str, list[tuple[int, ...]]] = {}  # devices a gang holds on a node that is not its lead's
     for i, job in enumerate(snap.running):
         by_node.setdefault(job.node, []).append(i)
+        for name, devices in job.gang:
+            parts.setdefault(name, []).append(devices)
     for node in snap.nodes:
         jobs = sorted(by_node.get(node.name, ()), key=lambda i: (-snap.running[i].expected_end, snap.running[i].id))
         held = [snap.running[i] for i in jobs]
-        cpus, memory = sum(j.cpus for j in held), sum(j.memory for j in held)
-        devices = [d for j in held for d in j.devices]
+        members = [j for j in snap.running if any(name == node.name for name, _ in j.gang)]
+        cpus = sum(j.cpus for j in held) + sum(j.cpus for j in members)
+        memory = sum(j.memory for j in held) + sum(j.memory for j in members)
+        devices = [d for j in held for d in j.devices] + [d for devs in parts.get(node.name, ()) for d in devs]
         if cpus <= node.cpus and memory <= node.memory and len(set(devices)) == len(devices) and \
                 all(0 <= d < node.gpus for d in devices):
             continue
         gpus = (f", GPUs {','.join(map(str, sorted(devices))) or 'none'} of its {node.gpus}"
                 if node.gpus or devices else "")
-        snap.overbooked[node.name] = (f"{len(held)} runs hold CPUs {cpus} of its {node.cpus}, memory {gib(memory)} "
-                                      f"of its {gib(node.memory)}{gpus}")
-        free_cpus, free_memory, taken = node.cpus, node.memory, set()
+        snap.overbooked[node.name] = (f"{len(held) + len(members)} runs hold CPUs {cpus} of its {node.cpus}, "
+                                      f"memory {gib(memory)} of its {gib(node.memory)}{gpus}")
+        # a gang's part here is kept whole (its ranks run as placed); the node's own runs keep what is left
+        taken = {d for devs in parts.get(node.name, ()) for d in devs}
+        free_cpus = max(0, node.cpus - sum(j.cpus for j in members))
+        free_memory = max(0, node.memory - sum(j.memory for j in members))
         for i in jobs:  # the longest holder first
             job = snap.running[i]
             mine = tuple(d for d in job.devices if 0 <= d < node.gpus and d not in taken)

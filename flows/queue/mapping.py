@@ -33,6 +33,10 @@ NODE_VAR = FENCE_NODE_VAR
 #: prefetcher's concurrent tag write costs only latency: an event naming no node wakes every worker, and each
 #: polls by itself every QUIET_POLL_S).
 PLACED_TAG = "e31-placed:"
+#: Each other node of a placed multi-node run (a gang) is a tag of the run, :data:`MEMBER_TAG` + node, written
+#: with its :data:`PLACED_TAG`: the ``e31 worker`` of each such node finds the runs it starts a member of
+#: (:mod:`e31.deployments.members`) by this tag.
+MEMBER_TAG = "e31-member:"
 #: Seconds before a running job's planned end within which the scheduler hands its resources over to the
 #: next job planned on them: that job's flow run is released at once, its flow process starts, stages its
 #: inputs and waits (holding nothing) until the job ahead has returned its output; 0 turns it off.
@@ -119,11 +123,18 @@ def placed_on(tags: Any) -> str | None:
     return None
 
 
-def placed_tags(tags: Any, node: str | None) -> list[str]:
+def member_nodes(tags: Any) -> tuple[str, ...]:
+    """The other nodes of a gang its flow run's ``tags`` name (:data:`MEMBER_TAG`), in their order."""
+    return tuple(t[len(MEMBER_TAG):] for t in tags or () if isinstance(t, str) and t.startswith(MEMBER_TAG)
+                 and len(t) > len(MEMBER_TAG))
+
+
+def placed_tags(tags: Any, node: str | None, members: tuple[str, ...] = ()) -> list[str]:
     """A flow run's ``tags`` with its :data:`PLACED_TAG` naming ``node``
-    (None: naming none), its other tags as they are."""
-    kept = [t for t in tags or () if not (isinstance(t, str) and t.startswith(PLACED_TAG))]
-    return kept + ([PLACED_TAG + node] if node else [])
+    (None: naming none) and a :data:`MEMBER_TAG` per node of ``members``
+    (a gang's other nodes), its other tags as they are."""
+    kept = [t for t in tags or () if not (isinstance(t, str) and t.startswith((PLACED_TAG, MEMBER_TAG)))]
+    return kept + ([PLACED_TAG + node] if node else []) + [MEMBER_TAG + m for m in members]
 
 
 def inputs_key(spec: Any) -> tuple[str, ...]:

@@ -81,14 +81,14 @@ def handover_lead(snap: Snapshot, p: Placement, handover_s: float, taken: set[st
     in ``snap.overbooked``, whose runs' holdings were clipped; none for a job that borrows beyond its
     tenant's quota, ``snap.borrowing``)."""
     if handover_s <= 0 or p.action != "wait" or not p.reserved or p.node is None or p.start is None or \
-            p.node in snap.overbooked:  # its runs hold more than it has: what each holds is a guess
-        return None
+            p.node in snap.overbooked or p.gang:  # its runs hold more than it has: what each holds is a guess
+        return None  # (a gang starts on all its nodes at once: no handover behind one run)
     if p.job in snap.borrowing:  # lent capacity is lent once free: a job within its quota arriving meanwhile gets it
         return None
     memory = snap.specs[p.job].request.memory or 0
     for lead in sorted(snap.running, key=lambda r: r.expected_end):
         run = snap.runs.get(lead.id)
-        if lead.node != p.node or run is None or lead.id in taken or not _leads(run.state):
+        if lead.node != p.node or run is None or lead.id in taken or not _leads(run.state) or lead.gang:
             continue
         end = max(lead.expected_end, snap.now + 1.0)
         if end - snap.now > handover_s:
@@ -129,7 +129,7 @@ def _placed(run: Any, p: Placement, after: str | None = None) -> PlacementRecord
     attained service carried over."""
     was = record_of(run)
     return replace(was.kept(), node=p.node, devices=tuple(p.devices), cpus=p.cpus, attempt=was.attempt or 0,
-                   after=after)
+                   after=after, gang=tuple((name, tuple(devices)) for name, devices in p.gang))
 
 
 def _words(snap: Snapshot, p: Placement, deep: bool) -> tuple[str, str | None]:
@@ -231,7 +231,7 @@ def _apply(client: Any, snap: Snapshot, placements: list[Placement], cache: RunC
     now = datetime.fromtimestamp(snap.now, timezone.utc)
     for key in snap.lost:
         run = snap.runs[key]
-        node = record_of(run).node
+        node = snap.lost_on.get(key) or record_of(run).node
         if run.state.type.value == "SCHEDULED":  # Placed: its worker had not taken it, so no process of it
             # exists there (Prefect's worker proposes Pending before it starts a flow process): no fence, and it
             # is queued again at once, as a run that crashed before its work started

@@ -9,7 +9,6 @@ from typing import Any
 
 from e31.flows.placement import Node, QueuedJob, RunningJob
 from e31.flows.placement.estimates import estimate_runtime
-from e31.flows.placement.refusals import multi_node_refusal
 from e31.prefect_compat.clock import server_now
 from e31.flows.queue.overheads import from_run
 from e31.flows.queue.cache import RunCache, read_active
@@ -61,6 +60,8 @@ class Snapshot:
     queued: list[QueuedJob] = field(default_factory=list)
     bad: dict[str, str] = field(default_factory=dict)
     lost: list[str] = field(default_factory=list)
+    #: Run id of ``lost`` -> the node it was lost with (a gang's: the first of its nodes that stopped answering).
+    lost_on: dict[str, str] = field(default_factory=dict)
     requeue: list[str] = field(default_factory=list)
     blocked: dict[str, str] = field(default_factory=dict)
     behind: dict[str, str] = field(default_factory=dict)
@@ -228,9 +229,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
         if cache is not None:
             cache.overheads.saw(key, *from_run(run), node)
         req = spec.request
-        if req.nodes > 1:  # planned as a gang, but no run starts across hosts yet: refused, never one node of it
-            snap.bad[key] = multi_node_refusal(req.nodes)
-            continue
+        gang = record_of(run).gang
         if is_preempted(run):  # its output is returned: the queue takes it back (e31.flows.queue.preempt)
             snap.preempted.append(key)
             continue
@@ -253,10 +252,12 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
             snap.unplaced_cancels.append(key)
             continue
         if holding:
-            if node not in known:
+            if node not in known or any(member not in known for member, _ in gang):
                 continue
-            if node in lost_nodes:
+            gone = [n for n in (node, *(member for member, _ in gang)) if n in lost_nodes]
+            if gone:  # one lost node ends a gang
                 snap.lost.append(key)
+                snap.lost_on[key] = gone[0]
                 continue
             start = attempt_start(run) or now
             estimate = estimate_runtime(_secs(req.duration), _secs(req.limit or req.duration),
@@ -265,7 +266,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
                 id=key, node=node, devices=tuple(int(d) for d in variables.get(DEVICES_VAR) or ()),
                 cpus=int(variables.get(CPUS_VAR) or req.cpus), memory=req.memory or 0,
                 start=start, expected_end=start + estimate.runtime_s + _output_s(returns, spec.name, estimate),
-                **victim_fields(spec, run, waiting(run))))
+                gang=gang, **victim_fields(spec, run, waiting(run))))
             continue
         due = state.name == QUEUED or (_ts(run.expected_start_time) or now) <= now
         if state.type == StateType.SCHEDULED and due:
@@ -281,7 +282,7 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
             estimate = estimate_runtime(_secs(req.duration), _secs(req.limit or req.duration),
                                         (history or {}).get(spec.name, ()))
             snap.queued.append(QueuedJob(
-                id=key, name=spec.name, gpus=req.gpus, cpus=req.cpus, memory=req.memory or 0,
+                id=key, name=spec.name, gpus=req.gpus, cpus=req.cpus, memory=req.memory or 0, nodes=req.nodes,
                 gpu_type=getattr(req, "gpu_type", None), submitted=submitted,
                 deadline=_deadline(spec, datetime.fromtimestamp(submitted, timezone.utc)),
                 runtime_s=estimate.runtime_s, limit_s=_secs(req.limit or req.duration) or estimate.runtime_s,
@@ -306,12 +307,12 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
         # are said to be gone (the whole node: a silent machine's state is unknown, and its worker clears the
         # fence as it starts, before the node could take anything)
         if node.name not in alive or node.name in fenced:
-            held = [r for r in snap.running if r.node == node.name]
+            held = [(r, devices) for r in snap.running for name, devices in r.parts if name == node.name]
             snap.running.append(RunningJob(
                 id=f"{FENCED if node.name in fenced else DOWN}{node.name}", node=node.name,
-                devices=tuple(d for d in range(node.gpus) if not any(d in r.devices for r in held)),
-                cpus=max(0, node.cpus - sum(r.cpus for r in held)),
-                memory=max(0, node.memory - sum(r.memory for r in held)), start=now, expected_end=now + lease_s))
+                devices=tuple(d for d in range(node.gpus) if not any(d in devices for _, devices in held)),
+                cpus=max(0, node.cpus - sum(r.cpus for r, _ in held)),
+                memory=max(0, node.memory - sum(r.memory for r, _ in held)), start=now, expected_end=now + lease_s))
     return snap
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from e31.flows.queue.announce import announce_placed
 from e31.flows.queue.cache import RunCache
-from e31.flows.queue.mapping import PLACED, PLACEMENT_PARAM, PlacementRecord, placed_on, placed_tags
+from e31.flows.queue.mapping import PLACED, PLACEMENT_PARAM, PlacementRecord, member_nodes, placed_on, placed_tags
 from e31.prefect_compat.clock import server_now
 
 
@@ -50,6 +50,7 @@ class RunWriter:
                  work_pool: str | None = None) -> None:
         self.client, self.cache, self.counts, self.work_pool = client, cache, counts, work_pool
         self.nodes: dict[str, str | None] = {}  # run id -> the node :meth:`place` wrote
+        self.members: dict[str, tuple[str, ...]] = {}  # run id -> a gang's other nodes :meth:`place` wrote
         self.seen: dict[str, Any] = {}  # run id -> the state id :meth:`current` found
         self.fresh: dict[str, Any] = {}  # run id -> the run as :meth:`current` read it (its tags are the newest)
         self.result: Any = None  # the server's answer to the last state written
@@ -94,7 +95,7 @@ class RunWriter:
             if state.type.value == "SCHEDULED" and key in self.seen and self._overtaken(key, result):
                 return False
         if self.work_pool is not None and state.name == PLACED:  # its worker polls at once
-            announce_placed(self.client, self.work_pool, key, self.nodes.get(key))
+            announce_placed(self.client, self.work_pool, key, self.nodes.get(key), self.members.get(key, ()))
         return True
 
     def _overtaken(self, key: str, result: Any) -> bool:
@@ -137,7 +138,9 @@ class RunWriter:
             return False
         parameters = {**(run.parameters or {}), PLACEMENT_PARAM: placement.parameter()}
         tags = list(getattr(self.fresh.get(key, run), "tags", None) or [])
-        tags = placed_tags(tags, placement.node) if placed_on(tags) != placement.node else None
+        members = tuple(name for name, _ in placement.gang)
+        tags = placed_tags(tags, placement.node, members) \
+            if (placed_on(tags), member_nodes(tags)) != (placement.node, members) else None
         try:
             if tags is None:
                 self.client.update_flow_run(key, parameters=parameters)
@@ -149,7 +152,7 @@ class RunWriter:
             if getattr(getattr(exc, "response", None), "status_code", None) == 404:
                 return self._gone(key)
             raise
-        self.nodes[key] = placement.node
+        self.nodes[key], self.members[key] = placement.node, members
         if self.cache is not None:
             self.cache.note_placement(key, parameters, tags)
         return True

@@ -217,7 +217,8 @@ def test_a_waiting_job_says_why_in_its_state_and_in_e31_queue(prefect_api, tmp_p
     with queue(tmp_path, {"n1": 8}) as q:
         q.scheduler("--handover", "0")  # the waiter stays queued (else handed over 10 s before the holder's end)
         q.worker("n1", 8)
-        first = q.submit(q.job("holder", 8, 20)).split("flow run ")[1].split()[0]
+        # the holder runs far longer than the test: it still holds n1 when e31 queue lists it on a loaded machine
+        first = q.submit(q.job("holder", 8, 200)).split("flow run ")[1].split()[0]
         wait_for(lambda: any((q.root / "scratch-n1").glob("holder/output/started.json")), what="the holder")
         waiting = q.submit(q.job("waiter", 6, 1)).split("flow run ")[1].split()[0]
         with get_client(sync_client=True) as client:
@@ -1303,41 +1304,3 @@ def test_a_second_scheduler_on_a_pool_waits_as_a_standby_and_takes_over(prefect_
         stop_group(second, timeout=20)
         with get_client(sync_client=True) as client:
             assert read_claim(client, q.name) is None and lease_of(client, q.name, 60.0) == (60.0, False)
-
-
-MULTI_NODE = ("request.nodes: 2: a job across several nodes is planned (e31 plan, e31 simulate) but not run in this "
-              "version: e31 run, e31 submit and the flow start one node; set request.nodes: 1 (gpus, cpus and memory are "
-              "per node)")
-
-
-def test_a_job_of_several_nodes_is_refused_by_submit_and_by_the_scheduler_never_run_on_one(prefect_api, tmp_path):
-    """``e31 submit`` of a spec with ``request.nodes: 2`` exits 1 with the
-    one-line refusal and queues nothing; a run queued past it (the Python
-    API) is refused by the scheduler's next tick, not placed on one node."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
-
-    from e31.deployments.scheduler import tick
-    from e31.deployments.worker import E31Worker
-    from e31.flows.deploy import parameters
-    from e31.flows.queue import RunCache, work_pool_name
-    from e31.flows.queue import submit
-    from e31.specs import load_pool, load_spec
-
-    q = Queue(tmp_path, {"n1": 8, "n2": 8})
-    spec = q.job("gang", 8, 1, nodes=2)
-    done = subprocess.run([q.exe, "submit", str(spec), "--pool", str(q.pool)], capture_output=True, text=True,
-                          cwd=tmp_path)
-    assert (done.returncode, done.stdout, done.stderr) == (1, "", f"e31: {MULTI_NODE}\n")
-    pool = load_pool(q.pool)
-    with get_client(sync_client=True) as client:
-        pool_filter = WorkPoolFilter(name=WorkPoolFilterName(any_=[work_pool_name(pool)]))
-        assert client.read_flow_runs(work_pool_filter=pool_filter) == []  # e31 submit queued nothing
-        run = submit(client, pool, parameters(load_spec(spec), str(tmp_path)), ["e31"],
-                     E31Worker.get_default_base_job_template())
-        for node in ("n1", "n2"):  # both nodes' workers answer: the gang could start, were it run
-            client.send_worker_heartbeat(work_pool_name(pool), node)
-        counts = tick(client, pool, cache=RunCache(pool, full_every_s=3600)).counts
-        state = client.read_flow_run(run.id).state
-    assert counts["refuse"] == 1 and counts["start"] == 0
-    assert (state.type.value, state.message) == ("FAILED", f"refused: {MULTI_NODE}")

@@ -171,10 +171,10 @@ def test_compile_prints_a_gang_and_run_refuses_it_in_one_line(e31, prefect_api, 
         f"8 gpu, 4GiB in all); scratch {tmp_path}/scratch/digits-nightly-retrain on each")
     assert "  preemptible: no (a job of several nodes is never preempted)" in compiled.stdout.splitlines()
     ran = e31("run", str(EXAMPLE), *sets, env=env)
-    assert (ran.returncode, ran.stderr) == (1, "e31: request.nodes: 2: a job across several nodes is planned (e31 "
-                                               "plan, e31 simulate) but not run in this version: e31 run, e31 submit "
-                                               "and the flow start one node; set request.nodes: 1 (gpus, cpus and memory "
-                                               "are per node)\n")
+    assert (ran.returncode, ran.stderr) == (1, "e31: request.nodes: 2: a job across several nodes runs in a queue, "
+                                               "which starts it on 2 nodes at once: e31 submit SPEC --pool POOL; e31 "
+                                               "run and the flow called directly start one node (or set "
+                                               "request.nodes: 1; gpus, cpus and memory are per node)\n")
     assert not (tmp_path / "scratch").exists() and not (tmp_path / "out").exists()
 
 

@@ -1,0 +1,159 @@
+"""An ``e31 worker``'s members: the processes it starts for gangs that include its node.
+
+A multi-node run's flow process starts on its lead node; every other node of its placement is named by a
+tag ``e31-member:NODE`` (:data:`e31.flows.queue.mapping.MEMBER_TAG`).  :class:`MemberRunner`, a thread of
+the worker, reads the work pool's ``Placed``, ``Pending`` and ``Running`` runs with its node's tag when the
+scheduler announces such a placement (:meth:`MemberRunner.wake`, from the worker's events) and every
+:data:`POLL_S` seconds besides, and starts ``python -m e31.flows.gang.member RUN_ID`` for each attempt of
+such a run, once (:mod:`e31.flows.gang.member` does the rest: it stages the inputs while the lead's flow
+process starts, and ends when the run leaves ``Running``).  The member
+gets ``E31_NODE`` and its GPU devices on this node (``E31_GPU_DEVICES``, ``CUDA_VISIBLE_DEVICES``); its
+output goes to ``<scratch>/<job>/member/member.log``.  A member dies with this thread (Linux's parent-death
+signal), so a worker killed leaves no member behind; a worker stopping sends each member SIGTERM, which it
+passes on to its work as the stop warning.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["POLL_S", "MemberRunner", "attempt_served"]
+
+#: Seconds between the runner's reads of the runs its node is a member of, when no announcement woke it (each
+#: is one request to the server, from every worker).
+POLL_S = 5.0
+
+
+def attempt_served(run: Any) -> int:
+    """The attempt (Prefect's ``run_count`` once ``Running``) a member started now would serve: a
+    ``Placed`` or ``Pending`` run's next one, a ``Running`` run's current one."""
+    count = int(getattr(run, "run_count", 0) or 0)
+    return count if getattr(getattr(run, "state", None), "type", None) is not None and \
+        run.state.type.value == "RUNNING" else count + 1
+
+
+@dataclass
+class _Member:
+    proc: subprocess.Popen
+    attempt: int
+
+
+class MemberRunner:
+    """Starts and tracks this node's members (see the module docstring).  ``say``: a line for the
+    worker's log."""
+
+    def __init__(self, work_pool: str, node: str, say: Callable[[str], None]) -> None:
+        self.work_pool, self.node, self.say = work_pool, node, say
+        self.members: dict[str, _Member] = {}  # flow run id -> its newest member process here
+        self._stop, self._woken = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"e31-members-{node}", daemon=True)
+
+    def start(self) -> None:
+        """Start reading (in the runner's own thread)."""
+        self._thread.start()
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Stop reading; warn each member still running (SIGTERM) and wait up to ``grace_s`` seconds for
+        them to end (they are killed with the thread after)."""
+        self.drain(signal.SIGTERM)
+        self._stop.set()
+        self._woken.set()
+        for member in list(self.members.values()):
+            try:
+                member.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def wake(self) -> None:
+        """Read the runs now (a placement naming this node's member was announced)."""
+        self._woken.set()
+
+    def drain(self, signum: int = signal.SIGTERM) -> int:
+        """Send ``signum`` to every member still running; returns how many."""
+        told = 0
+        for member in self.members.values():
+            if member.proc.poll() is None:
+                try:
+                    member.proc.send_signal(signum)
+                    told += 1
+                except ProcessLookupError:
+                    pass
+        return told
+
+    def _loop(self) -> None:
+        from prefect.client.orchestration import get_client
+
+        while not self._stop.is_set():
+            try:
+                with get_client(sync_client=True) as client:
+                    while not self._stop.is_set():
+                        self._woken.clear()
+                        self.poll(client)
+                        self._woken.wait(POLL_S)
+            except Exception as exc:  # the API is away: try again at the next poll
+                self.say(f"members: cannot read the runs of node {self.node}: {type(exc).__name__}")
+                self._stop.wait(POLL_S)
+        # the members die with this thread (their parent-death signal): wait for them here, so they get
+        # their warning's grace when the worker stops
+        for member in self.members.values():
+            try:
+                member.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                member.proc.kill()
+
+    def poll(self, client: Any) -> list[str]:
+        """Start a member for each run with this node's member tag, ``Placed``, ``Pending`` or ``Running``,
+        whose attempt has none here yet; returns the flow run ids started."""
+        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                    FlowRunFilterTags, WorkPoolFilter, WorkPoolFilterName)
+        from prefect.client.schemas.objects import StateType
+
+        from e31.flows.queue.mapping import MEMBER_TAG, PLACED
+
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[MEMBER_TAG + self.node]),
+                                          state=FlowRunFilterState(type=FlowRunFilterStateType(
+                                              any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]))),
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self.work_pool])))
+        started = []
+        for run in runs:
+            if run.state is not None and run.state.type == StateType.SCHEDULED and run.state.name != PLACED:
+                continue  # queued again (its tags as last written): placed nowhere now
+            key, attempt = str(run.id), attempt_served(run)
+            have = self.members.get(key)
+            if have is not None and (have.proc.poll() is None or have.attempt >= attempt):
+                continue
+            self.members[key] = _Member(self._spawn(run), attempt)
+            started.append(key)
+        for key in [k for k, m in self.members.items() if m.proc.poll() is not None and k not in
+                    {str(r.id) for r in runs}]:
+            del self.members[key]  # ended, and its run no longer names this node's member
+        return started
+
+    def _spawn(self, run: Any) -> subprocess.Popen:
+        from e31.flows.compile import default_scratch_root
+        from e31.tasks.placement_record import record_of
+        from e31.tasks.supervisor.process import die_with_parent
+
+        devices = dict(record_of(run).gang).get(self.node, ())
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT__FLOW_RUN")}
+        env.update({"E31_NODE": self.node, "E31_GPU_DEVICES": ",".join(map(str, devices)),
+                    "CUDA_VISIBLE_DEVICES": ",".join(map(str, devices))})
+        job = str(((run.parameters or {}).get("spec") or {}).get("name") or "job")
+        log = Path(default_scratch_root()) / job / "member" / "member.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "e31.flows.gang.member", str(run.id)], env=env,
+                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=die_with_parent)
+        self.say(f"flow run {run.id}: started its member on node {self.node} (pid {proc.pid})")
+        return proc

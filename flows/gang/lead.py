@@ -1,0 +1,43 @@
+"""The lead's side of a gang: its rank-0 rendezvous, published on the flow run before its work starts.
+
+Prefect-aware (it writes the run's label), called by the attempt (:mod:`e31.flows.attempt`) on the node the
+placement names first.  See :mod:`e31.flows.gang` for the whole protocol.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any
+
+from e31.flows.gang.rendezvous import Published, publish
+from e31.tasks.placement_record import PlacementRecord
+from e31.tasks.work.context import ChildConfig
+from e31.tasks.work.rendezvous import PORTS_VAR, free_port, own_address, port_range
+
+__all__ = ["lead_child", "placed_nodes"]
+
+
+def placed_nodes(record: PlacementRecord) -> int:
+    """How many nodes the run's placement gives it (1 outside a queue, or for a single-node placement)."""
+    return max(1, len(record.nodes))
+
+
+def lead_child(child: ChildConfig, record: PlacementRecord, run_id: str, attempt: int, resume: int | None,
+               stop_at: float, grace_s: float) -> ChildConfig:
+    """``child`` as rank 0 of the gang ``record`` places: its address for the peers
+    (:func:`e31.tasks.work.rendezvous.own_address`, toward ``PREFECT_API_URL``) and a free port there
+    (within ``E31_RENDEZVOUS_PORTS``), published on the flow run ``run_id`` with ``attempt`` (the run's
+    ``run_count``), the step it resumes from, its stop time (Unix seconds) and ``grace_s``.  A single-node
+    placement returns ``child`` as it is.  Raises ``RendezvousError`` when no port is free, and what the
+    Prefect client raises when the label cannot be written (the members could not start)."""
+    if len(record.nodes) < 2:
+        return child
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    addr = own_address(PREFECT_API_URL.value())
+    port = free_port(addr, port_range(os.environ.get(PORTS_VAR)))
+    with get_client(sync_client=True) as client:
+        publish(client, run_id, Published(attempt, addr, port, resume, stop_at, grace_s))
+    return replace(child, master_addr=addr, master_port=port, node_rank=0, nnodes=len(record.nodes))

@@ -1,0 +1,75 @@
+"""The rendezvous of a gang's attempt, written on its flow run by the lead and read by each member.
+
+The flow run's label :data:`LABEL` holds one JSON object (Prefect's labels are merged key by key on the
+server, so the write never overwrites a tag or another label written meanwhile)::
+
+    {"attempt": 2, "addr": "10.231.0.2", "port": 29500, "resume": 40, "stop_at": 1796543210.5, "grace_s": 30}
+
+``attempt``: the flow run's ``run_count`` when the lead wrote it (a member of another attempt waits for its
+own); ``addr``/``port``: where rank 0's store listens; ``resume``: the checkpoint step the lead resumes from
+(null: a fresh start); ``stop_at``: when the lead's work is killed at the latest (Unix seconds), ``grace_s``
+before which it is warned.  Each member writes :data:`MEMBER_LABEL` + its rank when its work ends:
+``{"attempt": 2, "exit": 0}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["LABEL", "MEMBER_LABEL", "Published", "member_ends", "publish", "published", "report_member"]
+
+LABEL = "e31.rendezvous"
+MEMBER_LABEL = "e31.member."
+
+
+@dataclass(frozen=True)
+class Published:
+    """One attempt's rendezvous as the lead published it (see the module docstring for each field)."""
+
+    attempt: int
+    addr: str
+    port: int
+    resume: int | None
+    stop_at: float
+    grace_s: float
+
+
+def publish(client: Any, run_id: str, value: Published) -> None:
+    """Write ``value`` on the flow run ``run_id`` (a sync Prefect client).  Raises what the client raises."""
+    client.update_flow_run_labels(run_id, {LABEL: json.dumps(asdict(value), sort_keys=True)})
+
+
+def published(run: Any) -> Published | None:
+    """The rendezvous on the flow run ``run`` (a Prefect ``FlowRun``), or None when none was written or it
+    is not one E31 wrote."""
+    text = (getattr(run, "labels", None) or {}).get(LABEL)
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+        return Published(int(value["attempt"]), str(value["addr"]), int(value["port"]),
+                         None if value.get("resume") is None else int(value["resume"]), float(value["stop_at"]),
+                         float(value["grace_s"]))
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def report_member(client: Any, run_id: str, rank: int, attempt: int, exit_code: int) -> None:
+    """Write a member's end (its work's exit status) on the flow run.  Raises what the client raises."""
+    client.update_flow_run_labels(run_id, {f"{MEMBER_LABEL}{rank}": json.dumps({"attempt": attempt,
+                                                                                 "exit": exit_code})})
+
+
+def member_ends(run: Any, attempt: int) -> dict[int, int]:
+    """Rank -> exit status of each member whose work of ``attempt`` has ended, as written on ``run``."""
+    ends = {}
+    for key, text in (getattr(run, "labels", None) or {}).items():
+        if not key.startswith(MEMBER_LABEL):
+            continue
+        try:
+            value = json.loads(text)
+            if int(value["attempt"]) == attempt:
+                ends[int(key[len(MEMBER_LABEL):])] = int(value["exit"])
+        except (TypeError, ValueError, KeyError):
+            continue
+    return ends

@@ -1,0 +1,106 @@
+"""A job across two nodes on the live queue: one flow run, its lead on one node's ``e31 worker`` and its
+member on the other's, meeting through ``torch.distributed`` (gloo, CPU) at the rendezvous the lead
+published; real ``e31 scheduler``, ``e31 worker`` processes and Prefect server.  Both nodes are on this
+machine (each worker its own scratch); the same across network-namespace hosts is in test_hosts.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import textwrap
+
+from tests.conftest import final_manifest
+from tests.deployments.test_queue import _states, queue, wait_for
+
+#: Data-parallel training of a linear model: each rank's batch differs, gradients are averaged with
+#: all_reduce, so every rank holds the same weights after each step; the lead checkpoints.  Each rank writes
+#: what it saw; the lead's files are the job's output.
+GANG_WORK = textwrap.dedent("""
+    import hashlib, json, os, time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    def main(ctx):
+        dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        start = 0
+        restored = ctx.restore()
+        if restored is not None:
+            state, start = restored
+            model.load_state_dict(state["model"])
+        steps, done = ctx.params["steps"], start
+        for step in range(start, steps):
+            x = torch.full((8, 4), float(step + ctx.rank + 1))
+            loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+            model.zero_grad()
+            loss.backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= ctx.world_size
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.001 * p.grad
+            done = step + 1
+            if ctx.is_lead and ctx.checkpoint_due(done):
+                ctx.checkpoint({"model": model.state_dict()}, step=done)
+            time.sleep(ctx.params["step_s"])
+            stop = torch.tensor([1 if ctx.should_stop else 0])
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank leaves the loop at the same step
+            if stop.item():
+                break
+        weights = hashlib.sha256(b"".join(t.detach().numpy().tobytes() for t in model.state_dict().values()))
+        seen = {"rank": ctx.rank, "world_size": ctx.world_size, "node": os.environ["E31_NODE"], "start": start,
+                "done": done, "weights": weights.hexdigest(), "master": os.environ["MASTER_ADDR"]}
+        (ctx.output_dir / "seen.json").write_text(json.dumps(seen, sort_keys=True))
+        if ctx.is_lead:
+            torch.save(model.state_dict(), ctx.output_dir / "model.pt")
+        dist.destroy_process_group()
+""")
+
+
+def test_a_two_node_job_trains_as_one_gang_and_returns_the_leads_output(prefect_api, tmp_path):
+    from prefect.client.orchestration import get_client
+
+    from e31.flows.gang.rendezvous import member_ends, published
+
+    with queue(tmp_path, {"n1": 0, "n2": 0}) as q:
+        (tmp_path / "gangwork.py").write_text(GANG_WORK)
+        spec = tmp_path / "gang.yaml"
+        spec.write_text(json.dumps({
+            "name": "gang", "work": {"kind": "training", "entrypoint": "gangwork:main",
+                                     "params": {"steps": 20, "step_s": 0.05}},
+            "request": {"nodes": 2, "cpus": 1, "duration": "30s", "limit": "5m"},
+            "output": {"kind": "model", "url": str(tmp_path / "out" / "gang"), "files": ["seen.json", "model.pt"],
+                       "checkpoint": {"every_steps": 5}}}))
+        q.scheduler()
+        q.worker("n1", 0)
+        q.worker("n2", 0)
+        q.submit(spec)
+        out = tmp_path / "out" / "gang"
+        wait_for(lambda: final_manifest(out) is not None or "FAILED" in str(_states()), timeout=300,
+                 what="the gang's output")
+        manifest = final_manifest(out)
+        with get_client(sync_client=True) as client:  # the member writes its end as its work's process ends
+            wait_for(lambda: member_ends(client.read_flow_run(manifest["run_id"]), 1), timeout=60,
+                     what="the member's end written on the run")
+            run = client.read_flow_run(manifest["run_id"])
+        lead = json.loads((out / "seen.json").read_text())
+        placement = (run.parameters or {}).get("placement") or {}
+        member_node = "n2" if placement.get("e31_node") == "n1" else "n1"
+        member = json.loads((tmp_path / f"scratch-{member_node}" / "gang" / "member" / "output" / "seen.json")
+                            .read_text())
+    assert (manifest["status"], manifest["reason"], manifest["step"]) == ("completed", "finished", 20)
+    assert placement["e31_gang"] == [[member_node, []]] and placement["e31_node"] != member_node
+    assert {t for t in run.tags if t.startswith(("e31-placed:", "e31-member:"))} == {
+        f"e31-placed:{placement['e31_node']}", f"e31-member:{member_node}"}
+    pub = published(run)
+    assert (pub.attempt, pub.addr, pub.resume) == (1, "127.0.0.1", None) and 0 < pub.port < 65536
+    assert member_ends(run, 1) == {1: 0}
+    assert (lead["rank"], lead["world_size"], lead["node"], lead["done"]) == (0, 2, placement["e31_node"], 20)
+    assert (member["rank"], member["world_size"], member["node"], member["done"]) == (1, 2, member_node, 20)
+    assert lead["weights"] == member["weights"]  # averaged gradients: one model on both ranks
+    assert [f["path"] for f in manifest["files"]] == ["model.pt", "seen.json"]
+    assert manifest["files"][0]["sha256"] == hashlib.sha256((out / "model.pt").read_bytes()).hexdigest()
