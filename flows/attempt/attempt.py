@@ -173,7 +173,8 @@ class Attempt:
         plan = self.plan
         return ReturnTarget(
             job=plan.job, run_id=self.run_id, output_dir=str(plan.output_dir),
-            output_url=plan.output_url, declared=plan.output_files, gpus=plan.gpus, cpus=plan.cpus,
+            output_url=plan.output_url, declared=plan.output_files,
+            gpus=plan.gpus * plan.nodes, cpus=plan.cpus * plan.nodes,  # the meter bills every node of a gang
             spec_sha256=plan.spec_sha256, checkpoint_url=plan.checkpoint_url, attempt=attempt_token(),
             tenant=self.tenant(), **self.preempted_before(),
         )

@@ -168,3 +168,8 @@ class RunGates(CancelWatcher):
 
     def checkpoint_durable(self) -> None:
         mark_checkpoint(self.flow_run_id)
+
+    def warned(self, reason: str) -> None:
+        from e31.flows.gang.lead import warn_members
+
+        warn_members(self.flow_run_id, reason)

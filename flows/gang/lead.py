@@ -10,12 +10,12 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from e31.flows.gang.rendezvous import Published, publish
+from e31.flows.gang.rendezvous import Published, publish, publish_stop
 from e31.tasks.placement_record import PlacementRecord
 from e31.tasks.work.context import ChildConfig
 from e31.tasks.work.rendezvous import PORTS_VAR, free_port, own_address, port_range
 
-__all__ = ["lead_child", "placed_nodes"]
+__all__ = ["lead_child", "placed_nodes", "warn_members"]
 
 
 def placed_nodes(record: PlacementRecord) -> int:
@@ -41,3 +41,33 @@ def lead_child(child: ChildConfig, record: PlacementRecord, run_id: str, attempt
     with get_client(sync_client=True) as client:
         publish(client, run_id, Published(attempt, addr, port, resume, stop_at, grace_s))
     return replace(child, master_addr=addr, master_port=port, node_rank=0, nnodes=len(record.nodes))
+
+
+def warn_members(run_id: str | None, reason: str) -> None:
+    """The lead's work was just warned to stop (``reason``): when this flow run is a gang, write the stop on
+    it for the members (:func:`e31.flows.gang.rendezvous.publish_stop`), in a thread of its own (never
+    blocks the supervisor; a write that fails leaves each member to its own stop time, a few seconds
+    later).  Each member warns its work within a second of reading it, so no rank is warned before rank 0
+    (a work that all-reduces its stop flag then ends on every rank at the step where rank 0 saw it)."""
+    import threading
+
+    from prefect.runtime import flow_run
+
+    try:
+        record = PlacementRecord.from_parameter((flow_run.parameters or {}).get("placement"))
+        attempt = int(flow_run.run_count or 1)
+    except Exception:  # not in a flow run
+        return
+    if run_id is None or len(record.nodes) < 2:
+        return
+
+    def write() -> None:
+        from prefect.client.orchestration import get_client
+
+        try:
+            with get_client(sync_client=True) as client:
+                publish_stop(client, run_id, attempt, reason)
+        except Exception:
+            pass
+
+    threading.Thread(target=write, name="e31-warn-members", daemon=True).start()

@@ -11,9 +11,10 @@ with this node in its gang.  In order:
    durable checkpoint the lead resumes from (waiting up to :data:`CHECKPOINT_WAIT_S` for it to land), so
    ``ctx.restore()`` gives every rank the same step;
 4. run the work as rank ``RANK`` (a Python entrypoint or a command, as on the lead), and stop it with
-   SIGTERM, then SIGKILL ``grace`` later: at the published stop time, or at once when the run leaves
-   ``Running`` (the lead returned, the run was cancelled or preempted, its node was lost) or another
-   attempt publishes its rendezvous;
+   SIGTERM, then SIGKILL ``grace`` later: when the lead says its own work was warned (within
+   :data:`WATCH_S`), when the run leaves ``Running`` (the lead returned, the run was cancelled or
+   preempted, its node was lost) or another attempt publishes its rendezvous, and at the latest
+   :data:`STOP_LATE_S` after the published warning time;
 5. write its work's exit status on the run (:func:`~e31.flows.gang.rendezvous.report_member`) and exit
    with it.
 
@@ -35,7 +36,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from e31.flows.gang.rendezvous import Published, published, report_member
+from e31.flows.gang.rendezvous import Published, published, report_member, stop_of
 
 __all__ = ["CHECKPOINT_WAIT_S", "main"]
 
@@ -43,6 +44,9 @@ __all__ = ["CHECKPOINT_WAIT_S", "main"]
 CHECKPOINT_WAIT_S = 120.0
 #: Seconds between reads of the run's state while the work runs (a stop reaches the member within it).
 WATCH_S = 1.0
+#: Seconds after the lead's own warning time a member warns its work by itself when the lead has not told it
+#: (the lead tells its members as it warns its work: no rank is warned before rank 0, whose output counts).
+STOP_LATE_S = 3.0
 #: Seconds a member waits for the lead to publish the rendezvous of the run's attempt.
 RENDEZVOUS_WAIT_S = 1800.0
 
@@ -177,13 +181,16 @@ def _supervise(client: Any, run_id: str, proc: Any, pub: Published, say: _Say) -
         if warned_at is None:
             if _TOLD:
                 why = "this node's worker is stopping"
-            elif now >= pub.stop_at - pub.grace_s:
+            elif now >= pub.stop_at - pub.grace_s + STOP_LATE_S:
                 why = "its stop time is near"
             elif now >= next_read:
                 next_read = now + WATCH_S
                 run = _read(client, run_id)
                 state, latest = _state(run), published(run) if run is not None else None
-                if run is not None and state != "RUNNING":
+                told = stop_of(run, pub.attempt) if run is not None else None
+                if told is not None:
+                    why = f"the lead's work was warned ({told})"
+                elif run is not None and state != "RUNNING":
                     why = f"the run is {run.state.name}"
                 elif latest is not None and latest.attempt != pub.attempt:
                     why = f"attempt {latest.attempt} has begun"

@@ -8,7 +8,9 @@ server, so the write never overwrites a tag or another label written meanwhile):
 ``attempt``: the flow run's ``run_count`` when the lead wrote it (a member of another attempt waits for its
 own); ``addr``/``port``: where rank 0's store listens; ``resume``: the checkpoint step the lead resumes from
 (null: a fresh start); ``stop_at``: when the lead's work is killed at the latest (Unix seconds), ``grace_s``
-before which it is warned.  Each member writes :data:`MEMBER_LABEL` + its rank when its work ends:
+before which it is warned.  When the lead's work is warned to stop (its time limit, deadline, a cancel, a
+preemption, a signal), the lead writes :data:`STOP_LABEL`: ``{"attempt": 2, "reason": "time_limit"}``, and
+each member warns its own work.  Each member writes :data:`MEMBER_LABEL` + its rank when its work ends:
 ``{"attempt": 2, "exit": 0}``.
 """
 
@@ -18,10 +20,12 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["LABEL", "MEMBER_LABEL", "Published", "member_ends", "publish", "published", "report_member"]
+__all__ = ["LABEL", "MEMBER_LABEL", "STOP_LABEL", "Published", "member_ends", "publish", "publish_stop", "published",
+           "report_member", "stop_of"]
 
 LABEL = "e31.rendezvous"
 MEMBER_LABEL = "e31.member."
+STOP_LABEL = "e31.stop"
 
 
 @dataclass(frozen=True)
@@ -73,3 +77,17 @@ def member_ends(run: Any, attempt: int) -> dict[int, int]:
         except (TypeError, ValueError, KeyError):
             continue
     return ends
+
+
+def publish_stop(client: Any, run_id: str, attempt: int, reason: str) -> None:
+    """Write that the lead's work of ``attempt`` was warned to stop, and why.  Raises what the client raises."""
+    client.update_flow_run_labels(run_id, {STOP_LABEL: json.dumps({"attempt": attempt, "reason": reason})})
+
+
+def stop_of(run: Any, attempt: int) -> str | None:
+    """Why the lead's work of ``attempt`` was warned to stop, as written on ``run``; None when it was not."""
+    try:
+        value = json.loads((getattr(run, "labels", None) or {}).get(STOP_LABEL))
+        return str(value["reason"]) if int(value["attempt"]) == attempt else None
+    except (TypeError, ValueError, KeyError):
+        return None

@@ -86,6 +86,11 @@ class RunWatch(Protocol):
         """Whether the Prefect API answered the latest read."""
         ...
 
+    def warned(self, reason: str) -> None:
+        """The work was just warned to stop (``reason``: ``time_limit``, ``cancelled``, ...; told at once,
+        never blocks): a gang's lead tells its members (optional: a watch without it is not told)."""
+        ...
+
     def stop(self) -> None:
         """Stop watching."""
         ...
@@ -272,6 +277,8 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
                 stop.warned_at = now
                 stop.hard_at = min(clock.stop_at, now + settings.grace_s) if stop.reason in ("time_limit", "deadline") else now + settings.grace_s
                 _signal_group(proc, signal.SIGTERM)
+                if (warned := getattr(cancel, "warned", None)) is not None:
+                    warned(stop.reason)
             if stop.hard_at is not None and now >= stop.hard_at:
                 _signal_group(proc, signal.SIGKILL)
                 killed = True

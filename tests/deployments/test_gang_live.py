@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import textwrap
+from pathlib import Path
 
 from tests.conftest import final_manifest
 from tests.deployments.test_queue import _states, queue, wait_for
@@ -104,3 +105,48 @@ def test_a_two_node_job_trains_as_one_gang_and_returns_the_leads_output(prefect_
     assert lead["weights"] == member["weights"]  # averaged gradients: one model on both ranks
     assert [f["path"] for f in manifest["files"]] == ["model.pt", "seen.json"]
     assert manifest["files"][0]["sha256"] == hashlib.sha256((out / "model.pt").read_bytes()).hexdigest()
+    meter = manifest["meter"]  # both nodes' CPUs billed: 1 CPU on each
+    assert meter["cpu_seconds"] == round(2 * meter["seconds"], 3) and meter["gpu_seconds"] == 0
+
+
+def test_a_gang_stopped_by_its_time_limit_resumes_on_every_rank_from_the_leads_checkpoint(prefect_api, tmp_path):
+    """The time limit warns both ranks at once (each leaves at the same step through an all_reduce), the
+    lead's checkpoint of that step comes back in the partial output, and the job submitted again starts
+    both ranks from exactly that step."""
+    from e31.tasks.work.local_checkpoints import MARKER
+
+    def spec(limit: str) -> Path:
+        path = tmp_path / "gang.yaml"
+        path.write_text(json.dumps({
+            "name": "gang", "work": {"kind": "training", "entrypoint": "gangwork:main",
+                                     "params": {"steps": 300, "step_s": 0.1}},
+            "request": {"nodes": 2, "cpus": 1, "limit": limit, "grace": "5s"},
+            "output": {"kind": "model", "url": str(tmp_path / "out" / "gang"), "files": ["seen.json", "model.pt"],
+                       "checkpoint": {"every_steps": 10}}}))
+        return path
+
+    out = tmp_path / "out" / "gang"
+    with queue(tmp_path, {"n1": 0, "n2": 0}) as q:
+        (tmp_path / "gangwork.py").write_text(GANG_WORK)
+        q.scheduler()
+        q.worker("n1", 0)
+        q.worker("n2", 0)
+        q.submit(spec("15s"))
+        wait_for(lambda: final_manifest(out / "partial") is not None or "FAILED" in str(_states()), timeout=300,
+                 what="the partial output")
+        partial = final_manifest(out / "partial")
+        stopped = partial["step"]
+        durable = (out / "checkpoints" / f"step-{stopped}" / MARKER).is_file()  # (pruned later: keep 3)
+        q.submit(spec("5m"))
+        wait_for(lambda: final_manifest(out) is not None or "FAILED" in str(_states()), timeout=300,
+                 what="the resumed output")
+        done = final_manifest(out)
+        lead = json.loads((out / "seen.json").read_text())
+        member_node = "n2" if lead["node"] == "n1" else "n1"
+        member = json.loads((tmp_path / f"scratch-{member_node}" / "gang" / "member" / "output" / "seen.json")
+                            .read_text())
+    assert (partial["status"], partial["reason"]) == ("partial", "time_limit")
+    assert 0 < stopped < 300 and durable
+    assert (done["status"], done["step"], done["resumed_from_step"]) == ("completed", 300, stopped)
+    assert (lead["start"], member["start"]) == (stopped, stopped)  # both ranks from the lead's checkpoint
+    assert (lead["done"], member["done"]) == (300, 300) and lead["weights"] == member["weights"]
