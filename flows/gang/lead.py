@@ -13,7 +13,7 @@ from typing import Any
 from e31.flows.gang.rendezvous import Published, publish, publish_stop
 from e31.tasks.placement_record import PlacementRecord
 from e31.tasks.work.context import ChildConfig
-from e31.tasks.work.rendezvous import PORTS_VAR, free_port, own_address, port_range
+from e31.tasks.work.rendezvous import PORTS_VAR, free_port, interface_of, own_address, port_range
 
 __all__ = ["lead_child", "placed_nodes", "warn_members"]
 
@@ -40,7 +40,8 @@ def lead_child(child: ChildConfig, record: PlacementRecord, run_id: str, attempt
     port = free_port(addr, port_range(os.environ.get(PORTS_VAR)))
     with get_client(sync_client=True) as client:
         publish(client, run_id, Published(attempt, addr, port, resume, stop_at, grace_s))
-    return replace(child, master_addr=addr, master_port=port, node_rank=0, nnodes=len(record.nodes))
+    return replace(child, master_addr=addr, master_port=port, node_rank=0, nnodes=len(record.nodes),
+                   interface=interface_of(addr))
 
 
 def warn_members(run_id: str | None, reason: str) -> None:

@@ -158,8 +158,11 @@ def _fetch_checkpoint(plan: Any, step: int, checkpoint_dir: Path, say: _Say) -> 
 
 def _child_config(spec: Any, plan: Any, root: Path, staged: dict[str, str], code_dir: str | None, rank: int,
                   pub: Published) -> Any:
+    from prefect.settings import PREFECT_API_URL
+
     from e31.flows.workconfig import placed_devices
     from e31.tasks.work.context import ChildConfig
+    from e31.tasks.work.rendezvous import interface_of, own_address
 
     return ChildConfig(
         entrypoint=spec.work.entrypoint, command=spec.work.command, params=dict(spec.work.params), data=staged,
@@ -167,7 +170,8 @@ def _child_config(spec: Any, plan: Any, root: Path, staged: dict[str, str], code
         progress_file=str(root / "run" / "progress.json"), device=plan.device, cpus=plan.cpus, gpus=plan.gpus,
         devices=placed_devices(plan.gpus), code_dirs=[code_dir] if code_dir else [],
         checkpoint_every_s=plan.checkpoint_every_s, checkpoint_every_steps=plan.checkpoint_every_steps,
-        supervised=False, master_addr=pub.addr, master_port=pub.port, node_rank=rank, nnodes=plan.nodes)
+        supervised=False, master_addr=pub.addr, master_port=pub.port, node_rank=rank, nnodes=plan.nodes,
+        interface=interface_of(own_address(PREFECT_API_URL.value())))
 
 
 def _supervise(client: Any, run_id: str, proc: Any, pub: Published, say: _Say) -> int:

@@ -28,7 +28,7 @@ class ChildConfig:
 
     Paths are local and absolute.  ``checkpoint_every_s`` is in seconds.
     ``supervised``: a supervisor process commits the work's checkpoints.
-    ``master_addr``, ``master_port``, ``node_rank``, ``nnodes``: where the run's ranks meet
+    ``master_addr``, ``master_port``, ``node_rank``, ``nnodes``, ``interface``: where the run's ranks meet
     (:class:`e31.tasks.work.rendezvous.Rendezvous`); ``master_port`` 0: a free port is taken when
     the child's environment is made.
     """
@@ -52,6 +52,7 @@ class ChildConfig:
     master_port: int = 0
     node_rank: int = 0
     nnodes: int = 1
+    interface: str | None = None
 
     def rendezvous(self) -> Rendezvous:
         """Where this run's ranks meet; a free port on ``master_addr`` when none was chosen
@@ -60,7 +61,7 @@ class ChildConfig:
         loopback, where any port does).  Raises ``RendezvousError`` when no port is free."""
         ports = port_range(os.environ.get(PORTS_VAR)) if self.nnodes > 1 else None
         port = self.master_port or free_port(self.master_addr, ports)
-        return Rendezvous(self.master_addr, port, self.node_rank, self.nnodes)
+        return Rendezvous(self.master_addr, port, self.node_rank, self.nnodes, self.interface)
 
     def write(self, path: Path) -> None:
         """Write this config as JSON to ``path``."""

@@ -37,7 +37,8 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-__all__ = ["ADDRESS_VAR", "PORTS_VAR", "Rendezvous", "RendezvousError", "free_port", "own_address", "port_range"]
+__all__ = ["ADDRESS_VAR", "PORTS_VAR", "Rendezvous", "RendezvousError", "free_port", "interface_of", "own_address",
+           "port_range"]
 
 #: A node's address for its peers, set on its worker when the guess of :func:`own_address` is wrong
 #: (several interfaces, a network for the ranks apart from the one to the Prefect server).
@@ -56,13 +57,15 @@ class Rendezvous:
 
     ``master_addr``: the lead node's address (IPv4 or IPv6 text, or a host name);
     ``master_port``: its TCP port (1-65535); ``node_rank``: 0 .. ``nnodes`` - 1, 0 on the lead;
-    ``nnodes``: the nodes of the job, one rank each.
+    ``nnodes``: the nodes of the job, one rank each; ``interface``: the network interface this rank's
+    peers reach it on (None: not known).
     """
 
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     node_rank: int = 0
     nnodes: int = 1
+    interface: str | None = None
 
     def __post_init__(self) -> None:
         # a rank outside the world, or a port no socket can have, would hang every peer in its
@@ -82,7 +85,13 @@ class Rendezvous:
         values = {"MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
                   "WORLD_SIZE": str(self.nnodes), "RANK": str(self.node_rank), "LOCAL_RANK": "0",
                   "NODE_RANK": str(self.node_rank), "NNODES": str(self.nnodes)}
-        return {**values, **{"E31_" + name: value for name, value in values.items()}}
+        env = {**values, **{"E31_" + name: value for name, value in values.items()}}
+        if self.interface:
+            # gloo and NCCL advertise the address their host name resolves to (often a loopback one, which
+            # a peer on another host cannot reach) unless told the interface; one set on the worker wins
+            for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                env[name] = os.environ.get(name) or self.interface
+        return env
 
 
 def port_range(text: str | None) -> range | None:
@@ -138,3 +147,26 @@ def own_address(api_url: str | None = None) -> str:
     except OSError:
         return "127.0.0.1"
     return found
+
+
+def interface_of(address: str) -> str | None:
+    """The name of this host's network interface holding the IPv4 ``address`` (``eth0``), or None (not
+    an IPv4 address of this host, or not Linux).  Reads each interface's address with the
+    ``SIOCGIFADDR`` ioctl (Linux), the way ``ip addr`` finds it."""
+    import fcntl
+    import struct
+
+    try:
+        wanted = socket.inet_aton(address)
+        names = [name for _, name in socket.if_nameindex()]
+    except (OSError, AttributeError):
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for name in names:
+            try:
+                answer = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+            except OSError:  # no IPv4 address on it
+                continue
+            if answer[20:24] == wanted:
+                return name
+    return None

@@ -204,6 +204,51 @@ def test_the_queue_runs_each_job_on_a_worker_of_another_host_from_and_to_the_obj
         assert not (cluster.root / f"host-{3 - host}" / "scratch" / name).exists()
 
 
+def test_a_two_node_training_meets_across_hosts_stops_at_its_limit_and_resumes_exactly(cluster, tmp_path):
+    """One job on both worker hosts: the lead on one, its member on the other, meeting over the hosts'
+    network at the address the lead reaches the server host from (gloo).  Its time limit stops both ranks
+    at the step the lead checkpointed to the object store; submitted again, both ranks resume from that
+    step and finish with one model."""
+    from tests.deployments.test_gang_live import GANG_WORK
+
+    (cluster.root / "gangwork.py").write_text(GANG_WORK)
+
+    def spec(limit: str) -> Path:
+        path = cluster.root / "gang-hosts.yaml"
+        path.write_text(json.dumps({
+            "name": "gang-hosts", "work": {"kind": "training", "entrypoint": "gangwork:main",
+                                           "params": {"steps": 300, "step_s": 0.1}},
+            "request": {"nodes": 2, "cpus": 2, "limit": limit, "grace": "5s"},
+            "output": {"kind": "model", "url": f"s3://{BUCKET}/{cluster.prefix}/out/gang-hosts/",
+                       "files": ["seen.json", "model.pt"], "checkpoint": {"every_steps": 10}}}))
+        return path
+
+    def partial() -> dict | None:
+        body = cluster.get(f"{cluster.prefix}/out/gang-hosts/partial/manifest.json")
+        manifest = json.loads(body) if body else None
+        return manifest if manifest and manifest.get("status") != "returning" else None
+
+    cluster.submit(spec("15s"))
+    wait_for(partial, 240, "the partial output of the first run", cluster)
+    first = partial()
+    stopped = first["step"]
+    cluster.submit(spec("5m"))
+    wait_for(lambda: cluster.manifest("gang-hosts"), 240, "the resumed run's output", cluster)
+    done = cluster.manifest("gang-hosts")
+    lead = json.loads(cluster.get(f"{cluster.prefix}/out/gang-hosts/seen.json"))
+    lead_host = int(lead["node"][1:])
+    member_host = 3 - lead_host
+    member = json.loads((cluster.root / f"host-{member_host}" / "scratch" / "gang-hosts" / "member" / "output" /
+                         "seen.json").read_text())
+    assert (first["reason"], done["status"], done["step"], done["resumed_from_step"]) == (
+        "time_limit", "completed", 300, stopped)
+    assert 0 < stopped < 300
+    assert lead["master"] == member["master"] == f"10.231.0.{lead_host + 1}"  # the lead's host, seen from both
+    assert (lead["rank"], member["rank"], member["node"]) == (0, 1, f"n{member_host}")
+    assert (lead["start"], member["start"], lead["done"], member["done"]) == (stopped, stopped, 300, 300)
+    assert lead["weights"] == member["weights"]
+
+
 def test_a_worker_host_cut_off_mid_run_returns_the_output_once_its_link_is_back(cluster, tmp_path):
     blob = os.urandom(64 * 1024)
     cluster.put(f"{cluster.prefix}/in/cut.bin", blob)

@@ -98,3 +98,25 @@ def test_on_a_host_of_its_own_the_address_is_the_one_its_peers_reach(tmp_path, m
     monkeypatch.delenv("E31_ADDRESS", raising=False)
     with Hosts(3, root=tmp_path) as hosts:
         assert hosts.call(2, own_address, f"http://{hosts.address(0)}:4200/api") == hosts.address(2) == "10.231.0.3"
+
+
+def test_the_interface_of_an_address_is_named_for_gloo_and_nccl(tmp_path, monkeypatch):
+    from e31.tasks.work.rendezvous import interface_of
+
+    assert interface_of("127.0.0.1") == "lo" and interface_of("192.0.2.77") is None
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    env = command_environment(_config(tmp_path, master_addr="10.231.0.2", master_port=29500, nnodes=2,
+                                      interface="eth0"))
+    assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("eth0", "eth0")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib0")  # one the worker sets wins
+    assert command_environment(_config(tmp_path, interface="eth0"))["GLOO_SOCKET_IFNAME"] == "ib0"
+    assert "GLOO_SOCKET_IFNAME" not in command_environment(_config(tmp_path))
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+def test_on_a_host_of_its_own_its_address_is_on_its_eth0(tmp_path):
+    from e31.tasks.work.rendezvous import interface_of
+
+    with Hosts(2, root=tmp_path) as hosts:
+        assert hosts.call(1, interface_of, hosts.address(1)) == "eth0"
