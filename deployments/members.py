@@ -5,8 +5,9 @@ tag ``e31-member:NODE`` (:data:`e31.flows.queue.mapping.MEMBER_TAG`).  :class:`M
 the worker, reads the work pool's ``Placed``, ``Pending`` and ``Running`` runs with its node's tag when the
 scheduler announces such a placement (:meth:`MemberRunner.wake`, from the worker's events) and every
 :data:`POLL_S` seconds besides, and starts ``python -m e31.flows.gang.member RUN_ID`` for each attempt of
-such a run, once (:mod:`e31.flows.gang.member` does the rest: it stages the inputs while the lead's flow
-process starts, and ends when the run leaves ``Running``).  The member
+such a run, once, and again for each new try of the lead's work within the attempt (its rendezvous' new token:
+a failed work tried again); :mod:`e31.flows.gang.member` does the rest: it stages the inputs while the
+lead's flow process starts, and ends when the run leaves ``Running``.  The member
 gets ``E31_NODE`` and its GPU devices on this node (``E31_GPU_DEVICES``, ``CUDA_VISIBLE_DEVICES``); its
 output goes to ``<scratch>/<job>/member/member.log``.  A member dies with this thread (Linux's parent-death
 signal), so a worker killed leaves no member behind; a worker stopping sends each member SIGTERM, which it
@@ -29,6 +30,9 @@ __all__ = ["POLL_S", "MemberRunner", "attempt_served"]
 #: Seconds between the runner's reads of the runs its node is a member of, when no announcement woke it (each
 #: is one request to the server, from every worker).
 POLL_S = 5.0
+#: Seconds between reads while a member here has ended and its run may go on (a failed work tried again
+#: publishes a new rendezvous, and its member starts at the next read).
+RETRY_POLL_S = 1.0
 
 
 def attempt_served(run: Any) -> int:
@@ -98,7 +102,9 @@ class MemberRunner:
                     while not self._stop.is_set():
                         self._woken.clear()
                         self.poll(client)
-                        self._woken.wait(POLL_S)
+                        # a member that ended while its run goes on may have a new try to serve soon
+                        ended = any(m.proc.poll() is not None for m in self.members.values())
+                        self._woken.wait(RETRY_POLL_S if ended else POLL_S)
             except Exception as exc:  # the API is away: try again at the next poll
                 self.say(f"members: cannot read the runs of node {self.node}: {type(exc).__name__}")
                 self._stop.wait(POLL_S)
@@ -117,7 +123,9 @@ class MemberRunner:
                                                     FlowRunFilterTags, WorkPoolFilter, WorkPoolFilterName)
         from prefect.client.schemas.objects import StateType
 
+        from e31.flows.gang.rendezvous import member_token, published
         from e31.flows.queue.mapping import MEMBER_TAG, PLACED
+        from e31.tasks.placement_record import record_of
 
         runs = client.read_flow_runs(
             flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[MEMBER_TAG + self.node]),
@@ -129,17 +137,23 @@ class MemberRunner:
             if run.state is not None and run.state.type == StateType.SCHEDULED and run.state.name != PLACED:
                 continue  # queued again (its tags as last written): placed nowhere now
             key, attempt = str(run.id), attempt_served(run)
-            have = self.members.get(key)
-            if have is not None and (have.proc.poll() is None or have.attempt >= attempt):
+            have, after = self.members.get(key), None
+            if have is not None and have.proc.poll() is None:
                 continue
-            self.members[key] = _Member(self._spawn(run), attempt)
+            if have is not None and have.attempt >= attempt:
+                # this attempt's member ended: another starts only for a new try of the lead's work
+                served, pub = member_token(run, record_of(run).rank_of(self.node) or 0), published(run)
+                if pub is None or pub.attempt != attempt or served is None or pub.token == served:
+                    continue
+                after = served
+            self.members[key] = _Member(self._spawn(run, after), attempt)
             started.append(key)
         for key in [k for k, m in self.members.items() if m.proc.poll() is not None and k not in
                     {str(r.id) for r in runs}]:
             del self.members[key]  # ended, and its run no longer names this node's member
         return started
 
-    def _spawn(self, run: Any) -> subprocess.Popen:
+    def _spawn(self, run: Any, after: str | None = None) -> subprocess.Popen:
         from e31.flows.compile import default_scratch_root
         from e31.tasks.placement_record import record_of
         from e31.tasks.supervisor.process import die_with_parent
@@ -152,7 +166,8 @@ class MemberRunner:
         log = Path(default_scratch_root()) / job / "member" / "member.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "e31.flows.gang.member", str(run.id)], env=env,
+            proc = subprocess.Popen([sys.executable, "-m", "e31.flows.gang.member", str(run.id),
+                                     *(["--after", after] if after else [])], env=env,
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     preexec_fn=die_with_parent)
         self.say(f"flow run {run.id}: started its member on node {self.node} (pid {proc.pid})")

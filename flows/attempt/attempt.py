@@ -27,7 +27,7 @@ from e31.flows.attempt.steplabel import StepLabel
 from e31.flows.attempt.steps import Step
 from e31.flows.compile import JobPlan, compile_plan, describe_markdown
 from e31.flows.exitsignals import hold_signals
-from e31.flows.gang.lead import lead_child, placed_nodes
+from e31.flows.gang.lead import lead_rendezvous, placed_nodes
 from e31.flows.queue.handover import release, run_ahead
 from e31.flows.resume import Resume, end_attempt, open_scratch, remove_stale_checkpoints, resume_step
 from e31.flows.workconfig import child_config
@@ -282,11 +282,9 @@ class Attempt:
         if self.resume.step is None:  # a fresh run starts now: an earlier run's durable checkpoints make way
             remove_stale_checkpoints(plan)
         now = time.time()
-        child = lead_child(child_config(spec, plan, self.staged, self.code_dir), self.placement(), target.run_id,
-                           self.run_count(), self.resume.step, plan.stop_at(now)[0], plan.grace_s)
         settings = SupervisorConfig(
             job=plan.job,
-            child=child,
+            child=child_config(spec, plan, self.staged, self.code_dir),
             run_dir=str(plan.run_dir),
             checkpoint_url=plan.checkpoint_url,
             keep=plan.checkpoint_keep,
@@ -301,6 +299,8 @@ class Attempt:
             checkpoints=self.checkpoints(),
             memory=plan.memory,
             watch=RunGates,
+            rendezvous=lead_rendezvous(self.placement(), target.run_id, self.run_count(), plan.stop_at(now)[0],
+                                       plan.grace_s),
         )
         state = run_task.with_options(retries=spec.request.retries, retry_delay_seconds=1)(settings, return_state=True)
         try:

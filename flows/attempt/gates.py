@@ -173,3 +173,8 @@ class RunGates(CancelWatcher):
         from e31.flows.gang.lead import warn_members
 
         warn_members(self.flow_run_id, reason)
+
+    def peer_lost(self) -> str | None:
+        from e31.flows.gang.lead import member_lost
+
+        return member_lost(self.flow_run_id)

@@ -7,15 +7,19 @@ placement names first.  See :mod:`e31.flows.gang` for the whole protocol.
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from e31.flows.gang.rendezvous import Published, publish, publish_stop
 from e31.tasks.placement_record import PlacementRecord
 from e31.tasks.work.context import ChildConfig
 from e31.tasks.work.rendezvous import PORTS_VAR, free_port, interface_of, own_address, port_range
 
-__all__ = ["lead_child", "placed_nodes", "warn_members"]
+__all__ = ["PEER_WAIT_S", "lead_rendezvous", "member_lost", "placed_nodes", "warn_members"]
+
+#: Seconds the lead waits, after its work failed, for every member to say how its own work ended.
+PEER_WAIT_S = 8.0
 
 
 def placed_nodes(record: PlacementRecord) -> int:
@@ -23,43 +27,50 @@ def placed_nodes(record: PlacementRecord) -> int:
     return max(1, len(record.nodes))
 
 
-def lead_child(child: ChildConfig, record: PlacementRecord, run_id: str, attempt: int, resume: int | None,
-               stop_at: float, grace_s: float) -> ChildConfig:
-    """``child`` as rank 0 of the gang ``record`` places: its address for the peers
-    (:func:`e31.tasks.work.rendezvous.own_address`, toward ``PREFECT_API_URL``) and a free port there
-    (within ``E31_RENDEZVOUS_PORTS``), published on the flow run ``run_id`` with ``attempt`` (the run's
-    ``run_count``), the step it resumes from, its stop time (Unix seconds) and ``grace_s``.  A single-node
-    placement returns ``child`` as it is.  Raises ``RendezvousError`` when no port is free, and what the
-    Prefect client raises when the label cannot be written (the members could not start)."""
-    if len(record.nodes) < 2:
-        return child
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL
+#: Flow run id -> the token of its lead's current try (what a stop warning names).
+_CURRENT: dict[str, str] = {}
 
-    addr = own_address(PREFECT_API_URL.value())
-    port = free_port(addr, port_range(os.environ.get(PORTS_VAR)))
-    with get_client(sync_client=True) as client:
-        publish(client, run_id, Published(attempt, addr, port, resume, stop_at, grace_s))
-    return replace(child, master_addr=addr, master_port=port, node_rank=0, nnodes=len(record.nodes),
-                   interface=interface_of(addr))
+
+def lead_rendezvous(record: PlacementRecord, run_id: str, attempt: int, stop_at: float,
+                    grace_s: float) -> Callable[[ChildConfig, int | None], ChildConfig] | None:
+    """For a run the placement ``record`` puts on several nodes: the run task's per-try hook
+    (:class:`e31.tasks.run.SupervisorConfig` ``rendezvous``) that makes the work rank 0 -- its address
+    for the peers (:func:`e31.tasks.work.rendezvous.own_address`, toward ``PREFECT_API_URL``), a free port
+    there (within ``E31_RENDEZVOUS_PORTS``), the interface gloo and NCCL use -- and publishes it on the flow
+    run ``run_id`` with ``attempt`` (the run's ``run_count``), a new token, the step the try resumes from,
+    its stop time (Unix seconds) and ``grace_s``.  None for a single-node placement.  The hook raises
+    ``RendezvousError`` when no port is free, and what the Prefect client raises when the label cannot be
+    written (the members could not start)."""
+    if len(record.nodes) < 2:
+        return None
+    nodes = len(record.nodes)
+
+    def hook(child: ChildConfig, resume: int | None) -> ChildConfig:
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL
+
+        addr = own_address(PREFECT_API_URL.value())
+        port = free_port(addr, port_range(os.environ.get(PORTS_VAR)))
+        token = uuid.uuid4().hex[:12]
+        with get_client(sync_client=True) as client:
+            publish(client, run_id, Published(attempt, token, addr, port, resume, stop_at, grace_s))
+        _CURRENT[run_id] = token
+        return replace(child, master_addr=addr, master_port=port, node_rank=0, nnodes=nodes,
+                       interface=interface_of(addr))
+
+    return hook
 
 
 def warn_members(run_id: str | None, reason: str) -> None:
-    """The lead's work was just warned to stop (``reason``): when this flow run is a gang, write the stop on
-    it for the members (:func:`e31.flows.gang.rendezvous.publish_stop`), in a thread of its own (never
-    blocks the supervisor; a write that fails leaves each member to its own stop time, a few seconds
-    later).  Each member warns its work within a second of reading it, so no rank is warned before rank 0
-    (a work that all-reduces its stop flag then ends on every rank at the step where rank 0 saw it)."""
+    """The lead's work was just warned to stop (``reason``): when this flow run is a gang, write the stop of
+    its current try on it for the members (:func:`e31.flows.gang.rendezvous.publish_stop`), in a thread of
+    its own (never blocks the supervisor; a write that fails leaves each member to its own stop time, a few
+    seconds later).  Each member warns its work within a second of reading it, so no rank is warned before
+    rank 0 (a work that all-reduces its stop flag then ends on every rank at the step where rank 0 saw it)."""
     import threading
 
-    from prefect.runtime import flow_run
-
-    try:
-        record = PlacementRecord.from_parameter((flow_run.parameters or {}).get("placement"))
-        attempt = int(flow_run.run_count or 1)
-    except Exception:  # not in a flow run
-        return
-    if run_id is None or len(record.nodes) < 2:
+    token = _CURRENT.get(run_id or "")
+    if token is None:
         return
 
     def write() -> None:
@@ -67,8 +78,53 @@ def warn_members(run_id: str | None, reason: str) -> None:
 
         try:
             with get_client(sync_client=True) as client:
-                publish_stop(client, run_id, attempt, reason)
+                publish_stop(client, run_id, token, reason)
         except Exception:
             pass
 
     threading.Thread(target=write, name="e31-warn-members", daemon=True).start()
+
+
+def member_lost(run_id: str | None, wait_s: float = PEER_WAIT_S) -> str | None:
+    """After the lead's work of the current try failed: why the try is lost, when a member's work ended by
+    a signal (kill -9, the OOM killer) or did not say how it ended within ``wait_s`` seconds (its process or
+    its node is gone); None when every member's work ended with an exit status of its own (the work
+    failed; the lead's failure stands) or this run is not a gang.  Reads the members' ends on the flow run
+    (:func:`e31.flows.gang.rendezvous.report_member`)."""
+    import json
+    import time
+
+    from prefect.client.orchestration import get_client
+
+    from e31.flows.gang.rendezvous import MEMBER_LABEL
+
+    token = _CURRENT.get(run_id or "")
+    if token is None:
+        return None
+    deadline = time.monotonic() + wait_s
+    with get_client(sync_client=True) as client:
+        while True:
+            try:
+                run = client.read_flow_run(run_id)
+            except Exception:  # the API is away: nothing says a member was lost
+                return None
+            record = PlacementRecord.from_parameter((run.parameters or {}).get("placement"))
+            ends: dict[int, int] = {}
+            for rank in range(1, len(record.nodes)):
+                try:
+                    value = json.loads((run.labels or {}).get(f"{MEMBER_LABEL}{rank}"))
+                    if value["token"] == token:
+                        ends[rank] = int(value["exit"])
+                except (TypeError, ValueError, KeyError):
+                    continue
+            killed = {rank: code for rank, code in ends.items() if code < 0 or code >= 128}
+            if killed:
+                rank, code = min(killed.items())
+                return f"member rank {rank} on node {record.nodes[rank]} was killed (exit status {code})"
+            missing = [rank for rank in range(1, len(record.nodes)) if rank not in ends]
+            if not missing:
+                return None
+            if time.monotonic() > deadline:
+                return (f"member rank {missing[0]} on node {record.nodes[missing[0]]} did not say how its work "
+                        f"ended within {wait_s:g} s (its process or its node is gone)")
+            time.sleep(0.5)

@@ -14,7 +14,8 @@ with this node in its gang.  In order:
    SIGTERM, then SIGKILL ``grace`` later: when the lead says its own work was warned (within
    :data:`WATCH_S`), when the run leaves ``Running`` (the lead returned, the run was cancelled or
    preempted, its node was lost) or another attempt publishes its rendezvous, and at the latest
-   :data:`STOP_LATE_S` after the published warning time;
+   :data:`STOP_LATE_S` after the published warning time, or when the lead's work begins again (a failed
+   work tried again publishes a new rendezvous; this node's worker starts a member for it);
 5. write its work's exit status on the run (:func:`~e31.flows.gang.rendezvous.report_member`) and exit
    with it.
 
@@ -103,10 +104,12 @@ def _stage(spec: Any, data_dir: Path, say: _Say) -> dict[str, str]:
     return staged
 
 
-def _wait_rendezvous(client: Any, run_id: str, node: str, rank: int, say: _Say) -> Published | None:
+def _wait_rendezvous(client: Any, run_id: str, node: str, rank: int, say: _Say,
+                     after: str | None = None) -> Published | None:
     """The rendezvous of the run's current attempt, once the run is ``Running`` and its lead has published
-    it; None when the run ends first, is no longer placed with ``node`` as member ``rank`` (queued again,
-    placed elsewhere), or :data:`RENDEZVOUS_WAIT_S` passes."""
+    it (a try other than ``after``, one this node's member already served); None when the run ends first,
+    is no longer placed with ``node`` as member ``rank`` (queued again, placed elsewhere), or
+    :data:`RENDEZVOUS_WAIT_S` passes."""
     from e31.tasks.placement_record import record_of
 
     deadline = time.monotonic() + RENDEZVOUS_WAIT_S
@@ -120,7 +123,7 @@ def _wait_rendezvous(client: Any, run_id: str, node: str, rank: int, say: _Say) 
             say(f"the run is no longer placed with node {node} as rank {rank}: nothing to do")
             return None
         pub = published(run) if run is not None else None
-        if state == "RUNNING" and pub is not None and pub.attempt == run.run_count:
+        if state == "RUNNING" and pub is not None and pub.attempt == run.run_count and pub.token != after:
             return pub
         time.sleep(0.25)
     say("no rendezvous from the lead within the wait: stopping", 40)
@@ -191,13 +194,13 @@ def _supervise(client: Any, run_id: str, proc: Any, pub: Published, say: _Say) -
                 next_read = now + WATCH_S
                 run = _read(client, run_id)
                 state, latest = _state(run), published(run) if run is not None else None
-                told = stop_of(run, pub.attempt) if run is not None else None
+                told = stop_of(run, pub.token) if run is not None else None
                 if told is not None:
                     why = f"the lead's work was warned ({told})"
                 elif run is not None and state != "RUNNING":
                     why = f"the run is {run.state.name}"
-                elif latest is not None and latest.attempt != pub.attempt:
-                    why = f"attempt {latest.attempt} has begun"
+                elif latest is not None and latest.token != pub.token:
+                    why = "the lead's work has begun again"
             if why:
                 say(f"stopping the work: {why}")
                 _signal(proc, signal.SIGTERM)
@@ -218,9 +221,9 @@ def _signal(proc: Any, sig: int) -> None:
         pass
 
 
-def run_member(run_id: str, node: str) -> int:
-    """Take the steps of the module docstring for the flow run ``run_id`` on ``node``; returns the exit
-    status."""
+def run_member(run_id: str, node: str, after: str | None = None) -> int:
+    """Take the steps of the module docstring for the flow run ``run_id`` on ``node`` (``after``: the try
+    of the lead's work a member here already served, skipped); returns the exit status."""
     from prefect.client.orchestration import get_client
 
     from e31.flows.compile import compile_plan
@@ -250,7 +253,7 @@ def run_member(run_id: str, node: str) -> int:
         except (StageError, ValueError, OSError) as exc:
             say(f"cannot start: {exc}", 40)
             return EXIT_NOT_MEMBER
-        pub = _wait_rendezvous(client, run_id, node, rank, say)
+        pub = _wait_rendezvous(client, run_id, node, rank, say, after)
         if pub is None or _TOLD:
             return EXIT_RUN_ENDED
         try:
@@ -263,7 +266,7 @@ def run_member(run_id: str, node: str) -> int:
             output.mkdir(parents=True)
         except (RuntimeError, OSError) as exc:
             say(f"cannot start: {exc}", 40)
-            report_member(client, run_id, rank, pub.attempt, EXIT_NOT_MEMBER)
+            report_member(client, run_id, rank, pub, EXIT_NOT_MEMBER)
             return EXIT_NOT_MEMBER
         cfg = _child_config(spec, plan, root, staged, (run.parameters or {}).get("code_dir"), rank, pub)
         config_path = root / "run" / "child.json"
@@ -275,7 +278,7 @@ def run_member(run_id: str, node: str) -> int:
         code = _supervise(client, run_id, proc, pub, say)
         say(f"work ended with exit status {code}", 20 if code == 0 else 40)
         try:
-            report_member(client, run_id, rank, pub.attempt, code)
+            report_member(client, run_id, rank, pub, code)
         except Exception:  # the lead learns of a dead peer from its own collectives too
             pass
         return code if code >= 0 else 128 - code
@@ -285,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m e31.flows.gang.member FLOW_RUN_ID``: the member's run on ``E31_NODE``."""
     parser = argparse.ArgumentParser(prog="e31.flows.gang.member", description=__doc__.splitlines()[0])
     parser.add_argument("flow_run_id")
+    parser.add_argument("--after", default=None, help="the token of a try of the lead's work already served")
     args = parser.parse_args(argv)
     node = os.environ.get("E31_NODE")
     for sig in (signal.SIGTERM, signal.SIGINT):  # the work is warned and given its grace, not left behind
@@ -292,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     if not node:
         print("member: E31_NODE is not set: a member runs on a node an e31 worker serves", file=sys.stderr)
         return EXIT_NOT_MEMBER
-    return run_member(args.flow_run_id, node)
+    return run_member(args.flow_run_id, node, args.after)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from e31.tasks.supervisor.progress import ProgressReporter
 from e31.tasks.supervisor.uploader import Uploader
 from e31.tasks.supervisor.warm import child_environment, go, import_torch_here, kill, spawn, take
 from e31.tasks.work.context import ChildConfig
-from e31.tasks.work.local_checkpoints import parse_step
+from e31.tasks.work.local_checkpoints import latest_valid, parse_step
 from e31.specs import mask_url
 from e31.tasks import storage
 
@@ -86,6 +86,12 @@ class RunWatch(Protocol):
         """Whether the Prefect API answered the latest read."""
         ...
 
+    def peer_lost(self) -> str | None:
+        """After the work failed: why the try is lost rather than failed, when a peer of a gang's rank
+        ended first (killed, or its node gone); None otherwise (optional: a watch without it is never
+        lost this way).  May wait a few seconds for the peers to say how they ended."""
+        ...
+
     def warned(self, reason: str) -> None:
         """The work was just warned to stop (``reason``: ``time_limit``, ``cancelled``, ...; told at once,
         never blocks): a gang's lead tells its members (optional: a watch without it is not told)."""
@@ -119,7 +125,11 @@ class SupervisorConfig:
     makes itself (after a cancel).  ``memory``: ``request.memory`` in bytes,
     enforced on the work's whole process tree (None: not limited).
     ``watch``: makes the :class:`RunWatch` of the flow run (called with
-    ``flow_run_id`` once per try of the run task).
+    ``flow_run_id`` once per try of the run task).  ``rendezvous``: for a
+    gang's lead, called once per try of the run task with ``child`` and the
+    step the try resumes from (None: a fresh start) just before the work
+    starts; returns ``child`` with the try's rendezvous, which it has
+    published to the members (:func:`e31.flows.gang.lead.lead_child`).
     """
 
     job: str
@@ -139,6 +149,7 @@ class SupervisorConfig:
     checkpoints: dict | None = None
     memory: int | None = None
     watch: Callable[[str | None], RunWatch] | None = None
+    rendezvous: Callable[[ChildConfig, int | None], ChildConfig] | None = None
 
 
 class _Stop:
@@ -211,6 +222,10 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
         if not settings.child.command:
             import_torch_here()  # (to convert the work's handed-over checkpoints)
         token = warm.token if warm is not None else uuid.uuid4().hex  # marks every process of this run
+        if settings.rendezvous is not None:  # a gang: each try of the work meets its peers anew
+            latest = latest_valid(Path(settings.child.checkpoint_dir))
+            settings.child = settings.rendezvous(settings.child, latest.step if latest is not None else None)
+            settings.child.write(config_path)
         env = child_environment(settings.child, token)
         tree = WorkTree(token)
         command = list(settings.child.command or [sys.executable, "-m", "e31.tasks.work.child", str(config_path)])
@@ -323,6 +338,10 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     if stop.reason and code == 0 and not settings.child.command and not stop_seen.exists():
         stop.reason = None  # the work finished during the grace period without ever seeing the warning
     outcome = _outcome(code, stop, killed, run_s, tail_lines(stderr_path, TAIL_LINES, scrub))
+    if outcome.reason == "error" and (peer_lost := getattr(cancel, "peer_lost", None)) is not None:
+        lost = peer_lost()  # a gang's rank whose peer died fails in its next collective: the try is lost
+        if lost:
+            outcome.reason, outcome.message = "crashed", f"{lost}; this rank's work then exited with code {code}"
     outcome.peak_memory = tree.peak_rss
     outcome.phases = phases
     outcome.work_started_at = exec_at if settings.child.command else _read_time(begun)

@@ -150,3 +150,81 @@ def test_a_gang_stopped_by_its_time_limit_resumes_on_every_rank_from_the_leads_c
     assert (done["status"], done["step"], done["resumed_from_step"]) == ("completed", 300, stopped)
     assert (lead["start"], member["start"]) == (stopped, stopped)  # both ranks from the lead's checkpoint
     assert (lead["done"], member["done"]) == (300, 300) and lead["weights"] == member["weights"]
+
+
+def test_a_member_killed_mid_run_fails_the_try_and_the_retry_resumes_every_rank(prefect_api, tmp_path):
+    """kill -9 of the member's work: the lead's next collective fails at once (no rank is left hanging),
+    its work is tried again (``retries: 1``) with a new rendezvous, the member's worker starts a member
+    for it, and both ranks resume from the lead's newest checkpoint."""
+    import os
+    import signal
+
+    from prefect.client.orchestration import get_client
+
+    from e31.flows.gang.rendezvous import member_ends, published
+
+    out = tmp_path / "out" / "gang"
+    with queue(tmp_path, {"n1": 0, "n2": 0}) as q:
+        (tmp_path / "gangwork.py").write_text(GANG_WORK)
+        spec = tmp_path / "gang.yaml"
+        spec.write_text(json.dumps({
+            "name": "gang", "work": {"kind": "training", "entrypoint": "gangwork:main",
+                                     "params": {"steps": 200, "step_s": 0.1}},
+            "request": {"nodes": 2, "cpus": 1, "limit": "5m", "retries": 1},
+            "output": {"kind": "model", "url": str(out), "files": ["seen.json", "model.pt"],
+                       "checkpoint": {"every_steps": 10}}}))
+        q.scheduler()
+        q.worker("n1", 0)
+        q.worker("n2", 0)
+        q.submit(spec)
+        config = {}
+
+        def member_working() -> bool:  # the member's work has run past a durable checkpoint of the lead's
+            for node in ("n1", "n2"):
+                path = tmp_path / f"scratch-{node}" / "gang" / "member" / "run" / "child.json"
+                if path.exists() and any((out / "checkpoints").glob("step-*/COMMITTED")):
+                    config["node"] = node
+                    return True
+            return "FAILED" in str(_states())
+
+        wait_for(member_working, timeout=240, what="the member's work past a durable checkpoint")
+        member_node = config["node"]
+        marker = "E31_NODE=" + member_node
+        victims = [int(p) for p in os.listdir("/proc") if p.isdigit() and _environ_has(int(p), marker)
+                   and _cmdline_has(int(p), "e31.tasks.work.child")]
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGKILL)
+        wait_for(lambda: final_manifest(out) is not None or "FAILED" in str(_states()), timeout=300,
+                 what="the output after the retry")
+        manifest = final_manifest(out)
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: member_ends(client.read_flow_run(manifest["run_id"]), 1) == {1: 0}, timeout=60,
+                     what="the second member's end written on the run")
+            run = client.read_flow_run(manifest["run_id"])
+        lead = json.loads((out / "seen.json").read_text())
+        member = json.loads((tmp_path / f"scratch-{member_node}" / "gang" / "member" / "output" / "seen.json")
+                            .read_text())
+        said = (tmp_path / f"scratch-{member_node}" / "gang" / "member" / "member.log").read_text().splitlines()
+    assert (manifest["status"], manifest["step"]) == ("completed", 200)
+    assert run.run_count == 1  # one attempt: the work was tried again within it
+    assert [line.split(":", 1)[1].strip() for line in said if "work ended" in line] == [
+        "work ended with exit status -9", "work ended with exit status 0"]
+    assert 10 <= lead["start"] == member["start"] < 200  # both from the lead's checkpoint, not from step 0
+    assert (lead["done"], member["done"]) == (200, 200) and lead["weights"] == member["weights"]
+    assert published(run).resume == lead["start"]
+
+
+def _environ_has(pid: int, entry: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return entry.encode() in fh.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _cmdline_has(pid: int, text: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return text.encode() in fh.read()
+    except OSError:
+        return False
