@@ -151,7 +151,7 @@ GATES: tuple[Gate, ...] = (handover, placed_here, not_cancelled, time_left)
 
 class RunGates(CancelWatcher):
     """The gates the run task is given while the work runs
-    (:class:`e31.tasks.supervisor.loop.RunWatch`): a cancel stops the work,
+    (:class:`e31.tasks.supervisor.watch.RunWatch`): a cancel stops the work,
     a move of the run to another node ends this flow process with nothing
     more written (:func:`e31.tasks.supervisor.fence.step_aside`), and the
     work's own end makes a later cancel change nothing

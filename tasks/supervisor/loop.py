@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, NoReturn, Protocol
+from typing import Callable
 
 from prefect.logging import get_run_logger
 
@@ -37,6 +37,7 @@ from e31.tasks.supervisor.process import SIGNALLED, WorkTree, defer_signals_afte
 from e31.tasks.supervisor.progress import ProgressReporter
 from e31.tasks.supervisor.uploader import Uploader
 from e31.tasks.supervisor.warm import child_environment, go, import_torch_here, kill, spawn, take
+from e31.tasks.supervisor.watch import RunWatch  # noqa: F401 (named here by the run task's callers)
 from e31.tasks.work.context import ChildConfig
 from e31.tasks.work.local_checkpoints import latest_valid, parse_step
 from e31.specs import mask_url
@@ -52,62 +53,6 @@ RESERVE_EVERY_S = 2.0  # seconds between re-estimates of the deadline's return r
 #: The stop reasons of a cancel through the Prefect API: the user's (``cancelled``) or the queue's preemption.
 CANCEL_REASONS = ("cancelled", "preempted")
 TAIL_LINES = 20  # lines of the work's stdout and stderr kept in the outcome and the manifest
-
-
-class RunWatch(Protocol):
-    """What the run task is given to learn of its flow run while the work
-    runs (the attempt's gates for that time: :class:`e31.flows.attempt.gates.RunGates`).
-    None of its reads block; an API error reads as "nothing new"."""
-
-    def cancelled(self) -> bool:
-        """True once a cancel of the run was seen: the work is stopped."""
-        ...
-
-    def moved_to(self) -> str | None:
-        """The other node the run was seen placed on (fenced): the work is
-        killed and nothing more is written from here."""
-        ...
-
-    def refresh(self, timeout_s: float = 3.0) -> bool:
-        """Read the run now (at most ``timeout_s`` seconds); True when it is
-        being cancelled."""
-        ...
-
-    def preempted(self) -> bool:
-        """True once the cancel seen is the queue's preemption (the stop's reason is ``preempted``)."""
-        ...
-
-    def checkpoint_durable(self) -> None:
-        """A checkpoint of the work has become durable (told at once; never blocks): the queue counts the
-        work a preemption throws away from here."""
-        ...
-
-    def api_alive(self) -> bool:
-        """Whether the Prefect API answered the latest read."""
-        ...
-
-    def peer_lost(self) -> str | None:
-        """After the work failed: why the try is lost rather than failed, when a peer of a gang's rank
-        ended first (killed, or its node gone); None otherwise (optional: a watch without it is never
-        lost this way).  May wait a few seconds for the peers to say how they ended."""
-        ...
-
-    def warned(self, reason: str) -> None:
-        """The work was just warned to stop (``reason``: ``time_limit``, ``cancelled``, ...; told at once,
-        never blocks): a gang's lead tells its members (optional: a watch without it is not told)."""
-        ...
-
-    def stop(self) -> None:
-        """Stop watching."""
-        ...
-
-    def step_aside(self, moved: str) -> NoReturn:
-        """End this flow process, writing nothing more: the run is ``moved``'s now."""
-        ...
-
-    def work_ended(self) -> None:
-        """The work ended by itself: a cancel from now on changes nothing."""
-        ...
 
 
 @dataclass

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from tests.conftest import final_manifest
-from tests.deployments.test_queue import _states, queue, wait_for
+from tests.deployments.test_queue import queue, wait_for
 
 #: Data-parallel training of a linear model: each rank's batch differs, gradients are averaged with
 #: all_reduce, so every rank holds the same weights after each step; the lead checkpoints.  Each rank writes
@@ -81,7 +81,7 @@ def test_a_two_node_job_trains_as_one_gang_and_returns_the_leads_output(prefect_
         q.worker("n2", 0)
         q.submit(spec)
         out = tmp_path / "out" / "gang"
-        wait_for(lambda: final_manifest(out) is not None or "FAILED" in str(_states()), timeout=300,
+        wait_for(lambda: final_manifest(out) is not None or _failed(q), timeout=300,
                  what="the gang's output")
         manifest = final_manifest(out)
         with get_client(sync_client=True) as client:  # the member writes its end as its work's process ends
@@ -132,13 +132,13 @@ def test_a_gang_stopped_by_its_time_limit_resumes_on_every_rank_from_the_leads_c
         q.worker("n1", 0)
         q.worker("n2", 0)
         q.submit(spec("15s"))
-        wait_for(lambda: final_manifest(out / "partial") is not None or "FAILED" in str(_states()), timeout=300,
+        wait_for(lambda: final_manifest(out / "partial") is not None or _failed(q), timeout=300,
                  what="the partial output")
         partial = final_manifest(out / "partial")
         stopped = partial["step"]
         durable = (out / "checkpoints" / f"step-{stopped}" / MARKER).is_file()  # (pruned later: keep 3)
         q.submit(spec("5m"))
-        wait_for(lambda: final_manifest(out) is not None or "FAILED" in str(_states()), timeout=300,
+        wait_for(lambda: final_manifest(out) is not None or _failed(q), timeout=300,
                  what="the resumed output")
         done = final_manifest(out)
         lead = json.loads((out / "seen.json").read_text())
@@ -185,16 +185,16 @@ def test_a_member_killed_mid_run_fails_the_try_and_the_retry_resumes_every_rank(
                 if path.exists() and any((out / "checkpoints").glob("step-*/COMMITTED")):
                     config["node"] = node
                     return True
-            return "FAILED" in str(_states())
+            return _failed(q)
 
         wait_for(member_working, timeout=240, what="the member's work past a durable checkpoint")
         member_node = config["node"]
-        marker = "E31_NODE=" + member_node
-        victims = [int(p) for p in os.listdir("/proc") if p.isdigit() and _environ_has(int(p), marker)
-                   and _cmdline_has(int(p), "e31.tasks.work.child")]
+        config_path = str(tmp_path / f"scratch-{member_node}" / "gang" / "member" / "run" / "child.json")
+        victims = [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(int(p), "e31.tasks.work.child")
+                   and _cmdline_has(int(p), config_path)]  # this test's member's work, whatever else runs
         assert len(victims) == 1, victims
         os.kill(victims[0], signal.SIGKILL)
-        wait_for(lambda: final_manifest(out) is not None or "FAILED" in str(_states()), timeout=300,
+        wait_for(lambda: final_manifest(out) is not None or _failed(q), timeout=300,
                  what="the output after the retry")
         manifest = final_manifest(out)
         with get_client(sync_client=True) as client:
@@ -214,17 +214,23 @@ def test_a_member_killed_mid_run_fails_the_try_and_the_retry_resumes_every_rank(
     assert published(run).resume == lead["start"]
 
 
-def _environ_has(pid: int, entry: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            return entry.encode() in fh.read().split(b"\0")
-    except OSError:
-        return False
-
-
 def _cmdline_has(pid: int, text: str) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             return text.encode() in fh.read()
     except OSError:
         return False
+
+
+def _failed(q) -> bool:
+    """Whether a flow run of this test's pool has failed (the waits end at once then, with the runs listed)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                WorkPoolFilter, WorkPoolFilterName)
+    from prefect.client.schemas.objects import StateType
+
+    with get_client(sync_client=True) as client:
+        return bool(client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                any_=[StateType.FAILED, StateType.CRASHED]))),
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[q.name]))))
