@@ -217,7 +217,7 @@ def test_a_two_node_training_meets_across_hosts_stops_at_its_limit_and_resumes_e
         path = cluster.root / "gang-hosts.yaml"
         path.write_text(json.dumps({
             "name": "gang-hosts", "work": {"kind": "training", "entrypoint": "gangwork:main",
-                                           "params": {"steps": 300, "step_s": 0.1}},
+                                           "params": {"steps": 600, "step_s": 0.1}},
             "request": {"nodes": 2, "cpus": 2, "limit": limit, "grace": "5s"},
             "output": {"kind": "model", "url": f"s3://{BUCKET}/{cluster.prefix}/out/gang-hosts/",
                        "files": ["seen.json", "model.pt"], "checkpoint": {"every_steps": 10}}}))
@@ -228,7 +228,7 @@ def test_a_two_node_training_meets_across_hosts_stops_at_its_limit_and_resumes_e
         manifest = json.loads(body) if body else None
         return manifest if manifest and manifest.get("status") != "returning" else None
 
-    cluster.submit(spec("15s"))
+    cluster.submit(spec("40s"))  # past the ranks' start and several checkpoints, also when loaded
     wait_for(partial, 240, "the partial output of the first run", cluster)
     first = partial()
     stopped = first["step"]
@@ -241,11 +241,11 @@ def test_a_two_node_training_meets_across_hosts_stops_at_its_limit_and_resumes_e
     member = json.loads((cluster.root / f"host-{member_host}" / "scratch" / "gang-hosts" / "member" / "output" /
                          "seen.json").read_text())
     assert (first["reason"], done["status"], done["step"], done["resumed_from_step"]) == (
-        "time_limit", "completed", 300, stopped)
-    assert 0 < stopped < 300
+        "time_limit", "completed", 600, stopped)
+    assert 0 < stopped < 600
     assert lead["master"] == member["master"] == f"10.231.0.{lead_host + 1}"  # the lead's host, seen from both
     assert (lead["rank"], member["rank"], member["node"]) == (0, 1, f"n{member_host}")
-    assert (lead["start"], member["start"], lead["done"], member["done"]) == (stopped, stopped, 300, 300)
+    assert (lead["start"], member["start"], lead["done"], member["done"]) == (stopped, stopped, 600, 600)
     assert lead["weights"] == member["weights"]
 
 
