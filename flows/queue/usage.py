@@ -59,10 +59,13 @@ def read_usage(client: Any, pool: PoolSpec, now: float) -> Usage:
             # a run preempted or crashed and queued again ran in several attempts: its first start to its end
             # would bill its waits between them too; its run time (Prefect's total over its Running
             # states) is what it held, counted as ending at its end
-            end = run.end_time.timestamp()
-            ran = run.total_run_time.total_seconds() if run.total_run_time is not None else end - run.start_time.timestamp()
+            # ``now`` is an estimate of the server's clock that a busy server's stale ``Date`` headers can put a
+            # second or two early: an end past it is taken as now, so the run's whole run time still counts
+            end = min(run.end_time.timestamp(), now)
+            start = min(run.start_time.timestamp(), end)
+            ran = run.total_run_time.total_seconds() if run.total_run_time is not None else end - start
             used = decayed_service((float(req.gpus), float(req.cpus), float(req.memory or 0)),
-                                   end - min(ran, end - run.start_time.timestamp()), end, now, half)
+                                   end - min(ran, run.end_time.timestamp() - run.start_time.timestamp()), end, now, half)
             tenant = tenant_of(run.tags)
             usage[tenant] = sum_of((usage.get(tenant, (0.0, 0.0, 0.0)), used))
         if len(runs) < PAGE:

@@ -109,6 +109,9 @@ def test_fair_share_usage_counts_a_preempted_runs_run_time_not_its_wait_between_
             run = client.read_flow_run(run_id)
             clock.measure(client)
             usage, _ = read_usage(client, load_pool(q.pool), clock.server_now())
+            # the server's clock as estimated from a busy server's stale Date headers: 1.5 s early
+            early, _ = read_usage(client, load_pool(q.pool), run.end_time.timestamp() - 1.5)
     ran, span = run.total_run_time.total_seconds(), (run.end_time - run.start_time).total_seconds()
     assert span > ran + 3.5  # the wait between the attempts lies between start_time and end_time
     assert usage["a"][0] == pytest.approx(ran, rel=1e-4)  # 1 GPU x its run time, decayed over a second or so
+    assert early["a"][0] == pytest.approx(ran, rel=1e-4)  # all of it, though "now" seemed before its end

@@ -134,8 +134,9 @@ def test_inference_predicts_every_row(prefect_api, scratch, tmp_path):
 
 def test_inference_stopped_early_returns_finished_rows_then_resumes(prefect_api, scratch, tmp_path, e31):
     out = tmp_path / "out"
-    # 18 chunks of 100 rows at 0.4 s each: the stop warning at 5 s comes part-way
-    partial = _stop_early(e31, INFERENCE, out, scratch, limit="7s", grace="2s", item_sleep=0.004)
+    # 18 chunks of 100 rows at 0.8 s each: the stop warning at 10 s comes part-way, also when a loaded
+    # machine takes seconds to start the work
+    partial = _stop_early(e31, INFERENCE, out, scratch, limit="12s", grace="2s", item_sleep=0.008)
     assert _returned(out, partial) == {"predictions.csv"}  # metrics only at the end
     rows = _read_csv(out / "partial" / "predictions.csv")
     done = len(rows)
@@ -144,7 +145,7 @@ def test_inference_stopped_early_returns_finished_rows_then_resumes(prefect_api,
     assert partial["step"] == done and _checkpoint_state(out, partial)["rows_done"] == done
     first_lines = (out / "partial" / "predictions.csv").read_text().splitlines()
 
-    final = _rerun(INFERENCE, out, item_sleep=0.004)
+    final = _rerun(INFERENCE, out, item_sleep=0.008)
     assert _returned(out, final) == {"predictions.csv", "metrics.json"} and not (out / "partial").exists()
     lines = (out / "predictions.csv").read_text().splitlines()
     assert len(lines) == 1798 and lines[: done + 1] == first_lines
@@ -203,8 +204,8 @@ def test_processing_makes_thumbnail_and_edges_of_every_image(prefect_api, scratc
 
 def test_processing_stopped_early_returns_finished_images_then_resumes(prefect_api, scratch, tmp_path, e31):
     out = tmp_path / "out"
-    # ten images at ~0.9 s each: the stop warning at 5.5 s comes part-way
-    partial = _stop_early(e31, PROCESSING, out, scratch, limit="8s", grace="2.5s", item_sleep=0.8)
+    # ten images at ~1.5 s each: the stop warning at 9.5 s comes part-way, also after a slow start
+    partial = _stop_early(e31, PROCESSING, out, scratch, limit="12s", grace="2.5s", item_sleep=1.4)
     report = json.loads((out / "partial" / "report.json").read_text())
     done = report["processed"]
     names = [f"{n}.png" for n in BACKLOG]
@@ -216,7 +217,7 @@ def test_processing_stopped_early_returns_finished_images_then_resumes(prefect_a
     assert partial["step"] == done and [r["name"] for r in _checkpoint_state(out, partial)["files"]] == finished
     first = {r["name"]: r for r in report["files"]}
 
-    final = _rerun(PROCESSING, out, item_sleep=0.8)
+    final = _rerun(PROCESSING, out, item_sleep=1.4)
     assert len(_returned(out, final)) == 21
     report = json.loads((out / "report.json").read_text())
     assert report["complete"] is True and [r["name"] for r in report["files"]] == names
@@ -286,8 +287,8 @@ def test_simulation_sweeps_the_grid(prefect_api, scratch, tmp_path):
 
 def test_simulation_stopped_early_returns_finished_points_then_resumes(prefect_api, scratch, tmp_path, e31):
     out = tmp_path / "out"
-    # 300 points at ~25 ms each: the stop warning at 5 s comes part-way
-    partial = _stop_early(e31, SIMULATION, out, scratch, limit="7s", grace="2s", item_sleep=0.02)
+    # 300 points at ~55 ms each: the stop warning at 10 s comes part-way, also after a slow start
+    partial = _stop_early(e31, SIMULATION, out, scratch, limit="12s", grace="2s", item_sleep=0.05)
     report = json.loads((out / "partial" / "report.json").read_text())
     done = report["done"]
     assert report["complete"] is False and report["total"] == 300 and 0 < done < 300
@@ -297,7 +298,7 @@ def test_simulation_stopped_early_returns_finished_points_then_resumes(prefect_a
     assert partial["step"] == done and sorted(_checkpoint_state(out, partial)["done"]) == sorted(finished)
     first = {n: _sha(out / "partial" / "points" / n) for n in finished}
 
-    final = _rerun(SIMULATION, out, item_sleep=0.02)
+    final = _rerun(SIMULATION, out, item_sleep=0.05)
     assert len(_returned(out, final)) == 303
     report = json.loads((out / "report.json").read_text())
     assert report["complete"] is True and report["done"] == 300

@@ -137,7 +137,9 @@ def test_time_limit_kills_work_that_ignores_the_warning(prefect_api, scratch, tm
     _assert_returned_checkpoint(tmp_path / "out", manifest)
     if how == "block_after":
         assert manifest["step"] == 3  # blocked in time.sleep(3600) after step 3, stopped on time anyway
-    assert 5.5 <= manifest["timings"]["run_s"] <= 7.0
+    # killed at the limit (6 s after the run task's start), not at the warning (4 s): run_s counts from the
+    # child's spawn, which a loaded machine delays by a second or more after the limit's clock started
+    assert 4.5 <= manifest["timings"]["run_s"] <= 7.0
     assert _pid_gone(int((tmp_path / "out" / "partial" / "pid.txt").read_text()))
 
 
