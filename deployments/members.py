@@ -33,6 +33,8 @@ POLL_S = 5.0
 #: Seconds between reads while a member here has ended and its run may go on (a failed work tried again
 #: publishes a new rendezvous, and its member starts at the next read).
 RETRY_POLL_S = 1.0
+#: The exit status written for a member this worker could not start (as a member that cannot stage).
+EXIT_NOT_STARTED = 2
 
 
 def attempt_served(run: Any) -> int:
@@ -45,8 +47,14 @@ def attempt_served(run: Any) -> int:
 
 @dataclass
 class _Member:
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None  # None: it could not be started
     attempt: int
+    after: str | None = None  # the try of the lead's work it was not to serve (an earlier member served it)
+    accounted: bool = False  # its end is written on the run (by itself, or by the runner for it)
+
+    def code(self) -> int | None:
+        """Its exit status (2 when it could not be started), or None while it runs."""
+        return EXIT_NOT_STARTED if self.proc is None else self.proc.poll()
 
 
 class MemberRunner:
@@ -70,6 +78,8 @@ class MemberRunner:
         self._stop.set()
         self._woken.set()
         for member in list(self.members.values()):
+            if member.proc is None:
+                continue
             try:
                 member.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
@@ -85,7 +95,7 @@ class MemberRunner:
         """Send ``signum`` to every member still running; returns how many."""
         told = 0
         for member in self.members.values():
-            if member.proc.poll() is None:
+            if member.proc is not None and member.proc.poll() is None:
                 try:
                     member.proc.send_signal(signum)
                     told += 1
@@ -103,7 +113,7 @@ class MemberRunner:
                         self._woken.clear()
                         self.poll(client)
                         # a member that ended while its run goes on may have a new try to serve soon
-                        ended = any(m.proc.poll() is not None for m in self.members.values())
+                        ended = any(m.code() is not None for m in self.members.values())
                         self._woken.wait(RETRY_POLL_S if ended else POLL_S)
             except Exception as exc:  # the API is away: try again at the next poll
                 self.say(f"members: cannot read the runs of node {self.node}: {type(exc).__name__}")
@@ -111,6 +121,8 @@ class MemberRunner:
         # the members die with this thread (their parent-death signal): wait for them here, so they get
         # their warning's grace when the worker stops
         for member in self.members.values():
+            if member.proc is None:
+                continue
             try:
                 member.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -138,22 +150,66 @@ class MemberRunner:
                 continue  # queued again (its tags as last written): placed nowhere now
             key, attempt = str(run.id), attempt_served(run)
             have, after = self.members.get(key), None
-            if have is not None and have.proc.poll() is None:
+            if have is not None and have.code() is None:
                 continue
+            if have is not None and not have.accounted:
+                self._account(client, run, have)
             if have is not None and have.attempt >= attempt:
                 # this attempt's member ended: another starts only for a new try of the lead's work
                 served, pub = member_token(run, record_of(run).rank_of(self.node) or 0), published(run)
                 if pub is None or pub.attempt != attempt or served is None or pub.token == served:
                     continue
                 after = served
-            self.members[key] = _Member(self._spawn(run, after), attempt)
+            self.members[key] = _Member(self._spawn(run, after), attempt, after)
             started.append(key)
-        for key in [k for k, m in self.members.items() if m.proc.poll() is not None and k not in
+        for key in [k for k, m in self.members.items() if m.code() is not None and k not in
                     {str(r.id) for r in runs}]:
             del self.members[key]  # ended, and its run no longer names this node's member
         return started
 
-    def _spawn(self, run: Any, after: str | None = None) -> subprocess.Popen:
+    def _account(self, client: Any, run: Any, member: _Member) -> None:
+        """A member that ended with a failure before writing its end for the try of the lead's work it was to
+        serve (it could not be started, could not stage its inputs, or was killed): write its exit status for
+        that try on the run, once the lead has published it, so the lead stops its own work rather than wait
+        for a peer that never comes (:func:`e31.flows.gang.lead.member_failed`).  A member that ended well or
+        found its run ended (exit 0 or 3) needs nothing."""
+        from dataclasses import replace
+
+        from e31.flows.gang.member import EXIT_RUN_ENDED
+        from e31.flows.gang.rendezvous import member_token, published, report_member
+        from e31.tasks.placement_record import record_of
+
+        code = member.code()
+        if code in (0, EXIT_RUN_ENDED):
+            member.accounted = True
+            return
+        pub, rank = published(run), record_of(run).rank_of(self.node)
+        if not rank or pub is None or pub.attempt != member.attempt:
+            return
+        try:  # the try it met, when it got that far; else the first one published after ``after``
+            served = self._serving(run).read_text().strip() or None
+        except OSError:
+            served = None
+        if served is None and pub.token == member.after:
+            return  # the try it was to serve is not published yet
+        member.accounted = True
+        pub = replace(pub, token=served or pub.token)
+        if member_token(run, rank) != pub.token:
+            report_member(client, str(run.id), rank, pub, code)
+            self.say(f"flow run {run.id}: its member on node {self.node} ended with exit status {code} before "
+                     "saying so; written for it")
+
+    @staticmethod
+    def _serving(run: Any) -> Path:
+        """The file where the member of ``run`` on this node names the try it serves
+        (:data:`e31.flows.gang.member.SERVING`)."""
+        from e31.flows.compile import default_scratch_root
+        from e31.flows.gang.member import SERVING
+
+        job = str(((run.parameters or {}).get("spec") or {}).get("name") or "job")
+        return Path(default_scratch_root()) / job / "member" / "run" / SERVING
+
+    def _spawn(self, run: Any, after: str | None = None) -> subprocess.Popen | None:
         from e31.flows.compile import default_scratch_root
         from e31.tasks.placement_record import record_of
         from e31.tasks.supervisor.process import die_with_parent
@@ -164,11 +220,16 @@ class MemberRunner:
                     "CUDA_VISIBLE_DEVICES": ",".join(map(str, devices))})
         job = str(((run.parameters or {}).get("spec") or {}).get("name") or "job")
         log = Path(default_scratch_root()) / job / "member" / "member.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "e31.flows.gang.member", str(run.id),
-                                     *(["--after", after] if after else [])], env=env,
-                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=die_with_parent)
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            self._serving(run).unlink(missing_ok=True)  # an earlier member's: this one names its own try
+            with open(log, "ab") as out:
+                proc = subprocess.Popen([sys.executable, "-m", "e31.flows.gang.member", str(run.id),
+                                         *(["--after", after] if after else [])], env=env,
+                                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        preexec_fn=die_with_parent)
+        except OSError as exc:  # a scratch that cannot be written (full, read-only, not a folder)
+            self.say(f"flow run {run.id}: cannot start its member on node {self.node}: {exc}")
+            return None
         self.say(f"flow run {run.id}: started its member on node {self.node} (pid {proc.pid})")
         return proc

@@ -202,7 +202,8 @@ class E31Worker(ProcessWorker):
         (:class:`e31.deployments.members.MemberRunner`)."""
         from e31.deployments.members import MemberRunner
 
-        self._members = MemberRunner(self._work_pool_name, self.node, lambda line: self._logger.info(line))
+        self._members = MemberRunner(self._work_pool_name, self.node,
+                                     lambda line: print(f"e31 worker: {line}", flush=True))
         self._members.start()
 
     async def _placed_here(self, flow_run_id: str) -> bool:

@@ -174,6 +174,11 @@ class RunGates(CancelWatcher):
 
         warn_members(self.flow_run_id, reason)
 
+    def peer_failed(self) -> tuple[bool, str] | None:
+        from e31.flows.gang.lead import member_failed
+
+        return member_failed(self.flow_run_id, self._reader.last if self._reader is not None else None)
+
     def peer_lost(self) -> str | None:
         from e31.flows.gang.lead import member_lost
 

@@ -16,7 +16,7 @@ from e31.tasks.placement_record import PlacementRecord
 from e31.tasks.work.context import ChildConfig
 from e31.tasks.work.rendezvous import PORTS_VAR, free_port, interface_of, own_address, port_range
 
-__all__ = ["PEER_WAIT_S", "lead_rendezvous", "member_lost", "placed_nodes", "warn_members"]
+__all__ = ["PEER_WAIT_S", "lead_rendezvous", "member_failed", "member_lost", "placed_nodes", "warn_members"]
 
 #: Seconds the lead waits, after its work failed, for every member to say how its own work ended.
 PEER_WAIT_S = 8.0
@@ -85,18 +85,59 @@ def warn_members(run_id: str | None, reason: str) -> None:
     threading.Thread(target=write, name="e31-warn-members", daemon=True).start()
 
 
+def _ends(run: object, token: str) -> tuple[list[str], dict[int, int]]:
+    """The nodes of ``run``'s placement (rank order) and rank -> exit status of each member whose work of the
+    try ``token`` has ended, as written on the run."""
+    import json
+
+    from e31.flows.gang.rendezvous import MEMBER_LABEL
+
+    record = PlacementRecord.from_parameter((getattr(run, "parameters", None) or {}).get("placement"))
+    ends: dict[int, int] = {}
+    for rank in range(1, len(record.nodes)):
+        try:
+            value = json.loads((getattr(run, "labels", None) or {}).get(f"{MEMBER_LABEL}{rank}"))
+            if value["token"] == token:
+                ends[rank] = int(value["exit"])
+        except (TypeError, ValueError, KeyError):
+            continue
+    return record.nodes, ends
+
+
+def _killed(code: int) -> bool:
+    """Whether a member's exit status says a signal ended it (negative, or a shell's 128 + N)."""
+    return code < 0 or code >= 128
+
+
+def member_failed(run_id: str | None, run: object | None) -> tuple[bool, str] | None:
+    """While the lead's work of the current try runs: ``(lost, why)`` when a member's work of this try has
+    already ended with a non-zero exit status as written on ``run`` (the flow run as last read; its member
+    could not stage its inputs, its work failed, or it was killed: ``lost`` then), so the lead stops its own
+    work rather than wait in a collective or ``init_process_group`` for a peer that never comes; None when no
+    member failed, or this run is not a gang.  Never blocks (reads nothing)."""
+    token = _CURRENT.get(run_id or "")
+    if token is None or run is None:
+        return None
+    nodes, ends = _ends(run, token)
+    failed = {rank: code for rank, code in ends.items() if code != 0}
+    if not failed:
+        return None
+    rank, code = min(failed.items())
+    if _killed(code):
+        return True, f"member rank {rank} on node {nodes[rank]} was killed (exit status {code})"
+    return False, (f"member rank {rank} on node {nodes[rank]} ended with exit status {code} (its lines are in the "
+                   "flow run's log)")
+
+
 def member_lost(run_id: str | None, wait_s: float = PEER_WAIT_S) -> str | None:
     """After the lead's work of the current try failed: why the try is lost, when a member's work ended by
     a signal (kill -9, the OOM killer) or did not say how it ended within ``wait_s`` seconds (its process or
     its node is gone); None when every member's work ended with an exit status of its own (the work
     failed; the lead's failure stands) or this run is not a gang.  Reads the members' ends on the flow run
     (:func:`e31.flows.gang.rendezvous.report_member`)."""
-    import json
     import time
 
     from prefect.client.orchestration import get_client
-
-    from e31.flows.gang.rendezvous import MEMBER_LABEL
 
     token = _CURRENT.get(run_id or "")
     if token is None:
@@ -108,23 +149,15 @@ def member_lost(run_id: str | None, wait_s: float = PEER_WAIT_S) -> str | None:
                 run = client.read_flow_run(run_id)
             except Exception:  # the API is away: nothing says a member was lost
                 return None
-            record = PlacementRecord.from_parameter((run.parameters or {}).get("placement"))
-            ends: dict[int, int] = {}
-            for rank in range(1, len(record.nodes)):
-                try:
-                    value = json.loads((run.labels or {}).get(f"{MEMBER_LABEL}{rank}"))
-                    if value["token"] == token:
-                        ends[rank] = int(value["exit"])
-                except (TypeError, ValueError, KeyError):
-                    continue
-            killed = {rank: code for rank, code in ends.items() if code < 0 or code >= 128}
+            nodes, ends = _ends(run, token)
+            killed = {rank: code for rank, code in ends.items() if _killed(code)}
             if killed:
                 rank, code = min(killed.items())
-                return f"member rank {rank} on node {record.nodes[rank]} was killed (exit status {code})"
-            missing = [rank for rank in range(1, len(record.nodes)) if rank not in ends]
+                return f"member rank {rank} on node {nodes[rank]} was killed (exit status {code})"
+            missing = [rank for rank in range(1, len(nodes)) if rank not in ends]
             if not missing:
                 return None
             if time.monotonic() > deadline:
-                return (f"member rank {missing[0]} on node {record.nodes[missing[0]]} did not say how its work "
+                return (f"member rank {missing[0]} on node {nodes[missing[0]]} did not say how its work "
                         f"ended within {wait_s:g} s (its process or its node is gone)")
             time.sleep(0.5)

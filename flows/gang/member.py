@@ -39,7 +39,7 @@ from typing import Any
 
 from e31.flows.gang.rendezvous import Published, published, report_member, stop_of
 
-__all__ = ["CHECKPOINT_WAIT_S", "main"]
+__all__ = ["CHECKPOINT_WAIT_S", "SERVING", "main"]
 
 #: Seconds a member waits for the checkpoint the lead resumes from to be at the checkpoint URL.
 CHECKPOINT_WAIT_S = 120.0
@@ -52,6 +52,9 @@ STOP_LATE_S = 3.0
 RENDEZVOUS_WAIT_S = 1800.0
 
 EXIT_NOT_MEMBER, EXIT_RUN_ENDED = 2, 3
+#: The file in the member's ``run/`` folder naming the try (its token) it serves, written as it meets the
+#: rendezvous: what its worker writes an end for when the member dies without writing it.
+SERVING = "serving"
 #: Set by SIGTERM or SIGINT (the worker stopping): the work is warned, as at its stop time.
 _TOLD: list[int] = []
 
@@ -256,6 +259,7 @@ def run_member(run_id: str, node: str, after: str | None = None) -> int:
         pub = _wait_rendezvous(client, run_id, node, rank, say, after)
         if pub is None or _TOLD:
             return EXIT_RUN_ENDED
+        (root / "run" / SERVING).write_text(pub.token)  # the try this member serves, for its worker
         try:
             if pub.resume is not None:
                 _fetch_checkpoint(plan, pub.resume, root / "checkpoints", say)

@@ -210,6 +210,8 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     killed = False
     memory_at = 0.0
     ended = False  # the loop saw the child's end (not a teardown of the supervisor)
+    peer_failed = getattr(cancel, "peer_failed", None)
+    peer: tuple[bool, str] | None = None  # a gang's peer that failed while this rank's work ran: (lost, why)
     try:
         while proc.poll() is None:
             now = time.time()
@@ -221,6 +223,12 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
                     killed = True
                     proc.wait()
                     break
+            if stop.reason is None and peer_failed is not None and (peer := peer_failed()) is not None:
+                # a gang's rank whose peer is gone would wait in its next collective until its own timeout
+                _signal_group(proc, signal.SIGKILL)
+                killed = True
+                proc.wait()
+                break
             clock.update(now)
             if now >= clock.stop_at - settings.grace_s:
                 stop.request(clock.reason)
@@ -283,7 +291,9 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     if stop.reason and code == 0 and not settings.child.command and not stop_seen.exists():
         stop.reason = None  # the work finished during the grace period without ever seeing the warning
     outcome = _outcome(code, stop, killed, run_s, tail_lines(stderr_path, TAIL_LINES, scrub))
-    if outcome.reason == "error" and (peer_lost := getattr(cancel, "peer_lost", None)) is not None:
+    if peer is not None:  # stopped because a peer failed: the try is lost (retried) when the peer was killed
+        outcome.reason, outcome.message = "crashed" if peer[0] else "error", f"{peer[1]}; this rank's work was stopped"
+    elif outcome.reason == "error" and (peer_lost := getattr(cancel, "peer_lost", None)) is not None:
         lost = peer_lost()  # a gang's rank whose peer died fails in its next collective: the try is lost
         if lost:
             outcome.reason, outcome.message = "crashed", f"{lost}; this rank's work then exited with code {code}"

@@ -1,7 +1,7 @@
 """What the run task's supervisor is told of its flow run while the work runs: :class:`RunWatch`.
 
 The attempt's gates implement it (:class:`e31.flows.attempt.gates.RunGates`); ``tasks`` defines the
-protocol so the supervisor never imports ``flows``.  ``warned`` and ``peer_lost`` are optional: the
+protocol so the supervisor never imports ``flows``.  ``warned``, ``peer_failed`` and ``peer_lost`` are optional: the
 supervisor asks for them with ``getattr`` (a watch of a single-node run need not have them).
 """
 
@@ -42,6 +42,12 @@ class RunWatch(Protocol):
 
     def api_alive(self) -> bool:
         """Whether the Prefect API answered the latest read."""
+        ...
+
+    def peer_failed(self) -> tuple[bool, str] | None:
+        """While the work runs: ``(lost, why)`` once a peer of a gang's rank has ended with a failure (it
+        could not start, its work failed; ``lost``: it was killed), so this rank's work is stopped rather
+        than left waiting for it in a collective; None otherwise (optional; never blocks)."""
         ...
 
     def peer_lost(self) -> str | None:

@@ -214,6 +214,49 @@ def test_a_member_killed_mid_run_fails_the_try_and_the_retry_resumes_every_rank(
     assert published(run).resume == lead["start"]
 
 
+def test_a_member_that_cannot_start_ends_the_gang_at_once_with_the_reason(prefect_api, tmp_path):
+    """A member node whose scratch cannot be written (a file where the member's folder goes): its worker
+    cannot start the member and writes that on the run; the lead, whose work waits in
+    ``init_process_group`` for a peer that never comes (its own timeout: 120 s), stops it within one read
+    of the run (10 s) and the run fails, saying which member and why, and the member's worker says the
+    reason in its log."""
+    import time
+
+    from prefect.client.orchestration import get_client
+
+    from e31.flows.gang.rendezvous import member_ends
+
+    out = tmp_path / "out" / "gang"
+    with queue(tmp_path, {"n1": 0, "n2": 0}) as q:
+        (tmp_path / "gangwork.py").write_text(GANG_WORK)
+        for node in ("n1", "n2"):  # whichever node the member lands on; the lead's staging never uses it
+            (tmp_path / f"scratch-{node}" / "gang").mkdir(parents=True)
+            (tmp_path / f"scratch-{node}" / "gang" / "member").write_text("not a folder")
+        spec = tmp_path / "gang.yaml"
+        spec.write_text(json.dumps({
+            "name": "gang", "work": {"kind": "training", "entrypoint": "gangwork:main",
+                                     "params": {"steps": 20, "step_s": 0.05}},
+            "request": {"nodes": 2, "cpus": 1, "limit": "5m"},
+            "output": {"kind": "model", "url": str(out), "files": ["seen.json", "model.pt"]}}))
+        q.scheduler()
+        q.worker("n1", 0)
+        q.worker("n2", 0)
+        run_id = q.submit(spec).split("flow run ")[1].split()[0]
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: client.read_flow_run(run_id).state.is_final(), timeout=240, what="the gang's end")
+            run = client.read_flow_run(run_id)
+        manifest = final_manifest(out / "partial")
+    member_node = "n2" if (run.parameters or {})["placement"]["e31_node"] == "n1" else "n1"
+    assert run.state.type.value == "FAILED", run.state
+    assert member_ends(run, 1) == {1: 2}
+    assert (manifest["status"], manifest["reason"]) == ("failed", "error"), manifest
+    assert manifest["message"] == (f"member rank 1 on node {member_node} ended with exit status 2 (its lines are "
+                                   "in the flow run's log); this rank's work was stopped")
+    assert manifest["timings"]["run_s"] < 60  # not the work's own 120 s wait for its peer
+    worker_log = (q.root / f"worker-{member_node}.log").read_text()
+    assert f"cannot start its member on node {member_node}: [Errno 17] File exists" in worker_log
+
+
 def _cmdline_has(pid: int, text: str) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
