@@ -199,7 +199,9 @@ class Attempt:
             return PlacementRecord()
 
     def run_count(self) -> int:
-        """Prefect's ``run_count`` of this flow run (its attempt; 1 outside a flow run)."""
+        """Prefect's ``run_count`` of this flow run as its runtime has it (1 outside a flow run): read as the
+        flow run started, before it entered ``Running``, so one less than the server's from the second attempt
+        on."""
         try:
             return int(flow_run.run_count or 1)
         except Exception:  # not in a flow run

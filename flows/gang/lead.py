@@ -37,7 +37,8 @@ def lead_rendezvous(record: PlacementRecord, run_id: str, attempt: int, stop_at:
     (:class:`e31.tasks.run.SupervisorConfig` ``rendezvous``) that makes the work rank 0 -- its address
     for the peers (:func:`e31.tasks.work.rendezvous.own_address`, toward ``PREFECT_API_URL``), a free port
     there (within ``E31_RENDEZVOUS_PORTS``), the interface gloo and NCCL use -- and publishes it on the flow
-    run ``run_id`` with ``attempt`` (the run's ``run_count``), a new token, the step the try resumes from,
+    run ``run_id`` with its attempt (the run's ``run_count`` as the server has it; ``attempt`` where it has
+    none), a new token, the step the try resumes from,
     its stop time (Unix seconds) and ``grace_s``.  None for a single-node placement.  The hook raises
     ``RendezvousError`` when no port is free, and what the Prefect client raises when the label cannot be
     written (the members could not start)."""
@@ -53,7 +54,10 @@ def lead_rendezvous(record: PlacementRecord, run_id: str, attempt: int, stop_at:
         port = free_port(addr, port_range(os.environ.get(PORTS_VAR)))
         token = uuid.uuid4().hex[:12]
         with get_client(sync_client=True) as client:
-            publish(client, run_id, Published(attempt, token, addr, port, resume, stop_at, grace_s))
+            # the server's run_count now, as the members read it: Prefect's runtime keeps the value read before
+            # the flow run entered Running (one less, from the second attempt on)
+            current = int(client.read_flow_run(run_id).run_count or attempt)
+            publish(client, run_id, Published(current, token, addr, port, resume, stop_at, grace_s))
         _CURRENT[run_id] = token
         return replace(child, master_addr=addr, master_port=port, node_rank=0, nnodes=nodes,
                        interface=interface_of(addr))

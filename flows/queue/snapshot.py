@@ -236,7 +236,9 @@ def read(client: Any, pool: PoolSpec, now: float | None = None, history: dict[st
         crashed = state.type == StateType.CRASHED
         if crashed:
             settled = now - (_ts(state.timestamp) or now) >= SETTLE_S  # the worker may still be reporting the crash
-            if settled or node in lost_nodes:
+            # a gang's run crashed with any of its nodes lost is settled there: its other nodes answer, and
+            # counting it as holding them would crash it again every tick (its crash would never settle)
+            if settled or any(n in lost_nodes for n in (node, *(member for member, _ in gang))):
                 # run_count: the attempts that ran, less those that crashed before their work started
                 if settled and (work_never_started(run) or retries_used(run) <= req.retries):
                     snap.requeue.append(key)

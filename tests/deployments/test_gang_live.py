@@ -63,11 +63,20 @@ GANG_WORK = textwrap.dedent("""
 
 
 def test_a_two_node_job_trains_as_one_gang_and_returns_the_leads_output(prefect_api, tmp_path):
+    """Also: the rendezvous port range's first port is taken (another program listens there), so the lead
+    meets its member on the next free one."""
+    import socket
+
     from prefect.client.orchestration import get_client
 
     from e31.flows.gang.rendezvous import member_ends, published
 
-    with queue(tmp_path, {"n1": 0, "n2": 0}) as q:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    first = taken.getsockname()[1]
+    ports = {"E31_RENDEZVOUS_PORTS": f"{first}-{first + 50}"}
+    with taken, queue(tmp_path, {"n1": 0, "n2": 0}) as q:
         (tmp_path / "gangwork.py").write_text(GANG_WORK)
         spec = tmp_path / "gang.yaml"
         spec.write_text(json.dumps({
@@ -77,8 +86,8 @@ def test_a_two_node_job_trains_as_one_gang_and_returns_the_leads_output(prefect_
             "output": {"kind": "model", "url": str(tmp_path / "out" / "gang"), "files": ["seen.json", "model.pt"],
                        "checkpoint": {"every_steps": 5}}}))
         q.scheduler()
-        q.worker("n1", 0)
-        q.worker("n2", 0)
+        q.worker("n1", 0, env=ports)
+        q.worker("n2", 0, env=ports)
         q.submit(spec)
         out = tmp_path / "out" / "gang"
         wait_for(lambda: final_manifest(out) is not None or _failed(q), timeout=300,
@@ -98,7 +107,7 @@ def test_a_two_node_job_trains_as_one_gang_and_returns_the_leads_output(prefect_
     assert {t for t in run.tags if t.startswith(("e31-placed:", "e31-member:"))} == {
         f"e31-placed:{placement['e31_node']}", f"e31-member:{member_node}"}
     pub = published(run)
-    assert (pub.attempt, pub.addr, pub.resume) == (1, "127.0.0.1", None) and 0 < pub.port < 65536
+    assert (pub.attempt, pub.addr, pub.resume) == (1, "127.0.0.1", None) and first < pub.port <= first + 50
     assert member_ends(run, 1) == {1: 0}
     assert (lead["rank"], lead["world_size"], lead["node"], lead["done"]) == (0, 2, placement["e31_node"], 20)
     assert (member["rank"], member["world_size"], member["node"], member["done"]) == (1, 2, member_node, 20)
@@ -214,6 +223,75 @@ def test_a_member_killed_mid_run_fails_the_try_and_the_retry_resumes_every_rank(
     assert published(run).resume == lead["start"]
 
 
+def test_a_member_nodes_worker_killed_ends_the_gang_which_resumes_on_other_nodes(prefect_api, tmp_path):
+    """kill -9 of the member node's ``e31 worker``: the member and its work die with it (their parent-death
+    signal), so no end of theirs is ever written and the lead's try is lost; the node is taken for lost
+    past its lease (10 s), the run crashed, fenced there and queued again (``retries``); it is placed on
+    the lead's node and n3, and both ranks resume from the lead's newest durable checkpoint, on a node
+    whose scratch never held the job."""
+    import os
+    import signal
+    import subprocess
+
+    from prefect.client.orchestration import get_client
+
+    out = tmp_path / "out" / "gang"
+    with queue(tmp_path, {"n1": 0, "n2": 0, "n3": 0}) as q:
+        (tmp_path / "gangwork.py").write_text(GANG_WORK)
+        spec = tmp_path / "gang.yaml"
+        spec.write_text(json.dumps({
+            "name": "gang", "work": {"kind": "training", "entrypoint": "gangwork:main",
+                                     "params": {"steps": 300, "step_s": 0.1}},
+            "request": {"nodes": 2, "cpus": 1, "limit": "5m", "retries": 2},
+            "output": {"kind": "model", "url": str(out), "files": ["seen.json", "model.pt"],
+                       "checkpoint": {"every_steps": 10}}}))
+        q.scheduler("--lease", "10")
+        q.worker("n1", 0)
+        q.worker("n2", 0)
+        run_id = q.submit(spec).split("flow run ")[1].split()[0]
+        found = {}
+
+        def member_working() -> bool:
+            for node in ("n1", "n2"):
+                if (tmp_path / f"scratch-{node}" / "gang" / "member" / "run" / "child.json").exists() and \
+                        any((out / "checkpoints").glob("step-*/COMMITTED")):
+                    found["node"] = node
+                    return True
+            return _failed(q)
+
+        wait_for(member_working, timeout=240, what="the member's work past a durable checkpoint")
+        lost = found["node"]
+        config_path = str(tmp_path / f"scratch-{lost}" / "gang" / "member" / "run" / "child.json")
+        work = [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(int(p), config_path)]
+        assert len(work) == 1, work
+        os.kill(q.procs[f"worker-{lost}"].pid, signal.SIGKILL)
+        q.worker("n3", 0)
+        with get_client(sync_client=True) as client:
+            wait_for(lambda: (client.read_flow_run(run_id).state.message or "").startswith(
+                f"Queued: waiting for its attempt on node {lost}, lost while it ran, to be confirmed ended"),
+                timeout=120, what="the gang queued again, waiting for the lost node's fence")
+        done = subprocess.run([q.exe, "node", lost, "--pool", str(q.pool), "--down"], capture_output=True, text=True,
+                              cwd=q.root)  # the operator: that machine is off
+        assert done.returncode == 0, done
+        wait_for(lambda: final_manifest(out) is not None or _failed(q, crashed=False), timeout=300,
+                 what="the output after the gang was queued again")
+        manifest = final_manifest(out)
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(run_id)
+        placement = (run.parameters or {})["placement"]
+        lead = json.loads((out / "seen.json").read_text())
+        member_node = placement["e31_gang"][0][0]
+        member = json.loads((tmp_path / f"scratch-{member_node}" / "gang" / "member" / "output" / "seen.json")
+                            .read_text())
+        alive = [pid for pid in work if _cmdline_has(pid, config_path)]
+    assert (manifest["status"], manifest["step"]) == ("completed", 300)
+    assert lost not in (placement["e31_node"], member_node) and "n3" in (placement["e31_node"], member_node)
+    assert run.run_count == 2  # the first attempt lost with the node, the second on n3
+    assert 10 <= manifest["resumed_from_step"] == lead["start"] == member["start"] < 300
+    assert (lead["done"], member["done"]) == (300, 300) and lead["weights"] == member["weights"]
+    assert alive == []  # the lost member's work died with its worker
+
+
 def test_a_member_that_cannot_start_ends_the_gang_at_once_with_the_reason(prefect_api, tmp_path):
     """A member node whose scratch cannot be written (a file where the member's folder goes): its worker
     cannot start the member and writes that on the run; the lead, whose work waits in
@@ -265,8 +343,9 @@ def _cmdline_has(pid: int, text: str) -> bool:
         return False
 
 
-def _failed(q) -> bool:
-    """Whether a flow run of this test's pool has failed (the waits end at once then, with the runs listed)."""
+def _failed(q, crashed: bool = True) -> bool:
+    """Whether a flow run of this test's pool has failed, or crashed (``crashed``; a run lost with its node
+    is crashed, then queued again) (the waits end at once then, with the runs listed)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
                                                 WorkPoolFilter, WorkPoolFilterName)
@@ -275,5 +354,5 @@ def _failed(q) -> bool:
     with get_client(sync_client=True) as client:
         return bool(client.read_flow_runs(
             flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
-                any_=[StateType.FAILED, StateType.CRASHED]))),
+                any_=[StateType.FAILED, *([StateType.CRASHED] if crashed else [])]))),
             work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[q.name]))))
