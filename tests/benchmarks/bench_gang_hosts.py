@@ -119,15 +119,11 @@ def _torchrun_round(cluster, round_: int, steps: int, warmup: int) -> float:
 def _stop_latency(cluster, name: str, nodes: int) -> tuple[float, int]:
     """Seconds from the warning of a time-limited training to its partial manifest at the destination, and
     the step it stopped at."""
+    from tests.deployments.test_gang_live import gang_spec
     from tests.deployments.test_hosts import BUCKET
 
-    spec = cluster.root / f"{name}.yaml"
-    spec.write_text(json.dumps({
-        "name": name, "work": {"kind": "training", "entrypoint": "gangwork:main",
-                               "params": {"steps": 100_000, "step_s": 0.1}},
-        "request": {"nodes": nodes, "cpus": 2, "limit": "20s", "grace": "5s"},
-        "output": {"kind": "model", "url": f"s3://{BUCKET}/{cluster.prefix}/out/{name}/",
-                   "files": ["seen.json", "model.pt"], "checkpoint": {"every_steps": 10}}}))
+    spec = gang_spec(cluster.root, f"s3://{BUCKET}/{cluster.prefix}/out/{name}/", 100_000, 0.1, name=name,
+                     nodes=nodes, cpus=2, limit="20s", grace="5s")
     key = f"{cluster.prefix}/out/{name}/partial/manifest.json"
 
     def landed() -> dict | None:
@@ -158,7 +154,6 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the folder (its logs) after the run")
     args = parser.parse_args()
 
-    from tests.deployments.test_gang_live import GANG_WORK
     from tests.deployments.test_hosts import Cluster
     from tests.hosts import Hosts, unavailable
 
@@ -172,7 +167,6 @@ def main() -> int:
             cluster = Cluster(hosts, root, nodes=2)
             try:
                 (root / "train.py").write_text(TRAIN)
-                (root / "gangwork.py").write_text(GANG_WORK)
                 print("starting the hosts' Prefect server, S3 server, scheduler and 2 workers ...", flush=True)
                 cluster.start()
                 e31, torchrun = [], []

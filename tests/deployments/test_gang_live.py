@@ -62,6 +62,23 @@ GANG_WORK = textwrap.dedent("""
 """)
 
 
+def gang_spec(root: Path, out: str | Path, steps: int, step_s: float, every: int | None = 10, name: str = "gang",
+              **request: object) -> Path:
+    """The spec of a 2-node job of :data:`GANG_WORK` (written to ``root/gangwork.py``), ``steps`` steps of
+    ``step_s`` seconds, the lead checkpointing every ``every`` steps (None: never), returning to ``out``;
+    ``request`` adds to or replaces its request (1 CPU per node, a 5-minute limit)."""
+    (Path(root) / "gangwork.py").write_text(GANG_WORK)
+    output: dict = {"kind": "model", "url": str(out), "files": ["seen.json", "model.pt"]}
+    if every:
+        output["checkpoint"] = {"every_steps": every}
+    spec = Path(root) / f"{name}.yaml"
+    spec.write_text(json.dumps({
+        "name": name, "work": {"kind": "training", "entrypoint": "gangwork:main",
+                               "params": {"steps": steps, "step_s": step_s}},
+        "request": {"nodes": 2, "cpus": 1, "limit": "5m", **request}, "output": output}))
+    return spec
+
+
 def test_a_two_node_job_trains_as_one_gang_and_returns_the_leads_output(prefect_api, tmp_path):
     """Also: the rendezvous port range's first port is taken (another program listens there), so the lead
     meets its member on the next free one."""
@@ -77,14 +94,7 @@ def test_a_two_node_job_trains_as_one_gang_and_returns_the_leads_output(prefect_
     first = taken.getsockname()[1]
     ports = {"E31_RENDEZVOUS_PORTS": f"{first}-{first + 50}"}
     with taken, queue(tmp_path, {"n1": 0, "n2": 0}) as q:
-        (tmp_path / "gangwork.py").write_text(GANG_WORK)
-        spec = tmp_path / "gang.yaml"
-        spec.write_text(json.dumps({
-            "name": "gang", "work": {"kind": "training", "entrypoint": "gangwork:main",
-                                     "params": {"steps": 20, "step_s": 0.05}},
-            "request": {"nodes": 2, "cpus": 1, "duration": "30s", "limit": "5m"},
-            "output": {"kind": "model", "url": str(tmp_path / "out" / "gang"), "files": ["seen.json", "model.pt"],
-                       "checkpoint": {"every_steps": 5}}}))
+        spec = gang_spec(tmp_path, tmp_path / "out" / "gang", 20, 0.05, every=5, duration="30s")
         q.scheduler()
         q.worker("n1", 0, env=ports)
         q.worker("n2", 0, env=ports)
@@ -125,18 +135,10 @@ def test_a_gang_stopped_by_its_time_limit_resumes_on_every_rank_from_the_leads_c
     from e31.tasks.work.local_checkpoints import MARKER
 
     def spec(limit: str) -> Path:
-        path = tmp_path / "gang.yaml"
-        path.write_text(json.dumps({
-            "name": "gang", "work": {"kind": "training", "entrypoint": "gangwork:main",
-                                     "params": {"steps": 600, "step_s": 0.1}},
-            "request": {"nodes": 2, "cpus": 1, "limit": limit, "grace": "5s"},
-            "output": {"kind": "model", "url": str(tmp_path / "out" / "gang"), "files": ["seen.json", "model.pt"],
-                       "checkpoint": {"every_steps": 10}}}))
-        return path
+        return gang_spec(tmp_path, tmp_path / "out" / "gang", 600, 0.1, limit=limit, grace="5s")
 
     out = tmp_path / "out" / "gang"
     with queue(tmp_path, {"n1": 0, "n2": 0}) as q:
-        (tmp_path / "gangwork.py").write_text(GANG_WORK)
         q.scheduler()
         q.worker("n1", 0)
         q.worker("n2", 0)
@@ -174,14 +176,7 @@ def test_a_member_killed_mid_run_fails_the_try_and_the_retry_resumes_every_rank(
 
     out = tmp_path / "out" / "gang"
     with queue(tmp_path, {"n1": 0, "n2": 0}) as q:
-        (tmp_path / "gangwork.py").write_text(GANG_WORK)
-        spec = tmp_path / "gang.yaml"
-        spec.write_text(json.dumps({
-            "name": "gang", "work": {"kind": "training", "entrypoint": "gangwork:main",
-                                     "params": {"steps": 200, "step_s": 0.1}},
-            "request": {"nodes": 2, "cpus": 1, "limit": "5m", "retries": 1},
-            "output": {"kind": "model", "url": str(out), "files": ["seen.json", "model.pt"],
-                       "checkpoint": {"every_steps": 10}}}))
+        spec = gang_spec(tmp_path, out, 200, 0.1, retries=1)
         q.scheduler()
         q.worker("n1", 0)
         q.worker("n2", 0)
@@ -223,6 +218,57 @@ def test_a_member_killed_mid_run_fails_the_try_and_the_retry_resumes_every_rank(
     assert published(run).resume == lead["start"]
 
 
+def test_the_leads_flow_process_killed_stops_the_member_and_the_run_resumes_every_rank(prefect_api, tmp_path):
+    """kill -9 of the lead's flow process (its supervisor): its work dies with it (parent-death signal),
+    Prefect's worker reports the run crashed, the member stops its work as the run leaves ``Running``
+    (its peer is gone: nothing is left waiting in a collective), and the run, queued again
+    (``retries``), starts both ranks from the lead's newest durable checkpoint in its second attempt."""
+    import os
+    import signal
+
+    from prefect.client.orchestration import get_client
+
+    out = tmp_path / "out" / "gang"
+    with queue(tmp_path, {"n1": 0, "n2": 0}) as q:
+        spec = gang_spec(tmp_path, out, 300, 0.1, retries=1)
+        q.scheduler()
+        q.worker("n1", 0)
+        q.worker("n2", 0)
+        run_id = q.submit(spec).split("flow run ")[1].split()[0]
+        found = {}
+
+        def member_working() -> bool:
+            for node in ("n1", "n2"):
+                if (tmp_path / f"scratch-{node}" / "gang" / "member" / "run" / "child.json").exists() and \
+                        any((out / "checkpoints").glob("step-*/COMMITTED")):
+                    found["member"] = node
+                    return True
+            return _failed(q)
+
+        wait_for(member_working, timeout=240, what="the member's work past a durable checkpoint")
+        lead_node = "n2" if found["member"] == "n1" else "n1"
+        lead_config = str(tmp_path / f"scratch-{lead_node}" / "gang" / "run" / "child.json")
+        member_config = str(tmp_path / f"scratch-{found['member']}" / "gang" / "member" / "run" / "child.json")
+        (work,) = [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(int(p), lead_config)]
+        (member_work,) = [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(int(p), member_config)]
+        flow = int(Path(f"/proc/{work}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        os.kill(flow, signal.SIGKILL)
+        wait_for(lambda: not _cmdline_has(member_work, member_config), timeout=60,
+                 what="the member's work of the first attempt stopped")
+        wait_for(lambda: final_manifest(out) is not None or _failed(q, crashed=False), timeout=300,
+                 what="the output of the second attempt")
+        manifest = final_manifest(out)
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(run_id)
+        lead = json.loads((out / "seen.json").read_text())
+        member_node = (run.parameters or {})["placement"]["e31_gang"][0][0]
+        member = json.loads((tmp_path / f"scratch-{member_node}" / "gang" / "member" / "output" / "seen.json")
+                            .read_text())
+    assert (manifest["status"], manifest["step"], run.run_count) == ("completed", 300, 2)
+    assert 10 <= manifest["resumed_from_step"] == lead["start"] == member["start"] < 300
+    assert (lead["done"], member["done"]) == (300, 300) and lead["weights"] == member["weights"]
+
+
 def test_a_member_nodes_worker_killed_ends_the_gang_which_resumes_on_other_nodes(prefect_api, tmp_path):
     """kill -9 of the member node's ``e31 worker``: the member and its work die with it (their parent-death
     signal), so no end of theirs is ever written and the lead's try is lost; the node is taken for lost
@@ -237,14 +283,7 @@ def test_a_member_nodes_worker_killed_ends_the_gang_which_resumes_on_other_nodes
 
     out = tmp_path / "out" / "gang"
     with queue(tmp_path, {"n1": 0, "n2": 0, "n3": 0}) as q:
-        (tmp_path / "gangwork.py").write_text(GANG_WORK)
-        spec = tmp_path / "gang.yaml"
-        spec.write_text(json.dumps({
-            "name": "gang", "work": {"kind": "training", "entrypoint": "gangwork:main",
-                                     "params": {"steps": 300, "step_s": 0.1}},
-            "request": {"nodes": 2, "cpus": 1, "limit": "5m", "retries": 2},
-            "output": {"kind": "model", "url": str(out), "files": ["seen.json", "model.pt"],
-                       "checkpoint": {"every_steps": 10}}}))
+        spec = gang_spec(tmp_path, out, 300, 0.1, retries=2)
         q.scheduler("--lease", "10")
         q.worker("n1", 0)
         q.worker("n2", 0)
@@ -306,16 +345,10 @@ def test_a_member_that_cannot_start_ends_the_gang_at_once_with_the_reason(prefec
 
     out = tmp_path / "out" / "gang"
     with queue(tmp_path, {"n1": 0, "n2": 0}) as q:
-        (tmp_path / "gangwork.py").write_text(GANG_WORK)
         for node in ("n1", "n2"):  # whichever node the member lands on; the lead's staging never uses it
             (tmp_path / f"scratch-{node}" / "gang").mkdir(parents=True)
             (tmp_path / f"scratch-{node}" / "gang" / "member").write_text("not a folder")
-        spec = tmp_path / "gang.yaml"
-        spec.write_text(json.dumps({
-            "name": "gang", "work": {"kind": "training", "entrypoint": "gangwork:main",
-                                     "params": {"steps": 20, "step_s": 0.05}},
-            "request": {"nodes": 2, "cpus": 1, "limit": "5m"},
-            "output": {"kind": "model", "url": str(out), "files": ["seen.json", "model.pt"]}}))
+        spec = gang_spec(tmp_path, out, 20, 0.05, every=None)
         q.scheduler()
         q.worker("n1", 0)
         q.worker("n2", 0)

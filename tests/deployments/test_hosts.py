@@ -209,19 +209,11 @@ def test_a_two_node_training_meets_across_hosts_stops_at_its_limit_and_resumes_e
     network at the address the lead reaches the server host from (gloo).  Its time limit stops both ranks
     at the step the lead checkpointed to the object store; submitted again, both ranks resume from that
     step and finish with one model."""
-    from tests.deployments.test_gang_live import GANG_WORK
-
-    (cluster.root / "gangwork.py").write_text(GANG_WORK)
+    from tests.deployments.test_gang_live import gang_spec
 
     def spec(limit: str) -> Path:
-        path = cluster.root / "gang-hosts.yaml"
-        path.write_text(json.dumps({
-            "name": "gang-hosts", "work": {"kind": "training", "entrypoint": "gangwork:main",
-                                           "params": {"steps": 600, "step_s": 0.1}},
-            "request": {"nodes": 2, "cpus": 2, "limit": limit, "grace": "5s"},
-            "output": {"kind": "model", "url": f"s3://{BUCKET}/{cluster.prefix}/out/gang-hosts/",
-                       "files": ["seen.json", "model.pt"], "checkpoint": {"every_steps": 10}}}))
-        return path
+        return gang_spec(cluster.root, f"s3://{BUCKET}/{cluster.prefix}/out/gang-hosts/", 600, 0.1,
+                         name="gang-hosts", cpus=2, limit=limit, grace="5s")
 
     def partial() -> dict | None:
         body = cluster.get(f"{cluster.prefix}/out/gang-hosts/partial/manifest.json")
@@ -322,3 +314,48 @@ def test_a_host_cut_off_past_the_lease_is_fenced_and_one_whole_output_comes_back
     manifest = cluster.manifest("fenced")
     assert {f["path"]: f["sha256"] for f in manifest["files"]} == {
         "result.json": hashlib.sha256(result_bytes).hexdigest()}
+
+
+def test_a_gang_members_host_cut_off_mid_run_is_queued_again_and_resumes_once_its_link_is_back(cluster, tmp_path):
+    """A 2-node training whose member's host is cut off mid-run (its switch port down): the lead's rank
+    waits in its collective for a peer that is silent; past the lease the member's node is taken for lost,
+    the run crashed and fenced there (the lead stops its work on reading it) and queued again behind the
+    fence.  Once the link is back, the stale member stops its work and writes nothing the job keeps, the
+    member's worker answers, and the run's next attempt resumes both ranks from the lead's newest durable
+    checkpoint and returns one whole output."""
+    from tests.deployments.test_gang_live import gang_spec
+
+    name = "gang-cut"
+    cluster.submit(gang_spec(cluster.root, f"s3://{BUCKET}/{cluster.prefix}/out/{name}/", 400, 0.1, name=name,
+                             cpus=2, limit="10m", retries=1))
+
+    def member_host() -> int | None:
+        for i in (1, 2):
+            if (cluster.root / f"host-{i}" / "scratch" / name / "member" / "run" / "child.json").exists():
+                return i
+        return None
+
+    def durable() -> bool:
+        listed = cluster.hosts.call(0, lambda: cluster.client().list_objects_v2(
+            Bucket=BUCKET, Prefix=f"{cluster.prefix}/out/{name}/checkpoints/"))
+        return any(o["Key"].endswith("/COMMITTED") for o in listed.get("Contents", []))
+
+    wait_for(lambda: member_host() is not None and durable(), 240, "the gang past a durable checkpoint", cluster)
+    cut = member_host()
+    cluster.hosts.cut(cut)
+    try:
+        wait_for(lambda: f"waiting for its attempt on node n{cut}, lost while it ran, to be confirmed ended"
+                 in cluster.queue(), LEASE_S + 120, "the gang queued again behind the member node's fence", cluster)
+    finally:
+        cluster.hosts.restore(cut)
+    wait_for(lambda: cluster.manifest(name), 300, "the gang's output after the link came back", cluster)
+    done = cluster.manifest(name)
+    lead = json.loads(cluster.get(f"{cluster.prefix}/out/{name}/seen.json"))
+    member_host_now = 3 - int(lead["node"][1:])
+    member = json.loads((cluster.root / f"host-{member_host_now}" / "scratch" / name / "member" / "output" /
+                         "seen.json").read_text())
+    assert (done["status"], done["step"]) == ("completed", 400)
+    assert 10 <= done["resumed_from_step"] == lead["start"] == member["start"] < 400
+    assert (lead["done"], member["done"]) == (400, 400) and lead["weights"] == member["weights"]
+    model = cluster.get(f"{cluster.prefix}/out/{name}/model.pt")
+    assert {f["path"]: f["sha256"] for f in done["files"]}["model.pt"] == hashlib.sha256(model).hexdigest()
