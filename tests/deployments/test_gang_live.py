@@ -181,18 +181,8 @@ def test_a_member_killed_mid_run_fails_the_try_and_the_retry_resumes_every_rank(
         q.worker("n1", 0)
         q.worker("n2", 0)
         q.submit(spec)
-        config = {}
 
-        def member_working() -> bool:  # the member's work has run past a durable checkpoint of the lead's
-            for node in ("n1", "n2"):
-                path = tmp_path / f"scratch-{node}" / "gang" / "member" / "run" / "child.json"
-                if path.exists() and any((out / "checkpoints").glob("step-*/COMMITTED")):
-                    config["node"] = node
-                    return True
-            return _failed(q)
-
-        wait_for(member_working, timeout=240, what="the member's work past a durable checkpoint")
-        member_node = config["node"]
+        member_node = _member_past_a_checkpoint(q, tmp_path, out)
         config_path = str(tmp_path / f"scratch-{member_node}" / "gang" / "member" / "run" / "child.json")
         victims = [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(int(p), "e31.tasks.work.child")
                    and _cmdline_has(int(p), config_path)]  # this test's member's work, whatever else runs
@@ -235,17 +225,8 @@ def test_the_leads_flow_process_killed_stops_the_member_and_the_run_resumes_ever
         q.worker("n1", 0)
         q.worker("n2", 0)
         run_id = q.submit(spec).split("flow run ")[1].split()[0]
-        found = {}
 
-        def member_working() -> bool:
-            for node in ("n1", "n2"):
-                if (tmp_path / f"scratch-{node}" / "gang" / "member" / "run" / "child.json").exists() and \
-                        any((out / "checkpoints").glob("step-*/COMMITTED")):
-                    found["member"] = node
-                    return True
-            return _failed(q)
-
-        wait_for(member_working, timeout=240, what="the member's work past a durable checkpoint")
+        found = {"member": _member_past_a_checkpoint(q, tmp_path, out)}
         lead_node = "n2" if found["member"] == "n1" else "n1"
         lead_config = str(tmp_path / f"scratch-{lead_node}" / "gang" / "run" / "child.json")
         member_config = str(tmp_path / f"scratch-{found['member']}" / "gang" / "member" / "run" / "child.json")
@@ -288,18 +269,8 @@ def test_a_member_nodes_worker_killed_ends_the_gang_which_resumes_on_other_nodes
         q.worker("n1", 0)
         q.worker("n2", 0)
         run_id = q.submit(spec).split("flow run ")[1].split()[0]
-        found = {}
 
-        def member_working() -> bool:
-            for node in ("n1", "n2"):
-                if (tmp_path / f"scratch-{node}" / "gang" / "member" / "run" / "child.json").exists() and \
-                        any((out / "checkpoints").glob("step-*/COMMITTED")):
-                    found["node"] = node
-                    return True
-            return _failed(q)
-
-        wait_for(member_working, timeout=240, what="the member's work past a durable checkpoint")
-        lost = found["node"]
+        lost = _member_past_a_checkpoint(q, tmp_path, out)
         config_path = str(tmp_path / f"scratch-{lost}" / "gang" / "member" / "run" / "child.json")
         work = [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(int(p), config_path)]
         assert len(work) == 1, work
@@ -366,6 +337,23 @@ def test_a_member_that_cannot_start_ends_the_gang_at_once_with_the_reason(prefec
     assert manifest["timings"]["run_s"] < 60  # not the work's own 120 s wait for its peer
     worker_log = (q.root / f"worker-{member_node}.log").read_text()
     assert f"cannot start its member on node {member_node}: [Errno 17] File exists" in worker_log
+
+
+def _member_past_a_checkpoint(q, root: Path, out: Path) -> str:
+    """Wait until the member's work runs (on n1 or n2) and a checkpoint of the lead's is durable at ``out``;
+    the member's node.  Fails at once when a run of the pool fails."""
+    found = {}
+
+    def working() -> bool:
+        for node in ("n1", "n2"):
+            if (root / f"scratch-{node}" / "gang" / "member" / "run" / "child.json").exists() and \
+                    any((out / "checkpoints").glob("step-*/COMMITTED")):
+                found["node"] = node
+                return True
+        return _failed(q)
+
+    wait_for(working, timeout=240, what="the member's work past a durable checkpoint")
+    return found["node"]
 
 
 def _cmdline_has(pid: int, text: str) -> bool:
