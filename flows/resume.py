@@ -26,8 +26,9 @@ from pathlib import Path
 from e31.flows.compile import JobPlan
 from e31.flows.joblock import JobBusyError, lock_job, unlock_job  # noqa: F401 (JobBusyError: re-exported)
 from e31.tasks import storage
-from e31.tasks.checkpoint import latest_durable
-from e31.tasks.work.local_checkpoints import MARKER, commit_pending, discard_torn, latest_valid, parse_step, step_dir_name
+from e31.tasks.checkpoint import holds_part, latest_durable
+from e31.tasks.work.local_checkpoints import (MARKER, commit_pending, committed, discard_torn, latest_valid, parse_step,
+                                              step_dir_name)
 from e31.tasks.deliver import existing_manifest
 from e31.tasks.manifest_model import Manifest, parse_manifest
 from e31.tasks.pending import keep_reserve
@@ -132,16 +133,27 @@ def resume_step(plan: JobPlan) -> int | None:
         _clear(plan.output_dir, plan.checkpoint_dir)
     hash_file.write_text(plan.work_sha256)
     local = latest_valid(plan.checkpoint_dir)
-    if local is not None:
+    newer = [c for c in committed(plan.checkpoint_dir) if local is None or c.step > local.step]
+    if local is not None and not newer:
         return local.step
+    # No whole local checkpoint, or a newer one that is not whole here (one rank's part of a sharded
+    # checkpoint, whose whole step may be at the checkpoint URL): the durable one, when newer.
     durable = latest_durable(plan.checkpoint_url)
     resumable = durable is not None and durable.work_sha256 == plan.work_sha256
-    if resumable and not _completed_by(existing_manifest(plan.output_url), durable):
+    if resumable and (local is None or durable.step > local.step) and \
+            not _completed_by(existing_manifest(plan.output_url), durable):
         target = plan.checkpoint_dir / step_dir_name(durable.step)
+        for ckpt in newer:
+            shutil.rmtree(ckpt.path, ignore_errors=True)
         storage.get(durable.url, target)
-        if latest_valid(plan.checkpoint_dir) is not None:
+        got = latest_valid(plan.checkpoint_dir)
+        if got is not None and got.step == durable.step:
             return durable.step
         shutil.rmtree(target, ignore_errors=True)
+    if local is not None:
+        for ckpt in newer:  # never whole: the work's next checkpoints follow the step it resumes from
+            shutil.rmtree(ckpt.path, ignore_errors=True)
+        return local.step
     _clear(plan.output_dir, plan.checkpoint_dir)
     return None
 
@@ -159,8 +171,8 @@ def _completed_by(top: dict | None, durable) -> bool:
 
 def remove_stale_checkpoints(plan: JobPlan) -> list[int]:
     """Remove the durable checkpoints an earlier run left at the checkpoint
-    URL (``step-<N>`` folders holding E31's ``COMMITTED`` marker; nothing
-    else), so a fresh run neither resumes from nor keeps them in place of
+    URL (``step-<N>`` folders holding E31's ``COMMITTED`` marker or a rank's
+    part of a sharded checkpoint; nothing else), so a fresh run neither resumes from nor keeps them in place of
     its own.  Called once a fresh run has staged its inputs and is about to
     start the work: a run that fails before that leaves them.  Returns the
     removed steps."""
@@ -168,7 +180,7 @@ def remove_stale_checkpoints(plan: JobPlan) -> list[int]:
     for name in storage.list_dirs(plan.checkpoint_url):
         step = parse_step(name)
         url = storage.join(plan.checkpoint_url, name)
-        if step is not None and storage.exists(storage.join(url, MARKER)):
+        if step is not None and (storage.exists(storage.join(url, MARKER)) or holds_part(url)):
             storage.remove(url)
             removed.append(step)
     return sorted(removed)

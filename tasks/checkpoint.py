@@ -2,12 +2,17 @@
 
 Uploads the files of ``step-<N>/`` with fsspec to ``<durable>/step-<N>/``
 (each published whole and verified: :func:`e31.tasks.storage.publish_file`),
-marker last, then keeps only the newest ``keep`` durable checkpoints.
+marker last, then keeps only the newest ``keep`` durable checkpoints.  One rank's
+part of a sharded checkpoint is published with its part note instead, and the
+lead writes the marker once every rank's part is there (:func:`seal`;
+:mod:`e31.tasks.work.sharded`).
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,29 +22,41 @@ from e31.specs import mask_url
 from e31.tasks import storage
 from e31.tasks.retrying import retry_unless
 from e31.tasks.storage.local import regular_files
-from e31.tasks.work.local_checkpoints import MARKER, PENDING, parse_step, step_dir_name, verify
+from e31.tasks.work.local_checkpoints import MARKER, PENDING, missing_shards, parse_step, step_dir_name, verify
+from e31.tasks.work.sharded import part_note_name
 from e31.tasks.work.state import CheckpointError
 from e31.tasks.storage.masked_errors import masks_failures
+
+
+_PART_NOTE = re.compile(r"^\.rank-\d+\.json$")
 
 
 @dataclass(frozen=True)
 class DurableCheckpoint:
     """A verified checkpoint on durable storage: its ``step``, ``url``,
     total size in ``bytes``, the ``work_sha256`` of the work that wrote it
-    and the flow run (``run_id``) that made it durable (None when unknown)."""
+    and the flow run (``run_id``) that made it durable (None when unknown).
+    ``whole`` False: one rank's part of a sharded checkpoint, published, whose
+    step is not whole yet (no marker: :func:`seal`)."""
 
     step: int
     url: str
     bytes: int
     work_sha256: str | None = None
     run_id: str | None = None
+    whole: bool = True
 
 
 def upload(local_dir: Path, durable_root: str, keep: int, work_sha256: str | None = None,
            run_id: str | None = None) -> DurableCheckpoint:
     """Upload one committed local checkpoint folder and prune old ones.
 
-    Returns the :class:`DurableCheckpoint`.  Raises
+    One rank's part of a sharded checkpoint (its marker names shards it
+    lacks) is published with its part note (``.rank-<rank>.json``: its files'
+    sizes and sha256, its try and every shard's name) in place of the marker;
+    rank 0 then tries to :func:`seal` the step.  Returns the
+    :class:`DurableCheckpoint` (``whole`` False for a part whose step is not
+    sealed yet).  Raises
     :class:`storage.VerifyError` when the read-back hash differs,
     :class:`CheckpointError` when a file may not leave the job (a link out
     of the folder, a hard link, a device), and ``ValueError`` when
@@ -63,25 +80,105 @@ def upload(local_dir: Path, durable_root: str, keep: int, work_sha256: str | Non
         if size != meta["bytes"]:
             raise storage.VerifyError(f"{mask_url(url)}: {size} bytes uploaded, the marker says {meta['bytes']}")
         total += size
+    if missing_shards(marker):
+        sharded = marker["sharded"]
+        note = {"step": step, "files": marker["files"], **sharded}
+        storage.write_bytes(storage.join(target, part_note_name(sharded["rank"])), json.dumps(note).encode())
+        if int(sharded["rank"]) == 0:
+            sealed = seal(durable_root, step, keep, work_sha256, run_id)
+            if sealed is not None:
+                return sealed
+        return DurableCheckpoint(step=step, url=target, bytes=total, work_sha256=work_sha256, run_id=run_id,
+                                 whole=False)
     marker = {**marker, "work_sha256": work_sha256, "run_id": run_id}  # a changed work never resumes from it
     storage.write_bytes(storage.join(target, MARKER), json.dumps(marker, indent=1, sort_keys=True).encode())
     prune(durable_root, keep)
     return DurableCheckpoint(step=step, url=target, bytes=total, work_sha256=work_sha256, run_id=run_id)
 
 
+def seal(durable_root: str, step: int, keep: int, work_sha256: str | None = None,
+         run_id: str | None = None) -> DurableCheckpoint | None:
+    """Write the marker of the sharded checkpoint of ``step`` at ``durable_root`` when it is whole: the
+    part notes of ranks ``0..world_size-1`` are all there, all of rank 0's try (``token``), and together
+    name every file DCP's metadata lists; the marker names each file's size and sha256 from its part note.
+    Then prunes to the newest ``keep``.  Returns the :class:`DurableCheckpoint`, or None while a part is
+    missing.  Called by the lead only (rank 0's process)."""
+    target = storage.join(durable_root, step_dir_name(step))
+    try:
+        lead = json.loads(storage.read_bytes(storage.join(target, part_note_name(0))))
+        parts = [lead] + [json.loads(storage.read_bytes(storage.join(target, part_note_name(rank))))
+                          for rank in range(1, int(lead["world_size"]))]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+    files: dict = {}
+    for part in parts:
+        if not isinstance(part, dict) or part.get("token") != lead.get("token") or part.get("step") != step:
+            return None  # a part of another try (a fenced member, an earlier attempt at the same step)
+        files.update(part.get("files") or {})
+    sharded = {k: lead.get(k) for k in ("world_size", "token", "shards")}
+    marker = {"step": step, "files": files, "sharded": sharded, "work_sha256": work_sha256, "run_id": run_id}
+    if missing_shards(marker):
+        return None
+    storage.write_bytes(storage.join(target, MARKER), json.dumps(marker, indent=1, sort_keys=True).encode())
+    prune(durable_root, keep)
+    return DurableCheckpoint(step=step, url=target, bytes=sum(int(m["bytes"]) for m in files.values()),
+                             work_sha256=work_sha256, run_id=run_id)
+
+
 def prune(durable_root: str, keep: int) -> list[int]:
     """Delete the committed durable ``step-<N>`` folders (``COMMITTED``
-    marker present) older than the newest ``keep``; returns the deleted
-    steps.  Folders without the marker are never E31's whole checkpoints
-    and are left alone."""
+    marker present) older than the newest ``keep``, and the folders of
+    sharded steps never sealed (rank 0's part note, no marker) older than
+    the newest committed one; returns the deleted steps.  Other folders
+    without the marker are never E31's checkpoints and are left alone."""
     steps = sorted(s for s in (parse_step(n) for n in storage.list_dirs(durable_root)) if s is not None)
     committed = [s for s in steps if storage.exists(storage.join(durable_root, step_dir_name(s), MARKER))]
-    if len(committed) <= keep:
-        return []
-    doomed = committed[:-keep]
-    for s in doomed:
+    doomed = committed[:-keep] if len(committed) > keep else []
+    if committed:
+        doomed += [s for s in steps if s < committed[-1] and s not in committed
+                   and holds_part(storage.join(durable_root, step_dir_name(s)))]
+    for s in sorted(doomed):
         storage.remove(storage.join(durable_root, step_dir_name(s)))
-    return doomed
+    return sorted(doomed)
+
+
+def fetch_sharded(local_root: Path, durable_root: str, work_sha256: str | None) -> int | None:
+    """Before a try of a gang's work: when the newest checkpoint under ``local_root`` is this rank's part
+    of a sharded checkpoint (never whole on one node), fetch the newest whole checkpoint of the same work
+    from ``durable_root`` if it is newer than the newest whole one here, and drop the newer parts (the
+    work's next checkpoints follow the step it resumes from).  Returns the step fetched, or None (nothing
+    to do, or nothing newer at ``durable_root``).  Raises what the store raises."""
+    import shutil
+
+    from e31.tasks.work.local_checkpoints import committed, latest_valid
+
+    local = latest_valid(local_root)
+    newer = [c for c in committed(local_root) if local is None or c.step > local.step]
+    if not newer:
+        return None
+    durable = latest_durable(durable_root)
+    for ckpt in newer:
+        shutil.rmtree(ckpt.path, ignore_errors=True)
+    if durable is None or durable.work_sha256 != work_sha256 or (local is not None and durable.step <= local.step):
+        return None
+    target = Path(local_root) / step_dir_name(durable.step)
+    storage.get(durable.url, target)
+    got = latest_valid(local_root)
+    if got is not None and got.step == durable.step:
+        return durable.step
+    shutil.rmtree(target, ignore_errors=True)  # not whole after all (changed while fetched): not a checkpoint
+    return None
+
+
+def holds_part(step_url: str) -> bool:
+    """Whether the step folder at ``step_url`` holds a rank's part note (:mod:`e31.tasks.work.sharded`):
+    a sharded checkpoint of E31's, whole or not."""
+    fs, path = storage.filesystem(step_url)
+    try:
+        names = [posixpath.basename(str(n).rstrip("/")) for n in fs.ls(path, detail=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return any(_PART_NOTE.match(name) for name in names)
 
 
 def latest_durable(durable_root: str) -> DurableCheckpoint | None:

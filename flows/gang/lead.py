@@ -60,7 +60,7 @@ def lead_rendezvous(record: PlacementRecord, run_id: str, attempt: int, stop_at:
             publish(client, run_id, Published(current, token, addr, port, resume, stop_at, grace_s))
         _CURRENT[run_id] = token
         return replace(child, master_addr=addr, master_port=port, node_rank=0, nnodes=nodes,
-                       interface=interface_of(addr))
+                       interface=interface_of(addr), try_token=token)
 
     return hook
 

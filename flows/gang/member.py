@@ -10,7 +10,9 @@ with this node in its gang.  In order:
 3. wait for the rendezvous of the run's current attempt (:mod:`e31.flows.gang.rendezvous`), and fetch the
    durable checkpoint the lead resumes from (waiting up to :data:`CHECKPOINT_WAIT_S` for it to land), so
    ``ctx.restore()`` gives every rank the same step;
-4. run the work as rank ``RANK`` (a Python entrypoint or a command, as on the lead), and stop it with
+4. run the work as rank ``RANK`` (a Python entrypoint or a command, as on the lead), uploading this rank's
+   part of each sharded checkpoint it saves (:mod:`e31.tasks.work.sharded`; the lead writes the marker once
+   every part is there, and the member publishes its last part before it says its work ended), and stop it with
    SIGTERM, then SIGKILL ``grace`` later: when the lead says its own work was warned (within
    :data:`WATCH_S`), when the run leaves ``Running`` (the lead returned, the run was cancelled or
    preempted, its node was lost) or another attempt publishes its rendezvous, and at the latest
@@ -177,16 +179,18 @@ def _child_config(spec: Any, plan: Any, root: Path, staged: dict[str, str], code
         devices=placed_devices(plan.gpus), code_dirs=[code_dir] if code_dir else [],
         checkpoint_every_s=plan.checkpoint_every_s, checkpoint_every_steps=plan.checkpoint_every_steps,
         supervised=False, master_addr=pub.addr, master_port=pub.port, node_rank=rank, nnodes=plan.nodes,
-        interface=interface_of(own_address(PREFECT_API_URL.value())))
+        interface=interface_of(own_address(PREFECT_API_URL.value())), try_token=pub.token)
 
 
-def _supervise(client: Any, run_id: str, proc: Any, pub: Published, say: _Say) -> int:
-    """Watch the work's process until it ends; warn it (SIGTERM) and kill it (SIGKILL, ``grace`` later) when
-    the run stops.  Returns its exit status (negative: the signal that ended it)."""
+def _supervise(client: Any, run_id: str, proc: Any, pub: Published, say: _Say, parts: Any) -> int:
+    """Watch the work's process until it ends, uploading its sharded checkpoints' parts (``parts``, an
+    :class:`~e31.tasks.supervisor.uploader.Uploader`); warn it (SIGTERM) and kill it (SIGKILL, ``grace``
+    later) when the run stops.  Returns its exit status (negative: the signal that ended it)."""
     warned_at: float | None = None
     why = ""
     next_read = 0.0
     while proc.poll() is None:
+        parts.poll()
         now = time.time()
         if warned_at is None:
             if _TOLD:
@@ -234,6 +238,7 @@ def run_member(run_id: str, node: str, after: str | None = None) -> int:
     from e31.tasks.placement_record import record_of
     from e31.tasks.stage import StageError
     from e31.tasks.storage.options import register_destination, register_inputs
+    from e31.tasks.supervisor.uploader import Uploader
     from e31.tasks.supervisor.warm import child_environment, spawn
 
     with get_client(sync_client=True) as client:
@@ -279,8 +284,13 @@ def run_member(run_id: str, node: str, after: str | None = None) -> int:
         cwd = cfg.code_dirs[0] if cfg.command and cfg.code_dirs else cfg.output_dir
         proc = spawn(command, cwd, child_environment(cfg, uuid.uuid4().hex), root / "run")
         say(f"work started as rank {rank} of {plan.nodes}, meeting at {pub.addr}:{pub.port} (attempt {pub.attempt})")
-        code = _supervise(client, run_id, proc, pub, say)
+        parts = Uploader(root / "checkpoints", plan.checkpoint_url, plan.checkpoint_keep, api_alive=lambda: False,
+                         seals=False)
+        code = _supervise(client, run_id, proc, pub, say, parts)
         say(f"work ended with exit status {code}", 20 if code == 0 else 40)
+        parts.finish(inline=True)  # its last part is at the checkpoint URL before the lead hears of its end
+        for problem in parts.failures:
+            say(f"checkpoint: {problem}", 30)
         try:
             report_member(client, run_id, rank, pub, code)
         except Exception:  # the lead learns of a dead peer from its own collectives too

@@ -35,6 +35,7 @@ from e31.tasks.storage.local import disk_full, human_size
 from e31.tasks.supervisor.output import OutputForwarder, tail_lines
 from e31.tasks.supervisor.process import SIGNALLED, WorkTree, defer_signals_after_work, set_subreaper
 from e31.tasks.supervisor.progress import ProgressReporter
+from e31.tasks.checkpoint import fetch_sharded
 from e31.tasks.supervisor.uploader import Uploader
 from e31.tasks.supervisor.warm import child_environment, go, import_torch_here, kill, spawn, take
 from e31.tasks.supervisor.watch import RunWatch  # noqa: F401 (named here by the run task's callers)
@@ -168,6 +169,11 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
             import_torch_here()  # (to convert the work's handed-over checkpoints)
         token = warm.token if warm is not None else uuid.uuid4().hex  # marks every process of this run
         if settings.rendezvous is not None:  # a gang: each try of the work meets its peers anew
+            try:  # the newest whole sharded checkpoint is at the checkpoint URL, not here
+                fetch_sharded(Path(settings.child.checkpoint_dir), settings.checkpoint_url, settings.work_sha256)
+            except Exception as exc:
+                get_run_logger().warning("e31: the newest sharded checkpoint could not be fetched (%s); the work "
+                                         "resumes from the newest whole one here", scrub(str(exc)))
             latest = latest_valid(Path(settings.child.checkpoint_dir))
             settings.child = settings.rendezvous(settings.child, latest.step if latest is not None else None)
             settings.child.write(config_path)

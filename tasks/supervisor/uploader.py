@@ -15,6 +15,12 @@ again.  A checkpoint task that fails may have failed on the API (creating
 its task run, taking its concurrency slots, setting its state) rather than
 on the store, so its step is uploaded once more in this process; only a
 failure of that upload is a failure of the job's checkpoints.
+
+A sharded checkpoint (:mod:`e31.tasks.work.sharded`) is uploaded as this
+rank's part; on the lead the step becomes durable only once every rank's part
+has landed, which :meth:`Uploader.poll` checks every :data:`SEAL_EVERY_S` (in a
+thread: the store is never read in the supervisor's loop) and
+:meth:`Uploader.finish` waits for at most :data:`SEAL_WAIT_S`.
 """
 
 from __future__ import annotations
@@ -25,8 +31,13 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable
 
-from e31.tasks.checkpoint import DurableCheckpoint, checkpoint_task, latest_durable, upload
+from e31.tasks.checkpoint import DurableCheckpoint, checkpoint_task, latest_durable, seal, upload
 from e31.tasks.work.local_checkpoints import commit_pending, committed
+
+#: Seconds between the lead's checks that every rank's part of its newest sharded checkpoint has landed.
+SEAL_EVERY_S = 1.0
+#: Seconds the lead waits at the run's end for the other ranks' parts of its last sharded checkpoint.
+SEAL_WAIT_S = 60.0
 
 
 def _inner(future: Any) -> Future:
@@ -39,12 +50,19 @@ class Uploader:
     ``keep`` of them on both sides.  ``api_alive``: whether the Prefect API
     answers now (never blocks); without it the API is taken to answer.
     ``on_durable()``: called (it must not block) as each checkpoint becomes
-    durable."""
+    durable.  ``seals``: this is the lead (rank 0), which writes the marker of
+    a sharded checkpoint once every rank's part is there; another rank's
+    uploader (a gang's member) only publishes its parts."""
 
     def __init__(self, local_root: Path, durable_root: str, keep: int, work_sha256: str | None = None,
                  run_id: str | None = None, api_alive: Callable[[], bool] = lambda: True,
-                 on_durable: Callable[[], None] | None = None):
+                 on_durable: Callable[[], None] | None = None, seals: bool = True):
         self.root, self.durable_root, self.keep = Path(local_root), durable_root, keep
+        self.seals = seals
+        self.unsealed: int | None = None  # the newest step whose part is published and not yet whole
+        self._seal_future: Future | None = None
+        self._next_seal = 0.0
+        self._sealer: ThreadPoolExecutor | None = None
         self.on_durable = on_durable  # told as each checkpoint becomes durable (never blocks)
         self.durable_at: float | None = None  # when the newest checkpoint became durable (Unix seconds)
         self.work_sha256, self.run_id = work_sha256, run_id
@@ -61,8 +79,10 @@ class Uploader:
 
     def poll(self) -> None:
         """Commit what the work wrote, collect a finished upload and start the
-        next one (as a task; in a plain thread while the API is down)."""
+        next one (as a task; in a plain thread while the API is down); on the
+        lead, check whether its newest sharded checkpoint is whole."""
         self._commit()
+        self._seal_poll()
         if self._future is not None:
             if not _inner(self._future).done():  # local: never waits on the Prefect API
                 if self._future_is_task and not self.api_alive():
@@ -137,12 +157,69 @@ class Uploader:
             wait([inner], timeout=0.5)
         self._collect()
 
+    def _seal_poll(self) -> None:
+        """Collect a finished check of the newest unsealed step; start the next one when due."""
+        if self._seal_future is not None:
+            if not self._seal_future.done():
+                return
+            future, self._seal_future = self._seal_future, None
+            try:
+                sealed = future.result()
+            except Exception as exc:  # the store away for a moment: checked again
+                sealed = None
+                self.notes.append(f"checking the parts of step {self.unsealed}: {type(exc).__name__}")
+            if sealed is not None:
+                self._record(sealed)
+        if self.unsealed is None or time.monotonic() < self._next_seal:
+            return
+        self._next_seal = time.monotonic() + SEAL_EVERY_S
+        self._sealer = self._sealer or ThreadPoolExecutor(1, thread_name_prefix="e31-seal")
+        self._seal_future = self._sealer.submit(seal, self.durable_root, self.unsealed, self.keep,
+                                                self.work_sha256, self.run_id)
+
+    def _seal_wait(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s`` seconds) for the newest unsealed step to become whole; said in
+        :attr:`failures` when it does not (the run resumes from the newest whole checkpoint)."""
+        deadline = time.monotonic() + timeout_s
+        if self._seal_future is not None:
+            wait([self._seal_future], timeout=timeout_s)
+            self._next_seal = 0.0
+            self._seal_poll()
+        while self.unsealed is not None:
+            step = self.unsealed
+            try:
+                sealed = seal(self.durable_root, step, self.keep, self.work_sha256, self.run_id)
+            except Exception:
+                sealed = None
+            if sealed is not None:
+                self._record(sealed)
+                return
+            if time.monotonic() > deadline:
+                self.failures.append(f"sharded checkpoint of step {step}: not every rank's part reached the "
+                                     f"checkpoint URL within {timeout_s:g} s; it does not count (the newest "
+                                     "whole one does)")
+                self.unsealed = None
+                return
+            time.sleep(0.5)
+
     def _record(self, done: DurableCheckpoint) -> None:
+        if not done.whole:  # one rank's part, published
+            if self.seals:
+                self.unsealed = max(done.step, self.unsealed or 0)
+                self._next_seal = 0.0
+            else:
+                self._prune_local(done.step)
+            return
+        if self.unsealed is not None and self.unsealed <= done.step:
+            self.unsealed = None
         self.done.append(done)
         self.durable_at = time.time()
         if self.on_durable is not None:
             self.on_durable()
-        local = [c for c in committed(self.root) if c.step <= done.step]
+        self._prune_local(done.step)
+
+    def _prune_local(self, step: int) -> None:
+        local = [c for c in committed(self.root) if c.step <= step]
         for ckpt in local[: max(0, len(local) - self.keep)]:
             shutil.rmtree(ckpt.path, ignore_errors=True)
 
@@ -172,8 +249,11 @@ class Uploader:
                 self._record(upload(ckpt.path, self.durable_root, self.keep, self.work_sha256, self.run_id))
             except Exception as exc:
                 self.failures.append(str(exc))
-        if self._threads is not None:
-            self._threads.shutdown(wait=False)
+        if self.unsealed is not None:
+            self._seal_wait(min(timeout_s, SEAL_WAIT_S))
+        for pool in (self._threads, self._sealer):
+            if pool is not None:
+                pool.shutdown(wait=False)
         if self.done:
             return self.done[-1]
         try:

@@ -30,7 +30,8 @@ class ChildConfig:
     ``supervised``: a supervisor process commits the work's checkpoints.
     ``master_addr``, ``master_port``, ``node_rank``, ``nnodes``, ``interface``: where the run's ranks meet
     (:class:`e31.tasks.work.rendezvous.Rendezvous`); ``master_port`` 0: a free port is taken when
-    the child's environment is made.
+    the child's environment is made.  ``try_token``: the try of a job of several nodes this work is
+    (the lead's rendezvous token), written into its sharded checkpoints.
     """
 
     entrypoint: str | None
@@ -53,6 +54,7 @@ class ChildConfig:
     node_rank: int = 0
     nnodes: int = 1
     interface: str | None = None
+    try_token: str | None = None
 
     def rendezvous(self) -> Rendezvous:
         """Where this run's ranks meet; a free port on ``master_addr`` when none was chosen
@@ -216,6 +218,41 @@ class WorkContext:
         self._last_checkpoint_step = int(step)
         if wait:
             self.flush()
+
+    def checkpoint_sharded(self, state: dict[str, Any], step: int, wait: bool = False) -> None:
+        """Save this rank's part of the checkpoint of ``step`` with ``torch.distributed.checkpoint``
+        (``state``: a ``state_dict`` of tensors -- ``DTensor`` and FSDP's sharded ones included -- and
+        plain values) and go on working.  A collective: every rank calls it with the same ``step``, after
+        ``torch.distributed.init_process_group``.  Each rank's process makes its part durable at the
+        checkpoint URL; the checkpoint counts once every rank's part has landed there
+        (:mod:`e31.tasks.work.sharded`).  ``wait=True`` returns once this rank's part is committed on
+        its node.  Raises ``CheckpointError`` naming what DCP could not save."""
+        from e31.tasks.work import sharded
+
+        folder = sharded.save(self._checkpoint_dir, state, int(step), self.rank, self.world_size,
+                              self._cfg.try_token)
+        if not self._cfg.supervised:
+            checkpoints.commit(folder)
+        self._last_folder = folder
+        self._last_checkpoint_time = time.monotonic()
+        self._last_checkpoint_step = int(step)
+        if wait:
+            self.flush()
+
+    def restore_sharded(self, state: dict[str, Any]) -> int | None:
+        """Load the newest whole checkpoint saved with :meth:`checkpoint_sharded` into ``state`` in place
+        (each tensor its own slice: ``torch.distributed.checkpoint.load``, a collective) and return its
+        step; None on a fresh start (``state`` untouched).  Every rank gets the same step.  Raises
+        ``CheckpointError`` when the newest checkpoint was saved with :meth:`checkpoint`."""
+        from e31.tasks.work import sharded
+
+        self.flush()
+        latest = checkpoints.latest_valid(self._checkpoint_dir)
+        if latest is None:
+            return None
+        sharded.load(latest.path, state)
+        self._last_checkpoint_step = latest.step
+        return latest.step
 
     def flush(self, timeout_s: float = 60.0) -> None:
         """Wait (at most ``timeout_s`` seconds) until the last checkpoint is

@@ -78,11 +78,15 @@ def describe_files(folder: Path) -> dict[str, dict[str, Any]]:
     return {rel: {"bytes": path.stat().st_size, "sha256": sha256_file(path)} for path, rel in files}
 
 
-def write_marker(folder: Path, step: int, files: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def write_marker(folder: Path, step: int, files: dict[str, dict[str, Any]] | None = None,
+                 sharded: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the ``COMMITTED`` marker of ``folder`` atomically, with ``files``
-    (``{name: {"bytes", "sha256"}}``; hashed from disk when None); returns
-    the marker's content."""
-    marker = {"step": int(step), "files": files if files is not None else describe_files(folder)}
+    (``{name: {"bytes", "sha256"}}``; hashed from disk when None) and, for one
+    rank's part of a sharded checkpoint, ``sharded`` (see :func:`missing_shards`);
+    returns the marker's content."""
+    marker: dict[str, Any] = {"step": int(step), "files": files if files is not None else describe_files(folder)}
+    if sharded:
+        marker["sharded"] = sharded
     tmp = folder / f".{MARKER}.{uuid.uuid4().hex[:8]}"
     tmp.write_text(json.dumps(marker, indent=1, sort_keys=True))
     fsync_path(tmp)
@@ -222,7 +226,7 @@ def commit(folder: Path) -> dict[str, Any] | None:
         files[name] = {"bytes": meta["bytes"], "sha256": sha256_file(path)}
     fsync_path(folder)
     fsync_path(folder.parent)
-    return write_marker(folder, pending["step"], files)
+    return write_marker(folder, pending["step"], files, pending.get("sharded"))
 
 
 def commit_pending(root: Path, newest_only: bool = False, problems: list[str] | None = None) -> list[int]:
@@ -343,10 +347,25 @@ def committed(root: Path) -> list[LocalCheckpoint]:
     return sorted(found, key=lambda c: c.step)
 
 
+def missing_shards(marker: dict[str, Any]) -> list[str]:
+    """The files of a sharded checkpoint that its folder lacks, from its marker (``[]`` for a checkpoint
+    that is not sharded).  The marker of a sharded checkpoint (:mod:`e31.tasks.work.sharded`) holds
+    ``"sharded": {"rank", "world_size", "token", "shards"}``, ``shards`` naming every file of the whole
+    checkpoint (each rank's ``__<rank>_<n>.distcp`` and ``.metadata``); one rank's folder holds only its own
+    part until the whole step is fetched from the checkpoint URL."""
+    sharded = marker.get("sharded") if isinstance(marker, dict) else None
+    if not isinstance(sharded, dict):
+        return []
+    files = marker.get("files") or {}
+    return [name for name in sharded.get("shards") or [] if name not in files]
+
+
 def latest_valid(root: Path) -> LocalCheckpoint | None:
-    """The newest checkpoint under ``root`` whose files verify, or None.
-    Torn or tampered checkpoints are skipped in favour of older ones."""
+    """The newest whole checkpoint under ``root`` whose files verify, or None.
+    Torn or tampered checkpoints, and one rank's part of a sharded checkpoint
+    (:func:`missing_shards`), are skipped in favour of older ones."""
     for ckpt in reversed(committed(root)):
-        if verify(ckpt.path) is not None:
+        marker = verify(ckpt.path)
+        if marker is not None and not missing_shards(marker):
             return ckpt
     return None
