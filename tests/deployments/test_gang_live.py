@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 from tests.conftest import final_manifest
+from tests.procs import stop_group
 from tests.deployments.test_queue import queue, wait_for
 
 #: Data-parallel training of a linear model: each rank's batch differs, gradients are averaged with
@@ -377,3 +378,115 @@ def _failed(q, crashed: bool = True) -> bool:
             flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
                 any_=[StateType.FAILED, *([StateType.CRASHED] if crashed else [])]))),
             work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[q.name]))))
+
+
+#: A model sharded by rows across the ranks (a ``DTensor``, as FSDP keeps one), trained by an elementwise
+#: update so its values after N steps are known exactly (:func:`_sharded_reference`), saved with
+#: ``ctx.checkpoint_sharded`` every ``every`` steps on every rank.  The stop is agreed first (an all_reduce),
+#: so every rank takes the same checkpoint, a collective.
+SHARDED_WORK = textwrap.dedent("""
+    import hashlib, json, os, time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    def main(ctx):
+        dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+        mesh = init_device_mesh("cpu", (ctx.world_size,))
+        state = {"w": distribute_tensor(torch.zeros(6, 3), mesh, [Shard(0)]), "step": 0}
+        start = ctx.restore_sharded(state) or 0
+        w, done = state["w"], start
+        for step in range(start, ctx.params["steps"]):
+            w = w * 0.99 + (step + 1) * 0.01
+            done = step + 1
+            time.sleep(ctx.params["step_s"])
+            stop = torch.tensor([1 if ctx.should_stop else 0])
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if stop.item() or done % ctx.params["every"] == 0:
+                ctx.checkpoint_sharded({"w": w, "step": done}, step=done)
+            if stop.item():
+                break
+        full = w.full_tensor()
+        seen = {"rank": ctx.rank, "node": os.environ["E31_NODE"], "start": start, "done": done,
+                "local": w.to_local().tolist()}
+        (ctx.output_dir / "seen.json").write_text(json.dumps(seen, sort_keys=True))
+        if ctx.is_lead:
+            torch.save(full, ctx.output_dir / "model.pt")
+        dist.destroy_process_group()
+""")
+
+
+def _sharded_reference(steps: int):
+    import torch
+
+    w = torch.zeros(6, 3)
+    for step in range(steps):
+        w = w * 0.99 + (step + 1) * 0.01
+    return w
+
+
+def test_a_sharded_checkpoint_of_two_nodes_resumes_exactly_on_two_other_nodes(prefect_api, tmp_path):
+    """Both ranks save their shard of each checkpoint (``torch.distributed.checkpoint``) on their own node;
+    the step at the checkpoint URL counts once both parts and the lead's marker are there.  The run is
+    stopped by its time limit on n1+n2; resubmitted once those two nodes are gone, it is placed on n3+n4,
+    whose scratches never held the job: each rank fetches the whole step and loads its own rows, and the
+    output equals an uninterrupted run's to the bit."""
+    import torch
+
+    from e31.tasks.work.local_checkpoints import MARKER
+
+    out = tmp_path / "out" / "sharded"
+    (tmp_path / "shardwork.py").write_text(SHARDED_WORK)
+
+    def spec(limit: str) -> Path:
+        path = tmp_path / "sharded.yaml"
+        path.write_text(json.dumps({
+            "name": "sharded", "work": {"kind": "training", "entrypoint": "shardwork:main",
+                                        "params": {"steps": 400, "step_s": 0.1, "every": 10}},
+            "request": {"nodes": 2, "cpus": 1, "limit": limit, "grace": "10s"},
+            "output": {"kind": "model", "url": str(out), "files": ["seen.json", "model.pt"],
+                       "checkpoint": {"every_steps": 10}}}))
+        return path
+
+    with queue(tmp_path, {"n1": 0, "n2": 0, "n3": 0, "n4": 0}) as q:
+        q.scheduler("--lease", "10")
+        q.worker("n1", 0)
+        q.worker("n2", 0)
+        q.submit(spec("30s"))
+        wait_for(lambda: final_manifest(out / "partial") is not None or _failed(q), timeout=300,
+                 what="the partial output")
+        partial = final_manifest(out / "partial")
+        stopped = partial["step"]
+        marker = json.loads((out / "checkpoints" / f"step-{stopped}" / MARKER).read_text())
+        for node in ("n1", "n2"):  # those machines go away
+            stop_group(q.procs.pop(f"worker-{node}"), timeout=20)
+        wait_for(lambda: _queue_says(q, "n1", "lost:") and _queue_says(q, "n2", "lost:"), timeout=120,
+                 what="n1 and n2 taken for lost")
+        q.worker("n3", 0)
+        q.worker("n4", 0)
+        q.submit(spec("5m"))
+        wait_for(lambda: final_manifest(out) is not None or _failed(q), timeout=300, what="the resumed output")
+        done = final_manifest(out)
+        lead = json.loads((out / "seen.json").read_text())
+        member_node = "n4" if lead["node"] == "n3" else "n3"
+        member = json.loads((tmp_path / f"scratch-{member_node}" / "sharded" / "member" / "output" / "seen.json")
+                            .read_text())
+    assert (partial["status"], partial["reason"]) == ("partial", "time_limit") and 0 < stopped < 400
+    assert sorted(marker["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert marker["sharded"]["world_size"] == 2
+    assert (done["status"], done["step"], done["resumed_from_step"]) == ("completed", 400, stopped)
+    assert lead["node"] in ("n3", "n4") and (lead["start"], member["start"]) == (stopped, stopped)
+    expected = _sharded_reference(400)
+    assert torch.equal(torch.load(out / "model.pt"), expected)  # to the bit, as if never stopped
+    assert (lead["local"], member["local"]) == (expected[:3].tolist(), expected[3:].tolist())
+
+
+def _queue_says(q, node: str, words: str) -> bool:
+    """Whether ``e31 queue``'s row of ``node`` holds ``words``."""
+    import subprocess
+
+    done = subprocess.run([q.exe, "queue", "--pool", str(q.pool)], capture_output=True, text=True, cwd=q.root)
+    return any(line.split()[:1] == [node] and words in line for line in done.stdout.splitlines())
