@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from e31.flows.placement.text import where
+
 
 def submitted_line(snap: Any, placements: list[Any], key: str) -> str | None:
     """What ``e31 submit`` says of the run ``key`` it just queued, from a
@@ -39,6 +41,9 @@ def _gpus(devices: Any) -> str:
 def describe(p: Any) -> str:
     """One placement in words: ``start now on NODE, GPUs 0,1``, ``refused: ...`` or its waiting reason."""
     if p.action == "start":
+        if getattr(p, "gang", ()):
+            nodes, devices = where(p.node, p.devices, p.gang)
+            return f"start now on {nodes}" + (f", GPUs {devices}" if p.devices else "")
         return f"start now on {p.node}{_gpus(p.devices)}"
     if p.action == "refuse":
         return f"refused: {p.reason}"
@@ -103,7 +108,7 @@ def job_rows(snap: Any, placements: list[Any], staging: dict[str, str] | None = 
         if r.id not in snap.runs:  # a node held for want of a live worker
             continue
         run = snap.runs[r.id]
-        rows.append((snap.specs[r.id].name, r.id[:8], run.state.name, r.node, ",".join(map(str, r.devices)) or "-",
+        rows.append((snap.specs[r.id].name, r.id[:8], run.state.name, *where(r.node, r.devices, getattr(r, "gang", ())),
                      _hhmm(r.start), holding(run.state, getattr(run, "labels", None)) + silent_note(snap, r.node, snap.now)))
         for key, ahead in snap.behind.items():  # handed over behind it: flow process started, work not yet
             run, follower = snap.runs[key], placement_of(snap.runs[key])
@@ -120,8 +125,8 @@ def job_rows(snap: Any, placements: list[Any], staging: dict[str, str] | None = 
     for p in placements:
         reason = humane(p.reason, snap) + (f"; {staging[p.job]}" if p.job in staging else "") + \
             (silent_note(snap, p.node, snap.now) if p.action == "start" else "")
-        rows.append((snap.specs[p.job].name, p.job[:8], "Queued", p.node or "-",
-                     ",".join(map(str, p.devices)) or "-", _hhmm(p.start), reason))
+        rows.append((snap.specs[p.job].name, p.job[:8], "Queued", *where(p.node, p.devices, p.gang),
+                     _hhmm(p.start), reason))
     for key, why in sorted(snap.blocked.items(), key=lambda kv: snap.runs[kv[0]].created or 0):  # a job's later runs
         rows.append((snap.specs[key].name, key[:8], "Queued", "-", "-", "-", humane(why, snap)))
     for key in snap.requeue:  # crashed, with retries left: queued again at the scheduler's next tick
@@ -246,6 +251,8 @@ def _holdings(snap: Any, node: str) -> list[tuple[str, tuple[int, ...], int, int
     from e31.flows.queue import CPUS_VAR, DEVICES_VAR, NODE_VAR, placement_of
 
     held = [(r.id, tuple(r.devices), r.cpus, r.memory) for r in snap.running if r.node == node and r.id in snap.runs]
+    held += [(r.id, tuple(devices), r.cpus, r.memory) for r in snap.running if r.id in snap.runs  # a gang's members
+             for member, devices in getattr(r, "gang", ()) if member == node]
     for key in getattr(snap, "lost", ()):
         run, spec = snap.runs.get(key), getattr(snap, "specs", {}).get(key)
         placed = placement_of(run) if run is not None else {}

@@ -22,7 +22,8 @@ with this node in its gang.  In order:
    with it.
 
 What it says goes to its standard output (the worker keeps it in ``member/run/member.log``) and to the
-flow run's log, where the API answers.  Exit statuses: the work's own; 2 for a run this node is not a
+flow run's log, where the API answers; its work's output (``member/run/stdout.log`` and ``stderr.log``) goes
+to the flow run's log too, each line as ``rank N: ...``.  Exit statuses: the work's own; 2 for a run this node is not a
 member of, a spec that is not valid or an input that cannot be staged; 3 when the run ended before this
 member's work started.
 """
@@ -81,6 +82,46 @@ class _Say:
                                                timestamp=datetime.now(timezone.utc), flow_run_id=self.run_id)])
         except Exception:  # the log on the run is a courtesy; the member's own log has the line
             pass
+
+
+class _WorkLines:
+    """The member's work output (``stdout.log``/``stderr.log`` in ``run_dir``), forwarded to the flow run's
+    log as ``rank N: line`` (``rank N [stderr]: line``), rate-limited and masked as the lead's
+    (:class:`e31.tasks.supervisor.output.OutputForwarder`), one request per :data:`WATCH_S` at most."""
+
+    def __init__(self, client: Any, run_id: str, rank: int, run_dir: Path) -> None:
+        from e31.tasks.storage import scrub
+        from e31.tasks.supervisor.output import OutputForwarder
+
+        self.client, self.run_id, self.rank = client, run_id, rank
+        self.pending: list[Any] = []
+        self.forwarder = OutputForwarder(run_dir, emit=self._take, mask=scrub)
+        self.next = 0.0
+
+    def _take(self, stream: str, line: str) -> None:
+        from datetime import datetime, timezone
+
+        from prefect.client.schemas.actions import LogCreate
+
+        where = f"rank {self.rank}" + (" [stderr]" if stream == "stderr" else "")
+        self.pending.append(LogCreate(name="e31.member", level=20, message=f"{where}: {line}",
+                                      timestamp=datetime.now(timezone.utc), flow_run_id=self.run_id))
+
+    def poll(self, final: bool = False) -> None:
+        """Forward what is new (all of it with ``final``, once the work has ended); never raises."""
+        if not final and time.monotonic() < self.next:
+            return
+        self.next = time.monotonic() + WATCH_S
+        if final:
+            self.forwarder.finish()
+        else:
+            self.forwarder.poll()
+        batch, self.pending = self.pending, []
+        if batch:
+            try:
+                self.client.create_logs(batch)
+            except Exception:  # the log on the run is a courtesy: the lines stay in the member's run/ folder
+                pass
 
 
 def _read(client: Any, run_id: str) -> Any | None:
@@ -182,15 +223,17 @@ def _child_config(spec: Any, plan: Any, root: Path, staged: dict[str, str], code
         interface=interface_of(own_address(PREFECT_API_URL.value())), try_token=pub.token)
 
 
-def _supervise(client: Any, run_id: str, proc: Any, pub: Published, say: _Say, parts: Any) -> int:
+def _supervise(client: Any, run_id: str, proc: Any, pub: Published, say: _Say, parts: Any,
+               lines: _WorkLines) -> int:
     """Watch the work's process until it ends, uploading its sharded checkpoints' parts (``parts``, an
-    :class:`~e31.tasks.supervisor.uploader.Uploader`); warn it (SIGTERM) and kill it (SIGKILL, ``grace``
+    :class:`~e31.tasks.supervisor.uploader.Uploader`) and forwarding its output (``lines``); warn it (SIGTERM) and kill it (SIGKILL, ``grace``
     later) when the run stops.  Returns its exit status (negative: the signal that ended it)."""
     warned_at: float | None = None
     why = ""
     next_read = 0.0
     while proc.poll() is None:
         parts.poll()
+        lines.poll()
         now = time.time()
         if warned_at is None:
             if _TOLD:
@@ -286,7 +329,9 @@ def run_member(run_id: str, node: str, after: str | None = None) -> int:
         say(f"work started as rank {rank} of {plan.nodes}, meeting at {pub.addr}:{pub.port} (attempt {pub.attempt})")
         parts = Uploader(root / "checkpoints", plan.checkpoint_url, plan.checkpoint_keep, api_alive=lambda: False,
                          seals=False)
-        code = _supervise(client, run_id, proc, pub, say, parts)
+        lines = _WorkLines(client, run_id, rank, root / "run")
+        code = _supervise(client, run_id, proc, pub, say, parts, lines)
+        lines.poll(final=True)
         say(f"work ended with exit status {code}", 20 if code == 0 else 40)
         parts.finish(inline=True)  # its last part is at the checkpoint URL before the lead hears of its end
         for problem in parts.failures:

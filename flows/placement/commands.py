@@ -26,7 +26,7 @@ from e31.errors import EXIT_FAILED, EXIT_OK, InvalidInput
 from .model import Node, QueuedJob
 from .planner import POLICIES, plan
 from .tenants import tenancy_of
-from .text import clock, gib
+from .text import clock, gib, where
 
 __all__ = ["add_commands", "nodes_of"]
 
@@ -256,11 +256,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     rows = [("JOB", "ACTION", "NODE", "GPUS", "START", "END", "REASON")]
     for p in sorted(placements, key=lambda p: (p.action == "refuse", p.start or 0.0, p.job)):
         when = [clock(t, now) if t is not None else "-" for t in (p.start, p.end)]
-        devices = ",".join(map(str, p.devices)) or "-"
-        node = p.node or "-"
-        if p.gang:  # a multi-node job: every node, and the devices on each, its first node first
-            parts = ((p.node, p.devices), *p.gang)
-            node, devices = "+".join(n for n, _ in parts), "+".join(",".join(map(str, d)) or "-" for _, d in parts)
+        node, devices = where(p.node, p.devices, p.gang)  # a multi-node job: every node, its first first
         rows.append((p.job, p.action, node, devices, *when, p.reason))
     _table(rows)
     if args.png:

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 from .model import QueuedJob
 
-__all__ = ["clock", "gib", "run_time", "span"]
+__all__ = ["clock", "gib", "run_time", "span", "where"]
 
 _SOURCE = {"duration": "duration", "history": "past runs", "limit": "limit"}
 
@@ -19,6 +19,18 @@ def clock(t: float, now: float) -> str:
     if t // 86400 != round(now) // 86400:
         fmt = "%Y-%m-%d " + fmt
     return datetime.fromtimestamp(t, timezone.utc).strftime(fmt)
+
+
+def where(node: str | None, devices: tuple[int, ...], gang: tuple = ()) -> tuple[str, str]:
+    """``(nodes, devices)`` as the NODE and GPUS columns say them: ``n1`` and ``0,1``; for a multi-node job
+    (``gang``: ``((node, devices), ...)`` of its other nodes) every node, its first first, joined by ``+``
+    (``n1+n2``, ``0,1+0,1``); ``-`` for none."""
+    parts = ((node, tuple(devices)), *gang) if node else ()
+    if not parts:
+        return "-", ",".join(map(str, devices)) or "-"
+    if len(parts) == 1:
+        return str(node), ",".join(map(str, devices)) or "-"
+    return "+".join(str(n) for n, _ in parts), "+".join(",".join(map(str, d)) or "-" for _, d in parts)
 
 
 def span(seconds: float) -> str:

@@ -57,6 +57,7 @@ GANG_WORK = textwrap.dedent("""
         seen = {"rank": ctx.rank, "world_size": ctx.world_size, "node": os.environ["E31_NODE"], "start": start,
                 "done": done, "weights": weights.hexdigest(), "master": os.environ["MASTER_ADDR"]}
         (ctx.output_dir / "seen.json").write_text(json.dumps(seen, sort_keys=True))
+        print(f"rank {ctx.rank} of {ctx.world_size} trained to step {done}", flush=True)
         if ctx.is_lead:
             torch.save(model.state_dict(), ctx.output_dir / "model.pt")
         dist.destroy_process_group()
@@ -87,6 +88,8 @@ def test_a_two_node_job_trains_as_one_gang_and_returns_the_leads_output(prefect_
 
     from prefect.client.orchestration import get_client
 
+    from prefect.client.schemas.filters import LogFilter
+
     from e31.flows.gang.rendezvous import member_ends, published
 
     taken = socket.socket()
@@ -108,6 +111,7 @@ def test_a_two_node_job_trains_as_one_gang_and_returns_the_leads_output(prefect_
             wait_for(lambda: member_ends(client.read_flow_run(manifest["run_id"]), 1), timeout=60,
                      what="the member's end written on the run")
             run = client.read_flow_run(manifest["run_id"])
+            logs = [log.message for log in client.read_logs(LogFilter(flow_run_id={"any_": [run.id]}))]
         lead = json.loads((out / "seen.json").read_text())
         placement = (run.parameters or {}).get("placement") or {}
         member_node = "n2" if placement.get("e31_node") == "n1" else "n1"
@@ -123,6 +127,7 @@ def test_a_two_node_job_trains_as_one_gang_and_returns_the_leads_output(prefect_
     assert (lead["rank"], lead["world_size"], lead["node"], lead["done"]) == (0, 2, placement["e31_node"], 20)
     assert (member["rank"], member["world_size"], member["node"], member["done"]) == (1, 2, member_node, 20)
     assert lead["weights"] == member["weights"]  # averaged gradients: one model on both ranks
+    assert "rank 1: rank 1 of 2 trained to step 20" in logs  # the member's work output, in the flow run's log
     assert [f["path"] for f in manifest["files"]] == ["model.pt", "seen.json"]
     assert manifest["files"][0]["sha256"] == hashlib.sha256((out / "model.pt").read_bytes()).hexdigest()
     meter = manifest["meter"]  # both nodes' CPUs billed: 1 CPU on each
@@ -196,6 +201,7 @@ def test_a_member_killed_mid_run_fails_the_try_and_the_retry_resumes_every_rank(
             wait_for(lambda: member_ends(client.read_flow_run(manifest["run_id"]), 1) == {1: 0}, timeout=60,
                      what="the second member's end written on the run")
             run = client.read_flow_run(manifest["run_id"])
+            logs = [log.message for log in client.read_logs(LogFilter(flow_run_id={"any_": [run.id]}))]
         lead = json.loads((out / "seen.json").read_text())
         member = json.loads((tmp_path / f"scratch-{member_node}" / "gang" / "member" / "output" / "seen.json")
                             .read_text())

@@ -307,6 +307,29 @@ def test_e31_queue_says_what_each_node_holds_and_when_its_worker_was_heard():
                                               "behind (holding nothing yet)")
 
 
+def test_e31_queue_and_submit_name_every_node_of_a_gang_and_count_it_on_each():
+    """A two-node job: its row and ``e31 submit``'s plan name both nodes (``g1+g2``, the devices on each),
+    and each node's line counts what the gang holds there."""
+    from types import SimpleNamespace
+
+    from e31.deployments.runwords import describe, node_lines
+    from e31.flows.placement import Node, RunningJob
+    from e31.flows.placement.text import where
+
+    nodes = [Node("g1", gpus=8, cpus=16, memory=64 * 2**30), Node("g2", gpus=8, cpus=16, memory=64 * 2**30)]
+    gang = RunningJob(id="a", node="g1", devices=(0, 1), cpus=3, memory=2**30, start=0.0, expected_end=100.0,
+                      gang=(("g2", (4, 5)),))
+    snap = SimpleNamespace(nodes=nodes, running=[gang], runs={"a": object()}, heard={"g1": 997.0, "g2": 997.0},
+                           lease_s=60.0, scheduler_heard=True)
+    assert [line[1] for line in node_lines(snap, 1000.0)] == [
+        "GPUs 2/8, CPUs 3/16, memory 1 GiB/64 GiB; 1 run(s)", "GPUs 2/8, CPUs 3/16, memory 1 GiB/64 GiB; 1 run(s)"]
+    assert where("g1", (0, 1), (("g2", (4, 5)),)) == ("g1+g2", "0,1+4,5")
+    assert where("c1", (), (("c2", ()),)) == ("c1+c2", "-+-") and where("c1", ()) == ("c1", "-")
+    assert where(None, ()) == ("-", "-")
+    start = SimpleNamespace(action="start", node="c1", devices=(), gang=(("c2", ()),), reason="")
+    assert describe(start) == "start now on c1+c2"
+
+
 def test_the_worker_s_base_environment_is_prefect_s_computed_once_per_settings():
     """``E31JobConfiguration._base_environment``: what Prefect's gives, with
     the version check off (the worker made it) unless set otherwise, a copy
