@@ -127,9 +127,8 @@ def cmd_validate(args: argparse.Namespace, spec: JobSpec, notes: list[str]) -> i
         check_fits(compile_plan(spec))
     except AdmissionError as exc:
         lines = str(exc).splitlines()
-        if len(lines) == 1:  # a request of several nodes: refused on every machine in this version
-            print(f"note: e31 run and e31 submit would refuse it: {lines[0]} (e31 plan SPEC --pool POOL.yaml "
-                  "places it on a pool's nodes)")
+        if len(lines) == 1:  # a request of several nodes: run in a queue only
+            print(f"note: e31 run would refuse it: {lines[0]}")
         else:
             print(f"note: e31 run would refuse it on this machine: {'; '.join(line.strip() for line in lines[1:-1])} "
                   "(e31 plan SPEC --pool POOL.yaml checks it against a pool's nodes)")

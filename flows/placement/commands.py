@@ -102,6 +102,8 @@ def add_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     q.add_argument("--png", help="also write a Gantt chart of the plan to this PNG file")
     q.add_argument("--policy", default="e31", choices=POLICIES, help="planning policy (default e31)")
     q.add_argument("--now", type=_instant, help="plan as of this time (ISO 8601 with a timezone; default: now)")
+    q.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a field of every SPEC by dotted path, e.g. --set request.nodes=2")
     q.add_argument("--tenant", help="plan the jobs as this tenant's (default: the tenant whose members include you, "
                                     "else default); the pool's quotas and borrow limits apply, with no past usage")
     s = sub.add_parser("simulate", help="replay a workload trace (SWF) through the planner",
@@ -242,7 +244,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     pool = load_pool(args.pool)
     now = args.now if args.now is not None else datetime.now(timezone.utc).timestamp()
     with deadlines_as_of(datetime.fromtimestamp(now, timezone.utc) if args.now is not None else None):
-        specs = [load_spec(path) for path in args.specs]
+        specs = [load_spec(path, overrides=args.overrides) for path in args.specs]
     import getpass
 
     if args.tenant is not None and pool.tenant(args.tenant) is None:

@@ -176,6 +176,9 @@ def test_compile_prints_a_gang_and_run_refuses_it_in_one_line(e31, prefect_api, 
                                                "run and the flow called directly start one node (or set "
                                                "request.nodes: 1; gpus, cpus and memory are per node)\n")
     assert not (tmp_path / "scratch").exists() and not (tmp_path / "out").exists()
+    checked = e31("validate", str(EXAMPLE), *sets, env=env)
+    assert checked.returncode == 0 and checked.stdout.splitlines()[-1] == (
+        "note: e31 run would refuse it: " + ran.stderr[len("e31: "):].rstrip())  # e31 submit runs it
 
 
 def test_bad_return_reserve_setting_is_named(e31):

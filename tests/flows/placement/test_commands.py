@@ -172,6 +172,17 @@ def test_plan_prints_the_table_and_a_gantt_chart(e31, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plan_takes_set_for_every_spec(e31, tmp_path):
+    """``--set`` overrides a field of each SPEC, as for the commands that take one: the huge job split over
+    two nodes fits."""
+    (tmp_path / "pool.yaml").write_text(POOL, encoding="utf-8")
+    huge = spec(tmp_path, "huge", "{gpus: 9, limit: 1h}")
+    out = e31("plan", huge, "--pool", str(tmp_path / "pool.yaml"), "--now", "2026-01-01T00:00:00Z",
+              "--set", "request.gpus=8", "--set", "request.nodes=2")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[2].split()[:4] == ["huge", "start", "gpu-1+gpu-2", "0,1,2,3,4,5,6,7+0,1,2,3,4,5,6,7"]
+
+
 def test_plan_reports_an_invalid_pool_with_every_problem(e31, tmp_path):
     (tmp_path / "pool.yaml").write_text("nodes: [{name: n, cpus: 0}]\n", encoding="utf-8")
     out = e31("plan", spec(tmp_path, "a", "{limit: 1h}"), "--pool", str(tmp_path / "pool.yaml"))
