@@ -496,3 +496,70 @@ def _queue_says(q, node: str, words: str) -> bool:
 
     done = subprocess.run([q.exe, "queue", "--pool", str(q.pool)], capture_output=True, text=True, cwd=q.root)
     return any(line.split()[:1] == [node] and words in line for line in done.stdout.splitlines())
+
+
+def test_a_gang_cancelled_while_one_member_has_not_started_stops_every_rank_and_starts_nothing_late(
+        prefect_api, tmp_path):
+    """A 3-node gang whose third node's worker is frozen (SIGSTOP, still within its lease) when the gang
+    is placed: the lead and rank 1 start their work, which waits in ``init_process_group`` for rank 2.
+    ``e31 cancel`` then stops both started ranks (a partial output, reason ``cancelled``), and once the
+    frozen worker runs again it starts nothing for the cancelled run: no work of the job is left on any
+    node."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from prefect.client.orchestration import get_client
+
+    out = tmp_path / "out" / "gang"
+    with queue(tmp_path, {"n1": 0, "n2": 0, "n3": 0}) as q:
+        spec = gang_spec(tmp_path, out, 300, 0.1, nodes=3, grace="3s")
+        q.scheduler()
+        for node in ("n1", "n2", "n3"):
+            q.worker(node, 0)
+        wait_for(lambda: all(_queue_says(q, n, "  heard ") for n in ("n1", "n2", "n3")) and
+                 "started!" in (q.root / "worker-n3.log").read_text(), timeout=60, what="the three workers heard")
+        frozen = q.procs["worker-n3"]
+        os.kill(frozen.pid, signal.SIGSTOP)
+        try:
+            run_id = q.submit(spec).split("flow run ")[1].split()[0]
+            member = tmp_path / "scratch-n2" / "gang" / "member" / "run" / "child.json"
+            with get_client(sync_client=True) as client:
+                wait_for(lambda: member.exists() and client.read_flow_run(run_id).state.name == "Running"
+                         or _failed(q), timeout=180, what="the lead and rank 1 started")
+                placement = client.read_flow_run(run_id).parameters["placement"]
+                started = [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(int(p), str(member))]
+                cancel = subprocess.run([q.exe, "cancel", "gang", "--pool", str(q.pool)], capture_output=True,
+                                        text=True, cwd=q.root)
+                assert cancel.returncode == 0, cancel
+                wait_for(lambda: client.read_flow_run(run_id).state.is_final(), timeout=120,
+                         what="the cancelled run's end")
+                run = client.read_flow_run(run_id)
+        finally:
+            os.kill(frozen.pid, signal.SIGCONT)
+            resumed = time.monotonic()
+        manifest = final_manifest(out / "partial")
+        wait_for(lambda: (_heard_s(q, "n3") or 1e9) <= time.monotonic() - resumed, timeout=60,
+                 what="n3's worker heard again after it runs again")  # its loop has run: members are polled there
+        left = [int(p) for p in os.listdir("/proc") if p.isdigit() and
+                any(_cmdline_has(int(p), str(tmp_path / f"scratch-{n}" / "gang")) for n in ("n1", "n2", "n3"))]
+        n3_work = (tmp_path / "scratch-n3" / "gang" / "member" / "run" / "child.json").exists()
+    assert (placement["e31_node"], [m for m, _ in placement["e31_gang"]]) == ("n1", ["n2", "n3"])
+    assert len(started) == 1  # rank 1's work ran
+    assert run.state.type.value == "CANCELLED", run.state
+    assert (manifest["status"], manifest["reason"]) == ("partial", "cancelled")
+    assert left == [] and not n3_work  # nothing of the job runs anywhere; rank 2's work never started
+
+
+def _heard_s(q, node: str) -> int | None:
+    """Seconds since ``node``'s worker was heard, as ``e31 queue`` says (None: it says otherwise)."""
+    import re
+    import subprocess
+
+    done = subprocess.run([q.exe, "queue", "--pool", str(q.pool)], capture_output=True, text=True, cwd=q.root)
+    for line in done.stdout.splitlines():
+        found = re.search(r"  heard (\d+) s ago", line)
+        if line.split()[:1] == [node] and found:
+            return int(found.group(1))
+    return None
