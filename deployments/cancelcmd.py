@@ -18,7 +18,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     from e31.flows.queue import read
     from e31.states import PREEMPTING, cancelled, cancelling
-    from e31.tasks.supervisor.cancel import work_ended_at
+    from e31.tasks.supervisor.marks import work_ended_at
 
     pool = _pool(args.pool)
     _need_api()

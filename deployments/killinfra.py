@@ -18,7 +18,7 @@ in two places:
   ``PREFECT_SERVER_SERVICES_CANCELLATION_CLEANUP_CANCELLING_TIMEOUT_SECONDS``
   (300 s), which the server has set ``Cancelled``.  A run whose work had
   ended when the cancel came (tagged
-  :data:`e31.tasks.supervisor.cancel.WORK_ENDED`) is still returning its
+  :data:`e31.tasks.supervisor.marks.WORK_ENDED`) is still returning its
   output then (the cancel gate left it running): its flow process is
   waited for until it ends on its own.  Any other flow process of this
   worker gets SIGTERM (its work stops and returns partial output, as a
@@ -76,7 +76,7 @@ async def kill_flow_process(infrastructure_pid: str, flows: dict[int, str],
     import anyio
     from prefect.exceptions import InfrastructureNotAvailable, InfrastructureNotFound
 
-    from e31.tasks.supervisor.cancel import work_ended_at
+    from e31.tasks.supervisor.marks import work_ended_at
 
     try:
         pid = int(str(infrastructure_pid).rpartition(":")[2])
@@ -111,7 +111,7 @@ async def kill_flow_process(infrastructure_pid: str, flows: dict[int, str],
 def settle_late_cancel(flow_run: Any) -> bool:
     """After the flow process of ``flow_run`` (a Prefect ``FlowRun``) ended:
     a run still ``Cancelling`` whose work had ended (tagged
-    :data:`e31.tasks.supervisor.cancel.WORK_ENDED`) is set to the state of
+    :data:`e31.tasks.supervisor.marks.WORK_ENDED`) is set to the state of
     the manifest it wrote (read at its destination:
     :func:`e31.flows.cancelhook.returned_by`), when that manifest is not a
     cancel's.  Returns whether it set one; never raises (a destination the
@@ -120,7 +120,7 @@ def settle_late_cancel(flow_run: Any) -> bool:
 
     from e31.flows.cancelhook import keep_manifest_state, returned_by, stopped_by_cancel
     from e31.tasks.manifest_model import ManifestHead
-    from e31.tasks.supervisor.cancel import work_ended_at
+    from e31.tasks.supervisor.marks import work_ended_at
 
     try:
         with get_client(sync_client=True) as client:

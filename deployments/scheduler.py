@@ -101,7 +101,7 @@ def history(client: Any, pool: PoolSpec, limit: int = 200) -> History:
             type=FlowRunFilterStateType(any_=[StateType.COMPLETED]))),
         sort=FlowRunSort.START_TIME_DESC, limit=limit)
     from e31.flows.queue.overheads import Overheads, return_seconds
-    from e31.tasks.supervisor.cancel import WORK_ENDED
+    from e31.tasks.supervisor.marks import WORK_ENDED
 
     found, returns = History({}, {}), Overheads()
     for run in reversed(runs):  # oldest first

@@ -62,15 +62,15 @@ def test_a_flow_process_tags_its_times_on_the_server_s_clock(prefect_api, monkey
     queue judges against its own reading of the server's clock.  The offset is set here, as this machine
     cannot move its clock for one process; the measurement itself is tested in test_liveness."""
     import e31.prefect_compat.clock as clock
-    from e31.tasks.supervisor import cancel
+    from e31.tasks.supervisor import marks
 
     monkeypatch.setenv("E31_NODE", "n1")
     monkeypatch.setattr(clock, "measure", lambda client: 120.0)
     with get_client(sync_client=True) as client:
         run = client.create_flow_run(_tagged, tags=["e31-job"])
-        assert cancel.mark_work_ended(str(run.id), at=1_800_000_000.0)
+        assert marks.mark_work_ended(str(run.id), at=1_800_000_000.0)
         assert "e31-work-ended:0:2027-01-15T08:02:00Z" in client.read_flow_run(run.id).tags
-        cancel.mark_checkpoint(str(run.id), at=1_800_000_000.0)  # written from a thread: awaited
+        marks.mark_checkpoint(str(run.id), at=1_800_000_000.0)  # written from a thread: awaited
         import time
 
         deadline = time.monotonic() + 30

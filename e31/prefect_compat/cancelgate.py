@@ -12,7 +12,7 @@ return at its SIGKILL and, even when the return finished, wrote
 :func:`guard_worker_cancel` (:func:`install`) makes the worker's process
 
 - skip the sequence for a run tagged as having ended its work
-  (:data:`e31.tasks.supervisor.cancel.WORK_ENDED`, written by the flow
+  (:data:`e31.tasks.supervisor.marks.WORK_ENDED`, written by the flow
   process as the work ends): no signal, no kill; the flow process finishes
   its return and sets its state from the manifest;
 - skip the sequence for a run the queue is preempting (a ``Preempting``
@@ -62,7 +62,7 @@ def guard_worker_cancel() -> None:
     that a cancel after a run's work ended changes nothing:
 
     - a run tagged as having ended its work
-      (:data:`e31.tasks.supervisor.cancel.WORK_ENDED`) is not signalled or
+      (:data:`e31.tasks.supervisor.marks.WORK_ENDED`) is not signalled or
       killed at all: its flow process finishes the return (a SIGKILL would
       cut a long one) and sets the run's state from its manifest;
     - ``Cancelled`` is never forced over a run already in another final
@@ -76,7 +76,7 @@ def guard_worker_cancel() -> None:
     from prefect.runner._state_proposer import StateProposer
 
     from e31.states import PREEMPTED
-    from e31.tasks.supervisor.cancel import work_ended_at
+    from e31.tasks.supervisor.marks import work_ended_at
 
     cancel, propose_cancelled = CancellationManager.cancel, StateProposer.propose_cancelled
 

@@ -46,7 +46,8 @@ from e31.tasks.storage.credentials import CredentialError
 from e31.tasks.storage.options import register_destination, register_inputs
 from e31.tasks.storage.scratch_cache import data_wait_s, prefetched_seconds
 from e31.tasks.storage.transfer_markers import transferring
-from e31.tasks.supervisor.cancel import cancel_stops_staging, mark_work_started, watching
+from e31.tasks.supervisor.cancel import cancel_stops_staging, watching
+from e31.tasks.supervisor.marks import mark_work_started
 from e31.tasks.supervisor.warm import discard, prestart
 
 

@@ -71,7 +71,7 @@ def run_in_flow(spec: JobSpec, code_dir: str | None) -> Any:
         raise leaving  # (outside the handler: nothing is chained to it)
     m = Manifest.model_validate(manifest)
     if m.status == "partial" and m.reason == "preempted":  # the queue takes it back (e31.flows.queue.preempt)
-        from e31.tasks.supervisor.cancel import mark_lost
+        from e31.tasks.supervisor.marks import mark_lost
 
         mark_lost(run_id, m.lost_s)  # the work thrown away, as the manifest counts it: kept across attempts
         said = preempted_message(run_id, m)

@@ -22,7 +22,8 @@ from e31.tasks.checkpoint import latest_durable
 from e31.tasks.deliver import write_failure_manifest
 from e31.tasks.outcome import RunOutcome
 from e31.tasks.supervisor.cancel import (CancelWatcher, cancel_reason, cancel_requested, cancel_seen,
-                                         cancel_stops_staging, mark_checkpoint, mark_work_ended)
+                                         cancel_stops_staging)
+from e31.tasks.supervisor.marks import mark_checkpoint, mark_work_ended
 from e31.tasks.supervisor.fence import step_aside
 
 if TYPE_CHECKING:
@@ -155,8 +156,8 @@ class RunGates(CancelWatcher):
     a move of the run to another node ends this flow process with nothing
     more written (:func:`e31.tasks.supervisor.fence.step_aside`), and the
     work's own end makes a later cancel change nothing
-    (:func:`e31.tasks.supervisor.cancel.mark_work_ended`), and each durable
-    checkpoint is tagged (:func:`e31.tasks.supervisor.cancel.mark_checkpoint`).  Reads share the
+    (:func:`e31.tasks.supervisor.marks.mark_work_ended`), and each durable
+    checkpoint is tagged (:func:`e31.tasks.supervisor.marks.mark_checkpoint`).  Reads share the
     one reader of the flow run's state (:class:`CancelWatcher`)."""
 
     def step_aside(self, moved: str) -> NoReturn:

@@ -10,7 +10,7 @@ node in time:
   flow run's ``Running`` (the worker's poll, the flow process's start), both
   server timestamps, as the scheduler's run cache sees them;
 * **return** (per job name): from the end of a completed run's work (its
-  ``e31-work-ended`` tag, :data:`e31.tasks.supervisor.cancel.WORK_ENDED`) to
+  ``e31-work-ended`` tag, :data:`e31.tasks.supervisor.marks.WORK_ENDED`) to
   the flow run's end (the output's upload and manifest, the final state).
 
 Each is the median of the last :data:`KEEP` measurements (a running median:

@@ -45,7 +45,7 @@ from e31.specs import JobSpec
 from e31.specs.pool import PoolSpec
 from e31.specs.preemption import is_preemptible
 from e31.states import PREEMPTED, PREEMPTING
-from e31.tasks.supervisor.cancel import CHECKPOINT_TAG
+from e31.tasks.supervisor.marks import CHECKPOINT_TAG
 
 __all__ = ["CHECKPOINT_TAG", "checkpoint_at", "hold_behind_victims", "is_preempted", "is_preempting", "lost_so_far", "plan", "queued_fields", "requeue", "rules_of", "start", "victim_fields", "waiting"]
 
@@ -66,7 +66,7 @@ def is_preempted(run: Any) -> bool:
 
 def checkpoint_at(run: Any) -> float | None:
     """When the current attempt of ``run`` made its newest checkpoint durable, as its tags say
-    (:data:`e31.tasks.supervisor.cancel.CHECKPOINT_TAG`; Unix seconds), or None (none yet, or an earlier attempt's)."""
+    (:data:`e31.tasks.supervisor.marks.CHECKPOINT_TAG`; Unix seconds), or None (none yet, or an earlier attempt's)."""
     prefix = f"{CHECKPOINT_TAG}{getattr(run, 'run_count', None)}:"
     for tag in getattr(run, "tags", None) or ():
         if isinstance(tag, str) and tag.startswith(prefix):
@@ -79,8 +79,8 @@ def checkpoint_at(run: Any) -> float | None:
 
 def lost_so_far(run: Any) -> float | None:
     """The seconds of work the preemptions of ``run`` threw away so far, as its current attempt's flow
-    process tagged it (:data:`e31.tasks.supervisor.cancel.LOST_TAG`: its manifest's ``lost_s``), or None."""
-    from e31.tasks.supervisor.cancel import LOST_TAG
+    process tagged it (:data:`e31.tasks.supervisor.marks.LOST_TAG`: its manifest's ``lost_s``), or None."""
+    from e31.tasks.supervisor.marks import LOST_TAG
 
     prefix = f"{LOST_TAG}{getattr(run, 'run_count', None)}:"
     for tag in getattr(run, "tags", None) or ():
@@ -95,7 +95,7 @@ def lost_so_far(run: Any) -> float | None:
 def waiting(run: Any) -> bool:
     """Whether the work of ``run``'s current attempt waits for runs ahead of it (it was handed over behind
     one, or placed by preempting some) and has not started: no ``e31-work-started`` tag of this attempt."""
-    from e31.tasks.supervisor.cancel import WORK_STARTED
+    from e31.tasks.supervisor.marks import WORK_STARTED
 
     if not record_of(run).waits_for():
         return False
@@ -106,7 +106,7 @@ def victim_fields(spec: JobSpec, run: Any, waiting: bool) -> dict[str, Any]:
     """The :class:`e31.flows.placement.RunningJob` fields of preemption for the holding run ``run``:
     ``preemptible`` (see the module docstring; ``waiting``: its work waits for a run ahead or for its
     own victims), ``checkpoint_at``, ``preemptions``, ``attained_s``, ``no_duration``."""
-    from e31.tasks.supervisor.cancel import work_ended_at
+    from e31.tasks.supervisor.marks import work_ended_at
 
     record = record_of(run)
     state = run.state

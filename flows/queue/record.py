@@ -19,7 +19,7 @@ from e31.flows.queue.pace import (DEEP_AHEAD_S, ESTIMATE_EVERY_S, REASON_DEPTH, 
 from e31.flows.queue.snapshot import Snapshot, retries_used, unstarted_of
 from e31.flows.queue.tenancy import tenant_of
 from e31.specs import JobSpec
-from e31.tasks.supervisor.cancel import work_never_started
+from e31.tasks.supervisor.marks import work_never_started
 
 
 def humane(reason: str, snap: Snapshot) -> str:

@@ -24,7 +24,7 @@ from e31.specs import JobSpec
 from e31.specs.pool import PoolSpec
 # the name of the Pending state a worker holds a run in while it finishes a return its flow process cut
 from e31.states import RETURNING
-from e31.tasks.supervisor.cancel import work_never_started
+from e31.tasks.supervisor.marks import work_never_started
 from e31.tasks.supervisor.fence import fences_of_run
 
 

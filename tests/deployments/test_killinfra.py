@@ -51,7 +51,7 @@ def _run(tags: list[str], state: str):
 
 def test_a_flow_process_returning_its_output_is_waited_for_and_never_signalled(tmp_path):
     from e31.deployments.killinfra import kill_flow_process
-    from e31.tasks.supervisor.cancel import WORK_ENDED
+    from e31.tasks.supervisor.marks import WORK_ENDED
 
     proc, marker = _child(tmp_path)
     run, read = _run([f"{WORK_ENDED}1:2026-12-04T18:00:00Z"], "CANCELLED")

@@ -170,7 +170,7 @@ def test_the_work_ended_tag_counts_only_for_the_attempt_that_wrote_it():
     again: the tag of an earlier attempt's ended work does not count."""
     from types import SimpleNamespace
 
-    from e31.tasks.supervisor.cancel import work_ended_at
+    from e31.tasks.supervisor.marks import work_ended_at
 
     tags = ["e31", "gpus:0", "e31-work-ended:1:2026-12-03T18:41:37Z"]
     assert work_ended_at(SimpleNamespace(tags=tags, run_count=1)) == "2026-12-03T18:41:37Z"

@@ -547,7 +547,7 @@ def test_the_start_after_placement_and_the_return_are_measured_and_planned(prefe
 
     from e31.deployments.scheduler import history
     from e31.flows.queue import RunCache, read
-    from e31.tasks.supervisor.cancel import WORK_ENDED
+    from e31.tasks.supervisor.marks import WORK_ENDED
 
     made = _Pool(tmp_path)
     pool = made.spec

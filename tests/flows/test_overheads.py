@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from e31.flows.queue.overheads import MAX_S, Overheads, return_seconds
-from e31.tasks.supervisor.cancel import WORK_ENDED
+from e31.tasks.supervisor.marks import WORK_ENDED
 
 
 def test_a_start_is_measured_from_placed_to_running_per_node():
