@@ -56,7 +56,7 @@ def _run_with_api(spec: JobSpec, plan, code_dir: str) -> int:
     from e31.flows.job import run_job
     from e31.prefect_compat.runlog import hide_tracebacks_on_console
     from e31.prefect_compat.statesync import apply_pending, remember
-    from e31.tasks.supervisor.loop import ON_RESUME
+    from e31.tasks.supervisor.report import ON_RESUME
 
     hide_tracebacks_on_console()
     if _say_resumed not in ON_RESUME:  # `resumed from step N (URL)` on stdout, whatever the log level

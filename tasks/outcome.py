@@ -24,7 +24,7 @@ class RunOutcome:
     ``peak_memory``: the largest resident memory of the work's process tree
     seen, in bytes (``reason`` ``out_of_memory`` when it passed ``request.memory``).
     ``phases``: in seconds, ``child_start_s`` and ``work_s`` (within
-    ``run_s``), ``settle_s`` (after it; see ``e31.tasks.supervisor.loop._phases``)
+    ``run_s``), ``settle_s`` (after it; see ``e31.tasks.supervisor.report.time_phases``)
     and ``prestart_s`` (the child's loading before the run, :mod:`e31.tasks.supervisor.warm`).
     ``work_started_at``: Unix seconds when the work started (a Python
     entrypoint's function called, a command exec'd; None: it never did),

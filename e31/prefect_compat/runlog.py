@@ -132,11 +132,11 @@ def drop_explained_failures() -> None:
 
 class PrintedFilter(logging.Filter):
     """Drops from the console a record whose text ``e31 run`` printed there
-    already (the attribute :data:`e31.tasks.supervisor.loop.PRINTED`, e.g.
+    already (the attribute :data:`e31.tasks.supervisor.report.PRINTED`, e.g.
     ``resumed from step N (URL)``); the run's log in the Prefect UI keeps it."""
 
     def filter(self, record: logging.LogRecord) -> bool:  # noqa: A003 - logging's name
-        from e31.tasks.supervisor.loop import PRINTED
+        from e31.tasks.supervisor.report import PRINTED
 
         return not getattr(record, PRINTED, False)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,14 +34,13 @@ from e31.tasks.storage.local import disk_full, human_size
 from e31.tasks.supervisor.output import OutputForwarder, tail_lines
 from e31.tasks.supervisor.process import SIGNALLED, WorkTree, defer_signals_after_work, set_subreaper
 from e31.tasks.supervisor.progress import ProgressReporter
+from e31.tasks.supervisor.report import empty_output, read_time, say_resume, time_phases
 from e31.tasks.checkpoint import fetch_sharded
 from e31.tasks.supervisor.uploader import Uploader
 from e31.tasks.supervisor.warm import child_environment, go, import_torch_here, kill, spawn, take
 from e31.tasks.supervisor.watch import RunWatch  # noqa: F401 (named here by the run task's callers)
 from e31.tasks.work.context import ChildConfig
-from e31.tasks.work.local_checkpoints import latest_valid, parse_step
-from e31.specs import mask_url
-from e31.tasks import storage
+from e31.tasks.work.local_checkpoints import latest_valid
 
 POLL_S = 0.2  # seconds between supervisor checks
 STOP_SEEN = "stop_seen"  # written beside the progress file when the work reads ctx.should_stop as true
@@ -197,7 +195,7 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     # A command runs in the spec's folder (so `python train.py` finds its script); a Python
     # entrypoint in its output folder.  Either way outputs go to E31_OUTPUT_DIR.
     cwd = settings.child.code_dirs[0] if settings.child.command and settings.child.code_dirs else settings.child.output_dir
-    resumed_from = _say_resume(env.get("E31_RESUME_DIR", ""), settings.checkpoint_url)
+    resumed_from = say_resume(env.get("E31_RESUME_DIR", ""), settings.checkpoint_url)
     if warm is not None:
         set_subreaper()  # orphans of the work are re-parented here, not to init
         proc = warm.proc
@@ -286,7 +284,7 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     cancelled = stop.reason in CANCEL_REASONS
     exited = time.time()
     latest = uploader.finish(inline=cancelled)
-    phases = _phases(started, begun, returned, exited)
+    phases = time_phases(started, begun, returned, exited)
     if warm is not None:  # how long the child had been loading before its go (overlapping staging)
         phases["prestart_s"] = max(0.0, started - warm.spawned_at)
     for note in uploader.notes:
@@ -305,7 +303,7 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
             outcome.reason, outcome.message = "crashed", f"{lost}; this rank's work then exited with code {code}"
     outcome.peak_memory = tree.peak_rss
     outcome.phases = phases
-    outcome.work_started_at = exec_at if settings.child.command else _read_time(begun)
+    outcome.work_started_at = exec_at if settings.child.command else read_time(begun)
     outcome.resumed_from_step = resumed_from
     outcome.checkpoint_at = uploader.durable_at
     if stop.reason == "out_of_memory":
@@ -344,77 +342,6 @@ def _run_log(stream: str, line: str) -> None:
         logger.info("[stderr] %s", line)
     else:
         logger.warning("%s", line)
-
-
-def empty_output(folder: Path) -> None:
-    """Empty the work's output folder (created when missing) before its
-    work starts: a run's output holds what its own work writes, and only
-    the checkpoint (``E31_RESUME_DIR``, ``ctx.restore()``) carries over from
-    a stopped or lost attempt, as it does when the run resumes on another
-    machine (docs/stops-and-resumes.md, "What a resumed run keeps").  The stopped attempt's
-    files were returned already (a pending return is delivered before any
-    run starts).  Raises ``OSError`` when the folder cannot be emptied."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for entry in folder.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-
-
-#: Called with the line ``resumed from step N (URL)`` when a run's work resumes from a checkpoint
-#: (``e31 run`` prints it on its stdout); a hook that raises is skipped.
-ON_RESUME: list[Callable[[str], None]] = []
-
-#: A log record's attribute: its text was printed on the console by an :data:`ON_RESUME` hook already.
-PRINTED = "e31_printed"
-
-
-def _say_resume(resume_dir: str, checkpoint_url: str) -> int | None:
-    """The step of the checkpoint folder ``resume_dir`` the work is given
-    (``E31_RESUME_DIR``; empty: a fresh start, None), said in the run's log
-    and to each of :data:`ON_RESUME` as ``resumed from step N (URL)`` with
-    the durable checkpoint's URL (masked)."""
-    if not resume_dir:
-        return None
-    name = Path(resume_dir).name
-    step = parse_step(name)
-    if step is None:
-        return None
-    line = f"resumed from step {step} ({mask_url(storage.join(checkpoint_url, name))})"
-    get_run_logger().info("%s", line, extra={PRINTED: bool(ON_RESUME)})
-    for hook in list(ON_RESUME):
-        try:
-            hook(line)
-        except Exception:
-            pass
-    return step
-
-
-def _read_time(marker: Path) -> float | None:
-    """The Unix time written in ``marker`` by the child, or None (never written)."""
-    try:
-        return float(marker.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _phases(spawned: float, begun: Path, returned: Path, exited: float) -> dict[str, float]:
-    """Where the run's time went, in seconds: ``child_start_s`` (spawn to the
-    work's first line: the interpreter, E31, the entrypoint's imports),
-    ``work_s`` (the work's function, to its return or the child's exit) and
-    ``settle_s`` (the child's exit to the last checkpoint made durable).
-    Only ``settle_s`` for a command (no Python entrypoint to mark)."""
-    phases = {"settle_s": time.time() - exited}
-    try:
-        first = float(begun.read_text())
-    except (OSError, ValueError):
-        return phases
-    try:
-        last = returned.stat().st_mtime
-    except OSError:
-        last = exited
-    return {"child_start_s": max(0.0, first - spawned), "work_s": max(0.0, min(last, exited) - first), **phases}
 
 
 def _outcome(code: int, stop: _Stop, killed: bool, run_s: float, tail: str) -> RunOutcome:
