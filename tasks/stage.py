@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +44,7 @@ from e31.tasks.storage.local import SCRATCH_FIX, disk_full, human_size, mount_po
 from e31.tasks.supervisor.cancel import staging_gate, staging_stop
 from e31.tasks.storage.listing import Listing, OnlyFolders, change_hash, list_input, unchanged
 from e31.tasks.retrying import retry_unless
+from e31.tasks.stage_errors import final_refusal, not_found, unreachable
 from e31.tasks.storage.progress import TransferProgress, TransferStopped
 
 ATTEMPTS = 3  # copies of one input tried when its source changes during the copy or fails verification
@@ -151,7 +151,7 @@ def list_one(item: DataInput) -> Listing:
     except OnlyFolders as exc:
         raise StageError(f"data '{item.name}': {shown}: {exc}") from None
     except FileNotFoundError as exc:
-        raise StageError(f"data '{item.name}': {shown}: {_not_found(exc)}") from None
+        raise StageError(f"data '{item.name}': {shown}: {not_found(exc)}") from None
     except Exception as exc:
         why = unreachable(exc) or f"cannot read ({storage.describe_error(exc)})"
         raise StageError(f"data '{item.name}': {shown}: {why}") from None
@@ -159,72 +159,6 @@ def list_one(item: DataInput) -> Listing:
         raise StageError(f"data '{item.name}': {shown}: sha256 is declared but the URL is a {listing.kind} of "
                          f"{len(listing.entries)} file(s); declare sha256 for single files")
     return listing
-
-
-def _not_found(exc: FileNotFoundError) -> str:
-    """Why a URL counts as missing.  fsspec's HTTP filesystem raises
-    ``FileNotFoundError`` for any failed request, chained to the response
-    error: a refusal (401, 403) or another status is said as such."""
-    status = getattr(exc.__cause__, "status", None)
-    if isinstance(status, int) and status != 404:
-        return _http_answer(status, getattr(exc.__cause__, "message", ""))
-    return unreachable(exc) or "not found"
-
-
-#: getaddrinfo's answers for a name that does not exist (as opposed to a resolver that failed).
-_NO_SUCH_NAME = frozenset(code for code in (getattr(socket, "EAI_NONAME", None), getattr(socket, "EAI_NODATA", None))
-                          if code is not None)
-
-
-def unreachable(exc: BaseException) -> str | None:
-    """Why a request never reached a server -- its host name does not
-    resolve, or the host did not answer (connection refused, unreachable,
-    timed out) -- with the fix; None for any other error.  Reads an
-    ``aiohttp`` connector error (``host``, ``port``, ``os_error``), raised
-    or chained (fsspec's HTTP filesystem raises ``FileNotFoundError`` from
-    it for any failed request)."""
-    for err in (exc, exc.__cause__, exc.__context__):
-        host, os_error = getattr(err, "host", None), getattr(err, "os_error", None)
-        if not isinstance(host, str) or not isinstance(os_error, OSError):
-            continue
-        port = getattr(err, "port", None)
-        where = f"{host}:{port}" if port else host
-        if isinstance(os_error, socket.gaierror):
-            if os_error.errno in _NO_SUCH_NAME:
-                return f"the host {host} does not resolve (no such name); check the host name in the URL"
-            return (f"the host {host} could not be resolved ({os_error.strerror or os_error.errno}); check this "
-                    "machine's DNS and the host name in the URL")
-        if isinstance(os_error, ConnectionRefusedError):
-            return (f"the host {where} did not answer (connection refused); check that its server is running "
-                    "and the URL's host and port")
-        return (f"the host {where} did not answer ({os_error.strerror or type(os_error).__name__}); check that it "
-                "is up and reachable from this machine, and the URL's host and port")
-    return None
-
-
-def _http_answer(status: int, reason: str | None) -> str:
-    if status in (401, 403):
-        return (f"the server refused access (HTTP {status} {reason or ''}".rstrip() +
-                "); check the credentials in storage_options (headers) or the URL's signature")
-    return f"the server answered HTTP {status} {reason or ''}".rstrip()
-
-
-#: HTTP statuses of a download that retrying will not change.
-FINAL_STATUSES = frozenset({400, 401, 403, 404, 405, 410, 451})
-
-
-def _final_refusal(exc: BaseException) -> str | None:
-    """Why a copy failed for good -- the file vanished after the preflight,
-    or the server refused it with a status in :data:`FINAL_STATUSES` (an
-    ``aiohttp`` response error, possibly chained) -- or None for errors a
-    retry may cure."""
-    for err in (exc, exc.__cause__):
-        status = getattr(err, "status", None)
-        if isinstance(status, int) and status in FINAL_STATUSES:
-            return "gone since the preflight" if status in (404, 410) else _http_answer(status, getattr(err, "message", ""))
-    if isinstance(exc, FileNotFoundError):
-        return "gone since the preflight"
-    return None
 
 
 def preflight(inputs: list[DataInput], data_dir: Path | None = None) -> dict[str, Listing]:
@@ -315,7 +249,7 @@ def stage_input(item: DataInput, data_dir: Path, listing: Listing | None = None)
             full = disk_full(data_dir, exc, needed=listing.bytes) if isinstance(exc, OSError) else None
             if full:
                 raise StageError(f"data '{item.name}': cannot stage it: {full}") from None
-            why = _final_refusal(exc) if isinstance(exc, Exception) else None
+            why = final_refusal(exc) if isinstance(exc, Exception) else None
             if why:
                 raise StageError(f"data '{item.name}': {mask_url(item.url)}: {why}") from None
             raise
