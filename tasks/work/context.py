@@ -211,13 +211,7 @@ class WorkContext:
         ``CheckpointError`` for a state not loadable with ``weights_only=True``.
         """
         folder = checkpoints.write_state(self._checkpoint_dir, state, int(step), handoff=self._cfg.supervised)
-        if not self._cfg.supervised:
-            checkpoints.commit(folder)
-        self._last_folder = folder
-        self._last_checkpoint_time = time.monotonic()
-        self._last_checkpoint_step = int(step)
-        if wait:
-            self.flush()
+        self._written(folder, step, wait)
 
     def checkpoint_sharded(self, state: dict[str, Any], step: int, wait: bool = False) -> None:
         """Save this rank's part of the checkpoint of ``step`` with ``torch.distributed.checkpoint``
@@ -231,13 +225,7 @@ class WorkContext:
 
         folder = sharded.save(self._checkpoint_dir, state, int(step), self.rank, self.world_size,
                               self._cfg.try_token)
-        if not self._cfg.supervised:
-            checkpoints.commit(folder)
-        self._last_folder = folder
-        self._last_checkpoint_time = time.monotonic()
-        self._last_checkpoint_step = int(step)
-        if wait:
-            self.flush()
+        self._written(folder, step, wait)
 
     def restore_sharded(self, state: dict[str, Any]) -> int | None:
         """Load the newest whole checkpoint saved with :meth:`checkpoint_sharded` into ``state`` in place
@@ -253,6 +241,17 @@ class WorkContext:
         sharded.load(latest.path, state)
         self._last_checkpoint_step = latest.step
         return latest.step
+
+    def _written(self, folder: Path, step: int, wait: bool) -> None:
+        """The checkpoint of ``step`` was written into ``folder``: commit it here without a supervisor,
+        note it, and with ``wait`` return once it is committed."""
+        if not self._cfg.supervised:
+            checkpoints.commit(folder)
+        self._last_folder = folder
+        self._last_checkpoint_time = time.monotonic()
+        self._last_checkpoint_step = int(step)
+        if wait:
+            self.flush()
 
     def flush(self, timeout_s: float = 60.0) -> None:
         """Wait (at most ``timeout_s`` seconds) until the last checkpoint is
