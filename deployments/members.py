@@ -198,6 +198,8 @@ class MemberRunner:
             report_member(client, str(run.id), rank, pub, code)
             self.say(f"flow run {run.id}: its member on node {self.node} ended with exit status {code} before "
                      "saying so; written for it")
+            log_on_run(str(run.id), f"member rank {rank} on node {self.node} ended with exit status {code} before "
+                       f"saying so (its own lines: {self._serving(run).parent.parent / 'member.log'} there)")
 
     @staticmethod
     def _serving(run: Any) -> Path:
@@ -230,6 +232,26 @@ class MemberRunner:
                                         preexec_fn=die_with_parent)
         except OSError as exc:  # a scratch that cannot be written (full, read-only, not a folder)
             self.say(f"flow run {run.id}: cannot start its member on node {self.node}: {exc}")
+            log_on_run(str(run.id), f"member on node {self.node}: its e31 worker cannot start it: {exc}")
             return None
         self.say(f"flow run {run.id}: started its member on node {self.node} (pid {proc.pid})")
         return proc
+
+
+def log_on_run(run_id: str, line: str, level: int = 40) -> None:
+    """Put ``line`` (masked) in the flow run ``run_id``'s log, as ``e31.member`` (best effort: the worker's
+    own output has it too)."""
+    from datetime import datetime, timezone
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import LogCreate
+
+    from e31.tasks.storage import scrub
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.create_logs([LogCreate(name="e31.member", level=level, message=scrub(line),
+                                          timestamp=datetime.now(timezone.utc), flow_run_id=run_id)])
+    except Exception:
+        pass
+

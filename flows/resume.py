@@ -26,9 +26,8 @@ from pathlib import Path
 from e31.flows.compile import JobPlan
 from e31.flows.joblock import JobBusyError, lock_job, unlock_job  # noqa: F401 (JobBusyError: re-exported)
 from e31.tasks import storage
-from e31.tasks.checkpoint import holds_part, latest_durable
-from e31.tasks.work.local_checkpoints import (MARKER, commit_pending, committed, discard_torn, latest_valid, parse_step,
-                                              step_dir_name)
+from e31.tasks.checkpoint import fetch_newest, holds_part
+from e31.tasks.work.local_checkpoints import MARKER, commit_pending, committed, discard_torn, latest_valid, parse_step
 from e31.tasks.deliver import existing_manifest
 from e31.tasks.manifest_model import Manifest, parse_manifest
 from e31.tasks.pending import keep_reserve
@@ -137,25 +136,34 @@ def resume_step(plan: JobPlan) -> int | None:
     if local is not None and not newer:
         return local.step
     # No whole local checkpoint, or a newer one that is not whole here (one rank's part of a sharded
-    # checkpoint, whose whole step may be at the checkpoint URL): the durable one, when newer.
-    durable = latest_durable(plan.checkpoint_url)
-    resumable = durable is not None and durable.work_sha256 == plan.work_sha256
-    if resumable and (local is None or durable.step > local.step) and \
-            not _completed_by(existing_manifest(plan.output_url), durable):
-        target = plan.checkpoint_dir / step_dir_name(durable.step)
-        for ckpt in newer:
-            shutil.rmtree(ckpt.path, ignore_errors=True)
-        storage.get(durable.url, target)
-        got = latest_valid(plan.checkpoint_dir)
-        if got is not None and got.step == durable.step:
-            return durable.step
-        shutil.rmtree(target, ignore_errors=True)
+    # checkpoint, whose whole step may be at the checkpoint URL): the newest durable one that verifies.
+    for ckpt in newer:  # never whole: the work's next checkpoints follow the step it resumes from
+        shutil.rmtree(ckpt.path, ignore_errors=True)
+    top = existing_manifest(plan.output_url)
+    rejected: list[str] = []
+    step = fetch_newest(plan.checkpoint_dir, plan.checkpoint_url, plan.work_sha256,
+                        local.step if local is not None else None,
+                        accept=lambda durable: not _completed_by(top, durable), rejected=rejected)
+    for line in rejected:
+        _say(line)
+    if step is not None:
+        return step
     if local is not None:
-        for ckpt in newer:  # never whole: the work's next checkpoints follow the step it resumes from
-            shutil.rmtree(ckpt.path, ignore_errors=True)
         return local.step
     _clear(plan.output_dir, plan.checkpoint_dir)
     return None
+
+
+def _say(line: str) -> None:
+    """A line in the flow run's log (this module's logger outside a run)."""
+    try:
+        from prefect.logging import get_run_logger
+
+        get_run_logger().warning("%s", line)
+    except Exception:
+        import logging
+
+        logging.getLogger("e31").warning("%s", line)
 
 
 def _completed_by(top: dict | None, durable) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,12 +143,43 @@ def prune(durable_root: str, keep: int) -> list[int]:
     return sorted(doomed)
 
 
-def fetch_sharded(local_root: Path, durable_root: str, work_sha256: str | None) -> int | None:
+def fetch_newest(local_root: Path, durable_root: str, work_sha256: str | None, above: int | None = None,
+                 accept: Callable[[DurableCheckpoint], bool] = lambda durable: True,
+                 rejected: list[str] | None = None) -> int | None:
+    """Fetch the newest durable checkpoint at ``durable_root`` of the work ``work_sha256`` (newer than step
+    ``above``, and that ``accept`` takes) into ``local_root`` as a whole, verified checkpoint; returns its
+    step, or None when none is.  A step whose files do not verify once fetched (a file changed or cut at
+    the store) is removed here and the next older one tried; each is said in ``rejected``.  Raises what the
+    store raises."""
+    import shutil
+
+    from e31.tasks.work.local_checkpoints import latest_valid
+
+    for durable in durable_checkpoints(durable_root):
+        if above is not None and durable.step <= above:
+            return None
+        if durable.work_sha256 != work_sha256 or not accept(durable):
+            return None
+        target = Path(local_root) / step_dir_name(durable.step)
+        shutil.rmtree(target, ignore_errors=True)
+        storage.get(durable.url, target)
+        got = latest_valid(local_root)
+        if got is not None and got.step == durable.step:
+            return durable.step
+        shutil.rmtree(target, ignore_errors=True)
+        if rejected is not None:
+            rejected.append(f"the checkpoint of step {durable.step} at {storage.scrub(durable.url)} does not verify "
+                            "(a file's size or sha256 differs from its marker): skipped")
+    return None
+
+
+def fetch_sharded(local_root: Path, durable_root: str, work_sha256: str | None,
+                  rejected: list[str] | None = None) -> int | None:
     """Before a try of a gang's work: when the newest checkpoint under ``local_root`` is this rank's part
-    of a sharded checkpoint (never whole on one node), fetch the newest whole checkpoint of the same work
-    from ``durable_root`` if it is newer than the newest whole one here, and drop the newer parts (the
-    work's next checkpoints follow the step it resumes from).  Returns the step fetched, or None (nothing
-    to do, or nothing newer at ``durable_root``).  Raises what the store raises."""
+    of a sharded checkpoint (never whole on one node), drop the parts newer than the newest whole one here
+    (the work's next checkpoints follow the step it resumes from) and fetch the newest whole checkpoint of
+    the same work newer than that from ``durable_root`` (:func:`fetch_newest`).  Returns the step fetched,
+    or None (nothing to do, or nothing newer at ``durable_root``).  Raises what the store raises."""
     import shutil
 
     from e31.tasks.work.local_checkpoints import committed, latest_valid
@@ -156,18 +188,10 @@ def fetch_sharded(local_root: Path, durable_root: str, work_sha256: str | None) 
     newer = [c for c in committed(local_root) if local is None or c.step > local.step]
     if not newer:
         return None
-    durable = latest_durable(durable_root)
     for ckpt in newer:
         shutil.rmtree(ckpt.path, ignore_errors=True)
-    if durable is None or durable.work_sha256 != work_sha256 or (local is not None and durable.step <= local.step):
-        return None
-    target = Path(local_root) / step_dir_name(durable.step)
-    storage.get(durable.url, target)
-    got = latest_valid(local_root)
-    if got is not None and got.step == durable.step:
-        return durable.step
-    shutil.rmtree(target, ignore_errors=True)  # not whole after all (changed while fetched): not a checkpoint
-    return None
+    return fetch_newest(local_root, durable_root, work_sha256, local.step if local is not None else None,
+                        rejected=rejected)
 
 
 def holds_part(step_url: str) -> bool:
@@ -181,8 +205,9 @@ def holds_part(step_url: str) -> bool:
     return any(_PART_NOTE.match(name) for name in names)
 
 
-def latest_durable(durable_root: str) -> DurableCheckpoint | None:
-    """The newest durable checkpoint whose marker is present, or None."""
+def durable_checkpoints(durable_root: str) -> Iterator[DurableCheckpoint]:
+    """The durable checkpoints at ``durable_root`` whose marker is present, newest first (one listing,
+    then one marker read per checkpoint taken)."""
     steps = sorted((s for s in (parse_step(n) for n in storage.list_dirs(durable_root)) if s is not None), reverse=True)
     for s in steps:
         url = storage.join(durable_root, step_dir_name(s))
@@ -191,9 +216,13 @@ def latest_durable(durable_root: str) -> DurableCheckpoint | None:
             size = sum(int(m["bytes"]) for m in marker["files"].values())
         except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
             continue  # no marker, or not one E31 wrote
-        return DurableCheckpoint(step=s, url=url, bytes=size, work_sha256=marker.get("work_sha256"),
-                                 run_id=marker.get("run_id"))
-    return None
+        yield DurableCheckpoint(step=s, url=url, bytes=size, work_sha256=marker.get("work_sha256"),
+                                run_id=marker.get("run_id"))
+
+
+def latest_durable(durable_root: str) -> DurableCheckpoint | None:
+    """The newest durable checkpoint whose marker is present, or None."""
+    return next(durable_checkpoints(durable_root), None)
 
 
 @task(name="checkpoint", retries=2, retry_delay_seconds=[1, 5],

@@ -186,3 +186,25 @@ def disk_full(path: Path, exc: BaseException | None = None, needed: int | None =
     need = f"; {human_size(needed)} needed" if needed else ""
     return (f"disk full: {mount_point(path)} (holding {path}) has {human_size(free)} free of {human_size(total)}"
             f"{need}; {fix}")
+
+
+def no_space(path: Path, said: bool) -> str | None:
+    """Why a work that failed may have failed for disk space, judged from the disk holding ``path`` (its
+    scratch) and ``said``, whether its error output says ``No space left on device``: :func:`disk_full` when
+    that disk is nearly full, or was said to be and has less than a tenth of itself free; when it was said
+    and this disk has room, the full disk was another (a folder elsewhere, or on a job of several nodes
+    another rank's node); None when nothing points at disk space."""
+    import errno
+
+    try:
+        free, total = space(path)
+    except OSError:
+        return None
+    if free < NEARLY_FULL_BYTES or (said and free < total / 10):
+        return disk_full(path, OSError(errno.ENOSPC, "No space left on device") if said else None)
+    if said:
+        return (f"the work's error output says No space left on device, and {mount_point(path)} (holding {path}) "
+                f"has {human_size(free)} free: the full disk is another one it wrote to (on a job of several "
+                "nodes, maybe another rank's node: see its lines in the flow run's log)")
+    return None
+

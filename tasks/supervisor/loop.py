@@ -11,7 +11,6 @@ SIGTERM/SIGINT to the flow's own process starts the same stop early.
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import subprocess
@@ -30,7 +29,7 @@ from e31.tasks.outcome import RunOutcome
 from e31.tasks.pending import RETURNING_FIRST
 from e31.tasks.returning import return_output
 from e31.tasks.storage import scrub
-from e31.tasks.storage.local import disk_full, human_size
+from e31.tasks.storage.local import disk_full, human_size, no_space
 from e31.tasks.supervisor.output import OutputForwarder, tail_lines
 from e31.tasks.supervisor.process import SIGNALLED, WorkTree, defer_signals_after_work, set_subreaper
 from e31.tasks.supervisor.progress import ProgressReporter
@@ -167,8 +166,12 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
             import_torch_here()  # (to convert the work's handed-over checkpoints)
         token = warm.token if warm is not None else uuid.uuid4().hex  # marks every process of this run
         if settings.rendezvous is not None:  # a gang: each try of the work meets its peers anew
+            rejected: list[str] = []
             try:  # the newest whole sharded checkpoint is at the checkpoint URL, not here
-                fetch_sharded(Path(settings.child.checkpoint_dir), settings.checkpoint_url, settings.work_sha256)
+                fetch_sharded(Path(settings.child.checkpoint_dir), settings.checkpoint_url, settings.work_sha256,
+                              rejected)
+                for line in rejected:
+                    get_run_logger().warning("e31: %s", line)
             except Exception as exc:
                 get_run_logger().warning("e31: the newest sharded checkpoint could not be fetched (%s); the work "
                                          "resumes from the newest whole one here", scrub(str(exc)))
@@ -314,9 +317,7 @@ def supervise(settings: SupervisorConfig) -> RunOutcome:
     outcome.stop_requested_at = stop.warned_at
     outcome.checkpoint, outcome.uploads = latest, uploader.done
     if outcome.reason in ("error", "crashed"):  # the work's own writes may have filled the scratch disk
-        full = disk_full(Path(settings.child.output_dir),
-                         OSError(errno.ENOSPC, "No space left on device")
-                         if "No space left on device" in outcome.stderr_tail else None)
+        full = no_space(Path(settings.child.output_dir), "No space left on device" in outcome.stderr_tail)
         if full:
             outcome.message = f"{outcome.message}; {full}"
     if uploader.failures:

@@ -57,16 +57,16 @@ def save(root: Path, state: dict[str, Any], step: int, rank: int = 0, world_size
 
     Raises :class:`CheckpointError` when DCP cannot save ``state`` (its text included)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     folder = Path(root) / step_dir_name(step)
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
     try:
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
         metadata = dcp.save(state, checkpoint_id=str(folder))
-    except Exception as exc:
-        raise CheckpointError(f"sharded checkpoint of step {int(step)} could not be saved: "
-                              f"{type(exc).__name__}: {exc}") from None
+    except (Exception, CheckpointException) as exc:
+        raise CheckpointError(f"sharded checkpoint of step {int(step)} could not be saved: {_why(exc)}") from None
     shards = sorted({info.relative_path for info in (metadata.storage_data or {}).values()} | {METADATA})
     files = {rel: {"bytes": path.stat().st_size} for path, rel in regular_files(folder, skip=(MARKER, PENDING))[0]}
     note = {"step": int(step), "files": files,
@@ -84,12 +84,29 @@ def load(folder: Path, state: dict[str, Any]) -> None:
     :class:`CheckpointError` when ``folder`` holds no sharded checkpoint (it was saved with
     ``ctx.checkpoint``) or DCP cannot load it."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     if not (Path(folder) / METADATA).is_file():
         raise CheckpointError(f"checkpoint {Path(folder).name} was not saved with ctx.checkpoint_sharded "
                               "(no .metadata): restore it with ctx.restore()")
     try:
         dcp.load(state, checkpoint_id=str(folder))
-    except Exception as exc:
-        raise CheckpointError(f"sharded checkpoint {Path(folder).name} could not be loaded: "
-                              f"{type(exc).__name__}: {exc}") from None
+    except (Exception, CheckpointException) as exc:
+        raise CheckpointError(f"sharded checkpoint {Path(folder).name} could not be loaded: {_why(exc)}") from None
+
+
+def _why(exc: BaseException) -> str:
+    """One line for what DCP raised.  Its ``CheckpointException`` derives from ``BaseException`` (so an
+    ``except Exception`` in the work would not catch it) and carries each failed rank's exception with a
+    traceback: said here as ``rank N: Type: text`` per rank, the disk full named where it is."""
+    from e31.tasks.storage.local import disk_full
+
+    failures = getattr(exc, "failures", None)
+    if not isinstance(failures, dict) or not failures:
+        return f"{type(exc).__name__}: {exc}"
+    said = []
+    for rank, pair in sorted(failures.items()):
+        err = pair[0] if isinstance(pair, tuple) else pair
+        full = disk_full(Path(getattr(err, "filename", "") or "."), err) if isinstance(err, OSError) else None
+        said.append(f"rank {rank}: {full or f'{type(err).__name__}: {err}'}")
+    return "; ".join(said)

@@ -201,7 +201,6 @@ def test_a_member_killed_mid_run_fails_the_try_and_the_retry_resumes_every_rank(
             wait_for(lambda: member_ends(client.read_flow_run(manifest["run_id"]), 1) == {1: 0}, timeout=60,
                      what="the second member's end written on the run")
             run = client.read_flow_run(manifest["run_id"])
-            logs = [log.message for log in client.read_logs(LogFilter(flow_run_id={"any_": [run.id]}))]
         lead = json.loads((out / "seen.json").read_text())
         member = json.loads((tmp_path / f"scratch-{member_node}" / "gang" / "member" / "output" / "seen.json")
                             .read_text())
@@ -318,6 +317,7 @@ def test_a_member_that_cannot_start_ends_the_gang_at_once_with_the_reason(prefec
     import time
 
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter
 
     from e31.flows.gang.rendezvous import member_ends
 
@@ -334,6 +334,7 @@ def test_a_member_that_cannot_start_ends_the_gang_at_once_with_the_reason(prefec
         with get_client(sync_client=True) as client:
             wait_for(lambda: client.read_flow_run(run_id).state.is_final(), timeout=240, what="the gang's end")
             run = client.read_flow_run(run_id)
+            logs = [log.message for log in client.read_logs(LogFilter(flow_run_id={"any_": [run.id]}))]
         manifest = final_manifest(out / "partial")
     member_node = "n2" if (run.parameters or {})["placement"]["e31_node"] == "n1" else "n1"
     assert run.state.type.value == "FAILED", run.state
@@ -344,6 +345,8 @@ def test_a_member_that_cannot_start_ends_the_gang_at_once_with_the_reason(prefec
     assert manifest["timings"]["run_s"] < 60  # not the work's own 120 s wait for its peer
     worker_log = (q.root / f"worker-{member_node}.log").read_text()
     assert f"cannot start its member on node {member_node}: [Errno 17] File exists" in worker_log
+    assert any(line.startswith(f"member on node {member_node}: its e31 worker cannot start it: [Errno 17] File "
+                               "exists") for line in logs)  # where the run's message points
 
 
 def _member_past_a_checkpoint(q, root: Path, out: Path) -> str:

@@ -170,3 +170,39 @@ def test_a_single_process_saves_and_restores_a_whole_sharded_checkpoint(tmp_path
     assert sorted(marker["files"]) == [".metadata", "__0_0.distcp"] and missing_shards(marker) == []
     state = {"w": torch.zeros(4, 2), "step": 0}
     assert ctx.restore_sharded(state) == 3 and torch.equal(state["w"], WEIGHTS) and state["step"] == 3
+
+
+def test_a_newest_durable_checkpoint_that_does_not_verify_is_skipped_for_the_older_whole_one(tmp_path):
+    """A resume takes the newest durable checkpoint whose files verify once fetched: a byte changed in the
+    newest one at the store makes it take the step before, and say why (it never starts fresh while a
+    whole checkpoint of the work is there)."""
+    from e31.tasks.checkpoint import fetch_newest
+    from e31.tasks.work.local_checkpoints import save_state
+
+    durable = tmp_path / "durable"
+    for step in (10, 18):
+        save_state(tmp_path / "work", {"w": torch.full((4,), float(step))}, step)
+        upload(tmp_path / "work" / f"step-{step}", str(durable), keep=3, work_sha256="abc")
+    blob = bytearray((durable / "step-18" / "state.pt").read_bytes())
+    blob[-5] ^= 0xFF
+    (durable / "step-18" / "state.pt").write_bytes(bytes(blob))
+    rejected: list[str] = []
+    local = tmp_path / "resumed"
+    assert fetch_newest(local, str(durable), "abc", rejected=rejected) == 10
+    assert rejected == [f"the checkpoint of step 18 at {durable}/step-18 does not verify (a file's size or "
+                        "sha256 differs from its marker): skipped"]
+    assert [c.step for c in [latest_valid(local)]] == [10] and not (local / "step-18").exists()
+    assert fetch_newest(local, str(durable), "abc", above=10) is None  # nothing newer that verifies
+    assert fetch_newest(local, str(durable), "other work") is None
+
+
+def test_a_failed_sharded_save_is_a_checkpoint_error_naming_the_rank_and_the_cause(tmp_path):
+    """torch's ``CheckpointException`` derives from ``BaseException``: a work's ``except Exception`` would
+    not catch it.  It is raised as ``CheckpointError`` with each failed rank's cause in one line."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "step-2").symlink_to(tmp_path / "nowhere")  # DCP's own folder cannot be made
+    ctx = WorkContext.local({}, tmp_path / "out", checkpoint_dir=tmp_path / "ckpt")
+    with pytest.raises(CheckpointError) as err:
+        ctx.checkpoint_sharded({"w": WEIGHTS}, step=2)
+    assert str(err.value) == ("sharded checkpoint of step 2 could not be saved: rank 0: FileExistsError: [Errno 17] "
+                              f"File exists: '{tmp_path}/ckpt/step-2'")
