@@ -35,6 +35,7 @@ from typing import Any, Callable
 from e31.prefect_compat.clock import server_now
 from e31.flows.queue.handover import flow_process_alive
 from e31.flows.queue.mapping import NODE_VAR, placement_of
+from e31.tasks.placement_record import record_of
 
 
 def _cancelled_message(why: str) -> str:
@@ -129,9 +130,10 @@ FINAL_GRACE_S = 30.0
 
 def node_processes(node: str) -> dict[str, list[int]]:
     """Flow run id -> the pids of the live processes on this machine whose
-    environment names that run (``PREFECT__FLOW_RUN_ID``) and ``node``
-    (``E31_NODE``, which ``e31 worker`` gives each flow process and its
-    work inherits): a run's flow process and its work.  Linux (``{}``
+    environment names that run (``PREFECT__FLOW_RUN_ID``; ``E31_MEMBER_OF``
+    for a gang's member and its work) and ``node`` (``E31_NODE``, which
+    ``e31 worker`` gives each flow process and member, and their work
+    inherits): a run's flow process or member, and its work.  Linux (``{}``
     without ``/proc``); a process that cleared its environment is not found.
     A warm process and its forks (:mod:`e31.deployments.warmstart`) are
     never counted: ``/proc`` shows the warm process's own environment for
@@ -141,13 +143,13 @@ def node_processes(node: str) -> dict[str, list[int]]:
     work (:func:`_warm_forks_above`)."""
     from e31.tasks.supervisor.process import processes_where
 
-    run_mark, node_mark, found = b"PREFECT__FLOW_RUN_ID=", f"E31_NODE={node}".encode(), {}
+    run_marks, node_mark, found = (b"PREFECT__FLOW_RUN_ID=", MEMBER_MARK), f"E31_NODE={node}".encode(), {}
     marked: dict[int, str] = {}
 
     def match(environ: list[bytes]) -> bool:
         if node_mark not in environ:
             return False
-        run = next((e[len(run_mark):] for e in environ if e.startswith(run_mark)), None)
+        run = next((e[len(mark):] for e in environ for mark in run_marks if e.startswith(mark)), None)
         if not run:
             return False
         marked[len(marked)] = run.decode(errors="replace")
@@ -162,6 +164,11 @@ def node_processes(node: str) -> dict[str, list[int]]:
         found.setdefault(marked[i], []).append(pid)
     return found
 
+
+#: The environment variable naming the flow run of a gang's member (:mod:`e31.flows.gang.member`) and its work:
+#: set by the member's ``e31 worker`` (:mod:`e31.deployments.members`).
+MEMBER_VAR = "E31_MEMBER_OF"
+MEMBER_MARK = f"{MEMBER_VAR}=".encode()
 
 #: What the command line of a warm flow process, and so of each of its forks, holds.
 WARM_MARK = b"e31.deployments.warmstart"
@@ -258,6 +265,9 @@ async def clear_fences(client: Any, work_pool: str, node: str, logger: logging.L
                 kind = state.type.value if state is not None else None
                 if kind in ("PENDING", "RUNNING", "CANCELLING") and placement_of(flow_run).get(NODE_VAR) == node:
                     continue  # holds the node: a run its predecessor started, running on
+                if kind in ("SCHEDULED", "PENDING", "RUNNING", "CANCELLING") and \
+                        node in record_of(flow_run).nodes[1:]:
+                    continue  # a gang's member here: from its placement (Placed) to its end
                 if kind in ("COMPLETED", "FAILED", "CANCELLED") and state.timestamp is not None and \
                         server_now() - state.timestamp.timestamp() < FINAL_GRACE_S:  # the server's clock
                     continue  # its flow process is ending by itself

@@ -212,6 +212,7 @@ class MemberRunner:
         return Path(default_scratch_root()) / job / "member" / "run" / SERVING
 
     def _spawn(self, run: Any, after: str | None = None) -> subprocess.Popen | None:
+        from e31.deployments.leftovers import MEMBER_VAR
         from e31.flows.compile import default_scratch_root
         from e31.tasks.placement_record import record_of
         from e31.tasks.supervisor.process import die_with_parent
@@ -219,7 +220,8 @@ class MemberRunner:
         devices = dict(record_of(run).gang).get(self.node, ())
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT__FLOW_RUN")}
         env.update({"E31_NODE": self.node, "E31_GPU_DEVICES": ",".join(map(str, devices)),
-                    "CUDA_VISIBLE_DEVICES": ",".join(map(str, devices))})
+                    "CUDA_VISIBLE_DEVICES": ",".join(map(str, devices)),
+                    MEMBER_VAR: str(run.id)})  # its processes found by the fence check (e31.deployments.leftovers)
         job = str(((run.parameters or {}).get("spec") or {}).get("name") or "job")
         log = Path(default_scratch_root()) / job / "member" / "member.log"
         try:

@@ -342,10 +342,15 @@ def test_a_gang_members_host_cut_off_mid_run_is_queued_again_and_resumes_once_it
 
     wait_for(lambda: member_host() is not None and durable(), 240, "the gang past a durable checkpoint", cluster)
     cut = member_host()
+    lead_work = int((cluster.root / f"host-{3 - cut}" / "scratch" / name / "run" / "child.pgid").read_text())
     cluster.hosts.cut(cut)
     try:
         wait_for(lambda: f"waiting for its attempt on node n{cut}, lost while it ran, to be confirmed ended"
                  in cluster.queue(), LEASE_S + 120, "the gang queued again behind the member node's fence", cluster)
+        # the lead's flow process reads its run queued again (within 10 s) and stops its work; had the link come
+        # back first, the run could be placed back on the same two nodes before that read, and the first
+        # process, still running it there, would finish it (a second start on its node leaves it to the first)
+        wait_for(lambda: _group_gone(lead_work), 60, "the lead's work of the lost try stopped", cluster)
     finally:
         cluster.hosts.restore(cut)
     wait_for(lambda: cluster.manifest(name), 300, "the gang's output after the link came back", cluster)
@@ -359,3 +364,15 @@ def test_a_gang_members_host_cut_off_mid_run_is_queued_again_and_resumes_once_it
     assert (lead["done"], member["done"]) == (400, 400) and lead["weights"] == member["weights"]
     model = cluster.get(f"{cluster.prefix}/out/{name}/model.pt")
     assert {f["path"]: f["sha256"] for f in done["files"]}["model.pt"] == hashlib.sha256(model).hexdigest()
+
+
+def _group_gone(pgid: int) -> bool:
+    """Whether no process of the process group ``pgid`` is left (the hosts share this machine's processes)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+

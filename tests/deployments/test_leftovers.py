@@ -442,3 +442,26 @@ def test_a_crashed_run_whose_output_is_delivered_later_takes_its_manifest_s_stat
     with get_client(sync_client=True) as client:
         assert _state(client, crashed) == ("COMPLETED", "Completed", "completed (finished)")
         assert _state(client, cancelled) == ("CANCELLED", "Cancelled", "cancelled while queued")
+
+
+def test_a_gang_members_processes_count_as_its_runs_on_its_node():
+    """A member's process and its work carry ``E31_MEMBER_OF`` (their worker set it): the fence check finds
+    them under their run, as a flow process under ``PREFECT__FLOW_RUN_ID``; another node's are not this
+    node's."""
+    import os
+    import subprocess
+    import sys
+
+    from e31.deployments.leftovers import MEMBER_VAR, node_processes
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT__FLOW_RUN")}
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    member = subprocess.Popen(sleeper, env={**env, "E31_NODE": "leftovers-n2", MEMBER_VAR: "run-a"})
+    flow = subprocess.Popen(sleeper, env={**env, "E31_NODE": "leftovers-n2", "PREFECT__FLOW_RUN_ID": "run-b"})
+    other = subprocess.Popen(sleeper, env={**env, "E31_NODE": "leftovers-n3", MEMBER_VAR: "run-a"})
+    try:
+        assert node_processes("leftovers-n2") == {"run-a": [member.pid], "run-b": [flow.pid]}
+    finally:
+        for proc in (member, flow, other):
+            proc.kill()
+            proc.wait()
