@@ -29,7 +29,7 @@ from e31.tasks.outcome import RunOutcome
 from e31.tasks.pending import RETURNING_FIRST
 from e31.tasks.returning import return_output
 from e31.tasks.storage import scrub
-from e31.tasks.storage.local import disk_full, human_size, no_space
+from e31.tasks.storage.local import human_size, no_space
 from e31.tasks.supervisor.output import OutputForwarder, tail_lines
 from e31.tasks.supervisor.process import SIGNALLED, WorkTree, defer_signals_after_work, set_subreaper
 from e31.tasks.supervisor.progress import ProgressReporter
